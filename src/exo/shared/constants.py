@@ -1,0 +1,20 @@
+"""Tunable constants. Environment variables override the defaults where noted."""
+
+import os
+
+EXO_DEFAULT_API_PORT = 52415
+EXO_MAX_INSTANCE_RETRIES = 5
+
+# Backoff between attempts to (re)create a runner of an instance, in seconds.
+EXO_INSTANCE_BACKOFF_BASE_S = float(os.getenv("EXO_INSTANCE_BACKOFF_BASE_S", "1.0"))
+EXO_INSTANCE_BACKOFF_MAX_S = float(os.getenv("EXO_INSTANCE_BACKOFF_MAX_S", "30.0"))
+
+# Deadlines for each runner phase, in seconds.
+EXO_RUNNER_INIT_TIMEOUT_S = float(os.getenv("EXO_RUNNER_INIT_TIMEOUT_S", "60"))
+EXO_RUNNER_CONNECT_TIMEOUT_S = float(os.getenv("EXO_RUNNER_CONNECT_TIMEOUT_S", "120"))
+EXO_RUNNER_LOAD_TIMEOUT_S = float(os.getenv("EXO_RUNNER_LOAD_TIMEOUT_S", "600"))
+EXO_RUNNER_WARMUP_TIMEOUT_S = float(os.getenv("EXO_RUNNER_WARMUP_TIMEOUT_S", "300"))
+EXO_RUNNER_STEP_TIMEOUT_S = float(os.getenv("EXO_RUNNER_STEP_TIMEOUT_S", "60"))
+EXO_RUNNER_SHUTDOWN_GRACE_S = float(os.getenv("EXO_RUNNER_SHUTDOWN_GRACE_S", "5"))
+
+EXO_MAX_CONCURRENT_REQUESTS = int(os.getenv("EXO_MAX_CONCURRENT_REQUESTS", "8"))

@@ -1,0 +1,48 @@
+"""Model cards: what placement and the engine need to know about a model."""
+
+from typing import Any, Literal
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import core_schema
+
+from exo.shared.types.common import FrozenModel
+from exo.shared.types.memory import Memory
+
+
+class ModelId(str):
+    """The public name of a model, e.g. ``HuggingFaceTB/SmolLM2-135M-Instruct``."""
+
+    __slots__ = ()
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            cls,
+            core_schema.str_schema(min_length=1),
+            serialization=core_schema.plain_serializer_function_ser_schema(str),
+        )
+
+
+ModelTask = Literal["text_generation"]
+
+
+class ModelCard(FrozenModel):
+    model_id: ModelId
+    n_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    storage_size: Memory
+    context_length: int
+    architecture: str
+    tasks: list[ModelTask] = ["text_generation"]
+    # Where the weights live on nodes that have them: a GGUF file or a safetensors folder.
+    # Empty for models a node would have to download.
+    source: str = ""
+    aliases: list[str] = []
+
+    def layer_bytes(self) -> int:
+        """Approximate bytes one transformer layer takes (weights only)."""
+        return self.storage_size.in_bytes // max(self.n_layers, 1)

@@ -1,0 +1,50 @@
+"""Commands: requests to the master, which answers them with events."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from exo.shared.models.model_cards import ModelId
+from exo.shared.types.common import CommandId, FrozenModel, NodeId
+from exo.shared.types.text_generation import TextGenerationTaskParams
+from exo.shared.types.worker.instances import Instance, InstanceId, Sharding
+
+
+class PlaceInstance(FrozenModel):
+    kind: Literal["PlaceInstance"] = "PlaceInstance"
+    command_id: CommandId = Field(default_factory=CommandId)
+    model_id: ModelId
+    sharding: Sharding = "pipeline"
+    min_nodes: int = Field(default=1, ge=1)
+
+
+class CreateInstance(FrozenModel):
+    kind: Literal["CreateInstance"] = "CreateInstance"
+    command_id: CommandId = Field(default_factory=CommandId)
+    instance: Instance
+
+
+class DeleteInstance(FrozenModel):
+    kind: Literal["DeleteInstance"] = "DeleteInstance"
+    command_id: CommandId = Field(default_factory=CommandId)
+    instance_id: InstanceId
+    reason: str = "deleted by request"
+
+
+class GenerateText(FrozenModel):
+    kind: Literal["GenerateText"] = "GenerateText"
+    command_id: CommandId = Field(default_factory=CommandId)
+    task_params: TextGenerationTaskParams
+    origin_node_id: NodeId
+
+
+class CancelCommand(FrozenModel):
+    kind: Literal["CancelCommand"] = "CancelCommand"
+    command_id: CommandId = Field(default_factory=CommandId)
+    cancelled_command_id: CommandId
+
+
+Command = Annotated[
+    PlaceInstance | CreateInstance | DeleteInstance | GenerateText | CancelCommand,
+    Field(discriminator="kind"),
+]

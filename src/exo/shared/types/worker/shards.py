@@ -1,0 +1,42 @@
+"""Which part of a model one runner holds."""
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.common import FrozenModel
+
+
+class PipelineShardMetadata(FrozenModel):
+    """A contiguous layer range ``[start_layer, end_layer)`` of ``n_layers``."""
+
+    kind: Literal["PipelineShardMetadata"] = "PipelineShardMetadata"
+    model_card: ModelCard
+    device_rank: int
+    world_size: int
+    start_layer: int
+    end_layer: int
+    n_layers: int
+
+    @property
+    def is_first_layer(self) -> bool:
+        return self.start_layer == 0
+
+    @property
+    def is_last_layer(self) -> bool:
+        return self.end_layer == self.n_layers
+
+
+class TensorShardMetadata(FrozenModel):
+    """A ``1 / world_size`` slice of every layer (heads and feed-forward columns)."""
+
+    kind: Literal["TensorShardMetadata"] = "TensorShardMetadata"
+    model_card: ModelCard
+    device_rank: int
+    world_size: int
+
+
+ShardMetadata = Annotated[
+    PipelineShardMetadata | TensorShardMetadata, Field(discriminator="kind")
+]

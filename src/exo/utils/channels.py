@@ -1,0 +1,177 @@
+"""Typed channels: in-process (anyio memory streams) and across processes (pipes).
+
+Both are created as ``sender, receiver = channel[T]()`` / ``mp_channel[T]()``. A reader
+sees the end of a stream (``anyio.EndOfStream``, or the end of ``async for``) once every
+sender is closed; a sender whose reader is gone raises ``anyio.ClosedResourceError``.
+"""
+
+import math
+import multiprocessing as mp
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Generic, TypeVar, cast
+
+import anyio
+from anyio import ClosedResourceError, EndOfStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+T = TypeVar("T")
+
+
+class Sender(Generic[T]):
+    def __init__(self, stream: MemoryObjectSendStream[T]) -> None:
+        self._stream = stream
+
+    async def send(self, item: T) -> None:
+        try:
+            await self._stream.send(item)
+        except anyio.BrokenResourceError as e:
+            raise ClosedResourceError from e
+
+    def send_nowait(self, item: T) -> None:
+        try:
+            self._stream.send_nowait(item)
+        except anyio.BrokenResourceError as e:
+            raise ClosedResourceError from e
+
+    def clone(self) -> "Sender[T]":
+        return Sender(self._stream.clone())
+
+    def close(self) -> None:
+        self._stream.close()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class Receiver(Generic[T]):
+    def __init__(self, stream: MemoryObjectReceiveStream[T]) -> None:
+        self._stream = stream
+
+    async def receive(self) -> T:
+        return await self._stream.receive()
+
+    def receive_nowait(self) -> T:
+        return self._stream.receive_nowait()
+
+    def clone(self) -> "Receiver[T]":
+        return Receiver(self._stream.clone())
+
+    def close(self) -> None:
+        self._stream.close()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while True:
+            try:
+                yield await self._stream.receive()
+            except EndOfStream:
+                return
+
+
+class channel(Generic[T]):  # noqa: N801 - used like a function: channel[T]()
+    """``channel[T](max_buffer_size)`` returns a connected ``(Sender[T], Receiver[T])``."""
+
+    def __new__(cls, max_buffer_size: float = math.inf) -> tuple[Sender[T], Receiver[T]]:  # type: ignore[misc]
+        send, receive = anyio.create_memory_object_stream[T](max_buffer_size)
+        return Sender(send), Receiver(receive)
+
+
+@dataclass(frozen=True)
+class _Closed:
+    """Written by a sender that closes on purpose, so readers end cleanly."""
+
+
+@dataclass
+class MpSender(Generic[T]):
+    """The writing end of a pipe to another process. Picklable (for spawn)."""
+
+    _conn: Connection
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, item: T) -> None:
+        with self._lock:
+            if self._conn.closed:
+                raise ClosedResourceError
+            try:
+                self._conn.send(item)
+            except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as e:
+                raise ClosedResourceError from e
+
+    async def send_async(self, item: T) -> None:
+        await anyio.to_thread.run_sync(self.send, item)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn.closed:
+                return
+            try:
+                self._conn.send(_Closed())
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass  # the reader is gone already: nothing to tell it
+            self._conn.close()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"_conn": self._conn}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self._conn = cast(Connection, state["_conn"])
+        self._lock = threading.Lock()
+
+
+@dataclass
+class MpReceiver(Generic[T]):
+    """The reading end of a pipe from another process. Picklable (for spawn)."""
+
+    _conn: Connection
+
+    def receive(self) -> T:
+        """Block until an item arrives; ``EndOfStream`` once the sender closed or died."""
+        if self._conn.closed:
+            raise ClosedResourceError
+        try:
+            item = self._conn.recv()
+        except (EOFError, ConnectionResetError, OSError) as e:
+            raise EndOfStream from e
+        if isinstance(item, _Closed):
+            raise EndOfStream
+        return cast(T, item)
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        """True when an item (or the end of the stream) can be received without blocking."""
+        return not self._conn.closed and self._conn.poll(timeout)
+
+    async def receive_async(self) -> T:
+        if self._conn.closed:
+            raise ClosedResourceError
+        while not self._conn.poll():
+            await anyio.wait_readable(self._conn.fileno())
+        return self.receive()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while True:
+            try:
+                yield await self.receive_async()
+            except (EndOfStream, ClosedResourceError):
+                return
+
+
+class mp_channel(Generic[T]):  # noqa: N801 - used like a function: mp_channel[T]()
+    """``mp_channel[T]()`` returns a connected ``(MpSender[T], MpReceiver[T])`` pipe."""
+
+    def __new__(cls) -> tuple[MpSender[T], MpReceiver[T]]:  # type: ignore[misc]
+        reader, writer = mp.Pipe(duplex=False)
+        return MpSender(writer), MpReceiver(reader)
