@@ -1,0 +1,250 @@
+"""The node: one process per machine wiring master, worker and API together.
+A node alone is its own master. The command line is in ``exo.cli``."""
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import uvicorn
+from loguru import logger
+
+from exo.api.main import ApiSettings, create_app
+from exo.chunk_router import ChunkRouter
+from exo.master.main import Master
+from exo.node_info import gather_node_info, significantly_different
+from exo.shared.apply import apply
+from exo.shared.constants import EXO_DEFAULT_API_PORT
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.models.registry import ModelRegistry
+from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.commands import Command
+from exo.shared.types.common import CommandId, NodeId
+from exo.shared.types.events import (
+    ChunkGenerated,
+    Event,
+    IndexedEvent,
+    InstanceDeleted,
+    NodeGatheredInfo,
+    NodeTimedOut,
+    TaskCreated,
+    TaskStatusUpdated,
+)
+from exo.shared.types.profiling import NodeInfo
+from exo.shared.types.state import State
+from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
+from exo.shared.types.worker.instances import InstanceId
+from exo.utils.channels import Receiver, Sender, channel
+from exo.worker.main import Worker
+from exo.worker.runner.runner_supervisor import PhaseTimeouts
+from exo.worker.runner.settings import RunnerSettings
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    data_dir: Path
+    api: ApiSettings
+    models: list[ModelCard] = field(default_factory=list[ModelCard])
+    runner_threads: int = 1
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    max_batch: int = 8
+    info_interval_s: float = 5.0
+    timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
+
+
+def load_node_id(data_dir: Path) -> NodeId:
+    """The node's id survives restarts: it lives in the data directory."""
+    path = data_dir / "node_id"
+    if path.exists():
+        text = path.read_text().strip()
+        if text:
+            return NodeId(text)
+    node_id = NodeId()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(node_id)
+    tmp.replace(path)
+    return node_id
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._node_id = load_node_id(config.data_dir)
+        self.registry = ModelRegistry.default()
+        for card in config.models:
+            self.registry.add(card)
+        self._state = State()
+        self._state_changed = anyio.Event()
+        self.chunks = ChunkRouter()
+        self._task_commands: dict[TaskId, CommandId] = {}
+        self._command_instances: dict[CommandId, InstanceId] = {}
+        self._commands_tx, self._commands_rx = channel[tuple[Command, NodeId | None]]()
+        self._local_tx, self._local_rx = channel[Event]()
+        self.worker = Worker(
+            node_id=self._node_id,
+            runner_settings=RunnerSettings(
+                cache_dir=config.data_dir / "cache",
+                models_dir=config.data_dir / "models",
+                threads=config.runner_threads,
+                device=config.device,
+                dtype=config.dtype,
+                max_batch=config.max_batch,
+            ),
+            local_events=self._local_tx.clone(),
+            commands=_CommandSender(self._commands_tx.clone(), self._node_id),
+            chunk_sink=self._deliver_chunk,
+            timeouts=config.timeouts,
+        )
+        self.master = Master(
+            node_id=self._node_id,
+            commands=self._commands_rx,
+            local_events=self._local_rx,
+            publish=self._on_indexed_event,
+            send_chunk=self._deliver_chunk,
+            resolve_card=self._resolve_card,
+        )
+        self.api_port: int | None = None
+        self.started = anyio.Event()
+
+    # -- NodeHandle ------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._node_id
+
+    def state(self) -> State:
+        return self._state
+
+    async def wait_for_state(self, predicate: Callable[[State], bool], timeout: float) -> State:
+        with anyio.fail_after(timeout):
+            while not predicate(self._state):
+                await self._state_changed.wait()
+        return self._state
+
+    async def send_command(self, command: Command) -> None:
+        await self._commands_tx.send((command, self._node_id))
+
+    def open_response(self, command_id: CommandId) -> Receiver[Chunk]:
+        return self.chunks.open(command_id)
+
+    def close_response(self, command_id: CommandId) -> None:
+        self.chunks.close(command_id)
+        self._command_instances.pop(command_id, None)
+
+    def model_cards(self) -> list[ModelCard]:
+        return self.registry.cards()
+
+    # -- wiring ----------------------------------------------------------------------
+
+    def _resolve_card(self, model_id: ModelId) -> ModelCard | None:
+        return self.registry.resolve(model_id)
+
+    def _deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
+        self.chunks.deliver(event.command_id, event.chunk)
+
+    async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
+        self._state = apply(self._state, indexed)
+        self._track_requests(indexed.event)
+        self.worker.update_state(self._state)
+        self._state_changed.set()
+        self._state_changed = anyio.Event()
+
+    def _track_requests(self, event: Event) -> None:
+        """Requests whose task or instance disappears get an error at once."""
+        match event:
+            case TaskCreated(task=TextGeneration() as task):
+                if self.chunks.is_open(task.command_id):
+                    self._task_commands[task.task_id] = task.command_id
+                    self._command_instances[task.command_id] = task.instance_id
+            case TaskStatusUpdated(task_status=TaskStatus.Failed | TaskStatus.TimedOut):
+                command_id = self._task_commands.pop(event.task_id, None)
+                if command_id is not None:
+                    self._fail(command_id, event.error_message or "generation failed")
+            case TaskStatusUpdated(task_status=TaskStatus.Complete | TaskStatus.Cancelled):
+                self._task_commands.pop(event.task_id, None)
+            case InstanceDeleted() | NodeTimedOut():
+                live = set(self._state.instances)
+                reason = (
+                    f"instance deleted: {event.reason}"
+                    if isinstance(event, InstanceDeleted)
+                    else f"node {event.node_id} left the cluster"
+                )
+                for command_id, instance_id in list(self._command_instances.items()):
+                    if instance_id not in live:
+                        self._fail(command_id, reason)
+            case _:
+                pass
+
+    def _fail(self, command_id: CommandId, message: str) -> None:
+        self._command_instances.pop(command_id, None)
+        self.chunks.deliver(
+            command_id, ErrorChunk(model=ModelId("exo"), error_message=message)
+        )
+
+    async def run(self) -> None:
+        app = create_app(self, self.config.api)
+        sock = _bind(self.config.api.host, self.config.api.port)
+        self.api_port = sock.getsockname()[1]
+        server = _ApiServer(
+            uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.master.run)
+                tg.start_soon(self.worker.run)
+                tg.start_soon(self._report_info)
+                tg.start_soon(server.serve, [sock])
+                self.started.set()
+                logger.info(f"node {self._node_id} serving on http://{_url_host(self.config.api.host)}:{self.api_port}")
+        finally:
+            sock.close()
+
+    async def _report_info(self) -> None:
+        last: NodeInfo | None = None
+        while True:
+            info = await anyio.to_thread.run_sync(gather_node_info, self.api_port)
+            if last is None or significantly_different(last, info):
+                await self._local_tx.send(NodeGatheredInfo(node_id=self._node_id, info=info))
+                last = info
+            await anyio.sleep(self.config.info_interval_s)
+
+
+class _CommandSender(Sender[Command]):
+    """The worker's view of the command channel: commands from this node."""
+
+    def __init__(self, inner: Sender[tuple[Command, NodeId | None]], node_id: NodeId) -> None:
+        self._inner = inner
+        self._node_id = node_id
+
+    async def send(self, item: Command) -> None:
+        await self._inner.send((item, self._node_id))
+
+
+class _ApiServer(uvicorn.Server):
+    def capture_signals(self):  # type: ignore[override]  # the node owns signal handling
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise SystemExit(f"exo: cannot listen on {host}:{port}: {e.strerror}") from e
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+

@@ -1,0 +1,119 @@
+"""Where the master keeps the indexed events it has published.
+
+The SQLite log keeps a snapshot of the state every ``snapshot_every`` events and drops
+the events before it (keeping a short tail for peers that lag a little), so the log
+stays bounded and a new node catches up from a snapshot plus the tail."""
+
+import sqlite3
+from pathlib import Path
+from typing import Protocol
+
+from pydantic import TypeAdapter
+
+from exo.shared.apply import apply
+from exo.shared.types.events import Event, IndexedEvent
+from exo.shared.types.state import State
+
+_EVENT = TypeAdapter[Event](Event)
+
+
+class EventLog(Protocol):
+    def append(self, event: IndexedEvent, state_after: State) -> None: ...
+    def read_from(self, idx: int, limit: int) -> list[IndexedEvent]: ...
+    def snapshot(self) -> State | None: ...
+    def restore(self) -> State: ...
+
+
+class MemoryEventLog:
+    """A log that keeps nothing across restarts (tests, throwaway nodes)."""
+
+    def __init__(self, snapshot_every: int = 1000, keep_tail: int = 1000) -> None:
+        self._events: list[IndexedEvent] = []
+        self._snapshot: State | None = None
+        self._snapshot_every = snapshot_every
+        self._keep_tail = keep_tail
+
+    def append(self, event: IndexedEvent, state_after: State) -> None:
+        self._events.append(event)
+        if (event.idx + 1) % self._snapshot_every == 0:
+            self._snapshot = state_after
+            if len(self._events) > self._keep_tail:
+                self._events = self._events[-self._keep_tail :]
+
+    def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
+        if not self._events or idx < self._events[0].idx:
+            return []
+        start = idx - self._events[0].idx
+        return self._events[start : start + limit]
+
+    def snapshot(self) -> State | None:
+        return self._snapshot
+
+    def restore(self) -> State:
+        state = self._snapshot or State()
+        for event in self._events:
+            if event.idx > state.last_event_applied_idx:
+                state = apply(state, event)
+        return state
+
+
+class SqliteEventLog:
+    def __init__(self, path: Path, snapshot_every: int = 1000, keep_tail: int = 1000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS events (idx INTEGER PRIMARY KEY, body TEXT NOT NULL)"
+        )
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS snapshots (idx INTEGER PRIMARY KEY, state TEXT NOT NULL)"
+        )
+        self._snapshot_every = snapshot_every
+        self._keep_tail = keep_tail
+
+    def append(self, event: IndexedEvent, state_after: State) -> None:
+        body = _EVENT.dump_json(event.event).decode()
+        self._db.execute(
+            "INSERT OR REPLACE INTO events (idx, body) VALUES (?, ?)", (event.idx, body)
+        )
+        if (event.idx + 1) % self._snapshot_every == 0:
+            self._write_snapshot(state_after)
+
+    def _write_snapshot(self, state: State) -> None:
+        idx = state.last_event_applied_idx
+        self._db.execute("BEGIN")
+        self._db.execute(
+            "INSERT OR REPLACE INTO snapshots (idx, state) VALUES (?, ?)",
+            (idx, state.model_dump_json()),
+        )
+        self._db.execute("DELETE FROM snapshots WHERE idx < ?", (idx,))
+        self._db.execute("DELETE FROM events WHERE idx <= ?", (idx - self._keep_tail,))
+        self._db.execute("COMMIT")
+
+    def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
+        first = self._db.execute("SELECT MIN(idx) FROM events").fetchone()[0]
+        if first is None or idx < first:
+            return []
+        rows = self._db.execute(
+            "SELECT idx, body FROM events WHERE idx >= ? ORDER BY idx LIMIT ?", (idx, limit)
+        ).fetchall()
+        return [IndexedEvent(idx=i, event=_EVENT.validate_json(body)) for i, body in rows]
+
+    def snapshot(self) -> State | None:
+        row = self._db.execute("SELECT state FROM snapshots ORDER BY idx DESC LIMIT 1").fetchone()
+        return State.model_validate_json(row[0]) if row else None
+
+    def restore(self) -> State:
+        """The latest state: the snapshot plus every event after it."""
+        state = self.snapshot() or State()
+        rows = self._db.execute(
+            "SELECT idx, body FROM events WHERE idx > ? ORDER BY idx",
+            (state.last_event_applied_idx,),
+        ).fetchall()
+        for i, body in rows:
+            state = apply(state, IndexedEvent(idx=i, event=_EVENT.validate_json(body)))
+        return state
+
+    def close(self) -> None:
+        self._db.close()

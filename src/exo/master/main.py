@@ -1,0 +1,171 @@
+"""The master: the single writer. It turns commands and workers' events into indexed
+events, applies them, keeps them in its log and publishes them to every node."""
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from loguru import logger
+
+from exo.master.event_log import EventLog, MemoryEventLog
+from exo.master.placement import PlacementError, place_instance
+from exo.shared.apply import apply
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.chunks import ErrorChunk
+from exo.shared.types.commands import (
+    CancelCommand,
+    Command,
+    CreateInstance,
+    DeleteInstance,
+    GenerateText,
+    PlaceInstance,
+)
+from exo.shared.types.common import CommandId, NodeId
+from exo.shared.types.events import (
+    ChunkGenerated,
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+    TaskCreated,
+    TaskStatusUpdated,
+)
+from exo.shared.types.state import State
+from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
+from exo.shared.types.worker.instances import Instance, InstanceId
+from exo.utils.channels import Receiver
+from exo.worker.plan import instance_is_serving
+
+Publish = Callable[[IndexedEvent], Awaitable[None]]
+SendChunk = Callable[[ChunkGenerated, NodeId | None], None]
+ResolveCard = Callable[[ModelId], ModelCard | None]
+
+
+@dataclass(eq=False)
+class Master:
+    node_id: NodeId
+    commands: Receiver[tuple[Command, NodeId | None]]
+    local_events: Receiver[Event]
+    publish: Publish
+    send_chunk: SendChunk
+    resolve_card: ResolveCard
+    log: EventLog = field(default_factory=MemoryEventLog)
+    state: State = field(default_factory=State)
+    group_port_base: int = 29500
+
+    async def run(self) -> None:
+        logger.info(
+            f"master {self.node_id} starting at event {self.state.last_event_applied_idx + 1}"
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._command_loop)
+            tg.start_soon(self._event_loop)
+
+    async def _command_loop(self) -> None:
+        async for command, origin in self.commands:
+            try:
+                await self.handle_command(command, origin)
+            except Exception as e:  # a bad command must not take the master down
+                logger.opt(exception=e).error(f"command {type(command).__name__} failed")
+                self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
+
+    async def _event_loop(self) -> None:
+        async for event in self.local_events:
+            await self.emit(event)
+
+    async def emit(self, event: Event) -> None:
+        indexed = IndexedEvent(idx=self.state.last_event_applied_idx + 1, event=event)
+        self.state = apply(self.state, indexed)
+        self.log.append(indexed, self.state)
+        await self.publish(indexed)
+
+    async def handle_command(self, command: Command, origin: NodeId | None) -> None:
+        match command:
+            case PlaceInstance():
+                await self._place(command, origin)
+            case CreateInstance():
+                await self.emit(InstanceCreated(instance=command.instance))
+            case DeleteInstance():
+                if command.instance_id in self.state.instances:
+                    await self.emit(
+                        InstanceDeleted(instance_id=command.instance_id, reason=command.reason)
+                    )
+            case GenerateText():
+                await self._generate(command)
+            case CancelCommand():
+                for task in list(self.state.tasks.values()):
+                    if (
+                        isinstance(task, TextGeneration)
+                        and task.command_id == command.cancelled_command_id
+                    ):
+                        await self.emit(
+                            TaskStatusUpdated(
+                                task_id=task.task_id, task_status=TaskStatus.Cancelled
+                            )
+                        )
+
+    async def _place(self, command: PlaceInstance, origin: NodeId | None) -> None:
+        card = self.resolve_card(command.model_id)
+        if card is None:
+            self._error(command.command_id, origin, f"unknown model {command.model_id!r}")
+            return
+        placed = place_instance(
+            card,
+            command.sharding,
+            command.min_nodes,
+            self.state.nodes,
+            self.state.topology,
+            self.state.instances,
+            InstanceId(),
+        )
+        if isinstance(placed, PlacementError):
+            self._error(command.command_id, origin, placed.reason)
+            return
+        await self.emit(InstanceCreated(instance=self._with_group_address(placed)))
+
+    def _with_group_address(self, instance: Instance) -> Instance:
+        """Rank 0's node hosts the runners' rendezvous; ports differ per instance."""
+        used = {i.group_port for i in self.state.instances.values()}
+        port = next(
+            p for p in range(self.group_port_base, self.group_port_base + 10_000) if p not in used
+        )
+        return instance.model_copy(update={"group_port": port})
+
+    async def _generate(self, command: GenerateText) -> None:
+        model_id = command.task_params.model
+        serving = [
+            inst
+            for inst in self.state.instances.values()
+            if inst.shard_assignments.model_id == model_id
+            and instance_is_serving(inst, self.state.runners)
+        ]
+        if not serving:
+            self._error(
+                command.command_id,
+                command.origin_node_id,
+                f"no ready instance of {model_id} (its runners are not all ready)",
+            )
+            return
+        load = {i.instance_id: 0 for i in serving}
+        for task in self.state.tasks.values():
+            if task.instance_id in load:
+                load[task.instance_id] += 1
+        chosen = min(serving, key=lambda i: (load[i.instance_id], i.instance_id))
+        task = TextGeneration(
+            task_id=TaskId(),
+            instance_id=chosen.instance_id,
+            command_id=command.command_id,
+            task_params=command.task_params,
+            origin_node_id=command.origin_node_id,
+        )
+        await self.emit(TaskCreated(task_id=task.task_id, task=task))
+
+    def _error(self, command_id: CommandId, origin: NodeId | None, message: str) -> None:
+        logger.warning(f"command {command_id}: {message}")
+        self.send_chunk(
+            ChunkGenerated(
+                command_id=command_id,
+                chunk=ErrorChunk(model=ModelId("exo"), error_message=message),
+            ),
+            origin,
+        )

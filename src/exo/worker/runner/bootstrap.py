@@ -1,0 +1,53 @@
+"""The first code a runner process runs (spawned, so it imports little before setup)."""
+
+import ctypes
+import os
+import signal
+import sys
+
+from loguru import logger
+
+from exo.shared.types.events import Event
+from exo.shared.types.tasks import Task, TaskId
+from exo.shared.types.worker.instances import BoundInstance
+from exo.utils.channels import MpReceiver, MpSender
+from exo.worker.runner.settings import RunnerSettings
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this process if the node process dies (no orphans)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        logger.warning("could not ask to die with the parent process")
+
+
+def entrypoint(
+    bound_instance: BoundInstance,
+    event_sender: MpSender[Event],
+    task_receiver: MpReceiver[Task],
+    cancel_receiver: MpReceiver[TaskId],
+    settings: RunnerSettings,
+) -> None:
+    _die_with_parent()
+    # Size every thread pool before torch is imported: several runners share the cores.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(settings.threads)
+    logger.remove()
+    logger.add(
+        sys.stderr,
+        level=settings.log_level,
+        format=f"<dim>runner {bound_instance.bound_runner_id[:8]}</dim> {{level}} {{message}}",
+    )
+    from exo.worker.runner.runner import Runner
+
+    runner = Runner(bound_instance, event_sender, task_receiver, cancel_receiver, settings)
+    try:
+        runner.run()
+    finally:
+        event_sender.close()

@@ -1,0 +1,184 @@
+"""Serving requests on a loaded engine: continuous batching, text, stops and chunks.
+
+The runner calls ``submit`` for each request, ``step`` between its input checks, and
+``cancel``; each returns the events to send (chunks and task statuses)."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from exo.shared.types.chunks import ErrorChunk, FinishReason, TokenChunk, Usage
+from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
+from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
+from exo.shared.types.worker.downloads import DownloadCompleted
+from exo.shared.types.worker.instances import BoundInstance
+from exo.worker.download.local import locate_model
+from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
+from exo.worker.runner.settings import RunnerSettings
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class _Request:
+    task: TextGeneration
+    detokenizer: IncrementalDetokenizer
+    stops: StopMatcher
+    prompt_tokens: int
+    completion_tokens: int = 0
+    chunks_sent: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Generation:
+    def __init__(self, engine: Engine, max_batch: int) -> None:
+        self.engine = engine
+        self.batch = engine.batch_generator(max_batch)
+        self.requests: dict[TaskId, _Request] = {}
+        self.max_batch = max_batch
+
+    @property
+    def active(self) -> int:
+        return len(self.requests)
+
+    def warmup(self) -> None:
+        self.engine.warmup()
+
+    def submit(self, task: TextGeneration) -> list[Event]:
+        params = task.task_params
+        tokenizer = self.engine.tokenizer
+        try:
+            if params.raw_prompt is not None:
+                prompt = params.raw_prompt
+            else:
+                prompt = tokenizer.render_chat(
+                    [{"role": m.role, "content": m.content} for m in params.input]
+                )
+            prompt_ids = tokenizer.encode(prompt)
+            limit = self.engine.context_length
+            if len(prompt_ids) >= limit:
+                raise ValueError(
+                    f"prompt is {len(prompt_ids)} tokens; the model's context is {limit}"
+                )
+            max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
+            self.batch.add(
+                task.task_id,
+                prompt_ids,
+                SamplingParams(
+                    temperature=params.temperature,
+                    top_p=params.top_p,
+                    top_k=params.top_k,
+                    min_p=params.min_p,
+                    seed=params.seed,
+                    max_tokens=max_tokens,
+                    repetition_penalty=params.repetition_penalty,
+                    presence_penalty=params.presence_penalty,
+                    frequency_penalty=params.frequency_penalty,
+                    stop_token_ids=tokenizer.stop_token_ids,
+                ),
+            )
+        except Exception as e:  # this request is refused; the others go on
+            logger.warning(f"request {task.task_id} refused: {e}")
+            return self._failed(task, f"{type(e).__name__}: {e}")
+        self.requests[task.task_id] = _Request(
+            task=task,
+            detokenizer=tokenizer.detokenizer(),
+            stops=StopMatcher(params.stop),
+            prompt_tokens=len(prompt_ids),
+        )
+        return []
+
+    def step(self) -> list[Event]:
+        events: list[Event] = []
+        for out in self.batch.step():
+            request = self.requests.get(TaskId(out.request_id))
+            if request is None:
+                continue
+            request.completion_tokens += 1
+            text = request.detokenizer.add(out.token_id)
+            finish: FinishReason | None = out.finish_reason
+            emitted, stopped = request.stops.feed(text)
+            if stopped:
+                finish = "stop"
+                self.batch.cancel(out.request_id)
+            elif finish is not None:
+                emitted += request.stops.flush(request.detokenizer.flush())
+            events.extend(self._chunk(request, emitted, out.token_id, finish))
+        return events
+
+    def cancel(self, task_id: TaskId) -> list[Event]:
+        request = self.requests.get(task_id)
+        if request is None:
+            return []
+        self.batch.cancel(task_id)
+        return self._chunk(request, "", -1, "cancelled")
+
+    def cancel_all(self) -> list[Event]:
+        events: list[Event] = []
+        for task_id in list(self.requests):
+            events.extend(self.cancel(task_id))
+        return events
+
+    def _chunk(
+        self, request: _Request, text: str, token_id: int, finish: FinishReason | None
+    ) -> list[Event]:
+        if not text and finish is None:
+            return []  # half a character: wait for the rest
+        task = request.task
+        chunk = TokenChunk(
+            model=task.task_params.model,
+            text=text,
+            token_id=token_id,
+            idx=request.chunks_sent,
+            finish_reason=finish,
+            usage=Usage(
+                prompt_tokens=request.prompt_tokens,
+                completion_tokens=request.completion_tokens,
+            )
+            if finish is not None
+            else None,
+        )
+        request.chunks_sent += 1
+        events: list[Event] = [ChunkGenerated(command_id=task.command_id, chunk=chunk)]
+        if finish is not None:
+            del self.requests[task.task_id]
+            status = TaskStatus.Cancelled if finish == "cancelled" else TaskStatus.Complete
+            events.append(TaskStatusUpdated(task_id=task.task_id, task_status=status))
+        return events
+
+    def _failed(self, task: TextGeneration, message: str) -> list[Event]:
+        return [
+            ChunkGenerated(
+                command_id=task.command_id,
+                chunk=ErrorChunk(model=task.task_params.model, error_message=message),
+            ),
+            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Failed,
+                              error_message=message),
+        ]
+
+
+def load_generation(
+    bound_instance: BoundInstance, settings: RunnerSettings, progress: Progress
+) -> Generation:
+    shard = bound_instance.bound_shard
+    located = locate_model(shard.model_card, settings.models_dir)
+    if not isinstance(located, DownloadCompleted):
+        raise FileNotFoundError(located.error_message)
+    if shard.kind != "PipelineShardMetadata" or shard.world_size != 1:
+        raise NotImplementedError("this runner serves single-rank instances only")
+    engine = load_engine(
+        Path(located.path),
+        shard.start_layer,
+        shard.end_layer,
+        dtype=settings.dtype,
+        device=settings.device,
+        threads=settings.threads,
+        cache_dir=settings.cache_dir,
+        progress=progress,
+    )
+    return Generation(engine, settings.max_batch)

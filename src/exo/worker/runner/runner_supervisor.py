@@ -1,0 +1,320 @@
+"""The worker's side of one runner process: sends it tasks, forwards its events, and
+turns its death or a stalled phase into events (errors for waiting clients first)."""
+
+import multiprocessing as mp
+import signal
+from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
+from typing import Self
+
+import anyio
+from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
+from loguru import logger
+
+from exo.shared.constants import (
+    EXO_RUNNER_CONNECT_TIMEOUT_S,
+    EXO_RUNNER_INIT_TIMEOUT_S,
+    EXO_RUNNER_LOAD_TIMEOUT_S,
+    EXO_RUNNER_SHUTDOWN_GRACE_S,
+    EXO_RUNNER_STEP_TIMEOUT_S,
+    EXO_RUNNER_WARMUP_TIMEOUT_S,
+)
+from exo.shared.types.chunks import ErrorChunk
+from exo.shared.types.events import (
+    ChunkGenerated,
+    Event,
+    RunnerStatusUpdated,
+    TaskAcknowledged,
+    TaskStatusUpdated,
+)
+from exo.shared.types.tasks import (
+    FINISHED_TASK_STATUSES,
+    Shutdown,
+    Task,
+    TaskId,
+    TextGeneration,
+)
+from exo.shared.types.worker.instances import BoundInstance
+from exo.shared.types.worker.runners import (
+    RunnerConnecting,
+    RunnerFailed,
+    RunnerIdle,
+    RunnerId,
+    RunnerLoading,
+    RunnerShutdown,
+    RunnerShuttingDown,
+    RunnerStatus,
+    RunnerWarmingUp,
+)
+from exo.shared.types.worker.shards import ShardMetadata
+from exo.utils.channels import MpReceiver, MpSender, Sender, mp_channel
+from exo.worker.runner.settings import RunnerSettings
+
+
+@dataclass(frozen=True)
+class PhaseTimeouts:
+    """Longest time a runner may go without a sign of progress in each phase."""
+
+    connect_s: float = EXO_RUNNER_CONNECT_TIMEOUT_S
+    load_s: float = EXO_RUNNER_LOAD_TIMEOUT_S
+    warmup_s: float = EXO_RUNNER_WARMUP_TIMEOUT_S
+    step_s: float = EXO_RUNNER_STEP_TIMEOUT_S
+    shutdown_grace_s: float = EXO_RUNNER_SHUTDOWN_GRACE_S
+
+
+@dataclass(eq=False)
+class RunnerSupervisor:
+    shard_metadata: ShardMetadata
+    bound_instance: BoundInstance
+    runner_process: BaseProcess
+    initialize_timeout: float
+    _ev_recv: MpReceiver[Event]
+    _task_sender: MpSender[Task]
+    _event_sender: Sender[Event]
+    _cancel_sender: MpSender[TaskId]
+    timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
+    status: RunnerStatus = field(default_factory=RunnerIdle, init=False)
+    pending: dict[TaskId, anyio.Event] = field(default_factory=dict[TaskId, anyio.Event], init=False)
+    in_progress: dict[TaskId, Task] = field(default_factory=dict[TaskId, Task], init=False)
+    completed: set[TaskId] = field(default_factory=set[TaskId], init=False)
+    cancelled: set[TaskId] = field(default_factory=set[TaskId], init=False)
+    _initialized: bool = field(default=False, init=False)
+    _stopping: bool = field(default=False, init=False)
+    _exited: anyio.Event = field(default_factory=anyio.Event, init=False)
+    _cancel_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope, init=False)
+    # Our copies of the child's pipe ends, closed once the child has started.
+    _child_ends: tuple[MpSender[Event], MpReceiver[Task], MpReceiver[TaskId]] | None = field(
+        default=None, init=False
+    )
+
+    @classmethod
+    def create(
+        cls,
+        bound_instance: BoundInstance,
+        event_sender: Sender[Event],
+        settings: RunnerSettings,
+        timeouts: PhaseTimeouts | None = None,
+    ) -> Self:
+        """Prepare (not start) a runner process for this instance's shard."""
+        from exo.worker.runner.bootstrap import entrypoint
+
+        ev_send, ev_recv = mp_channel[Event]()
+        task_send, task_recv = mp_channel[Task]()
+        cancel_send, cancel_recv = mp_channel[TaskId]()
+        process = mp.get_context("spawn").Process(
+            target=entrypoint,
+            args=(bound_instance, ev_send, task_recv, cancel_recv, settings),
+            name=f"exo-runner-{bound_instance.bound_runner_id}",
+            daemon=True,
+        )
+        supervisor = cls(
+            shard_metadata=bound_instance.bound_shard,
+            bound_instance=bound_instance,
+            runner_process=process,
+            initialize_timeout=EXO_RUNNER_INIT_TIMEOUT_S,
+            _ev_recv=ev_recv,
+            _task_sender=task_send,
+            _event_sender=event_sender,
+            _cancel_sender=cancel_send,
+            timeouts=timeouts or PhaseTimeouts(),
+        )
+        supervisor._child_ends = (ev_send, task_recv, cancel_recv)
+        return supervisor
+
+    @property
+    def runner_id(self) -> RunnerId:
+        return self.bound_instance.bound_runner_id
+
+    @property
+    def pid(self) -> int | None:
+        return self.runner_process.pid
+
+    async def run(self) -> None:
+        """Start the process and forward its events until it exits."""
+        self.runner_process.start()
+        if self._child_ends is not None:
+            # The child holds its own copies; ours would hide the child's death (no EOF).
+            for end in self._child_ends:
+                end.close()
+            self._child_ends = None
+        with self._cancel_scope:
+            await self._forward_events()
+        self._exited.set()
+
+    async def _forward_events(self) -> None:
+        while True:
+            deadline = self._deadline()
+            try:
+                with anyio.fail_after(deadline):
+                    event = await self._ev_recv.receive_async()
+            except TimeoutError:
+                await self._stalled(deadline)
+                return
+            except (EndOfStream, ClosedResourceError, BrokenResourceError) as e:
+                if self._stopping:
+                    return
+                await self._check_runner(e)
+                return
+            self._initialized = True
+            await self._handle_event(event)
+
+    def _deadline(self) -> float:
+        """Seconds to wait for the next event: the deadline of the current phase."""
+        if not self._initialized:
+            return self.initialize_timeout
+        match self.status:
+            case RunnerConnecting():
+                return self.timeouts.connect_s
+            case RunnerLoading():
+                return self.timeouts.load_s
+            case RunnerWarmingUp():
+                return self.timeouts.warmup_s
+            case RunnerShuttingDown():
+                return self.timeouts.shutdown_grace_s
+            case _:
+                busy = self.pending or any(
+                    isinstance(t, TextGeneration) for t in self.in_progress.values()
+                )
+                return self.timeouts.step_s if busy else float("inf")
+
+    async def _handle_event(self, event: Event) -> None:
+        if isinstance(event, RunnerStatusUpdated):
+            self.status = event.runner_status
+        if isinstance(event, TaskAcknowledged):
+            if (waiter := self.pending.pop(event.task_id, None)) is not None:
+                waiter.set()
+        if isinstance(event, TaskStatusUpdated) and event.task_status in FINISHED_TASK_STATUSES:
+            self.in_progress.pop(event.task_id, None)
+            self.completed.add(event.task_id)
+        await self._event_sender.send(event)
+
+    async def start_task(self, task: Task) -> None:
+        """Send a task and wait until the runner has taken it (or has died)."""
+        if task.task_id in self.completed or task.task_id in self.in_progress:
+            return
+        logger.debug(f"runner {self.runner_id}: starting {type(task).__name__} {task.task_id}")
+        waiter = anyio.Event()
+        self.pending[task.task_id] = waiter
+        self.in_progress[task.task_id] = task
+        try:
+            await self._task_sender.send_async(task)
+        except ClosedResourceError:
+            self.pending.pop(task.task_id, None)
+            self.in_progress.pop(task.task_id, None)
+            if not isinstance(task, Shutdown):
+                logger.warning(f"Task {task} dropped, runner closed communication.")
+            return
+        await waiter.wait()
+
+    async def cancel_task(self, task_id: TaskId) -> None:
+        self.cancelled.add(task_id)
+        try:
+            await self._cancel_sender.send_async(task_id)
+        except ClosedResourceError:
+            logger.debug(f"cancel of {task_id} dropped: runner already closed")
+
+    async def _check_runner(self, e: BaseException) -> None:
+        """The runner's pipe broke: find out why, tell every waiting client, fail it."""
+        if self.runner_process.is_alive():
+            await anyio.to_thread.run_sync(self.runner_process.join, 1.0)
+        cause = _describe_exit(self.runner_process)
+        logger.opt(exception=e).error(f"Runner terminated with {cause}")
+        error = f"Terminated ({cause})"
+        if isinstance(self.status, RunnerFailed):
+            error = f"{self.status.error_message} ({cause})"
+        await self._fail(error, f"Runner shutdown before completing command ({cause})")
+
+    async def _stalled(self, waited: float) -> None:
+        phase = type(self.status).__name__.removeprefix("Runner").lower()
+        reason = f"runner stalled: no progress for {waited:g} s while {phase}"
+        logger.error(f"{self.runner_id}: {reason}")
+        await self._kill()
+        await self._fail(reason, f"Runner shutdown before completing command ({reason})")
+
+    async def _fail(self, error_message: str, chunk_message: str) -> None:
+        for task in self.in_progress.values():
+            if isinstance(task, TextGeneration):
+                with anyio.CancelScope(shield=True):
+                    await self._event_sender.send(
+                        ChunkGenerated(
+                            command_id=task.command_id,
+                            chunk=ErrorChunk(
+                                model=self.shard_metadata.model_card.model_id,
+                                error_message=chunk_message,
+                            ),
+                        )
+                    )
+        self.in_progress.clear()
+        for waiter in self.pending.values():
+            waiter.set()
+        self.pending.clear()
+        try:
+            self.status = RunnerFailed(error_message=error_message)
+            with anyio.CancelScope(shield=True):
+                await self._event_sender.send(
+                    RunnerStatusUpdated(runner_id=self.runner_id, runner_status=self.status)
+                )
+        except (ClosedResourceError, BrokenResourceError):
+            logger.warning(f"{self.runner_id}: event channel closed; failure not reported")
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop forwarding events; the process, if any, is left to ``stop``."""
+        self._stopping = True
+        self._cancel_scope.cancel()
+        self._task_sender.close()
+        self._cancel_sender.close()
+
+    async def stop(self) -> None:
+        """Graceful, then SIGTERM, then SIGKILL. Reports RunnerShutdown once the process
+        has exited -- unless the runner had failed: its failure stays in the state until
+        a new runner replaces it, so its siblings wait instead of looping."""
+        was_failed = isinstance(self.status, RunnerFailed)
+        if self.runner_process.is_alive():
+            self._stopping = True
+            try:
+                await self._task_sender.send_async(
+                    Shutdown(instance_id=self.bound_instance.instance.instance_id,
+                             runner_id=self.runner_id)
+                )
+            except ClosedResourceError:
+                pass  # its pipe is closed already: it is on its way out
+            await self._join(self.timeouts.shutdown_grace_s)
+        await self._kill()
+        self.shutdown()
+        if self.runner_process.pid is not None:
+            await self._exited.wait()
+        if not was_failed:
+            self.status = RunnerShutdown()
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._event_sender.send(
+                        RunnerStatusUpdated(runner_id=self.runner_id, runner_status=self.status)
+                    )
+                except (ClosedResourceError, BrokenResourceError):
+                    logger.debug(f"{self.runner_id}: shut down after the event channel closed")
+
+    async def _kill(self) -> None:
+        for send_signal in (self.runner_process.terminate, self.runner_process.kill):
+            if not self.runner_process.is_alive():
+                return
+            send_signal()
+            await self._join(self.timeouts.shutdown_grace_s)
+
+    async def _join(self, timeout: float) -> None:
+        if self.runner_process.pid is None:
+            return
+        await anyio.to_thread.run_sync(self.runner_process.join, timeout, abandon_on_cancel=True)
+
+
+def _describe_exit(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+

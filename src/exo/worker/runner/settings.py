@@ -1,0 +1,15 @@
+"""What a runner process needs to know beyond its shard. Picklable (sent at spawn)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    cache_dir: Path
+    models_dir: Path
+    threads: int = 1
+    device: str = "cpu"
+    dtype: str = "bfloat16"
+    max_batch: int = 8
+    log_level: str = "INFO"
