@@ -190,4 +190,7 @@ def apply_topology_edge_deleted(event: TopologyEdgeDeleted, state: State) -> Sta
 
 
 def _without(mapping: Mapping[_K, _V], keys: set[_K]) -> dict[_K, _V]:
-    return {k: v for k, v in mapping.items() if k not in keys}
+    new = dict(mapping)
+    for key in keys:
+        new.pop(key, None)
+    return new

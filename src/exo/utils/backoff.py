@@ -24,7 +24,11 @@ class KeyedBackoff(Generic[K]):
         """Seconds to wait after the given number of attempts (0 after none)."""
         if attempts <= 0:
             return 0.0
-        return min(self.base_s * self.factor ** (attempts - 1), self.max_s)
+        try:
+            delay = self.base_s * self.factor ** (attempts - 1)
+        except OverflowError:  # a key retried for hours (~1000 attempts): long capped
+            return self.max_s
+        return min(delay, self.max_s)
 
     def next_at(self, key: K) -> float:
         return self._next_at.get(key, float("-inf"))

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 import anyio
 from anyio import ClosedResourceError, EndOfStream
@@ -84,11 +84,6 @@ class channel(Generic[T]):  # noqa: N801 - used like a function: channel[T]()
         return Sender(send), Receiver(receive)
 
 
-@dataclass(frozen=True)
-class _Closed:
-    """Written by a sender that closes on purpose, so readers end cleanly."""
-
-
 @dataclass
 class MpSender(Generic[T]):
     """The writing end of a pipe to another process. Picklable (for spawn)."""
@@ -109,13 +104,10 @@ class MpSender(Generic[T]):
         await anyio.to_thread.run_sync(self.send, item)
 
     def close(self) -> None:
+        """Close this copy. The reader sees the end once every copy is closed (in every
+        process), so a parent may close the copy it handed to a child: the stream then
+        ends when the child closes its copy or dies."""
         with self._lock:
-            if self._conn.closed:
-                return
-            try:
-                self._conn.send(_Closed())
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                pass  # the reader is gone already: nothing to tell it
             self._conn.close()
 
     def __getstate__(self) -> dict[str, object]:
@@ -140,8 +132,6 @@ class MpReceiver(Generic[T]):
             item = self._conn.recv()
         except (EOFError, ConnectionResetError, OSError) as e:
             raise EndOfStream from e
-        if isinstance(item, _Closed):
-            raise EndOfStream
         return cast(T, item)
 
     def poll(self, timeout: float = 0.0) -> bool:
@@ -175,3 +165,15 @@ class mp_channel(Generic[T]):  # noqa: N801 - used like a function: mp_channel[T
     def __new__(cls) -> tuple[MpSender[T], MpReceiver[T]]:  # type: ignore[misc]
         reader, writer = mp.Pipe(duplex=False)
         return MpSender(writer), MpReceiver(reader)
+
+
+def mp_wait(receivers: "list[MpReceiver[Any]]", timeout: float | None) -> list[int]:
+    """Block until any of the receivers has something (or its end) to read; the indexes
+    of those that do. ``timeout`` 0 polls; None waits for ever."""
+    from multiprocessing.connection import wait
+
+    open_conns = {id(r._conn): i for i, r in enumerate(receivers) if not r._conn.closed}
+    if not open_conns:
+        return []
+    ready = wait([r._conn for r in receivers if not r._conn.closed], timeout)
+    return sorted(open_conns[id(c)] for c in ready)

@@ -236,21 +236,28 @@ def _start_warmup(
     return None
 
 
+_FORWARDABLE = (TaskStatus.Pending, TaskStatus.Running)
+
+
 def _pending_tasks(runners: Mapping[RunnerId, LocalRunner], state: State) -> TextGeneration | None:
-    """Forward a request to this node's runner once every runner of its instance serves."""
+    """Forward a request to this node's runner once every runner of its instance serves.
+
+    Running counts too: the first rank to acknowledge marks the task Running for the
+    whole cluster, and the other ranks must still receive it."""
+    local = {r.bound_instance.instance.instance_id: r for r in runners.values()}
     for task in state.tasks.values():
-        if not isinstance(task, TextGeneration) or task.task_status != TaskStatus.Pending:
+        runner = local.get(task.instance_id)
+        if (
+            runner is None
+            or not isinstance(task, TextGeneration)
+            or task.task_status not in _FORWARDABLE
+            or task.task_id in runner.in_progress
+            or task.task_id in runner.completed
+        ):
             continue
         instance = state.instances.get(task.instance_id)
-        if instance is None:
-            continue
-        for runner in runners.values():
-            if runner.bound_instance.instance.instance_id != task.instance_id:
-                continue
-            if task.task_id in runner.in_progress or task.task_id in runner.completed:
-                continue
-            if instance_is_serving(instance, state.runners):
-                return task
+        if instance is not None and instance_is_serving(instance, state.runners):
+            return task
     return None
 
 

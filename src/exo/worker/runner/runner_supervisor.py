@@ -32,6 +32,7 @@ from exo.shared.types.tasks import (
     Shutdown,
     Task,
     TaskId,
+    TaskStatus,
     TextGeneration,
 )
 from exo.shared.types.worker.instances import BoundInstance
@@ -232,6 +233,8 @@ class RunnerSupervisor:
         await self._fail(reason, f"Runner shutdown before completing command ({reason})")
 
     async def _fail(self, error_message: str, chunk_message: str) -> None:
+        """Every waiting client hears first, then the runner's failure; then its requests
+        are failed too, so that no new runner picks them up again."""
         for task in self.in_progress.values():
             if isinstance(task, TextGeneration):
                 with anyio.CancelScope(shield=True):
@@ -244,6 +247,7 @@ class RunnerSupervisor:
                             ),
                         )
                     )
+        failed_tasks = [t for t in self.in_progress.values() if isinstance(t, TextGeneration)]
         self.in_progress.clear()
         for waiter in self.pending.values():
             waiter.set()
@@ -254,6 +258,15 @@ class RunnerSupervisor:
                 await self._event_sender.send(
                     RunnerStatusUpdated(runner_id=self.runner_id, runner_status=self.status)
                 )
+            for task in failed_tasks:
+                with anyio.CancelScope(shield=True):
+                    await self._event_sender.send(
+                        TaskStatusUpdated(
+                            task_id=task.task_id,
+                            task_status=TaskStatus.Failed,
+                            error_message=chunk_message,
+                        )
+                    )
         except (ClosedResourceError, BrokenResourceError):
             logger.warning(f"{self.runner_id}: event channel closed; failure not reported")
         self.shutdown()
