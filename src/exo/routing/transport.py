@@ -1,0 +1,164 @@
+"""What the parts of a router share: the zenoh session, the cluster keys, the counters,
+the statistics, and the bridge from zenoh's threads into the event loop.
+
+Threading rule: zenoh callbacks only copy bytes and ``post`` a function to the event loop.
+Everything else (authentication, decoding, statistics, stream writes) runs on the loop
+thread, so nothing here needs a lock. Outgoing messages are sealed on the loop, in counter
+order, and handed to zenoh by the Outbox thread in that same order.
+"""
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TypeVar
+
+import anyio
+from anyio.streams.memory import MemoryObjectSendStream
+from loguru import logger
+
+from exo.routing._zenoh import IncomingQuery, ZenohSession
+from exo.routing.envelope import CounterSource, Opened, Rejection, ReplayGuard, open_envelope, seal
+from exo.routing.keys import ClusterKeys
+from exo.routing.outbox import Outbox
+
+T = TypeVar("T")
+
+
+@dataclass
+class RouterStats:
+    sent: int = 0
+    """Messages, requests and replies handed to zenoh."""
+    delivered: int = 0
+    """Items handed to readers: messages, replies, presence events."""
+    rejected: int = 0
+    """Messages that failed authentication (bad MAC, replayed, malformed, undecodable)."""
+    dropped: int = 0
+    """Authentic messages dropped because a reader's buffer was full."""
+    rejections: Counter[str] = field(default_factory=Counter[str])
+
+
+class LoopBridge:
+    """Runs functions posted from any thread on the event loop that created the bridge."""
+
+    def __init__(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError as e:
+            raise RuntimeError("the router needs anyio's asyncio backend") from e
+        self._closed = False
+
+    def post(self, fn: Callable[[], None]) -> None:
+        if self._closed:
+            return
+        try:
+            self._loop.call_soon_threadsafe(fn)
+        except RuntimeError:
+            logger.debug("event loop closed: a late zenoh callback is dropped")
+
+    def close(self) -> None:
+        """Ignore whatever zenoh still delivers: the router is gone."""
+        self._closed = True
+
+
+class Transport:
+    def __init__(
+        self,
+        node_id: str,
+        keys: ClusterKeys,
+        session: ZenohSession,
+        bridge: LoopBridge,
+        outbox: Outbox,
+        stats: RouterStats,
+    ) -> None:
+        self.node_id = node_id
+        self.keys = keys
+        self.session = session
+        self.bridge = bridge
+        self.stats = stats
+        self._outbox = outbox
+        self._counter = CounterSource()
+
+    async def put(self, key: str, payload: bytes) -> None:
+        async with self._outbox.order:
+            data = seal(self.keys.mac_key, key, self.node_id, self._counter.next(), payload)
+            await self._outbox.push(partial(self.session.put, key, data))
+        self.stats.sent += 1
+
+    async def query(
+        self,
+        key: str,
+        payload: bytes,
+        *,
+        timeout_s: float,
+        on_reply: Callable[[bytes], None],
+        on_done: Callable[[], None],
+    ) -> int:
+        """Send a request; returns its counter (replies are bound to it, see reply_context)."""
+
+        def ask() -> None:
+            try:
+                self.session.query(
+                    key, data, timeout_s=timeout_s, on_reply=on_reply, on_done=on_done
+                )
+            except Exception:
+                on_done()
+                raise
+
+        async with self._outbox.order:
+            counter = self._counter.next()
+            data = seal(self.keys.mac_key, key, self.node_id, counter, payload)
+            await self._outbox.push(ask)
+        self.stats.sent += 1
+        return counter
+
+    async def reply(
+        self, query: IncomingQuery, request: Opened, reply_key: str, body: bytes
+    ) -> None:
+        """Reply to ``query``, then finish it (in that order, on the outbox thread)."""
+
+        def answer() -> None:
+            try:
+                query.reply(reply_key, data)
+            finally:
+                query.finish()
+
+        context = reply_context(query.key, request.sender, request.counter)
+        async with self._outbox.order:
+            data = seal(self.keys.mac_key, context, self.node_id, self._counter.next(), body)
+            await self._outbox.push(answer)
+        self.stats.sent += 1
+
+    def open(self, context: str, data: bytes, guard: ReplayGuard | None) -> Opened | None:
+        """Authenticate a received envelope (and check its counter, given a guard)."""
+        result = open_envelope(self.keys.mac_key, context, data)
+        if isinstance(result, Rejection):
+            self.reject(result, context)
+            return None
+        if guard is not None and not guard.admit(result.sender, context, result.counter):
+            self.reject(Rejection.REPLAY, context)
+            return None
+        return result
+
+    def reject(self, reason: Rejection, context: str) -> None:
+        self.stats.rejected += 1
+        self.stats.rejections[reason] += 1
+        logger.warning(f"rejected a message on {context}: {reason}")
+
+    def offer(self, stream: MemoryObjectSendStream[T], item: T, what: str) -> None:
+        """Hand an authentic item to a reader without waiting; a full buffer drops it."""
+        try:
+            stream.send_nowait(item)
+        except anyio.WouldBlock:
+            self.stats.dropped += 1
+            logger.warning(f"{what}: reader too slow, buffer full, message dropped")
+            return
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return  # the reader closed its end: nobody wants this any more
+        self.stats.delivered += 1
+
+
+def reply_context(request_key: str, requester: str, counter: int) -> str:
+    """What a reply's MAC covers: it answers this very request and no other."""
+    return f"{request_key}#reply/{requester}/{counter}"
