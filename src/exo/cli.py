@@ -13,6 +13,7 @@ from exo.api.main import ApiSettings
 from exo.main import Node, NodeConfig
 from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
+from exo.shared.models.local import card_from_path
 from exo.shared.types.worker.runners import (
     RunnerFailed,
     RunnerLoading,
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", type=Path, default=_default_data_dir(),
                    help="where the node keeps its id, caches and models (default: %(default)s)")
     p.add_argument("--model", default=str(EMBEDDED_MODEL_ID),
-                   help="model to place and load at start (default: the embedded %(default)s); "
+                   help="model to place and load at start: a known model name, a GGUF file or a "
+                   "Hugging Face model folder (default: the embedded %(default)s); "
                    "'none' to start without one")
     p.add_argument("--api-key", default=os.environ.get("EXO_API_KEY"),
                    help="require this key on every API request (or set EXO_API_KEY)")
@@ -59,7 +61,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("exo: --threads must be at least 1")
     logger.remove()
     logger.add(sys.stderr, level=args.log_level)
+    models = []
+    if args.model != "none" and (Path(args.model).suffix == ".gguf" or Path(args.model).is_dir()):
+        try:
+            card = card_from_path(Path(args.model))
+        except ValueError as e:
+            raise SystemExit(f"exo: {e}") from e
+        models.append(card)
+        args.model = card.model_id
     config = NodeConfig(
+        models=models,
         data_dir=args.data_dir,
         api=ApiSettings(
             host=args.api_host,
@@ -106,6 +117,8 @@ async def _load_model(node: Node, name: str) -> None:
         known = ", ".join(c.model_id for c in node.model_cards())
         print(f"exo: unknown model {name!r} (known: {known})", file=sys.stderr)
         return
+    # Placement needs to know this node's memory: wait for its first report.
+    await node.wait_for_state(lambda s: node.node_id in s.nodes, timeout=60)
     await node.send_command(PlaceInstance(model_id=card.model_id))
     shown = ""
     while True:
@@ -146,3 +159,7 @@ def _progress_line(model_id: str, statuses: list[object]) -> str:
         filled = width * done // total
         return f"loading {model_id} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} layers"
     return f"starting {model_id} ..."
+
+
+if __name__ == "__main__":
+    main()

@@ -48,7 +48,7 @@ class NodeConfig:
     models: list[ModelCard] = field(default_factory=list[ModelCard])
     runner_threads: int = 1
     device: str = "cpu"
-    dtype: str = "bfloat16"
+    dtype: str = "float32"
     max_batch: int = 8
     info_interval_s: float = 5.0
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)

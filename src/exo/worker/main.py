@@ -41,7 +41,7 @@ from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady
 from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
-from exo.utils.metrics import METRICS
+from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
 from exo.worker.download.local import locate_model
 from exo.worker.plan import plan
@@ -157,7 +157,7 @@ class Worker:
         self.instance_backoff.record_attempt(instance_id, time.monotonic())
         attempt = self.instance_backoff.attempts(instance_id)
         if attempt > 1:
-            METRICS.runner_restarts.inc()
+            RUNNER_RESTARTS.inc()
         logger.info(f"creating runner for instance {instance_id} (attempt {attempt})")
         runner = RunnerSupervisor.create(
             task.bound_instance, self._runner_events.clone(), self.runner_settings, self.timeouts
@@ -213,7 +213,7 @@ class Worker:
                     if runner is not None:
                         self.instance_backoff.reset(runner.bound_instance.instance.instance_id)
                 case RunnerStatusUpdated(runner_status=RunnerFailed()):
-                    METRICS.runner_failures.inc()
+                    RUNNER_FAILURES.inc()
                 case TaskAcknowledged() | TaskStatusUpdated():
                     if event.task_id not in self.state.tasks:
                         continue  # a local task (load, warm up, ...): not the cluster's business

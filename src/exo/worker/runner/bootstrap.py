@@ -35,6 +35,8 @@ def entrypoint(
     settings: RunnerSettings,
 ) -> None:
     _die_with_parent()
+    # Ctrl-C reaches the whole process group; the node decides when its runners stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Size every thread pool before torch is imported: several runners share the cores.
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(settings.threads)

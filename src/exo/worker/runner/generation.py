@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from loguru import logger
 
 from exo.shared.types.chunks import ErrorChunk, FinishReason, TokenChunk, Usage
@@ -16,7 +17,7 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import BoundInstance
 from exo.worker.download.local import locate_model
-from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.settings import RunnerSettings
@@ -38,7 +39,8 @@ class _Request:
 class Generation:
     def __init__(self, engine: Engine, max_batch: int) -> None:
         self.engine = engine
-        self.batch = engine.batch_generator(max_batch)
+        self.max_seq = min(engine.config.context_length, DEFAULT_MAX_SEQ)
+        self.batch = engine.batch_generator(max_batch, self.max_seq)
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch
 
@@ -60,10 +62,10 @@ class Generation:
                     [{"role": m.role, "content": m.content} for m in params.input]
                 )
             prompt_ids = tokenizer.encode(prompt)
-            limit = self.engine.context_length
+            limit = self.max_seq
             if len(prompt_ids) >= limit:
                 raise ValueError(
-                    f"prompt is {len(prompt_ids)} tokens; the model's context is {limit}"
+                    f"prompt is {len(prompt_ids)} tokens; this runner's context is {limit}"
                 )
             max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
             self.batch.add(
@@ -79,7 +81,6 @@ class Generation:
                     repetition_penalty=params.repetition_penalty,
                     presence_penalty=params.presence_penalty,
                     frequency_penalty=params.frequency_penalty,
-                    stop_token_ids=tokenizer.stop_token_ids,
                 ),
             )
         except Exception as e:  # this request is refused; the others go on
@@ -87,7 +88,7 @@ class Generation:
             return self._failed(task, f"{type(e).__name__}: {e}")
         self.requests[task.task_id] = _Request(
             task=task,
-            detokenizer=tokenizer.detokenizer(),
+            detokenizer=IncrementalDetokenizer(tokenizer.decode, prompt_ids),
             stops=StopMatcher(params.stop),
             prompt_tokens=len(prompt_ids),
         )
@@ -99,15 +100,21 @@ class Generation:
             request = self.requests.get(TaskId(out.request_id))
             if request is None:
                 continue
+            if out.finish_reason == "error" or out.token_id is None:
+                del self.requests[request.task.task_id]
+                events.extend(self._failed(request.task, out.error or "generation failed"))
+                continue
             request.completion_tokens += 1
-            text = request.detokenizer.add(out.token_id)
             finish: FinishReason | None = out.finish_reason
-            emitted, stopped = request.stops.feed(text)
-            if stopped:
+            # A stop token ends the text; it is not part of it.
+            text = "" if finish == "stop" else request.detokenizer.push(out.token_id)
+            emitted = request.stops.push(text)
+            if request.stops.stopped:
                 finish = "stop"
                 self.batch.cancel(out.request_id)
             elif finish is not None:
-                emitted += request.stops.flush(request.detokenizer.flush())
+                emitted += request.stops.push(request.detokenizer.flush()) if not request.stops.stopped else ""
+                emitted += request.stops.flush()
             events.extend(self._chunk(request, emitted, out.token_id, finish))
         return events
 
@@ -175,7 +182,7 @@ def load_generation(
         Path(located.path),
         shard.start_layer,
         shard.end_layer,
-        dtype=settings.dtype,
+        dtype=getattr(torch, settings.dtype),
         device=settings.device,
         threads=settings.threads,
         cache_dir=settings.cache_dir,

@@ -92,8 +92,10 @@ class Runner:
             while not self.done:
                 busy = self.generation is not None and self.generation.active > 0
                 self._take_inputs(block=not busy)
-                if self.generation is not None and self.generation.active > 0:
-                    self._report_running()
+                if self.generation is None or self.done:
+                    continue
+                self._report_running()
+                if self.generation.active > 0:
                     for event in self.generation.step():
                         self.events.send(event)
                     self._report_running()

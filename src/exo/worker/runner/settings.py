@@ -10,6 +10,6 @@ class RunnerSettings:
     models_dir: Path
     threads: int = 1
     device: str = "cpu"
-    dtype: str = "bfloat16"
+    dtype: str = "float32"
     max_batch: int = 8
     log_level: str = "INFO"

@@ -1,0 +1,151 @@
+"""One real node process with the embedded model, driven through its HTTP API."""
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from exo.tests.node_process import NodeProcess, running_node, wait_until
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+FAST_RETRIES = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.2", "EXO_INSTANCE_BACKOFF_MAX_S": "2"}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    with running_node(tmp_path_factory.mktemp("single"), env=FAST_RETRIES) as n:
+        yield n
+
+
+def client(node: NodeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ask(node: NodeProcess, prompt: str, max_tokens: int = 24) -> str:
+    reply = client(node).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}],
+        temperature=0, max_tokens=max_tokens,
+    )
+    return reply.choices[0].message.content or ""
+
+
+def test_greedy_generation_is_deterministic_and_coherent(node: NodeProcess) -> None:
+    first = ask(node, "What is the capital of France? Answer in one word.")
+    second = ask(node, "What is the capital of France? Answer in one word.")
+    assert first == second
+    assert "paris" in first.lower()
+
+
+def test_streaming_equals_non_streaming(node: NodeProcess) -> None:
+    prompt = "Name three primary colors."
+    whole = ask(node, prompt, max_tokens=20)
+    stream = client(node).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}],
+        temperature=0, max_tokens=20, stream=True,
+    )
+    parts: list[str] = []
+    finish: str | None = None
+    for chunk in stream:
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    assert "".join(parts) == whole
+    assert finish in ("stop", "length")
+
+
+def test_usage_and_finish_reason(node: NodeProcess) -> None:
+    reply = client(node).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count to one hundred."}],
+        temperature=0, max_tokens=5,
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 5
+    assert reply.usage.prompt_tokens > 5
+
+
+def test_unknown_model_and_bad_parameters_are_4xx(node: NodeProcess) -> None:
+    r = httpx.post(node.url + "/v1/chat/completions", json={
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and "no-such-model" in r.text
+    r = httpx.post(node.url + "/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 9})
+    assert 400 <= r.status_code < 500 and "temperature" in r.text
+    r = httpx.post(node.url + "/v1/chat/completions", content=b"{not json",
+                   headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500
+
+
+def test_runner_killed_mid_stream_errors_fast_and_recovers(node: NodeProcess) -> None:
+    wait_until(node.serving, 60, "a serving instance")
+    (runner_pid,) = node.runner_pids()
+    stream = client(node).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Write a long story about a cat."}],
+        temperature=0, max_tokens=2000, stream=True,
+    )
+    killed_at: list[float] = []
+    got_error_at: float | None = None
+    received = 0
+    with pytest.raises(openai.APIError) as raised:  # noqa: PT012 - the error comes mid-iteration
+        for _chunk in stream:
+            received += 1
+            if received == 3:
+                os.kill(runner_pid, signal.SIGKILL)
+                killed_at.append(time.monotonic())
+    got_error_at = time.monotonic()
+    assert killed_at, "the stream ended before the runner was killed"
+    assert got_error_at - killed_at[0] < 2.0
+    assert "Runner shutdown" in str(raised.value) or "Terminated" in str(raised.value)
+    # The instance heals by itself: a new runner, and the next request succeeds.
+    wait_until(lambda: node.serving() and node.runner_pids() not in ([], [runner_pid]), 90,
+               "a new runner to serve")
+    assert "paris" in ask(node, "What is the capital of France? Answer in one word.").lower()
+    state = node.state()
+    assert len(state["runners"]) == 1, state["runners"]
+
+
+def test_disconnect_cancels_generation(node: NodeProcess) -> None:
+    wait_until(node.serving, 90, "a serving instance")
+    with httpx.stream("POST", node.url + "/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 3000, "stream": True, "temperature": 0,
+    }) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                break
+    # The client is gone: the runner must drop the request within a second or so.
+    wait_until(lambda: not node.state()["tasks"], 3, "the task to be cancelled")
+    wait_until(lambda: all(r["kind"] == "RunnerReady" for r in node.state()["runners"].values()),
+               3, "the runner to go idle")
+
+
+def test_concurrent_streams_match_sequential(node: NodeProcess) -> None:
+    prompts = [f"Give me a fact about the number {i}." for i in range(8)]
+    alone = [ask(node, p, max_tokens=12) for p in prompts]
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        results[i] = ask(node, prompts[i], max_tokens=12)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [results.get(i) for i in range(8)] == alone
+
+
+def test_shutdown_leaves_no_runner(tmp_path: Path) -> None:
+    with running_node(tmp_path) as n:
+        runners = n.runner_pids()
+        assert len(runners) == 1
+        assert n.stop() == 0
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                               for p in runners), 10, "the runner to exit")
+    assert "Traceback" not in n.log()

@@ -1,0 +1,193 @@
+"""Continuous batching over a preallocated KV cache.
+
+Requests join and leave between steps. `step()` first prefills every request added since the
+last step (one at a time; its first token comes from the prefill), then runs one batched decode
+step over the requests that were already running, and returns one `StepOutput` per request that
+produced a token (or failed).
+
+Slots stay compact: running requests always occupy cache slots 0..n-1, so a decode step attends
+over a plain slice of the cache. When a request leaves, the request in the highest slot moves
+into the hole (one copy of its cached keys/values, once).
+
+A failure is confined to its request: a prefill that raises fails only that request; a batched
+decode that raises is retried one request at a time, so only the culprits fail.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.sampling import RequestSampler, SamplingParams
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """One new token of one request. `token_id` is None only when finish_reason is "error".
+
+    With finish_reason "stop", `token_id` is the stop token itself (not text to show).
+    """
+
+    request_id: str
+    token_id: int | None
+    finish_reason: FinishReason | None
+    error: str | None = None
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    sampler: RequestSampler
+    stop_ids: frozenset[int]
+    slot: int = -1
+    cached: int = 0  # tokens whose keys/values are in the cache
+    generated: int = 0
+    pending: int = -1  # the last sampled token, fed to the model by the next decode step
+
+
+class BatchGenerator:
+    def __init__(
+        self,
+        model: LlamaModel,
+        max_batch: int,
+        max_seq: int,
+        *,
+        eos_token_ids: Sequence[int] = (),
+    ) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self.max_seq = max_seq
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.cache: KVCache = model.new_cache(max_batch, max_seq)
+        self._waiting: list[_Request] = []
+        self._running: list[_Request] = []  # _running[i].slot == i
+
+    # --- public API --------------------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        """Requests not finished yet (running or waiting for a slot)."""
+        return len(self._running) + len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request; it is prefilled by the next step that has a free slot for it."""
+        if any(r.request_id == request_id for r in self._waiting + self._running):
+            raise ValueError(f"request {request_id!r} is already active")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.config.vocab
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_ids) >= self.max_seq:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
+            )
+        sampler = RequestSampler(params, prompt_ids, vocab, self.model.device)
+        stop_ids = self.eos_token_ids | frozenset(params.stop_token_ids)
+        self._waiting.append(_Request(request_id, list(prompt_ids), sampler, stop_ids))
+
+    def cancel(self, request_id: str) -> bool:
+        """Drop a request; True if it was active."""
+        for r in self._waiting:
+            if r.request_id == request_id:
+                self._waiting.remove(r)
+                return True
+        for r in self._running:
+            if r.request_id == request_id:
+                self._release(r)
+                return True
+        return False
+
+    def step(self) -> list[StepOutput]:
+        outputs: list[StepOutput] = []
+        decoding = list(self._running)
+        with torch.inference_mode():
+            while self._waiting and len(self._running) < self.max_batch:
+                outputs.append(self._prefill(self._waiting.pop(0)))
+            if decoding:
+                outputs.extend(self._decode(decoding))
+        return outputs
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _prefill(self, r: _Request) -> StepOutput:
+        r.slot = len(self._running)
+        self._running.append(r)
+        try:
+            tokens = torch.tensor([r.prompt], device=self.model.device)
+            logits = self.model.forward(
+                tokens, StepInputs.single(r.slot, 0, len(r.prompt)), self.cache
+            )
+            r.cached = len(r.prompt)
+            return self._emit(r, r.sampler(logits[0]))
+        except Exception as e:  # confined to this request
+            return self._fail(r, e)
+
+    def _decode(self, rows: list[_Request]) -> list[StepOutput]:
+        try:
+            logits = self._decode_logits(rows)
+        except Exception as e:
+            if len(rows) == 1:
+                return [self._fail(rows[0], e)]
+            outputs: list[StepOutput] = []
+            for r in rows:  # find the culprit(s): one row at a time
+                outputs.extend(self._decode([r]))
+            return outputs
+        for r in rows:
+            r.cached += 1
+        return self._sample_rows(rows, logits)
+
+    def _decode_logits(self, rows: list[_Request]) -> torch.Tensor:
+        tokens = torch.tensor([[r.pending] for r in rows], device=self.model.device)  # [B, 1]
+        step = StepInputs(tuple(r.slot for r in rows), tuple(r.cached for r in rows), 1)
+        return self.model.forward(tokens, step, self.cache)  # [B, V]
+
+    def _sample_rows(self, rows: list[_Request], logits: torch.Tensor) -> list[StepOutput]:
+        greedy_rows = [i for i, r in enumerate(rows) if r.sampler.is_plain_greedy]
+        greedy: dict[int, int] = {}
+        if greedy_rows:  # one argmax for every plain greedy row
+            picked = logits[greedy_rows].argmax(-1).tolist()
+            greedy = {i: int(t) for i, t in zip(greedy_rows, picked, strict=True)}
+        outputs: list[StepOutput] = []
+        for i, r in enumerate(rows):
+            try:
+                token = greedy[i] if i in greedy else r.sampler(logits[i])
+                outputs.append(self._emit(r, token))
+            except Exception as e:
+                outputs.append(self._fail(r, e))
+        return outputs
+
+    def _emit(self, r: _Request, token: int) -> StepOutput:
+        r.generated += 1
+        r.pending = token
+        finish: FinishReason | None = None
+        if token in r.stop_ids:
+            finish = "stop"
+        elif r.generated >= r.sampler.params.max_tokens or r.cached >= self.max_seq:
+            finish = "length"
+        if finish is not None:
+            self._release(r)
+        return StepOutput(r.request_id, token, finish)
+
+    def _fail(self, r: _Request, e: Exception) -> StepOutput:
+        if r in self._running:
+            self._release(r)
+        return StepOutput(r.request_id, None, "error", f"{type(e).__name__}: {e}")
+
+    def _release(self, r: _Request) -> None:
+        """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1)."""
+        last = self._running.pop()
+        if last is not r:
+            self.cache.move_slot(last.slot, r.slot, last.cached)
+            last.slot = r.slot
+            self._running[r.slot] = last

@@ -1,0 +1,112 @@
+"""The facade a runner uses: load a model file into an `Engine`, then batch-generate tokens."""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from exo.worker.engines.batch import BatchGenerator
+from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
+from exo.worker.engines.linear import WeightFormat, default_weight_format
+from exo.worker.engines.llama import LlamaModel
+from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
+from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
+from exo.worker.engines.weights import ProgressCallback, ShardWeights
+
+DEFAULT_MAX_SEQ = 4096
+
+
+def load_config(path: Path) -> LlamaConfig:
+    """The model shape of a GGUF file or a Hugging Face folder."""
+    return hf_config(path) if path.is_dir() else load_gguf_config(path)
+
+
+def load_shard_weights(
+    path: Path,
+    start_layer: int,
+    end_layer: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    progress: ProgressCallback | None = None,
+) -> ShardWeights:
+    """Layers [start_layer, end_layer) of a GGUF file or a Hugging Face safetensors folder."""
+    if path.is_dir():
+        return load_hf_shard(path, start_layer, end_layer, dtype=dtype, progress=progress)
+    return load_gguf_shard(path, start_layer, end_layer, dtype=dtype, progress=progress)
+
+
+@dataclass
+class Engine:
+    config: LlamaConfig
+    model: LlamaModel
+    tokenizer: EngineTokenizer
+
+    @property
+    def is_full_model(self) -> bool:
+        return self.model.start_layer == 0 and self.model.end_layer == self.config.n_layers
+
+    def batch_generator(self, max_batch: int = 1, max_seq: int | None = None) -> BatchGenerator:
+        """A continuous batcher of up to `max_batch` requests of up to `max_seq` tokens each."""
+        if not self.is_full_model:
+            raise RuntimeError("batch generation needs the whole model in this engine")
+        seq = max_seq if max_seq is not None else min(self.config.context_length, DEFAULT_MAX_SEQ)
+        eos = set(self.config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
+        return BatchGenerator(self.model, max_batch, seq, eos_token_ids=sorted(eos))
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
+        """Tokens of one request (stop token excluded); a convenience over `batch_generator`."""
+        gen = self.batch_generator(
+            1, min(self.config.context_length, len(prompt_ids) + params.max_tokens + 1)
+        )
+        gen.add("generate", prompt_ids, params)
+        while gen.active:
+            for out in gen.step():
+                if out.finish_reason == "error":
+                    raise RuntimeError(out.error)
+                if out.token_id is not None and out.finish_reason != "stop":
+                    yield out.token_id
+
+    def warmup(self) -> None:
+        """Run every code path once (prefill, batched decode, sampling) on a scratch cache."""
+        if not self.is_full_model:
+            return
+        gen = self.batch_generator(2, 16)
+        gen.add("warmup-0", [1, 2, 3, 4], SamplingParams(temperature=0.0, max_tokens=3))
+        gen.add(
+            "warmup-1", [5, 6, 7], SamplingParams(temperature=0.7, top_p=0.9, seed=0, max_tokens=3)
+        )
+        while gen.active:
+            gen.step()
+
+
+def load_engine(
+    path: Path,
+    start_layer: int = 0,
+    end_layer: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    threads: int = 1,
+    cache_dir: Path,
+    progress: ProgressCallback | None = None,
+    weight_format: WeightFormat | None = None,
+) -> Engine:
+    """Load layers [start_layer, end_layer) (default: all) of a GGUF file or HF folder.
+
+    `threads` sizes torch's intra-op pool (the caller knows its share of the machine);
+    `weight_format` defaults to the fastest measured for the device (see `linear.py`).
+    """
+    torch.set_num_threads(max(1, threads))
+    dev = torch.device(device)
+    config = load_config(path)
+    end = config.n_layers if end_layer is None else end_layer
+    fmt = weight_format if weight_format is not None else default_weight_format(dev)
+    if fmt == "fp16" and dtype != torch.float32:
+        fmt = "dense"
+    load_dtype = torch.float32 if fmt == "fp16" else dtype
+    weights = load_shard_weights(path, start_layer, end, dtype=load_dtype, progress=progress)
+    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev)
+    return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

@@ -1,0 +1,189 @@
+"""GGUF files (llama.cpp's format) to `LlamaConfig` and `ShardWeights`.
+
+Only the tensors of the requested layer range are read and dequantised (with
+`gguf.quants.dequantize`); the rest of the file is never touched (it is memory-mapped).
+"""
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
+from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue
+from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeights, halves_to_pairs
+
+__all__ = ["LlamaConfig", "gguf_config", "load_gguf_config", "load_gguf_shard"]
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# llama.cpp's converter permutes q/k of these into the interleaved rotary layout; the others
+# (NEOX rotary in llama.cpp) keep the Hugging Face half-split layout, which we permute on load.
+_INTERLEAVED_IN_FILE = ("llama", "mistral")
+
+
+def _get(meta: dict[str, MetadataValue], key: str) -> MetadataValue:
+    if key not in meta:
+        raise ValueError(f"GGUF metadata lacks {key!r}")
+    return meta[key]
+
+
+def _int(meta: dict[str, MetadataValue], key: str, default: int | None = None) -> int:
+    value = meta.get(key, default) if default is not None else _get(meta, key)
+    if not isinstance(value, int):
+        raise ValueError(f"GGUF metadata {key!r} should be an integer, got {value!r}")
+    return value
+
+
+def _float(meta: dict[str, MetadataValue], key: str, default: float) -> float:
+    value = meta.get(key, default)
+    if not isinstance(value, int | float):
+        raise ValueError(f"GGUF metadata {key!r} should be a number, got {value!r}")
+    return float(value)
+
+
+def _eos_ids(meta: dict[str, MetadataValue]) -> tuple[int, ...]:
+    ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int) and value not in ids:
+            ids.append(value)
+    return tuple(ids)
+
+
+def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = _float(meta, f"{arch}.rope.scaling.factor", 1.0)
+    if kind == "linear" and factor != 1.0:
+        return RopeScaling(kind="linear", factor=factor)
+    if kind not in (None, "none", "linear"):
+        raise ValueError(f"rope scaling {kind!r} is not supported")
+    return None  # llama3-style scaling ships as the `rope_freqs.weight` tensor instead
+
+
+def gguf_config(f: GGUFFile) -> LlamaConfig:
+    """The model shape described by an open GGUF file's metadata."""
+    meta = f.metadata
+    arch = _get(meta, "general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture {arch!r} is not supported (only {SUPPORTED_ARCHITECTURES})")
+    hidden = _int(meta, f"{arch}.embedding_length")
+    heads = _int(meta, f"{arch}.attention.head_count")
+    template = meta.get("tokenizer.chat_template")
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    return LlamaConfig(
+        architecture=arch,
+        n_layers=_int(meta, f"{arch}.block_count"),
+        hidden=hidden,
+        ffn=_int(meta, f"{arch}.feed_forward_length"),
+        heads=heads,
+        kv_heads=_int(meta, f"{arch}.attention.head_count_kv", heads),
+        head_dim=_int(meta, f"{arch}.attention.key_length", hidden // heads),
+        rope_theta=_float(meta, f"{arch}.rope.freq_base", 10000.0),
+        rms_eps=_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
+        vocab=f.tensors["token_embd.weight"].shape[0],
+        context_length=_int(meta, f"{arch}.context_length", 4096),
+        tie_embeddings="output.weight" not in f.tensors,
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_ids=_eos_ids(meta),
+        chat_template=template if isinstance(template, str) else None,
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+        rope_scaling=_rope_scaling(meta, arch),
+    )
+
+
+def load_gguf_config(path: Path) -> LlamaConfig:
+    f = GGUFFile(path)
+    try:
+        return gguf_config(f)
+    finally:
+        f.close()
+
+
+class _TensorSource:
+    def __init__(self, f: GGUFFile, dtype: torch.dtype) -> None:
+        self.f = f
+        self.dtype = dtype
+
+    def get(self, name: str) -> Tensor:
+        return torch.from_numpy(self.f.load(name)).to(self.dtype)
+
+    def maybe(self, name: str) -> Tensor | None:
+        return self.get(name) if name in self.f.tensors else None
+
+
+def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
+    p = f"blk.{i}."
+    bq, bk, bv = (
+        src.maybe(p + "attn_q.bias"),
+        src.maybe(p + "attn_k.bias"),
+        src.maybe(p + "attn_v.bias"),
+    )
+    wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
+    q_norm, k_norm = src.maybe(p + "attn_q_norm.weight"), src.maybe(p + "attn_k_norm.weight")
+    if config.architecture not in _INTERLEAVED_IN_FILE:
+        wq, wk = halves_to_pairs(wq, config.heads), halves_to_pairs(wk, config.kv_heads)
+        bq = None if bq is None else halves_to_pairs(bq, config.heads)
+        bk = None if bk is None else halves_to_pairs(bk, config.kv_heads)
+        q_norm = None if q_norm is None else halves_to_pairs(q_norm, 1)
+        k_norm = None if k_norm is None else halves_to_pairs(k_norm, 1)
+    return LayerWeights(
+        attn_norm=src.get(p + "attn_norm.weight"),
+        wq=wq,
+        wk=wk,
+        wv=src.get(p + "attn_v.weight"),
+        wo=src.get(p + "attn_output.weight"),
+        ffn_norm=src.get(p + "ffn_norm.weight"),
+        w_gate=src.get(p + "ffn_gate.weight"),
+        w_up=src.get(p + "ffn_up.weight"),
+        w_down=src.get(p + "ffn_down.weight"),
+        bq=bq,
+        bk=bk,
+        bv=bv,
+        q_norm=q_norm,
+        k_norm=k_norm,
+    )
+
+
+def load_gguf_shard(
+    path: Path,
+    start_layer: int,
+    end_layer: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    progress: ProgressCallback | None = None,
+) -> ShardWeights:
+    """Layers [start_layer, end_layer) of a GGUF model, dequantised to `dtype`."""
+    f = GGUFFile(path)
+    try:
+        config = gguf_config(f)
+        check_layer_range(config, start_layer, end_layer)
+        src = _TensorSource(f, dtype)
+        total = end_layer - start_layer
+        layers: list[LayerWeights] = []
+        for i in range(start_layer, end_layer):
+            layers.append(_layer(src, config, i))
+            if progress is not None:
+                progress(len(layers), total)
+        is_last = end_layer == config.n_layers
+        embed = src.get("token_embd.weight") if start_layer == 0 else None
+        lm_head: Tensor | None = None
+        if is_last:
+            tied_and_loaded = config.tie_embeddings and embed is not None
+            head_name = "token_embd.weight" if config.tie_embeddings else "output.weight"
+            lm_head = embed if tied_and_loaded else src.get(head_name)
+        freq_factors = f.tensors.get("rope_freqs.weight")
+        return ShardWeights(
+            config=config,
+            start_layer=start_layer,
+            end_layer=end_layer,
+            layers=layers,
+            embed=embed,
+            final_norm=src.get("output_norm.weight") if is_last else None,
+            lm_head=lm_head,
+            rope_freq_factors=None
+            if freq_factors is None
+            else torch.from_numpy(f.load(freq_factors.name)),
+        )
+    finally:
+        f.close()

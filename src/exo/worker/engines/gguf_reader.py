@@ -1,0 +1,142 @@
+"""A small, fast GGUF parser: metadata and tensor locations, tensor bytes memory-mapped.
+
+`gguf.GGUFReader` builds a numpy view for every metadata item and takes seconds on a vocabulary
+of 50k tokens; this parser reads the header with `struct` and leaves tensor data in the mmap.
+Quantisation types and block sizes come from the `gguf` package.
+
+Layout (little endian): magic "GGUF", u32 version, u64 tensor_count, u64 kv_count,
+kv_count x (string key, u32 value type, value), tensor_count x (string name, u32 n_dims,
+n_dims x u64 dims, u32 ggml type, u64 offset), padding to `general.alignment`, tensor data.
+"""
+
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize
+
+MetadataValue = int | float | bool | str | list[Any]
+
+_SCALARS: dict[int, tuple[str, int]] = {
+    0: ("<B", 1),  # uint8
+    1: ("<b", 1),  # int8
+    2: ("<H", 2),  # uint16
+    3: ("<h", 2),  # int16
+    4: ("<I", 4),  # uint32
+    5: ("<i", 4),  # int32
+    6: ("<f", 4),  # float32
+    7: ("<?", 1),  # bool
+    10: ("<Q", 8),  # uint64
+    11: ("<q", 8),  # int64
+    12: ("<d", 8),  # float64
+}
+_STRING = 8
+_ARRAY = 9
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order: outermost first (GGUF stores innermost first)
+    qtype: GGMLQuantizationType
+    offset: int  # absolute byte offset in the file
+    n_bytes: int
+
+
+class _Cursor:
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def scalar(self, fmt: str, size: int) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def u32(self) -> int:
+        return int(self.scalar("<I", 4))
+
+    def u64(self) -> int:
+        return int(self.scalar("<Q", 8))
+
+    def string(self) -> str:
+        n = self.u64()
+        raw = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> MetadataValue:
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            item_type = self.u32()
+            count = self.u64()
+            if item_type in _SCALARS:  # numeric arrays in one numpy read
+                fmt, size = _SCALARS[item_type]
+                arr = np.frombuffer(self.buf, dtype=np.dtype(fmt), count=count, offset=self.pos)
+                self.pos += size * count
+                return arr.tolist()
+            return [self.value(item_type) for _ in range(count)]
+        fmt, size = _SCALARS[vtype]
+        return self.scalar(fmt, size)
+
+
+class GGUFFile:
+    """An open GGUF file: `metadata`, `tensors` by name, and `load(name)` as float32 numpy."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        with path.open("rb") as f:
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        cur = _Cursor(self._mmap)
+        if self._mmap[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        cur.pos = 4
+        version = cur.u32()
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} is not supported")
+        n_tensors, n_kv = cur.u64(), cur.u64()
+        self.metadata: dict[str, MetadataValue] = {}
+        for _ in range(n_kv):
+            key = cur.string()
+            self.metadata[key] = cur.value(cur.u32())
+        infos: list[tuple[str, tuple[int, ...], GGMLQuantizationType, int]] = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            dims = [cur.u64() for _ in range(cur.u32())]
+            qtype = GGMLQuantizationType(cur.u32())
+            infos.append((name, tuple(reversed(dims)), qtype, cur.u64()))
+        align_value = self.metadata.get("general.alignment", 32)
+        alignment = align_value if isinstance(align_value, int) else 32
+        data_start = (cur.pos + alignment - 1) // alignment * alignment
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, shape, qtype, offset in infos:
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            n_elements = int(np.prod(shape))
+            self.tensors[name] = TensorInfo(
+                name, shape, qtype, data_start + offset, n_elements // block * type_size
+            )
+
+    def raw(self, name: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
+        """The stored bytes of a tensor, one row per outermost index (a view into the mmap)."""
+        info = self.tensors[name]
+        data = np.frombuffer(self._mmap, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
+        return data.reshape(*info.shape[:-1], -1)
+
+    def load(self, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """A tensor dequantised to float32, in numpy order (e.g. [out_features, in_features])."""
+        info = self.tensors[name]
+        if info.qtype == GGMLQuantizationType.F32:
+            out = self.raw(name).view(np.float32).reshape(info.shape).copy()
+        elif info.qtype == GGMLQuantizationType.F16:
+            out = self.raw(name).view(np.float16).reshape(info.shape).astype(np.float32)
+        else:
+            out = dequantize(self.raw(name), info.qtype).reshape(info.shape)
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+    def close(self) -> None:
+        self._mmap.close()

@@ -1,0 +1,229 @@
+"""Linear layers in the weight formats the engine can run, each with an optional fused prologue.
+
+    y = prologue(x) W^T (+ b) (+ residual)
+
+The prologue is the operation that always precedes the layer in a transformer block, fused so a
+block costs fewer operations: RMSNorm with its gain (before qkv and gate|up) or SwiGLU (before
+down). Formats, measured on a 2-core x86 CPU (AVX2, no AVX-512), one thread, SmolLM2-135M,
+where decoding is bound by the bytes of weights read per token:
+
+* "dense": `F.linear` with weights in the engine dtype (any device; the exact reference).
+* "fp16": fbgemm's packed float16 weights, float32 activations: half the bytes of float32 at
+  full speed (bfloat16 / float16 `F.linear` run slower than float32 on such CPUs).
+* "q8" / "q4": 8-bit / 4-bit weight blocks with the compiled kernels of `cpu_kernels` (int8
+  activations). Requantising weights that were 4-bit (GGUF Q4_1) or 8-bit (Q8_0) blocks of 32
+  reproduces them exactly; anything else loses a little precision (q8 much less than q4).
+"""
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from exo.worker.engines.cpu_kernels import (
+    PROLOGUE_NONE,
+    PROLOGUE_RMS_NORM,
+    PROLOGUE_SWIGLU,
+    QKernels,
+)
+
+WeightFormat = Literal["dense", "fp16", "q8", "q4"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
+QUANT_BLOCK = 32
+
+
+@dataclass(frozen=True)
+class RmsNorm:
+    """x / sqrt(mean(x^2) + eps) * gain."""
+
+    gain: Tensor  # [in]
+    eps: float
+
+
+@dataclass(frozen=True)
+class SwiGLU:
+    """x = [a | b] (2 * in features) -> silu(a) * b."""
+
+
+Prologue = RmsNorm | SwiGLU | None
+
+
+class Linear(Protocol):
+    @property
+    def out_features(self) -> int: ...
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """x [..., in] (or [..., 2 * in] after SwiGLU) -> [..., out] (+ residual)."""
+        ...
+
+
+def _torch_prologue(x: Tensor, prologue: Prologue) -> Tensor:
+    """The prologue with torch ops; an RmsNorm's gain is folded into the weights."""
+    if isinstance(prologue, RmsNorm):
+        return F.rms_norm(x, (x.shape[-1],), None, prologue.eps)
+    if isinstance(prologue, SwiGLU):
+        half = x.shape[-1] // 2
+        return F.silu(x[..., :half]) * x[..., half:]
+    return x
+
+
+def _fold_gain(weight: Tensor, prologue: Prologue) -> Tensor:
+    if isinstance(prologue, RmsNorm):
+        return weight.float() * prologue.gain.float()
+    return weight
+
+
+class DenseLinear:
+    def __init__(self, weight: Tensor, bias: Tensor | None, prologue: Prologue) -> None:
+        self.weight = weight  # [out, in], gain folded in
+        self.bias = bias  # [out]
+        self.prologue = prologue
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        y = F.linear(_torch_prologue(x, self.prologue), self.weight, self.bias)
+        return y if residual is None else residual + y
+
+
+_ops = cast(object, torch.ops.quantized)
+_prepack_fp16 = getattr(_ops, "linear_prepack_fp16")  # noqa: B009  (untyped torch op)
+_linear_fp16 = getattr(_ops, "linear_dynamic_fp16")  # noqa: B009
+
+
+class PackedFp16Linear:
+    """fbgemm: weights packed once as float16, activations and output float32."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None, prologue: Prologue) -> None:
+        self._out = weight.shape[0]
+        self._packed: object = _prepack_fp16(
+            weight.float().contiguous(), None if bias is None else bias.float()
+        )
+        self.prologue = prologue
+
+    @property
+    def out_features(self) -> int:
+        return self._out
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        y = cast(Tensor, _linear_fp16(_torch_prologue(x, self.prologue), self._packed))
+        return y if residual is None else residual + y
+
+
+def quantize_q4(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """[N, K] -> (nibbles uint8 [N, K/2], scale [N, K/32], min [N, K/32]); w = scale * q + min.
+
+    Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
+    """
+    n, k = weight.shape
+    blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
+    lo, hi = blocks.amin(-1), blocks.amax(-1)
+    scale = (hi - lo) / 15
+    inv = torch.where(scale > 0, 1 / scale, 0.0)
+    q = torch.round((blocks - lo[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8)
+    half = QUANT_BLOCK // 2
+    packed = q[..., :half] | (q[..., half:] << 4)
+    return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), lo.contiguous()
+
+
+def quantize_q8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """[N, K] -> (int8 [N, K], scale [N, K/32]); w = scale * q, |q| <= 127."""
+    n, k = weight.shape
+    blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
+    scale = blocks.abs().amax(-1) / 127
+    inv = torch.where(scale > 0, 1 / scale, 0.0)
+    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return q.reshape(n, k).contiguous(), scale.contiguous()
+
+
+def dequantize_q4(packed: Tensor, scale: Tensor, minimum: Tensor) -> Tensor:
+    n = packed.shape[0]
+    nibbles = packed.reshape(n, -1, QUANT_BLOCK // 2)
+    q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
+    return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)
+
+
+class QuantLinear:
+    """q4 / q8 weight blocks run by the compiled CPU kernels (float32 activations in and out)."""
+
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, prologue: Prologue, bits: int, kernels: QKernels
+    ) -> None:
+        self._out, self._in = weight.shape
+        self.bits = bits
+        self._kernels = kernels
+        self._min: Tensor | None = None
+        if bits == 4:
+            self._q, self._scale, self._min = quantize_q4(weight)
+        else:
+            self._q, self._scale = quantize_q8(weight)
+        self._bias = None if bias is None else bias.float().contiguous()
+        self._gain: Tensor | None = None
+        self._eps = 0.0
+        self._prologue = PROLOGUE_NONE
+        if isinstance(prologue, RmsNorm):
+            self._prologue = PROLOGUE_RMS_NORM
+            self._gain, self._eps = prologue.gain.float().contiguous(), prologue.eps
+        elif isinstance(prologue, SwiGLU):
+            self._prologue = PROLOGUE_SWIGLU
+
+    @property
+    def out_features(self) -> int:
+        return self._out
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        return self._kernels.linear(
+            self.bits,
+            self._prologue,
+            x,
+            self._gain,
+            self._eps,
+            self._in,
+            self._q,
+            self._scale,
+            self._min,
+            self._bias,
+            residual,
+            self._out,
+        )
+
+
+def fp16_packing_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def make_linear(
+    weight: Tensor,
+    bias: Tensor | None,
+    fmt: WeightFormat,
+    *,
+    prologue: Prologue = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
+    kernels: QKernels | None = None,
+) -> Linear:
+    """A linear layer y = prologue(x) W^T + b in format `fmt`; `dtype` is the activation dtype."""
+    device = device or torch.device("cpu")
+    if fmt in ("fp16", "q8", "q4") and (device.type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"the {fmt} weight format needs device 'cpu' and dtype float32")
+    if fmt in ("q8", "q4"):
+        if kernels is None:
+            raise ValueError(f"the {fmt} weight format needs the compiled CPU kernels")
+        if weight.shape[1] % QUANT_BLOCK:
+            fmt = "fp16" if fp16_packing_available() else "dense"
+        else:
+            return QuantLinear(weight, bias, prologue, 4 if fmt == "q4" else 8, kernels)
+    if isinstance(prologue, RmsNorm):
+        prologue = RmsNorm(prologue.gain.to(device), prologue.eps)
+    folded = _fold_gain(weight, prologue)
+    if fmt == "fp16":
+        return PackedFp16Linear(folded, bias, prologue)
+    return DenseLinear(
+        folded.to(device=device, dtype=dtype).contiguous(),
+        None if bias is None else bias.to(device=device, dtype=dtype),
+        prologue,
+    )

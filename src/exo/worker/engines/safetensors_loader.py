@@ -1,0 +1,202 @@
+"""Hugging Face model folders (config.json + *.safetensors) to `LlamaConfig` and `ShardWeights`.
+
+Only the tensors of the requested layer range are read (safetensors files are memory-mapped).
+q/k rows are permuted from Hugging Face's half-split rotary layout to our interleaved one.
+"""
+
+import json
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
+from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeights, halves_to_pairs
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+JsonDict = dict[str, Any]
+
+
+def _read_json(path: Path) -> JsonDict:
+    return cast(JsonDict, json.loads(path.read_text(encoding="utf-8")))
+
+
+def read_chat_template(folder: Path) -> str | None:
+    """The chat template of a Hugging Face folder: chat_template.jinja or tokenizer_config.json."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text(encoding="utf-8")
+    tok_config = folder / "tokenizer_config.json"
+    if not tok_config.exists():
+        return None
+    template = _read_json(tok_config).get("chat_template")
+    if isinstance(template, str):
+        return template
+    if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+        named = {str(t["name"]): str(t["template"]) for t in cast(list[JsonDict], template)}
+        return named.get("default")
+    return None
+
+
+def _rope_scaling(raw: JsonDict) -> RopeScaling | None:
+    params = raw.get("rope_scaling") or raw.get("rope_parameters")
+    if not isinstance(params, dict):
+        return None
+    p = cast(JsonDict, params)
+    kind = p.get("rope_type", p.get("type", "default"))
+    if kind in ("default", None):
+        return None
+    factor = float(p.get("factor", 1.0))
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=factor)
+    if kind == "llama3":
+        return RopeScaling(
+            kind="llama3",
+            factor=factor,
+            low_freq_factor=float(p.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(p.get("high_freq_factor", 4.0)),
+            original_context_length=int(p.get("original_max_position_embeddings", 8192)),
+        )
+    raise ValueError(f"rope scaling {kind!r} is not supported")
+
+
+def _rope_theta(raw: JsonDict) -> float:
+    if "rope_theta" in raw:
+        return float(raw["rope_theta"])
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(cast(JsonDict, params)["rope_theta"])
+    return 10000.0
+
+
+def hf_config(folder: Path) -> LlamaConfig:
+    """The model shape described by a Hugging Face folder's config.json."""
+    raw = _read_json(folder / "config.json")
+    model_type = str(raw.get("model_type", ""))
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported ({SUPPORTED_MODEL_TYPES})")
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(int(e) for e in cast(list[int], eos)) if isinstance(eos, list) else ()
+    if isinstance(eos, int):
+        eos_ids = (eos,)
+    bos = raw.get("bos_token_id")
+    qkv_bias = model_type == "qwen2" or bool(raw.get("attention_bias", False))
+    return LlamaConfig(
+        architecture=model_type,
+        n_layers=int(raw["num_hidden_layers"]),
+        hidden=hidden,
+        ffn=int(raw["intermediate_size"]),
+        heads=heads,
+        kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rope_theta=_rope_theta(raw),
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        vocab=int(raw["vocab_size"]),
+        context_length=int(raw.get("max_position_embeddings", 4096)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_ids=eos_ids,
+        chat_template=read_chat_template(folder),
+        qkv_bias=qkv_bias,
+        qk_norm=model_type == "qwen3",
+        rope_scaling=_rope_scaling(raw),
+    )
+
+
+class _TensorSource:
+    """Tensor name -> the safetensors file holding it, read lazily."""
+
+    def __init__(self, folder: Path, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.where: dict[str, Path] = {}
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"no *.safetensors file in {folder}")
+        for file in files:
+            with safe_open(str(file), framework="pt") as st:
+                for key in cast(list[str], st.keys()):
+                    self.where[key] = file
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> Tensor:
+        if name not in self.where:
+            raise ValueError(f"tensor {name!r} not found in the safetensors files")
+        with safe_open(str(self.where[name]), framework="pt") as st:
+            tensor = cast(Tensor, st.get_tensor(name))
+        return tensor.to(self.dtype)
+
+    def maybe(self, name: str) -> Tensor | None:
+        return self.get(name) if self.has(name) else None
+
+
+def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
+    p = f"model.layers.{i}."
+    a = p + "self_attn."
+
+    def qk(name: str, n_heads: int) -> Tensor | None:
+        t = src.maybe(a + name)
+        return None if t is None else halves_to_pairs(t, n_heads)
+
+    wq, wk = qk("q_proj.weight", config.heads), qk("k_proj.weight", config.kv_heads)
+    if wq is None or wk is None:
+        raise ValueError(f"layer {i}: q_proj / k_proj missing")
+    return LayerWeights(
+        attn_norm=src.get(p + "input_layernorm.weight"),
+        wq=wq,
+        wk=wk,
+        wv=src.get(a + "v_proj.weight"),
+        wo=src.get(a + "o_proj.weight"),
+        ffn_norm=src.get(p + "post_attention_layernorm.weight"),
+        w_gate=src.get(p + "mlp.gate_proj.weight"),
+        w_up=src.get(p + "mlp.up_proj.weight"),
+        w_down=src.get(p + "mlp.down_proj.weight"),
+        bq=qk("q_proj.bias", config.heads),
+        bk=qk("k_proj.bias", config.kv_heads),
+        bv=src.maybe(a + "v_proj.bias"),
+        q_norm=qk("q_norm.weight", 1),
+        k_norm=qk("k_norm.weight", 1),
+    )
+
+
+def load_hf_shard(
+    folder: Path,
+    start_layer: int,
+    end_layer: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    progress: ProgressCallback | None = None,
+) -> ShardWeights:
+    """Layers [start_layer, end_layer) of a Hugging Face safetensors model, cast to `dtype`."""
+    config = hf_config(folder)
+    check_layer_range(config, start_layer, end_layer)
+    src = _TensorSource(folder, dtype)
+    total = end_layer - start_layer
+    layers: list[LayerWeights] = []
+    for i in range(start_layer, end_layer):
+        layers.append(_layer(src, config, i))
+        if progress is not None:
+            progress(len(layers), total)
+    is_last = end_layer == config.n_layers
+    embed = src.get("model.embed_tokens.weight") if start_layer == 0 else None
+    lm_head: Tensor | None = None
+    if is_last:
+        tied = config.tie_embeddings or not src.has("lm_head.weight")
+        if tied:
+            lm_head = embed if embed is not None else src.get("model.embed_tokens.weight")
+        else:
+            lm_head = src.get("lm_head.weight")
+    return ShardWeights(
+        config=config,
+        start_layer=start_layer,
+        end_layer=end_layer,
+        layers=layers,
+        embed=embed,
+        final_norm=src.get("model.norm.weight") if is_last else None,
+        lm_head=lm_head,
+    )

