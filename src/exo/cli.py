@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads < 1:
         raise SystemExit("exo: --threads must be at least 1")
     logger.remove()
-    logger.add(sys.stderr, level=args.log_level)
+    logger.add(sys.stderr, level=args.log_level, backtrace=False, diagnose=False)
     models = []
     if args.model != "none" and (Path(args.model).suffix == ".gguf" or Path(args.model).is_dir()):
         try:

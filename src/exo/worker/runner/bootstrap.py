@@ -7,9 +7,12 @@ import sys
 
 from loguru import logger
 
-from exo.shared.types.events import Event
+from anyio import ClosedResourceError
+
+from exo.shared.types.events import Event, RunnerStatusUpdated
 from exo.shared.types.tasks import Task, TaskId
 from exo.shared.types.worker.instances import BoundInstance
+from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils.channels import MpReceiver, MpSender
 from exo.worker.runner.settings import RunnerSettings
 
@@ -44,12 +47,25 @@ def entrypoint(
     logger.add(
         sys.stderr,
         level=settings.log_level,
+        backtrace=False,
+        diagnose=False,
         format=f"<dim>runner {bound_instance.bound_runner_id[:8]}</dim> {{level}} {{message}}",
     )
-    from exo.worker.runner.runner import Runner
-
-    runner = Runner(bound_instance, event_sender, task_receiver, cancel_receiver, settings)
     try:
+        from exo.worker.runner.runner import Runner
+
+        runner = Runner(bound_instance, event_sender, task_receiver, cancel_receiver, settings)
         runner.run()
+    except Exception as e:  # even a broken install is reported as data, not a bare exit code
+        logger.opt(exception=e).error("runner could not start")
+        try:
+            event_sender.send(
+                RunnerStatusUpdated(
+                    runner_id=bound_instance.bound_runner_id,
+                    runner_status=RunnerFailed(error_message=f"{type(e).__name__}: {e}"),
+                )
+            )
+        except ClosedResourceError:
+            pass  # the node is gone: nobody to tell
     finally:
         event_sender.close()

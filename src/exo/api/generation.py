@@ -1,0 +1,299 @@
+"""The one way every API format runs a generation.
+
+Resolve the model, make sure an instance of it serves (placing one if there is none),
+wait for a free slot, send the ``GenerateText`` command and read its chunks. Leaving
+``GenerationService.generate`` always stops listening, and cancels the command when the
+runner has not finished it (the client went away, or the answer ended early).
+"""
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+
+import anyio
+from anyio import ClosedResourceError, EndOfStream
+from loguru import logger
+
+from exo.api.errors import ApiError
+from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
+from exo.api.handle import NodeHandle
+from exo.api.settings import ApiSettings
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
+from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
+from exo.shared.types.common import CommandId
+from exo.shared.types.state import State
+from exo.shared.types.tasks import TextGeneration
+from exo.shared.types.text_generation import TextGenerationTaskParams
+from exo.shared.types.worker.instances import Instance
+from exo.utils import metrics
+from exo.utils.channels import Receiver
+from exo.worker.plan import instance_is_serving
+
+Clock = Callable[[], int]
+
+# How long cleanup may take to tell the master a command is cancelled.
+_CANCEL_SEND_TIMEOUT_S = 5.0
+
+
+def find_model(cards: Sequence[ModelCard], name: str) -> ModelCard | None:
+    """A card by model id or alias, ignoring case."""
+    key = name.strip().lower()
+    for card in cards:
+        if card.model_id.lower() == key or key in (alias.lower() for alias in card.aliases):
+            return card
+    return None
+
+
+def instances_of(state: State, model_id: ModelId) -> list[Instance]:
+    return [
+        instance
+        for instance in state.instances.values()
+        if instance.shard_assignments.model_id == model_id
+    ]
+
+
+def serving_instance(state: State, model_id: ModelId) -> Instance | None:
+    for instance in instances_of(state, model_id):
+        if instance_is_serving(instance, state.runners):
+            return instance
+    return None
+
+
+class Generation:
+    """One running generation: its command id and the events of its answer."""
+
+    def __init__(
+        self,
+        command_id: CommandId,
+        model_id: ModelId,
+        receiver: Receiver[Chunk],
+        stops: Sequence[str],
+        accepted_ns: int,
+        clock: Clock,
+    ) -> None:
+        self.command_id = command_id
+        self.model_id = model_id
+        self._receiver = receiver
+        self._clock = clock
+        self._translator = ChunkTranslator(stops, accepted_ns, clock())
+        self._last_token_ns: int | None = None
+
+    @property
+    def command_done(self) -> bool:
+        return self._translator.command_done
+
+    async def events(self) -> AsyncIterator[GenerationEvent]:
+        """Text deltas, then one Finished or Failed."""
+        while not self._translator.done:
+            try:
+                chunk = await self._receiver.receive()
+            except (EndOfStream, ClosedResourceError):
+                for event in self._translator.end_of_stream():
+                    yield event
+                return
+            now = self._clock()
+            self._observe(chunk, now)
+            for event in self._translator.feed(chunk, now):
+                if isinstance(event, Finished):
+                    metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
+                        event.usage.completion_tokens
+                    )
+                yield event
+
+    def _observe(self, chunk: Chunk, now_ns: int) -> None:
+        if not isinstance(chunk, TokenChunk):
+            return
+        if self._last_token_ns is None:
+            sent = self._translator.sent_ns
+            metrics.TIME_TO_FIRST_TOKEN.labels(model=self.model_id).observe((now_ns - sent) / 1e9)
+        else:
+            gap = (now_ns - self._last_token_ns) / 1e9
+            metrics.INTER_TOKEN_LATENCY.labels(model=self.model_id).observe(gap)
+        self._last_token_ns = now_ns
+
+
+class GenerationService:
+    """What the API formats share: models, instances, slots and commands."""
+
+    def __init__(
+        self, handle: NodeHandle, settings: ApiSettings, clock: Clock = time.monotonic_ns
+    ) -> None:
+        self.handle = handle
+        self._placement_timeout_s = settings.placement_timeout_s
+        self._max_queued = settings.max_queued_requests
+        self._slots = anyio.Semaphore(settings.max_concurrent_requests)
+        self._waiting = 0
+        self._placement_locks: dict[ModelId, anyio.Lock] = {}
+        self._active: dict[CommandId, Generation] = {}
+        self._clock = clock
+
+    # ------------------------------------------------------------ models
+
+    def model_cards(self) -> list[ModelCard]:
+        return self.handle.model_cards()
+
+    def resolve_model(self, name: str) -> ModelCard:
+        cards = self.model_cards()
+        card = find_model(cards, name)
+        if card is None:
+            known = ", ".join(sorted(c.model_id for c in cards)) or "none"
+            raise ApiError(
+                404,
+                f"model '{name}' not found; known models: {known}",
+                param="model",
+                code="model_not_found",
+            )
+        return card
+
+    # ------------------------------------------------------------ generation
+
+    @asynccontextmanager
+    async def generate(
+        self, params: TextGenerationTaskParams, card: ModelCard
+    ) -> AsyncGenerator[Generation, None]:
+        """Run a generation; raises ApiError (before yielding) when it cannot start."""
+        accepted = self._clock()
+        await self.ensure_serving(card)
+        async with self._slot():
+            command = GenerateText(task_params=params, origin_node_id=self.handle.node_id)
+            command_id = command.command_id
+            receiver = self.handle.open_response(command_id)
+            generation = Generation(
+                command_id, card.model_id, receiver, params.stop, accepted, self._clock
+            )
+            self._active[command_id] = generation
+            sent = False
+            try:
+                await self.send(command)
+                sent = True
+                yield generation
+            finally:
+                del self._active[command_id]
+                self.handle.close_response(command_id)
+                if sent and not generation.command_done:
+                    await self._send_cancel(command_id)
+
+    async def cancel(self, command_id: CommandId) -> bool:
+        """Cancel a generation running here or known to the cluster; False if unknown."""
+        known = command_id in self._active or any(
+            isinstance(task, TextGeneration) and task.command_id == command_id
+            for task in self.handle.state().tasks.values()
+        )
+        if known:
+            await self.send(CancelCommand(cancelled_command_id=command_id))
+        return known
+
+    @asynccontextmanager
+    async def _slot(self) -> AsyncGenerator[None, None]:
+        if self._slots.value == 0 and self._waiting >= self._max_queued:
+            raise ApiError(
+                429, f"too many requests: {self._waiting} are already waiting for a slot"
+            )
+        self._waiting += 1
+        metrics.QUEUE_DEPTH.inc()
+        try:
+            await self._slots.acquire()
+        finally:
+            self._waiting -= 1
+            metrics.QUEUE_DEPTH.dec()
+        metrics.ACTIVE_GENERATIONS.inc()
+        try:
+            yield
+        finally:
+            metrics.ACTIVE_GENERATIONS.dec()
+            self._slots.release()
+
+    async def send(self, command: Command) -> None:
+        try:
+            await self.handle.send_command(command)
+        except Exception as e:
+            logger.opt(exception=e).warning(f"could not send {command.kind}")
+            raise ApiError(503, f"could not send the request to the cluster: {e}") from e
+
+    async def _send_cancel(self, command_id: CommandId) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_SEND_TIMEOUT_S):
+            try:
+                await self.handle.send_command(CancelCommand(cancelled_command_id=command_id))
+            except Exception as e:
+                logger.opt(exception=e).warning(f"could not cancel command {command_id}")
+
+    # ------------------------------------------------------------ instances
+
+    async def ensure_serving(self, card: ModelCard) -> None:
+        """Return once an instance of the model serves; place one if there is none."""
+        if serving_instance(self.handle.state(), card.model_id) is not None:
+            return
+        lock = self._placement_locks.setdefault(card.model_id, anyio.Lock())
+        # One request places; the others wait for it, then find the instance serving.
+        async with lock:
+            state = self.handle.state()
+            if serving_instance(state, card.model_id) is not None:
+                return
+            if instances_of(state, card.model_id):
+                await self._wait_serving(card, None)
+            else:
+                await self._place_and_wait(card)
+
+    async def _place_and_wait(self, card: ModelCard) -> None:
+        command = PlaceInstance(model_id=card.model_id)
+        receiver = self.handle.open_response(command.command_id)
+        try:
+            await self.send(command)
+            await self._wait_serving(card, receiver)
+        finally:
+            self.handle.close_response(command.command_id)
+
+    async def _wait_serving(self, card: ModelCard, placement: Receiver[Chunk] | None) -> None:
+        """Wait for a serving instance; fail on a placement error, a timeout, or when the
+        instance goes away before it serves."""
+        model_id = card.model_id
+        seen = [bool(instances_of(self.handle.state(), model_id))]
+        failure: list[str] = []
+
+        def settled(state: State) -> bool:
+            if serving_instance(state, model_id) is not None:
+                return True
+            if instances_of(state, model_id):
+                seen[0] = True
+                return False
+            return seen[0]
+
+        async def watch_placement(receiver: Receiver[Chunk], scope: anyio.CancelScope) -> None:
+            async for chunk in receiver:
+                if isinstance(chunk, ErrorChunk):
+                    failure.append(f"placing {model_id} failed: {chunk.error_message}")
+                    scope.cancel()
+                    return
+
+        timeout = self._placement_timeout_s
+        async with anyio.create_task_group() as tg:
+            if placement is not None:
+                tg.start_soon(watch_placement, placement, tg.cancel_scope)
+            try:
+                await self.handle.wait_for_state(settled, timeout)
+            except TimeoutError:
+                failure.append(f"no instance of {model_id} became ready within {timeout:g} s")
+            tg.cancel_scope.cancel()
+        if failure:
+            raise ApiError(503, failure[0], code="model_unavailable")
+        if serving_instance(self.handle.state(), model_id) is None:
+            raise ApiError(
+                503,
+                f"the instance of {model_id} was removed before it became ready",
+                code="model_unavailable",
+            )
+
+
+async def collect(generation: Generation) -> tuple[str, Finished]:
+    """A whole answer: its text and how it ended. A failed generation is a 502."""
+    parts: list[str] = []
+    async for event in generation.events():
+        match event:
+            case Failed():
+                raise ApiError(502, f"generation failed: {event.message}", code="generation_failed")
+            case Finished():
+                return "".join(parts), event
+            case _:
+                parts.append(event.text)
+    raise ApiError(502, "generation ended without an answer", code="generation_failed")

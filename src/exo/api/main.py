@@ -1,0 +1,45 @@
+"""The node's HTTP API: OpenAI, Anthropic and Ollama formats, and exo's own endpoints.
+
+``create_app(handle, settings)`` builds the application; the node serves it with
+uvicorn. Everything the API does to the cluster goes through the ``NodeHandle``.
+"""
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from exo.api import claude, management, ollama, openai_chat, openai_responses
+from exo.api.errors import install_error_handlers
+from exo.api.generation import GenerationService
+from exo.api.handle import NodeHandle
+from exo.api.middleware import ApiKeyMiddleware, MetricsMiddleware
+from exo.api.settings import ApiSettings
+from exo.api.streaming import COMMAND_ID_HEADER
+
+__all__ = ["ApiSettings", "create_app"]
+
+
+def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
+    service = GenerationService(handle, settings)
+    app = FastAPI(
+        title="exo",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    install_error_handlers(app)
+    for module in (openai_chat, openai_responses, claude, ollama, management):
+        app.include_router(module.router(service))
+    # Added last is outermost: metrics see every answer, CORS answers preflights before
+    # the key check (browsers send no credentials there).
+    if settings.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=[COMMAND_ID_HEADER],
+        )
+    app.add_middleware(MetricsMiddleware)
+    return app

@@ -1,0 +1,136 @@
+"""exo's own endpoints: state, models, instances and their placement, health, metrics."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import Field
+
+from exo.api.errors import ApiError
+from exo.api.generation import GenerationService
+from exo.api.task_params import ApiModel
+from exo.master.placement import PlacementPreview, placement_previews
+from exo.shared.types.commands import DeleteInstance, PlaceInstance
+from exo.shared.types.state import State
+from exo.shared.types.worker.instances import InstanceId, Sharding
+from exo.utils import metrics
+from exo.worker.plan import instance_is_serving
+
+
+class PlaceInstanceRequest(ApiModel):
+    model: str
+    sharding: Sharding = "pipeline"
+    min_nodes: int = Field(default=1, ge=1)
+
+
+def choose_preview(
+    previews: Sequence[PlacementPreview], sharding: Sharding, min_nodes: int
+) -> PlacementPreview | str:
+    """The placement the master will make (the fewest nodes from ``min_nodes`` up), or
+    why there is none."""
+    candidates = sorted(
+        (p for p in previews if p.sharding == sharding and p.node_count >= min_nodes),
+        key=lambda p: p.node_count,
+    )
+    for preview in candidates:
+        if preview.valid:
+            return preview
+    if not candidates:
+        nodes = max((p.node_count for p in previews), default=0)
+        return f"min_nodes is {min_nodes} but the cluster has {nodes} node(s)"
+    reasons = "; ".join(f"on {p.node_count} node(s): {p.reason}" for p in candidates)
+    return f"no {sharding} placement fits: {reasons}"
+
+
+def instance_view(state: State, instance_id: InstanceId) -> dict[str, Any]:
+    instance = state.instances[instance_id]
+    runners = {
+        rid: state.runners[rid].model_dump(mode="json")
+        for rid in instance.shard_assignments.runner_to_shard
+        if rid in state.runners
+    }
+    return {
+        "instance": instance.model_dump(mode="json"),
+        "runners": runners,
+        "serving": instance_is_serving(instance, state.runners),
+    }
+
+
+def router(service: GenerationService) -> APIRouter:
+    api = APIRouter()
+    handle = service.handle
+
+    @api.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @api.get("/metrics")
+    async def metrics_text() -> PlainTextResponse:
+        return PlainTextResponse(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
+
+    @api.get("/state")
+    async def state() -> JSONResponse:
+        return JSONResponse(handle.state().model_dump(mode="json"))
+
+    @api.get("/node_id")
+    async def node_id() -> str:
+        return str(handle.node_id)
+
+    @api.get("/models")
+    async def models() -> list[dict[str, Any]]:
+        return [card.model_dump(mode="json") for card in service.model_cards()]
+
+    @api.get("/instance/previews")
+    async def previews(model: str = Query(min_length=1)) -> dict[str, Any]:
+        card = service.resolve_model(model)
+        current = handle.state()
+        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        return {
+            "model": card.model_id,
+            "previews": [p.model_dump(mode="json") for p in found],
+        }
+
+    @api.post("/place_instance")
+    async def place_instance(body: PlaceInstanceRequest) -> dict[str, Any]:
+        card = service.resolve_model(body.model)
+        current = handle.state()
+        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        chosen = choose_preview(found, body.sharding, body.min_nodes)
+        if isinstance(chosen, str):
+            raise ApiError(409, f"cannot place {card.model_id}: {chosen}")
+        command = PlaceInstance(
+            model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes
+        )
+        await service.send(command)
+        return {
+            "message": "placing instance",
+            "command_id": command.command_id,
+            "model": card.model_id,
+            "sharding": body.sharding,
+            "node_count": chosen.node_count,
+            "memory_per_node": chosen.memory_per_node,
+        }
+
+    @api.get("/instance/{instance_id}")
+    async def get_instance(instance_id: str) -> dict[str, Any]:
+        current = handle.state()
+        iid = InstanceId(instance_id)
+        if iid not in current.instances:
+            raise ApiError(404, f"no instance {instance_id}")
+        return instance_view(current, iid)
+
+    @api.delete("/instance/{instance_id}")
+    async def delete_instance(instance_id: str) -> dict[str, Any]:
+        iid = InstanceId(instance_id)
+        if iid not in handle.state().instances:
+            raise ApiError(404, f"no instance {instance_id}")
+        command = DeleteInstance(instance_id=iid)
+        await service.send(command)
+        return {
+            "message": "deleting instance",
+            "instance_id": iid,
+            "command_id": command.command_id,
+        }
+
+    return api

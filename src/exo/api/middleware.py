@@ -1,0 +1,91 @@
+"""Pure ASGI middleware: API key checks and request metrics."""
+
+import hmac
+import time
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from exo.api.errors import ApiError, send_error
+from exo.api.streaming import CLIENT_CLOSED_REQUEST
+from exo.utils import metrics
+
+# Paths that need no API key.
+OPEN_PATHS = frozenset({"/health"})
+
+
+def presented_key(headers: Headers) -> str | None:
+    """The key a client sent: ``Authorization: Bearer KEY`` or ``x-api-key: KEY``."""
+    authorization = headers.get("authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    api_key = headers.get("x-api-key")
+    return api_key.strip() if api_key else None
+
+
+def key_matches(presented: str | None, expected: str) -> bool:
+    if presented is None:
+        return False
+    return hmac.compare_digest(presented.encode(), expected.encode())
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self._app = app
+        self._api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self._app(scope, receive, send)
+            return
+        presented = presented_key(Headers(scope=scope))
+        if not key_matches(presented, self._api_key):
+            reason = "missing API key" if presented is None else "invalid API key"
+            error = ApiError(
+                401,
+                f"{reason}: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
+                code="invalid_api_key",
+            )
+            await send_error(scope, receive, send, error)
+            return
+        await self._app(scope, receive, send)
+
+
+class MetricsMiddleware:
+    """Counts requests by route (the template, not the raw path) and status."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = [CLIENT_CLOSED_REQUEST]
+
+        async def record_status(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self._app(scope, receive, record_status)
+        except BaseException:
+            if status[0] == CLIENT_CLOSED_REQUEST:
+                status[0] = 500
+            raise
+        finally:
+            endpoint = _endpoint(scope)
+            metrics.API_REQUESTS.labels(endpoint=endpoint, status=str(status[0])).inc()
+            metrics.API_REQUEST_DURATION.labels(endpoint=endpoint).observe(
+                time.monotonic() - started
+            )
+
+
+def _endpoint(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"

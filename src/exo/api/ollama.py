@@ -1,0 +1,406 @@
+"""Ollama: ``/api/chat`` and ``/api/generate`` (newline-delimited JSON streams, on by
+default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import Field, field_validator, model_validator
+from starlette.responses import Response
+
+from exo.api.errors import ApiError
+from exo.api.generation import Generation, GenerationService, serving_instance
+from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
+from exo.api.task_params import (
+    INT64_MIN,
+    UINT64_MAX,
+    ApiModel,
+    Sampling,
+    StopList,
+    build_task_params,
+)
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+
+# The Ollama API version we speak (clients check it).
+OLLAMA_VERSION = "0.12.0"
+
+_OPTION_NAMES = {
+    "max_tokens": "options.num_predict",
+    "temperature": "options.temperature",
+    "top_p": "options.top_p",
+    "top_k": "options.top_k",
+    "min_p": "options.min_p",
+    "seed": "options.seed",
+    "stop": "options.stop",
+    "repetition_penalty": "options.repeat_penalty",
+    "presence_penalty": "options.presence_penalty",
+    "frequency_penalty": "options.frequency_penalty",
+}
+
+
+class OllamaOptions(ApiModel):
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
+    # -1: no limit, -2: until the context is full.
+    num_predict: int | None = Field(default=None, ge=-2)
+    stop: StopList = []
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+    @field_validator("num_predict")
+    @classmethod
+    def _not_zero(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("must be at least 1, or -1 for no limit")
+        return value
+
+    def sampling(self) -> Sampling:
+        limit = self.num_predict if self.num_predict is not None and self.num_predict > 0 else None
+        return Sampling(
+            max_tokens=limit,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            repetition_penalty=self.repeat_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
+
+
+def _no_structured_format(value: object) -> object:
+    if value not in (None, ""):
+        raise ValueError("structured output (format) is not supported by this server")
+    return value
+
+
+def _no_images(value: list[str] | None) -> list[str] | None:
+    if value:
+        raise ValueError("images are not supported by this server")
+    return value
+
+
+class OllamaMessage(ApiModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    images: list[str] | None = None
+
+    _images = field_validator("images")(_no_images)
+
+
+class ChatRequest(ApiModel):
+    model: str
+    messages: list[OllamaMessage] = []
+    stream: bool = True
+    options: OllamaOptions = OllamaOptions()
+    format: object = None
+    tools: list[object] | None = None
+
+    _format = field_validator("format")(_no_structured_format)
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
+        if tools:
+            raise ValueError("tool calling is not supported by this server")
+        return tools
+
+
+class GenerateRequest(ApiModel):
+    model: str
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    stream: bool = True
+    options: OllamaOptions = OllamaOptions()
+    format: object = None
+    images: list[str] | None = None
+
+    _format = field_validator("format")(_no_structured_format)
+    _images = field_validator("images")(_no_images)
+
+
+class ShowRequest(ApiModel):
+    model: str = ""
+    name: str = ""
+
+    @model_validator(mode="after")
+    def _named(self) -> "ShowRequest":
+        if not (self.model or self.name):
+            raise ValueError("model is required")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.model or self.name
+
+
+def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:
+    messages = [InputMessage(role=m.role, content=m.content) for m in request.messages]
+    return build_task_params(
+        card,
+        messages,
+        request.options.sampling(),
+        stream=request.stream,
+        names={**_OPTION_NAMES, "input": "messages"},
+    )
+
+
+def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGenerationTaskParams:
+    messages: list[InputMessage] = []
+    if request.system and not request.raw:
+        messages.append(InputMessage(role="system", content=request.system))
+    messages.append(InputMessage(role="user", content=request.prompt))
+    return build_task_params(
+        card,
+        messages,
+        request.options.sampling(),
+        stream=request.stream,
+        names={**_OPTION_NAMES, "input": "prompt"},
+        raw_prompt=request.prompt if request.raw else None,
+    )
+
+
+def done_reason(reason: FinishKind) -> str:
+    match reason:
+        case "length":
+            return "length"
+        case "stop" | "stop_sequence" | "cancelled":
+            return "stop"
+
+
+def final_fields(finished: Finished) -> dict[str, Any]:
+    """The statistics of the last object of an answer, durations in nanoseconds."""
+    t = finished.timings
+    first = t.first_token_ns if t.first_token_ns is not None else t.finished_ns
+    return {
+        "done": True,
+        "done_reason": done_reason(finished.reason),
+        "total_duration": max(t.finished_ns - t.accepted_ns, 0),
+        "load_duration": max(t.sent_ns - t.accepted_ns, 0),
+        "prompt_eval_count": finished.usage.prompt_tokens,
+        "prompt_eval_duration": max(first - t.sent_ns, 0),
+        "eval_count": finished.usage.completion_tokens,
+        "eval_duration": max(t.finished_ns - first, 0),
+    }
+
+
+def timestamp(now: datetime) -> str:
+    return now.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+Kind = Literal["chat", "generate"]
+
+
+def _content(kind: Kind, text: str) -> dict[str, Any]:
+    if kind == "chat":
+        return {"message": {"role": "assistant", "content": text}}
+    return {"response": text}
+
+
+def whole_answer(
+    kind: Kind, model: str, created_at: str, text: str, finished: Finished
+) -> dict[str, Any]:
+    return {
+        "model": model,
+        "created_at": created_at,
+        **_content(kind, text),
+        **final_fields(finished),
+    }
+
+
+def load_answer(kind: Kind, model: str, created_at: str) -> dict[str, Any]:
+    """Ollama's answer to an empty request: the model is loaded, nothing generated."""
+    return {
+        "model": model,
+        "created_at": created_at,
+        **_content(kind, ""),
+        "done": True,
+        "done_reason": "load",
+    }
+
+
+class OllamaStreamEncoder:
+    def __init__(self, kind: Kind, model: str, created_at: str) -> None:
+        self._kind: Kind = kind
+        self._model = model
+        self._created_at = created_at
+
+    def begin(self) -> list[bytes]:
+        return []
+
+    def encode(self, event: GenerationEvent) -> list[bytes]:
+        head = {"model": self._model, "created_at": self._created_at}
+        match event:
+            case TextDelta():
+                return [ndjson({**head, **_content(self._kind, event.text), "done": False})]
+            case Finished():
+                return [ndjson({**head, **_content(self._kind, ""), **final_fields(event)})]
+            case Failed():
+                return [ndjson({"error": event.message})]
+
+
+# ---------------------------------------------------------------- model listings
+
+
+def digest(card: ModelCard) -> str:
+    return hashlib.sha256(card.model_id.encode()).hexdigest()
+
+
+def parameter_size(card: ModelCard) -> str:
+    """Roughly: the weights are held in 16 bits."""
+    params = card.storage_size.in_bytes / 2
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if params >= scale:
+            return f"{params / scale:.1f}{unit}"
+    return str(int(params))
+
+
+def details(card: ModelCard) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "gguf" if card.source.endswith(".gguf") else "safetensors",
+        "family": card.architecture,
+        "families": [card.architecture],
+        "parameter_size": parameter_size(card),
+        "quantization_level": "BF16",
+    }
+
+
+def tag_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
+    return {
+        "name": card.model_id,
+        "model": card.model_id,
+        "modified_at": modified_at,
+        "size": card.storage_size.in_bytes,
+        "digest": digest(card),
+        "details": details(card),
+    }
+
+
+def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
+    arch = card.architecture
+    return {
+        "modelfile": f"FROM {card.model_id}\n",
+        "parameters": "",
+        "template": "",
+        "details": details(card),
+        "model_info": {
+            "general.architecture": arch,
+            "general.basename": card.model_id,
+            f"{arch}.context_length": card.context_length,
+            f"{arch}.block_count": card.n_layers,
+            f"{arch}.embedding_length": card.hidden_size,
+            f"{arch}.attention.head_count": card.num_heads,
+            f"{arch}.attention.head_count_kv": card.num_kv_heads,
+        },
+        "capabilities": ["completion"],
+        "modified_at": modified_at,
+    }
+
+
+def ps_entry(card: ModelCard, expires_at: str) -> dict[str, Any]:
+    return {
+        "name": card.model_id,
+        "model": card.model_id,
+        "size": card.storage_size.in_bytes,
+        "digest": digest(card),
+        "details": details(card),
+        "expires_at": expires_at,
+        "size_vram": 0,
+        "context_length": card.context_length,
+    }
+
+
+def resolve(service: GenerationService, name: str) -> ModelCard:
+    """Ollama names carry a tag (``model:latest``); our models have none."""
+    try:
+        return service.resolve_model(name)
+    except ApiError:
+        base, sep, tag = name.rpartition(":")
+        if not sep or not base or "/" in tag:
+            raise
+        return service.resolve_model(base)
+
+
+def router(service: GenerationService) -> APIRouter:
+    api = APIRouter()
+
+    def now() -> str:
+        return timestamp(datetime.now(UTC))
+
+    def streamed(kind: Kind, params: TextGenerationTaskParams, card: ModelCard) -> Response:
+        created_at = now()
+
+        def encoder(_: Generation) -> OllamaStreamEncoder:
+            return OllamaStreamEncoder(kind, card.model_id, created_at)
+
+        return GenerationStream(service, params, card, encoder, "application/x-ndjson")
+
+    async def whole(
+        kind: Kind, request: Request, params: TextGenerationTaskParams, card: ModelCard
+    ) -> Response:
+        result = await complete(service, request, params, card)
+        if result is None:
+            return client_gone()
+        _, text, finished = result
+        return JSONResponse(whole_answer(kind, card.model_id, now(), text, finished))
+
+    @api.post("/api/chat", response_model=None)
+    async def chat(body: ChatRequest, request: Request) -> Response:
+        card = resolve(service, body.model)
+        if not body.messages:
+            await service.ensure_serving(card)
+            return JSONResponse(load_answer("chat", card.model_id, now()))
+        params = chat_task_params(body, card)
+        if body.stream:
+            return streamed("chat", params, card)
+        return await whole("chat", request, params, card)
+
+    @api.post("/api/generate", response_model=None)
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        card = resolve(service, body.model)
+        if not body.prompt and not body.system:
+            await service.ensure_serving(card)
+            return JSONResponse(load_answer("generate", card.model_id, now()))
+        params = generate_task_params(body, card)
+        if body.stream:
+            return streamed("generate", params, card)
+        return await whole("generate", request, params, card)
+
+    @api.get("/api/tags")
+    async def tags() -> dict[str, Any]:
+        modified_at = now()
+        return {"models": [tag_entry(card, modified_at) for card in service.model_cards()]}
+
+    @api.post("/api/show")
+    async def show(body: ShowRequest) -> dict[str, Any]:
+        return show_entry(resolve(service, body.model_name), now())
+
+    @api.get("/api/ps")
+    async def ps() -> dict[str, Any]:
+        state = service.handle.state()
+        running = [
+            card
+            for card in service.model_cards()
+            if serving_instance(state, card.model_id) is not None
+        ]
+        # Instances stay until deleted: no expiry.
+        expires_at = timestamp(datetime(2999, 1, 1, tzinfo=UTC))
+        return {"models": [ps_entry(card, expires_at) for card in running]}
+
+    @api.get("/api/version")
+    async def version() -> dict[str, str]:
+        return {"version": OLLAMA_VERSION}
+
+    return api

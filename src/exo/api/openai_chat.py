@@ -1,0 +1,255 @@
+"""OpenAI Chat Completions: ``POST /v1/chat/completions``, ``GET /v1/models`` and
+``POST /v1/cancel/{command_id}``."""
+
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BeforeValidator, Field, field_validator
+from starlette.responses import Response
+
+from exo.api.errors import ApiError
+from exo.api.generation import Generation, GenerationService
+from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.streaming import GenerationStream, client_gone, complete, sse
+from exo.api.task_params import (
+    INT64_MIN,
+    UINT64_MAX,
+    ApiModel,
+    Sampling,
+    StopList,
+    build_task_params,
+    text_content,
+)
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.chunks import Usage
+from exo.shared.types.common import CommandId
+from exo.shared.types.text_generation import InputMessage, Role, TextGenerationTaskParams
+
+
+def _chat_text(value: object) -> object:
+    return text_content(value, ("text", "input_text"))
+
+
+class ChatMessage(ApiModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[str, BeforeValidator(_chat_text)] = ""
+
+
+class StreamOptions(ApiModel):
+    include_usage: bool = False
+
+
+class ResponseFormat(ApiModel):
+    # Structured output (json_object, json_schema) is not supported.
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(ApiModel):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
+    stop: StopList = []
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    n: int = Field(default=1, ge=1, le=1)
+    tools: list[object] | None = None
+    response_format: ResponseFormat | None = None
+    # Extensions many OpenAI-compatible servers accept.
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
+        if tools:
+            raise ValueError("tool calling is not supported by this server")
+        return tools
+
+
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+
+
+def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
+    messages = [InputMessage(role=_ROLES[m.role], content=m.content) for m in request.messages]
+    sampling = Sampling(
+        max_tokens=request.max_completion_tokens or request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        min_p=request.min_p,
+        seed=request.seed,
+        stop=tuple(request.stop),
+        repetition_penalty=request.repetition_penalty,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
+    )
+    return build_task_params(
+        card,
+        messages,
+        sampling,
+        stream=request.stream,
+        names={"max_tokens": "max_tokens", "input": "messages"},
+    )
+
+
+def finish_reason(reason: FinishKind) -> str:
+    match reason:
+        case "length":
+            return "length"
+        case "stop" | "stop_sequence" | "cancelled":
+            return "stop"
+
+
+def usage_json(usage: Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
+
+
+def completion_id(command_id: CommandId) -> str:
+    return f"chatcmpl-{command_id}"
+
+
+def chat_completion(
+    command_id: CommandId, model: str, created: int, text: str, finished: Finished
+) -> dict[str, Any]:
+    """A whole ``chat.completion``."""
+    return {
+        "id": completion_id(command_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason(finished.reason),
+            }
+        ],
+        "usage": usage_json(finished.usage),
+    }
+
+
+def openai_error(message: str, code: str = "generation_failed") -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+
+
+class ChatStreamEncoder:
+    """``chat.completion.chunk`` events, then ``[DONE]``."""
+
+    def __init__(self, command_id: CommandId, model: str, created: int, include_usage: bool):
+        self._id = completion_id(command_id)
+        self._model = model
+        self._created = created
+        self._include_usage = include_usage
+
+    def _chunk(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self._id,
+            "object": "chat.completion.chunk",
+            "created": self._created,
+            "model": self._model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self._include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def begin(self) -> list[bytes]:
+        return [sse(self._chunk({"role": "assistant", "content": ""}, None))]
+
+    def encode(self, event: GenerationEvent) -> list[bytes]:
+        match event:
+            case TextDelta():
+                return [sse(self._chunk({"content": event.text}, None))]
+            case Finished():
+                out = [sse(self._chunk({}, finish_reason(event.reason)))]
+                if self._include_usage:
+                    usage_chunk = self._chunk({}, None)
+                    usage_chunk["choices"] = []
+                    usage_chunk["usage"] = usage_json(event.usage)
+                    out.append(sse(usage_chunk))
+                out.append(sse("[DONE]"))
+                return out
+            case Failed():
+                return [sse(openai_error(event.message))]
+
+
+def model_entry(card: ModelCard, created: int) -> dict[str, Any]:
+    return {"id": card.model_id, "object": "model", "created": created, "owned_by": "exo"}
+
+
+def model_list(cards: list[ModelCard], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_entry(card, created) for card in cards]}
+
+
+_ID_PREFIXES = ("chatcmpl-", "resp_", "msg_")
+
+
+def command_id_of(value: str) -> CommandId:
+    """A command id from itself or an id we derived from it (``chatcmpl-<id>``...)."""
+    for prefix in _ID_PREFIXES:
+        if value.startswith(prefix) and len(value) > len(prefix):
+            return CommandId(value[len(prefix) :])
+    return CommandId(value)
+
+
+def router(service: GenerationService) -> APIRouter:
+    api = APIRouter()
+
+    @api.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        card = service.resolve_model(body.model)
+        params = chat_task_params(body, card)
+        created = int(time.time())
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+
+            def encoder(generation: Generation) -> ChatStreamEncoder:
+                return ChatStreamEncoder(
+                    generation.command_id, card.model_id, created, include_usage
+                )
+
+            return GenerationStream(service, params, card, encoder, "text/event-stream")
+        result = await complete(service, request, params, card)
+        if result is None:
+            return client_gone()
+        command_id, text, finished = result
+        return JSONResponse(chat_completion(command_id, card.model_id, created, text, finished))
+
+    @api.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return model_list(service.model_cards(), int(time.time()))
+
+    @api.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        return model_entry(service.resolve_model(model_id), int(time.time()))
+
+    @api.post("/v1/cancel/{command_id}")
+    async def cancel(command_id: str) -> dict[str, str]:
+        if not command_id:
+            raise ApiError(404, "command id is required")
+        cid = command_id_of(command_id)
+        if not await service.cancel(cid):
+            raise ApiError(404, f"no running request with command id {command_id}")
+        return {"object": "cancellation", "command_id": cid, "status": "cancelled"}
+
+    return api

@@ -1,0 +1,29 @@
+"""The HTTP API's settings."""
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from exo.shared.constants import EXO_DEFAULT_API_PORT, EXO_MAX_CONCURRENT_REQUESTS
+
+
+class ApiSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Localhost unless told otherwise: the API has no business on the network by default.
+    host: str = "127.0.0.1"
+    # 0: any free port.
+    port: int = Field(default=EXO_DEFAULT_API_PORT, ge=0, le=65535)
+    # When set, every endpoint but /health needs ``Authorization: Bearer KEY`` or
+    # ``x-api-key: KEY``. An empty key means none.
+    api_key: str | None = None
+    # Origins allowed to call the API from a browser. Empty: CORS is off.
+    cors_origins: list[str] = []
+    # How long a request waits for an instance of its model to become ready.
+    placement_timeout_s: float = Field(default=600.0, gt=0)
+    # Generations served at once; more wait in a queue of at most max_queued_requests.
+    max_concurrent_requests: int = Field(default=EXO_MAX_CONCURRENT_REQUESTS, ge=1)
+    max_queued_requests: int = Field(default=256, ge=0)
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_none(cls, value: str | None) -> str | None:
+        return value or None

@@ -1,0 +1,126 @@
+"""What the request formats share: lenient request models, text content, and the one
+way to build ``TextGenerationTaskParams`` with errors that name the client's parameter."""
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+
+from exo.api.errors import ApiError
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+
+INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1
+
+
+class ApiModel(BaseModel):
+    """A client's request: lax types (JSON numbers), unknown fields ignored, no NaN."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+def _stop_list(value: object) -> object:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return value
+
+
+# ``stop``: a string or a list of strings (null: none).
+StopList = Annotated[list[str], BeforeValidator(_stop_list)]
+
+
+def text_content(value: object, part_types: Sequence[str]) -> str:
+    """Text from a string or a list of text parts (``{"type": "text", "text": ...}``);
+    a ValueError naming the first part that is not text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("must be a string or a list of content parts")
+    texts: list[str] = []
+    for i, part in enumerate(_as_list(value)):
+        if not isinstance(part, dict):
+            raise ValueError(f"part {i} must be an object")
+        fields_ = _as_dict(part)
+        kind = fields_.get("type")
+        if kind not in part_types:
+            allowed = " or ".join(repr(t) for t in part_types)
+            raise ValueError(
+                f"part {i} has type {kind!r}: only text parts ({allowed}) are supported"
+            )
+        text = fields_.get("text")
+        if not isinstance(text, str):
+            raise ValueError(f"part {i} needs a string 'text'")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _as_list(value: list[Any]) -> list[object]:
+    return list(value)
+
+
+def _as_dict(value: dict[Any, Any]) -> dict[str, object]:
+    return {str(k): v for k, v in value.items()}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters as a client gave them; None: the default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+
+def build_task_params(
+    card: ModelCard,
+    messages: Sequence[InputMessage],
+    sampling: Sampling,
+    *,
+    stream: bool,
+    names: Mapping[str, str] | None = None,
+    raw_prompt: str | None = None,
+) -> TextGenerationTaskParams:
+    """The task for a request. ``names`` maps our field names to the client's (for
+    errors); ``max_tokens`` is capped at the model's context length."""
+    names = names or {}
+    if not messages:
+        name = names.get("input", "messages")
+        raise ApiError(400, f"{name}: at least one message is required", param=name)
+    values: dict[str, Any] = {
+        f.name: getattr(sampling, f.name)
+        for f in fields(sampling)
+        if getattr(sampling, f.name) is not None
+    }
+    values["stop"] = list(sampling.stop)
+    if sampling.top_p is not None and sampling.top_p <= 0:
+        # top_p 0 keeps only the most likely token.
+        values["top_p"] = 1.0
+        values.setdefault("top_k", 1)
+    if sampling.max_tokens is not None and card.context_length > 0:
+        values["max_tokens"] = min(sampling.max_tokens, card.context_length)
+    try:
+        return TextGenerationTaskParams(
+            model=card.model_id,
+            input=list(messages),
+            stream=stream,
+            raw_prompt=raw_prompt,
+            **values,
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "request"
+        name = names.get(field, field)
+        raise ApiError(400, f"{name}: {first['msg']}", param=name) from e

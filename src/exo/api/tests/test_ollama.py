@@ -1,0 +1,109 @@
+"""The Ollama endpoints through the official ``ollama`` client, against a real server."""
+
+import json
+from typing import Any
+
+import httpx
+import ollama
+import pytest
+
+from exo.api.tests.scripted_node import TEXT, Script, ScriptedNode, ServedApp
+
+USER: list[Any] = [{"role": "user", "content": "hi"}]
+
+
+def client(server: ServedApp) -> ollama.Client:
+    return ollama.Client(host=server.url, timeout=10.0)
+
+
+def test_chat(server: ServedApp, node: ScriptedNode) -> None:
+    reply = client(server).chat(
+        model="m1",
+        messages=USER,
+        stream=False,
+        options={"temperature": 0.1, "num_predict": 50, "repeat_penalty": 1.3, "top_k": 9},
+    )
+    assert reply.message.content == TEXT
+    assert reply.done and reply.done_reason == "stop"
+    assert (reply.prompt_eval_count, reply.eval_count) == (11, 8)
+    assert reply.total_duration is not None and reply.total_duration > 0
+    params = node.generations[-1].task_params
+    assert (params.temperature, params.max_tokens, params.repetition_penalty, params.top_k) == (
+        0.1,
+        50,
+        1.3,
+        9,
+    )
+
+
+def test_chat_streaming(server: ServedApp) -> None:
+    parts = list(client(server).chat(model="m1", messages=USER, stream=True))
+    assert "".join(p.message.content or "" for p in parts) == TEXT
+    assert [p.done for p in parts].count(True) == 1
+    final = parts[-1]
+    assert final.done and final.eval_count == 8 and final.eval_duration is not None
+
+
+def test_generate(server: ServedApp, node: ScriptedNode) -> None:
+    ol = client(server)
+    whole = ol.generate(model="m1", prompt="hi", system="sys", stream=False)
+    assert whole.response == TEXT
+    roles = [m.role for m in node.generations[-1].task_params.input]
+    assert roles == ["system", "user"]
+    parts = list(ol.generate(model="m1", prompt="hi", stream=True, options={"stop": ["world"]}))
+    assert "".join(p.response or "" for p in parts) == "Hello, "
+    limited = ol.generate(model="m1", prompt="hi", stream=False, options={"num_predict": 2})
+    assert limited.done_reason == "length"
+
+
+def test_streaming_is_the_default(server: ServedApp) -> None:
+    r = httpx.post(f"{server.url}/api/generate", json={"model": "m1", "prompt": "hi"})
+    assert r.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert len(lines) == 9 and lines[-1]["done"] is True
+
+
+def test_tagged_names_and_empty_prompt_load(server: ServedApp) -> None:
+    ol = client(server)
+    assert ol.generate(model="m1:latest", prompt="hi", stream=False).response == TEXT
+    loaded = ol.generate(model="test-org/model-1")
+    assert loaded.done and loaded.done_reason == "load"
+
+
+def test_list_show_ps_version(server: ServedApp) -> None:
+    ol = client(server)
+    names = [m.model for m in ol.list().models]
+    assert "test-org/model-1" in names
+    shown = ol.show("m1")
+    assert shown.details is not None and shown.details.family == "llama"
+    assert shown.modelinfo is not None and shown.modelinfo["llama.context_length"] == 512
+    assert ol.ps().models == []
+    ol.generate(model="m1", prompt="hi", stream=False)
+    assert [m.model for m in ol.ps().models] == ["test-org/model-1"]
+    assert httpx.get(f"{server.url}/api/version").json()["version"]
+
+
+def test_errors(server: ServedApp, node: ScriptedNode) -> None:
+    ol = client(server)
+    with pytest.raises(ollama.ResponseError) as info:
+        ol.chat(model="nope", messages=USER, stream=False)
+    assert info.value.status_code == 404 and "nope" in info.value.error
+    with pytest.raises(ollama.ResponseError) as info:
+        ol.show("nope")
+    assert info.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as info:
+        ol.generate(model="m1", prompt="hi", stream=False, options={"temperature": 7})
+    assert info.value.status_code == 400 and "options.temperature" in info.value.error
+    r = httpx.post(f"{server.url}/api/chat", content=b"{")
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
+
+
+def test_runner_failure_mid_stream_raises(server: ServedApp, node: ScriptedNode) -> None:
+    node.script = Script(fail_after=2)
+    ol = client(server)
+    with pytest.raises(ollama.ResponseError, match="runner died"):
+        for _ in ol.chat(model="m1", messages=USER, stream=True):
+            pass
+    with pytest.raises(ollama.ResponseError) as info:
+        ol.generate(model="m1", prompt="hi", stream=False)
+    assert info.value.status_code == 502
