@@ -244,7 +244,12 @@ def _pending_tasks(runners: Mapping[RunnerId, LocalRunner], state: State) -> Tex
 
     Running counts too: the first rank to acknowledge marks the task Running for the
     whole cluster, and the other ranks must still receive it."""
-    local = {r.bound_instance.instance.instance_id: r for r in runners.values()}
+    # Rank 0 leads a multi-runner instance: only it takes requests.
+    local = {
+        r.bound_instance.instance.instance_id: r
+        for r in runners.values()
+        if r.bound_instance.bound_shard.device_rank == 0
+    }
     for task in state.tasks.values():
         runner = local.get(task.instance_id)
         if (

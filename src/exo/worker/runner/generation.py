@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from loguru import logger
@@ -17,7 +18,10 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import BoundInstance
 from exo.worker.download.local import locate_model
+from exo.shared.types.worker.shards import PipelineShardMetadata
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
+from exo.worker.engines.llama import LlamaModel
+from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.settings import RunnerSettings
@@ -37,8 +41,9 @@ class _Request:
 
 
 class Generation:
-    def __init__(self, engine: Engine, max_batch: int) -> None:
+    def __init__(self, engine: Engine, max_batch: int, leader: LeaderModel | None = None) -> None:
         self.engine = engine
+        self.leader = leader
         self.max_seq = min(engine.config.context_length, DEFAULT_MAX_SEQ)
         self.batch = engine.batch_generator(max_batch, self.max_seq)
         self.requests: dict[TaskId, _Request] = {}
@@ -125,6 +130,12 @@ class Generation:
         self.batch.cancel(task_id)
         return self._chunk(request, "", -1, "cancelled")
 
+    def close(self) -> None:
+        """Release the other ranks of the group (they stop following)."""
+        if self.leader is not None:
+            self.leader.stop()
+            self.leader = None
+
     def cancel_all(self) -> list[Event]:
         events: list[Event] = []
         for task_id in list(self.requests):
@@ -171,13 +182,27 @@ class Generation:
 
 def load_generation(
     bound_instance: BoundInstance, settings: RunnerSettings, progress: Progress
-) -> Generation:
+) -> Generation | Follower:
+    """Rank 0 (or a single runner) serves requests; other ranks follow rank 0."""
     shard = bound_instance.bound_shard
     located = locate_model(shard.model_card, settings.models_dir)
     if not isinstance(located, DownloadCompleted):
         raise FileNotFoundError(located.error_message)
-    if shard.kind != "PipelineShardMetadata" or shard.world_size != 1:
-        raise NotImplementedError("this runner serves single-rank instances only")
+    if shard.world_size > 1:
+        model, engine = load_local_model(
+            Path(located.path), shard, dtype=getattr(torch, settings.dtype),
+            device=settings.device, threads=settings.threads, cache_dir=settings.cache_dir,
+            progress=progress,
+        )
+        kind: Kind = "pipeline" if isinstance(shard, PipelineShardMetadata) else "tensor"
+        if engine is None:
+            max_seq = min(model.config.context_length, DEFAULT_MAX_SEQ)
+            return Follower(model, kind, shard.device_rank, shard.world_size,
+                            settings.max_batch, max_seq)
+        leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
+        engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
+                        tokenizer=engine.tokenizer)
+        return Generation(engine, settings.max_batch, leader)
     engine = load_engine(
         Path(located.path),
         shard.start_layer,

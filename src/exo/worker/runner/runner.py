@@ -44,6 +44,8 @@ from exo.shared.types.worker.runners import (
     RunnerWarmingUp,
 )
 from exo.utils.channels import MpReceiver, MpSender, mp_wait
+from exo.shared.constants import EXO_RUNNER_CONNECT_TIMEOUT_S
+from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
 from exo.worker.runner.settings import RunnerSettings
 
@@ -65,6 +67,7 @@ class Runner:
         self.settings = settings
         self.current_status: RunnerStatus = RunnerIdle()
         self.generation: Generation | None = None
+        self.follower: Follower | None = None
         self.early_cancels: set[TaskId] = set()
         self.done = False
 
@@ -110,7 +113,15 @@ class Runner:
                 pass  # the node is gone: nobody to tell
 
     def _take_inputs(self, block: bool) -> None:
-        ready = mp_wait([self.tasks, self.cancels], None if block else 0)
+        timeout = None if block else 0.0
+        if self.follower is not None:
+            # Following rank 0 in a thread: wake up now and then to see that it still does.
+            if self.follower.error is not None:
+                raise RuntimeError(f"lost the group: {self.follower.error}") from self.follower.error
+            if self.follower.finished.is_set():
+                logger.info("rank 0 released the group")
+            timeout = 0.5 if block else 0.0
+        ready = mp_wait([self.tasks, self.cancels], timeout)
         if 1 in ready:
             self._handle_cancel(self.cancels.receive())
         if 0 in ready:
@@ -154,22 +165,30 @@ class Runner:
                 total = self._layer_count()
                 self.update_status(RunnerLoading(layers_loaded=0, total_layers=total))
                 self.acknowledge_task(task)
-                self.generation = load_generation(
+                loaded = load_generation(
                     self.bound_instance, self.settings, self._loading_progress
                 )
+                if isinstance(loaded, Follower):
+                    self.follower = loaded
+                else:
+                    self.generation = loaded
                 self.update_status(RunnerLoaded())
                 self.send_task_status(task.task_id, TaskStatus.Complete)
             case StartWarmup() if isinstance(status, RunnerLoaded):
-                assert self.generation is not None
                 self.update_status(RunnerWarmingUp())
                 self.acknowledge_task(task)
                 started = time.perf_counter()
-                self.generation.warmup()
+                if self.follower is not None:
+                    self.follower.start()  # rank 0's warm-up runs through us
+                else:
+                    assert self.generation is not None
+                    self.generation.warmup()
                 logger.info(f"warmed up in {time.perf_counter() - started:.2f} s")
                 self.update_status(RunnerReady())
                 self.send_task_status(task.task_id, TaskStatus.Complete)
-            case TextGeneration() if isinstance(status, (RunnerReady, RunnerRunning)):
-                assert self.generation is not None
+            case TextGeneration() if self.generation is not None and isinstance(
+                status, (RunnerReady, RunnerRunning)
+            ):
                 self.acknowledge_task(task)
                 self.send_task_status(task.task_id, TaskStatus.Running)
                 if task.task_id in self.early_cancels:
@@ -184,6 +203,7 @@ class Runner:
                 if self.generation is not None:
                     for event in self.generation.cancel_all():
                         self.events.send(event)
+                    self.generation.close()
                 self.send_task_status(task.task_id, TaskStatus.Complete)
                 self.done = True
             case CancelTask():
@@ -226,7 +246,7 @@ class Runner:
         self.update_status(RunnerLoading(layers_loaded=loaded, total_layers=total))
 
     def _connect(self) -> None:
-        raise NotImplementedError("multi-runner instances need the distributed group")
+        connect(self.bound_instance, EXO_RUNNER_CONNECT_TIMEOUT_S)
 
 
 def format_exception(e: BaseException) -> str:

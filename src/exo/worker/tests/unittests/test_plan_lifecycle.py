@@ -303,12 +303,17 @@ def test_request_is_not_forwarded_twice() -> None:
     assert _plan(NODE_A, {NODE_A: done}, state) is None
 
 
-def test_request_acknowledged_by_one_rank_still_reaches_the_other() -> None:
-    # Rank A took the request first, so the state already says Running; rank B must
-    # still get it, or the pipeline waits for B forever.
-    task = text_generation(status=TaskStatus.Running)
-    state, views = _pair(RunnerRunning(), RunnerReady(), tasks=[task])
-    assert _plan(NODE_B, _only(views, NODE_B), state) == task
+def test_only_rank_0_takes_requests_of_a_group() -> None:
+    # Rank 0 leads the group's batches; the other ranks follow it step by step, so they
+    # never receive requests themselves (pending or already running).
+    for status in (TaskStatus.Pending, TaskStatus.Running):
+        task = text_generation(status=status)
+        state, views = _pair(RunnerReady(), RunnerReady(), tasks=[task])
+        ranks = {node: v.bound_instance.bound_shard.device_rank for node, v in views.items()}
+        leader = next(node for node, rank in ranks.items() if rank == 0)
+        follower = next(node for node, rank in ranks.items() if rank != 0)
+        assert _plan(leader, _only(views, leader), state) == task
+        assert _plan(follower, _only(views, follower), state) is None
 
 
 def test_request_for_another_instance_is_not_forwarded() -> None:

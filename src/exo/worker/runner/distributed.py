@@ -1,0 +1,239 @@
+"""The runners of one instance acting as one model over torch.distributed.
+
+Rank 0 leads: it runs the continuous batcher exactly as a single runner does, through a
+model proxy whose ``forward`` drives the other ranks. The others follow in a loop that
+executes what rank 0 asks, step by step:
+
+* pipeline: each rank holds a layer range; rank 0 embeds, activations go rank to rank,
+  the last rank applies the head and sends the logits back to rank 0 (W messages a step);
+* tensor: each rank holds a slice of every layer; rank 0 broadcasts the step, every rank
+  runs all layers with two all-reduces per layer (after attention and after the MLP).
+
+Every step starts with a fixed-size header (op, batch, length, slots, cache starts), so
+the followers' caches stay in the same layout as the leader's, moves included.
+"""
+
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal, cast
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+from torch import Tensor
+
+from exo.shared.types.worker.instances import BoundInstance
+from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMetadata
+from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.cpu_kernels import load_kernels
+from exo.worker.engines.engine import Engine, load_config, load_shard_weights
+from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.linear import choose_weight_format
+from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.tokenizer import load_tokenizer
+from exo.worker.engines.weights import ProgressCallback, slice_shard
+
+Kind = Literal["pipeline", "tensor"]
+_OP_STOP, _OP_FORWARD, _OP_MOVE = 0, 1, 2
+_HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
+
+
+def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
+    """Join the instance's process group (gloo: CPU tensors over TCP)."""
+    instance = bound_instance.instance
+    shard = bound_instance.bound_shard
+    url = f"tcp://{instance.group_host}:{instance.group_port}"
+    logger.info(f"joining group {url} as rank {shard.device_rank}/{shard.world_size}")
+    dist.init_process_group(
+        "gloo",
+        init_method=url,
+        rank=shard.device_rank,
+        world_size=shard.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def _all_reduce(x: Tensor) -> Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+@dataclass
+class _Header:
+    max_batch: int
+
+    def size(self) -> int:
+        return _HEADER_FIXED + 2 * self.max_batch
+
+    def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0)) -> Tensor:
+        h = torch.zeros(self.size(), dtype=torch.int64)
+        h[0] = op
+        if step is not None:
+            b = len(step.slots)
+            h[1], h[2] = b, step.n_new
+            h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
+            h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
+        else:
+            h[1], h[2], h[3] = move
+        return h
+
+    def decode_step(self, h: Tensor) -> StepInputs:
+        b, n_new = int(h[1]), int(h[2])
+        slots = tuple(int(v) for v in h[_HEADER_FIXED : _HEADER_FIXED + b])
+        starts = tuple(int(v) for v in h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b])
+        return StepInputs(slots, starts, n_new)
+
+
+class _LeaderCache:
+    """Rank 0's cache: a slot move is mirrored on every rank before it happens here."""
+
+    def __init__(self, local: KVCache, leader: "LeaderModel") -> None:
+        self.local = local
+        self.leader = leader
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        self.leader.send_header(self.leader.header.encode(_OP_MOVE, move=(src, dst, length)))
+        self.local.move_slot(src, dst, length)
+
+    def n_bytes(self) -> int:
+        return self.local.n_bytes()
+
+
+class LeaderModel:
+    """What the batcher sees on rank 0: a whole model whose forward spans every rank."""
+
+    def __init__(self, local: LlamaModel, kind: Kind, world_size: int, max_batch: int) -> None:
+        self.local = local
+        self.kind: Kind = kind
+        self.world_size = world_size
+        self.header = _Header(max_batch)
+        self.config: LlamaConfig = local.config
+        self.device = local.device
+        self.start_layer = 0
+        self.end_layer = local.config.n_layers
+
+    def send_header(self, header: Tensor) -> None:
+        if self.kind == "tensor":
+            dist.broadcast(header, src=0)
+        else:
+            dist.send(header, dst=1)
+
+    def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
+        return cast(KVCache, _LeaderCache(self.local.new_cache(max_batch, max_seq), self))
+
+    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
+        local_cache = cast(_LeaderCache, cache).local
+        self.send_header(self.header.encode(_OP_FORWARD, step))
+        if self.kind == "tensor":
+            dist.broadcast(tokens.to(torch.int64).contiguous(), src=0)
+            return self.local.forward(tokens, step, local_cache)
+        hidden = self.local.forward_layers(self.local.embed(tokens), step, local_cache)
+        dist.send(hidden.contiguous(), dst=1)
+        logits = torch.empty(len(step.slots), self.config.vocab, dtype=torch.float32)
+        dist.recv(logits, src=self.world_size - 1)
+        return logits
+
+    def stop(self) -> None:
+        self.send_header(self.header.encode(_OP_STOP))
+
+
+class Follower:
+    """Ranks > 0: execute rank 0's steps until it says stop (or the group breaks)."""
+
+    def __init__(self, local: LlamaModel, kind: Kind, rank: int, world_size: int,
+                 max_batch: int, max_seq: int) -> None:
+        self.local = local
+        self.kind: Kind = kind
+        self.rank = rank
+        self.world_size = world_size
+        self.header = _Header(max_batch)
+        self.cache = local.new_cache(max_batch, max_seq)
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="exo-follower", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while self._serve_one():
+                    pass
+        except BaseException as e:  # reported by the runner's main loop
+            self.error = e
+        finally:
+            self.finished.set()
+
+    def _receive_header(self) -> Tensor:
+        header = torch.empty(self.header.size(), dtype=torch.int64)
+        if self.kind == "tensor":
+            dist.broadcast(header, src=0)
+        else:
+            dist.recv(header, src=self.rank - 1)
+            if self.rank < self.world_size - 1:
+                dist.send(header, dst=self.rank + 1)
+        return header
+
+    def _serve_one(self) -> bool:
+        header = self._receive_header()
+        op = int(header[0])
+        if op == _OP_STOP:
+            return False
+        if op == _OP_MOVE:
+            self.cache.move_slot(int(header[1]), int(header[2]), int(header[3]))
+            return True
+        step = self.header.decode_step(header)
+        batch = len(step.slots)
+        if self.kind == "tensor":
+            tokens = torch.empty(batch, step.n_new, dtype=torch.int64)
+            dist.broadcast(tokens, src=0)
+            self.local.forward(tokens, step, self.cache)
+            return True
+        hidden = torch.empty(batch, step.n_new, self.local.config.hidden, dtype=self.local.dtype)
+        dist.recv(hidden, src=self.rank - 1)
+        hidden = self.local.forward_layers(hidden, step, self.cache)
+        if self.rank < self.world_size - 1:
+            dist.send(hidden.contiguous(), dst=self.rank + 1)
+        else:
+            dist.send(self.local.head(hidden[:, -1]).contiguous(), dst=0)
+        return True
+
+
+def load_local_model(
+    path: Path,
+    shard: PipelineShardMetadata | TensorShardMetadata,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    threads: int,
+    cache_dir: Path,
+    progress: ProgressCallback | None,
+) -> tuple[LlamaModel, Engine | None]:
+    """This rank's part of the model; rank 0 also gets the tokenizer (as an Engine)."""
+    torch.set_num_threads(max(1, threads))
+    dev = torch.device(device)
+    config = load_config(path)
+    on_cpu_f32 = dev.type == "cpu" and dtype == torch.float32
+    kernels = load_kernels(cache_dir / "kernels") if on_cpu_f32 else None
+    load_dtype = torch.float32 if on_cpu_f32 else dtype
+    if isinstance(shard, PipelineShardMetadata):
+        weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,
+                                     progress=progress)
+        all_reduce = None
+    else:
+        full = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype, progress=progress)
+        weights = slice_shard(full, shard.device_rank, shard.world_size)
+        all_reduce = _all_reduce
+    fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
+    if all_reduce is None:
+        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
+    else:
+        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
+                           all_reduce=all_reduce)
+    if shard.device_rank != 0:
+        return model, None
+    engine = Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
+    return model, engine

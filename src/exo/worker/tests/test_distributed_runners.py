@@ -1,0 +1,151 @@
+"""Real runner processes of one instance joined over torch.distributed (gloo on
+127.0.0.1): a 2-rank pipeline and 3-way tensor parallel answer exactly as one runner."""
+
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from exo.shared.models.embedded import EMBEDDED_MODEL_ID, embedded_model_card
+from exo.shared.types.chunks import TokenChunk
+from exo.shared.types.common import CommandId, NodeId
+from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated
+from exo.shared.types.tasks import (
+    ConnectToGroup,
+    LoadModel,
+    StartWarmup,
+    TaskId,
+    TextGeneration,
+)
+from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+from exo.shared.types.worker.instances import (
+    BoundInstance,
+    Instance,
+    InstanceId,
+    ShardAssignments,
+    Sharding,
+)
+from exo.shared.types.worker.runners import RunnerId, RunnerReady, RunnerStatus
+from exo.shared.types.worker.shards import (
+    PipelineShardMetadata,
+    ShardMetadata,
+    TensorShardMetadata,
+)
+from exo.utils.channels import Receiver, channel
+from exo.worker.runner.runner_supervisor import RunnerSupervisor
+from exo.worker.runner.settings import RunnerSettings
+
+pytestmark = pytest.mark.anyio
+
+PROMPT = "What is the capital of France? Answer in one word."
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _instance(sharding: Sharding, world: int) -> Instance:
+    card = embedded_model_card()
+    cuts = [round(i * card.n_layers / world) for i in range(world + 1)]
+    shards: dict[RunnerId, ShardMetadata] = {}
+    nodes: dict[NodeId, RunnerId] = {}
+    for rank in range(world):
+        rid = RunnerId(f"runner-{rank}")
+        nodes[NodeId(f"node-{rank}")] = rid
+        if sharding == "pipeline":
+            shards[rid] = PipelineShardMetadata(
+                model_card=card, device_rank=rank, world_size=world,
+                start_layer=cuts[rank], end_layer=cuts[rank + 1], n_layers=card.n_layers,
+            )
+        else:
+            shards[rid] = TensorShardMetadata(model_card=card, device_rank=rank, world_size=world)
+    return Instance(
+        instance_id=InstanceId(f"{sharding}-{world}"),
+        sharding=sharding,
+        shard_assignments=ShardAssignments(
+            model_id=EMBEDDED_MODEL_ID, runner_to_shard=shards, node_to_runner=nodes
+        ),
+        group_port=_free_port(),
+    )
+
+
+class _Group:
+    def __init__(self, events: Receiver[Event]) -> None:
+        self.events = events
+        self.status: dict[RunnerId, RunnerStatus] = {}
+        self.text: dict[CommandId, str] = {}
+        self.finished: set[CommandId] = set()
+
+    async def until(self, done: Callable[[], bool], timeout: float) -> None:
+        with anyio.fail_after(timeout):
+            while not done():
+                event = await self.events.receive()
+                match event:
+                    case RunnerStatusUpdated():
+                        self.status[event.runner_id] = event.runner_status
+                    case ChunkGenerated(chunk=TokenChunk() as chunk):
+                        self.text[event.command_id] = self.text.get(event.command_id, "") + chunk.text
+                        if chunk.finish_reason is not None:
+                            self.finished.add(event.command_id)
+                    case _:
+                        pass
+
+
+async def _answer(instance: Instance, tmp_path: Path) -> str:
+    send, receive = channel[Event]()
+    group = _Group(receive)
+    settings = RunnerSettings(cache_dir=tmp_path / "cache", models_dir=tmp_path / "models")
+    supervisors = [
+        RunnerSupervisor.create(
+            BoundInstance(instance=instance, bound_runner_id=rid, bound_node_id=nid),
+            send.clone(), settings,
+        )
+        for nid, rid in instance.shard_assignments.node_to_runner.items()
+    ]
+    iid = instance.instance_id
+    async with anyio.create_task_group() as tg:
+        for s in supervisors:
+            tg.start_soon(s.run)
+        if instance.world_size > 1:
+            for s in supervisors:
+                tg.start_soon(s.start_task, ConnectToGroup(instance_id=iid))
+            await group.until(lambda: len(group.status) == len(supervisors) and all(
+                type(st).__name__ == "RunnerConnected" for st in group.status.values()), 120)
+        for s in supervisors:
+            tg.start_soon(s.start_task, LoadModel(instance_id=iid))
+        await group.until(lambda: all(
+            type(group.status.get(s.runner_id)).__name__ == "RunnerLoaded" for s in supervisors), 180)
+        for s in supervisors:
+            tg.start_soon(s.start_task, StartWarmup(instance_id=iid))
+        await group.until(lambda: all(
+            isinstance(group.status.get(s.runner_id), RunnerReady) for s in supervisors), 180)
+        command = CommandId("cmd")
+        leader = supervisors[0]
+        assert leader.bound_instance.bound_shard.device_rank == 0
+        await leader.start_task(TextGeneration(
+            task_id=TaskId("task"), instance_id=iid, command_id=command,
+            task_params=TextGenerationTaskParams(
+                model=EMBEDDED_MODEL_ID, input=[InputMessage(role="user", content=PROMPT)],
+                temperature=0.0, max_tokens=16,
+            ),
+        ))
+        await group.until(lambda: command in group.finished, 120)
+        for s in supervisors:
+            tg.start_soon(s.stop)
+    return group.text[command]
+
+
+async def test_pipeline_and_tensor_parallel_match_one_runner(tmp_path: Path) -> None:
+    alone = await _answer(_instance("pipeline", 1), tmp_path)
+    assert "paris" in alone.lower()
+    assert await _answer(_instance("pipeline", 2), tmp_path) == alone
+    assert await _answer(_instance("tensor", 3), tmp_path) == alone
