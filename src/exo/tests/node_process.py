@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +61,13 @@ class NodeProcess:
         pids: list[int] = []
         for child in children:
             try:
-                if "multiprocessing" in " ".join(child.cmdline()) and child.status() != "zombie":
-                    if "resource_tracker" not in " ".join(child.cmdline()):
-                        pids.append(child.pid)
+                cmdline = " ".join(child.cmdline())
+                if (
+                    "multiprocessing" in cmdline
+                    and "resource_tracker" not in cmdline
+                    and child.status() != "zombie"
+                ):
+                    pids.append(child.pid)
             except psutil.NoSuchProcess:
                 continue
         return pids
@@ -100,7 +104,7 @@ def running_node(
     env: Mapping[str, str] | None = None,
     wait_ready: bool = True,
     timeout: float = 120,
-) -> Iterator[NodeProcess]:
+) -> Generator[NodeProcess]:
     port = free_port()
     data_dir = tmp / f"node-{port}"
     log_path = tmp / f"node-{port}.log"

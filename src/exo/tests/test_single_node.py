@@ -92,7 +92,7 @@ def test_runner_killed_mid_stream_errors_fast_and_recovers(node: NodeProcess) ->
     killed_at: list[float] = []
     got_error_at: float | None = None
     received = 0
-    with pytest.raises(openai.APIError) as raised:  # noqa: PT012 - the error comes mid-iteration
+    with pytest.raises(openai.APIError) as raised:
         for _chunk in stream:
             received += 1
             if received == 3:

@@ -5,7 +5,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import anyio
-from anyio.abc import TaskGroup
 from loguru import logger
 
 from exo.shared.constants import (

@@ -1,9 +1,11 @@
 """Continuous batching over a preallocated KV cache.
 
-Requests join and leave between steps. `step()` first prefills every request added since the
-last step (one at a time; its first token comes from the prefill), then runs one batched decode
-step over the requests that were already running, and returns one `StepOutput` per request that
-produced a token (or failed).
+Requests join and leave between steps. `step()` first prefills the requests added since the last
+step (one at a time, in chunks of at most `prefill_chunk` tokens per step so a long prompt does not
+stall the others; a request's first token comes from its last chunk), then runs one batched decode
+step over the requests that already had a token, and returns one `StepOutput` per request that
+produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
+do not depend on what it is batched with.
 
 Slots stay compact: running requests always occupy cache slots 0..n-1, so a decode step attends
 over a plain slice of the cache. When a request leaves, the request in the highest slot moves
@@ -50,6 +52,10 @@ class _Request:
     generated: int = 0
     pending: int = -1  # the last sampled token, fed to the model by the next decode step
 
+    @property
+    def prefilling(self) -> bool:
+        return self.cached < len(self.prompt)
+
 
 class BatchGenerator:
     def __init__(
@@ -59,10 +65,14 @@ class BatchGenerator:
         max_seq: int,
         *,
         eos_token_ids: Sequence[int] = (),
+        prefill_chunk: int = 512,
     ) -> None:
+        if max_batch < 1 or max_seq < 2 or prefill_chunk < 1:
+            raise ValueError("need max_batch >= 1, max_seq >= 2 and prefill_chunk >= 1")
         self.model = model
         self.max_batch = max_batch
         self.max_seq = max_seq
+        self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cache: KVCache = model.new_cache(max_batch, max_seq)
         self._waiting: list[_Request] = []
@@ -109,26 +119,37 @@ class BatchGenerator:
         return False
 
     def step(self) -> list[StepOutput]:
+        """Prefill chunks of new requests, then one decode step; one output per new token."""
         outputs: list[StepOutput] = []
-        decoding = list(self._running)
+        decoding = [r for r in self._running if not r.prefilling]
+        while self._waiting and len(self._running) < self.max_batch:
+            r = self._waiting.pop(0)
+            r.slot = len(self._running)
+            self._running.append(r)
         with torch.inference_mode():
-            while self._waiting and len(self._running) < self.max_batch:
-                outputs.append(self._prefill(self._waiting.pop(0)))
+            for r in [r for r in self._running if r.prefilling]:
+                out = self._prefill_chunk(r)
+                if out is not None:
+                    outputs.append(out)
             if decoding:
                 outputs.extend(self._decode(decoding))
         return outputs
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _prefill(self, r: _Request) -> StepOutput:
-        r.slot = len(self._running)
-        self._running.append(r)
+    def _prefill_chunk(self, r: _Request) -> StepOutput | None:
+        """The next chunk of r's prompt; its first token once the prompt is all cached."""
         try:
-            tokens = torch.tensor([r.prompt], device=self.model.device)
-            logits = self.model.forward(
-                tokens, StepInputs.single(r.slot, 0, len(r.prompt)), self.cache
-            )
-            r.cached = len(r.prompt)
+            n = min(self.prefill_chunk, len(r.prompt) - r.cached)
+            chunk = r.prompt[r.cached : r.cached + n]
+            tokens = torch.tensor([chunk], device=self.model.device)
+            step = StepInputs.single(r.slot, r.cached, n)
+            if r.cached + n < len(r.prompt):  # more to come: no logits needed
+                self.model.forward_layers(self.model.embed(tokens), step, self.cache)
+                r.cached += n
+                return None
+            logits = self.model.forward(tokens, step, self.cache)
+            r.cached += n
             return self._emit(r, r.sampler(logits[0]))
         except Exception as e:  # confined to this request
             return self._fail(r, e)

@@ -8,15 +8,18 @@ import torch
 
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
-from exo.worker.engines.linear import WeightFormat, default_weight_format
+from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, ShardWeights
 
-DEFAULT_MAX_SEQ = 4096
+# Default positions per request. The KV cache holds max_batch x max_seq positions of every layer:
+# for SmolLM2-135M (float32) that is 46 KB per position, 94 MB per 2048-position slot.
+DEFAULT_MAX_SEQ = 2048
 
 
 def load_config(path: Path) -> LlamaConfig:
@@ -40,6 +43,9 @@ def load_shard_weights(
 
 @dataclass
 class Engine:
+    """A loaded model (or layer range of one) with its tokenizer. Not thread-safe: one runner
+    thread drives it."""
+
     config: LlamaConfig
     model: LlamaModel
     tokenizer: EngineTokenizer
@@ -48,13 +54,18 @@ class Engine:
     def is_full_model(self) -> bool:
         return self.model.start_layer == 0 and self.model.end_layer == self.config.n_layers
 
-    def batch_generator(self, max_batch: int = 1, max_seq: int | None = None) -> BatchGenerator:
-        """A continuous batcher of up to `max_batch` requests of up to `max_seq` tokens each."""
+    def batch_generator(
+        self, max_batch: int = 1, max_seq: int | None = None, *, prefill_chunk: int = 512
+    ) -> BatchGenerator:
+        """A continuous batcher of up to `max_batch` requests of up to `max_seq` tokens each
+        (prompt and output; default: min(context length, DEFAULT_MAX_SEQ))."""
         if not self.is_full_model:
             raise RuntimeError("batch generation needs the whole model in this engine")
         seq = max_seq if max_seq is not None else min(self.config.context_length, DEFAULT_MAX_SEQ)
         eos = set(self.config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
-        return BatchGenerator(self.model, max_batch, seq, eos_token_ids=sorted(eos))
+        return BatchGenerator(
+            self.model, max_batch, seq, eos_token_ids=sorted(eos), prefill_chunk=prefill_chunk
+        )
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
         """Tokens of one request (stop token excluded); a convenience over `batch_generator`."""
@@ -97,16 +108,20 @@ def load_engine(
     """Load layers [start_layer, end_layer) (default: all) of a GGUF file or HF folder.
 
     `threads` sizes torch's intra-op pool (the caller knows its share of the machine);
-    `weight_format` defaults to the fastest measured for the device (see `linear.py`).
+    `weight_format` defaults to the fastest that keeps the file's precision (`linear.py`).
+    On a CPU, float32 activations are the fast path (bfloat16 / float16 are slow without
+    AVX-512); `dtype` is also the KV cache dtype.
     """
     torch.set_num_threads(max(1, threads))
     dev = torch.device(device)
     config = load_config(path)
     end = config.n_layers if end_layer is None else end_layer
-    fmt = weight_format if weight_format is not None else default_weight_format(dev)
-    if fmt == "fp16" and dtype != torch.float32:
-        fmt = "dense"
-    load_dtype = torch.float32 if fmt == "fp16" else dtype
+    on_cpu_f32 = dev.type == "cpu" and dtype == torch.float32
+    kernels = load_kernels(cache_dir / "kernels") if on_cpu_f32 else None
+    if kernels is not None:
+        kernels.set_threads(max(1, threads))
+    load_dtype = torch.float32 if on_cpu_f32 else dtype
     weights = load_shard_weights(path, start_layer, end, dtype=load_dtype, progress=progress)
-    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev)
+    fmt = weight_format or choose_weight_format(weights.source_format, dev, dtype, kernels)
+    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
     return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

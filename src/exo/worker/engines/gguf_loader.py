@@ -173,6 +173,7 @@ def load_gguf_shard(
             head_name = "token_embd.weight" if config.tie_embeddings else "output.weight"
             lm_head = embed if tied_and_loaded else src.get(head_name)
         freq_factors = f.tensors.get("rope_freqs.weight")
+        source = f.tensors[f"blk.{start_layer}.ffn_down.weight"].qtype.name
         return ShardWeights(
             config=config,
             start_layer=start_layer,
@@ -184,6 +185,7 @@ def load_gguf_shard(
             rope_freq_factors=None
             if freq_factors is None
             else torch.from_numpy(f.load(freq_factors.name)),
+            source_format=source,
         )
     finally:
         f.close()

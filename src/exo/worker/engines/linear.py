@@ -10,9 +10,10 @@ where decoding is bound by the bytes of weights read per token:
 * "dense": `F.linear` with weights in the engine dtype (any device; the exact reference).
 * "fp16": fbgemm's packed float16 weights, float32 activations: half the bytes of float32 at
   full speed (bfloat16 / float16 `F.linear` run slower than float32 on such CPUs).
-* "q8" / "q4": 8-bit / 4-bit weight blocks with the compiled kernels of `cpu_kernels` (int8
-  activations). Requantising weights that were 4-bit (GGUF Q4_1) or 8-bit (Q8_0) blocks of 32
-  reproduces them exactly; anything else loses a little precision (q8 much less than q4).
+* "q8" / "q4": 8-bit / 4-bit weight blocks (GGUF's Q8_0 / Q4_1 layouts) run by the compiled
+  kernels of `cpu_kernels` (activations quantised per block of 32 to 16 bits: results within
+  ~1e-4 of float32). Requantising weights that were Q4_1 / Q8_0 blocks reproduces them
+  exactly; other weights lose a little precision (q8 much less than q4).
 """
 
 from dataclasses import dataclass
@@ -90,9 +91,12 @@ class DenseLinear:
         return y if residual is None else residual + y
 
 
-_ops = cast(object, torch.ops.quantized)
-_prepack_fp16 = getattr(_ops, "linear_prepack_fp16")  # noqa: B009  (untyped torch op)
-_linear_fp16 = getattr(_ops, "linear_dynamic_fp16")  # noqa: B009
+def _prepack_fp16(weight: Tensor, bias: Tensor | None) -> object:
+    return cast(object, torch.ops.quantized.linear_prepack_fp16(weight, bias))
+
+
+def _linear_fp16(x: Tensor, packed: object) -> Tensor:
+    return cast(Tensor, torch.ops.quantized.linear_dynamic_fp16(x, packed))
 
 
 class PackedFp16Linear:
@@ -100,7 +104,7 @@ class PackedFp16Linear:
 
     def __init__(self, weight: Tensor, bias: Tensor | None, prologue: Prologue) -> None:
         self._out = weight.shape[0]
-        self._packed: object = _prepack_fp16(
+        self._packed = _prepack_fp16(
             weight.float().contiguous(), None if bias is None else bias.float()
         )
         self.prologue = prologue
@@ -110,41 +114,52 @@ class PackedFp16Linear:
         return self._out
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        y = cast(Tensor, _linear_fp16(_torch_prologue(x, self.prologue), self._packed))
+        y = _linear_fp16(_torch_prologue(x, self.prologue), self._packed)
         return y if residual is None else residual + y
 
 
-def quantize_q4(weight: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """[N, K] -> (nibbles uint8 [N, K/2], scale [N, K/32], min [N, K/32]); w = scale * q + min.
+def _f16_bytes(t: Tensor) -> Tensor:
+    """float values [..] -> their float16 bytes [.., 2]."""
+    return t.to(torch.float16).contiguous().view(torch.uint8).reshape(*t.shape, 2)
 
-    Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
+
+def quantize_q4(weight: Tensor) -> Tensor:
+    """[N, K] -> q4 blocks uint8 [N, K/32, 20]: {f16 d, f16 m, 16 bytes of nibbles}.
+
+    w = d q + m with q in 0..15 (d, m from the block's min and max, like GGUF's Q4_1);
+    byte j of a block holds element j in its low nibble and element j + 16 in its high one.
     """
     n, k = weight.shape
     blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
-    lo, hi = blocks.amin(-1), blocks.amax(-1)
-    scale = (hi - lo) / 15
+    lo = blocks.amin(-1).half().float()
+    scale = ((blocks.amax(-1) - lo) / 15).half().float()
     inv = torch.where(scale > 0, 1 / scale, 0.0)
     q = torch.round((blocks - lo[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8)
     half = QUANT_BLOCK // 2
-    packed = q[..., :half] | (q[..., half:] << 4)
-    return packed.reshape(n, k // 2).contiguous(), scale.contiguous(), lo.contiguous()
+    nibbles = q[..., :half] | (q[..., half:] << 4)
+    return torch.cat([_f16_bytes(scale), _f16_bytes(lo), nibbles], dim=-1).contiguous()
 
 
-def quantize_q8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """[N, K] -> (int8 [N, K], scale [N, K/32]); w = scale * q, |q| <= 127."""
+def quantize_q8(weight: Tensor) -> Tensor:
+    """[N, K] -> q8 blocks uint8 [N, K/32, 34]: {f16 d, 32 x int8}; w = d q, |q| <= 127."""
     n, k = weight.shape
     blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
-    scale = blocks.abs().amax(-1) / 127
+    scale = (blocks.abs().amax(-1) / 127).half().float()
     inv = torch.where(scale > 0, 1 / scale, 0.0)
-    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8)
-    return q.reshape(n, k).contiguous(), scale.contiguous()
+    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8).view(torch.uint8)
+    return torch.cat([_f16_bytes(scale), q], dim=-1).contiguous()
 
 
-def dequantize_q4(packed: Tensor, scale: Tensor, minimum: Tensor) -> Tensor:
-    n = packed.shape[0]
-    nibbles = packed.reshape(n, -1, QUANT_BLOCK // 2)
-    q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
-    return (q * scale[..., None] + minimum[..., None]).reshape(n, -1)
+def dequantize_blocks(blocks: Tensor, bits: int) -> Tensor:
+    """q4 / q8 blocks [..., K/32, 20 or 34] -> float32 [..., K]."""
+    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [..., nb, 1]
+    if bits == 4:
+        minimum = blocks[..., 2:4].contiguous().view(torch.float16).float()
+        nibbles = blocks[..., 4:]
+        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
+        return (q * scale + minimum).flatten(-2)
+    q = blocks[..., 2:].contiguous().view(torch.int8).float()
+    return (q * scale).flatten(-2)
 
 
 class QuantLinear:
@@ -156,11 +171,7 @@ class QuantLinear:
         self._out, self._in = weight.shape
         self.bits = bits
         self._kernels = kernels
-        self._min: Tensor | None = None
-        if bits == 4:
-            self._q, self._scale, self._min = quantize_q4(weight)
-        else:
-            self._q, self._scale = quantize_q8(weight)
+        self.blocks = quantize_q4(weight) if bits == 4 else quantize_q8(weight)
         self._bias = None if bias is None else bias.float().contiguous()
         self._gain: Tensor | None = None
         self._eps = 0.0
@@ -183,9 +194,7 @@ class QuantLinear:
             self._gain,
             self._eps,
             self._in,
-            self._q,
-            self._scale,
-            self._min,
+            self.blocks,
             self._bias,
             residual,
             self._out,
@@ -194,6 +203,21 @@ class QuantLinear:
 
 def fp16_packing_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines
+
+
+def choose_weight_format(
+    source_format: str, device: torch.device, dtype: torch.dtype, kernels: QKernels | None
+) -> WeightFormat:
+    """The fastest format that keeps the file's precision (see the module docstring).
+
+    q4 only for Q4_1 files (requantising them is exact); q8 for everything else, which is
+    exact for Q8_0 and loses far less than the file's own quantisation for other types.
+    """
+    if device.type != "cpu" or dtype != torch.float32:
+        return "dense"
+    if kernels is not None:
+        return "q4" if source_format == "Q4_1" else "q8"
+    return "fp16" if fp16_packing_available() else "dense"
 
 
 def make_linear(

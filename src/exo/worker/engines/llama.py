@@ -19,7 +19,7 @@ Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +27,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
-from exo.worker.engines.linear import Linear, Prologue, RmsNorm, SwiGLU, WeightFormat, make_linear
+from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.linear import (
+    QUANT_BLOCK,
+    Linear,
+    Prologue,
+    QuantLinear,
+    RmsNorm,
+    SwiGLU,
+    WeightFormat,
+    dequantize_blocks,
+    make_linear,
+    quantize_q8,
+)
 from exo.worker.engines.rope import rope_frequencies, rope_table
 from exo.worker.engines.weights import LayerWeights, ShardWeights
 
@@ -61,7 +72,7 @@ class StepInputs:
 class _StepTensors:
     """`StepInputs` turned into tensors once per step, shared by every layer."""
 
-    rotation: Tensor  # [B, T, 1, hd/2] complex: the rotation of each new position
+    rotation: Tensor | None  # [B, T, 1, hd/2] complex: the rotation of each new position
     kv_len: int  # L: cache positions that any row attends to
     mask: Tensor | None  # [B, 1, T, L] bool (True = attend); None = all L (decode) / causal
     is_causal: bool  # prefill of one row from position 0: plain causal attention
@@ -101,9 +112,9 @@ def build_block(
     heads, kv_heads = layer.wq.shape[0] // hd, layer.wk.shape[0] // hd
     qk_norm = None
     if layer.q_norm is not None and layer.k_norm is not None:
-        qk_norm = torch.cat(
-            [layer.q_norm.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]
-        ).to(device=device, dtype=dtype)
+        qk_norm = torch.cat([layer.q_norm.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]).to(
+            device=device, dtype=dtype
+        )
 
     def linear(w: Tensor, bias: Tensor | None = None, prologue: Prologue = None) -> Linear:
         return make_linear(
@@ -152,13 +163,15 @@ class LlamaModel:
         self.all_reduce = all_reduce
         self.eps = c.rms_eps
         hd = c.head_dim
+        if weight_format in ("q4", "q8") and kernels is None:
+            kernels = load_kernels()
+        self.weight_format: WeightFormat = weight_format
+        # The compiled decode attention runs whenever the kernels are loaded (float32 CPU).
+        self._kernels = kernels if dtype == torch.float32 and self.device.type == "cpu" else None
         self.blocks = [
-            build_block(w, hd, weight_format, dtype, self.device) for w in weights.layers
+            build_block(w, c, weight_format, dtype, self.device, kernels) for w in weights.layers
         ]
         self.kv_heads = self.blocks[0].kv_heads if self.blocks else c.kv_heads
-        self.embedding: Tensor | None = None  # [V, D]
-        if weights.embed is not None:
-            self.embedding = weights.embed.to(device=self.device, dtype=dtype)
         self.lm_head: Linear | None = None  # h -> rmsnorm(h) g_out W_head^T
         if weights.lm_head is not None and weights.final_norm is not None:
             self.lm_head = make_linear(
@@ -170,6 +183,18 @@ class LlamaModel:
                 device=self.device,
                 kernels=kernels,
             )
+        # The embedding table: [V, D] in `dtype`, or, with the quantised formats, q8 blocks
+        # [V, D/32, 34] dequantised per looked-up row (shared with a tied q8 head).
+        self.embedding: Tensor | None = None
+        self._embedding_blocks: Tensor | None = None
+        if weights.embed is not None:
+            tied = weights.embed is weights.lm_head and isinstance(self.lm_head, QuantLinear)
+            if tied and isinstance(self.lm_head, QuantLinear) and self.lm_head.bits == 8:
+                self._embedding_blocks = self.lm_head.blocks
+            elif weight_format in ("q4", "q8") and c.hidden % QUANT_BLOCK == 0:
+                self._embedding_blocks = quantize_q8(weights.embed)
+            else:
+                self.embedding = weights.embed.to(device=self.device, dtype=dtype)
         self._freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
         self._rope = rope_table(c.context_length, self._freqs, self.device)  # [P, hd/2]
 
@@ -177,9 +202,12 @@ class LlamaModel:
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden [B, T, D]."""
+        tokens = tokens.to(self.device)
+        if self._embedding_blocks is not None:
+            return dequantize_blocks(self._embedding_blocks[tokens], 8)
         if self.embedding is None:
             raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return F.embedding(tokens.to(self.device), self.embedding)
+        return F.embedding(tokens, self.embedding)
 
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
@@ -233,9 +261,15 @@ class LlamaModel:
         bsz, n_new, _ = h.shape
         hd, heads, kvh = self.config.head_dim, b.heads, b.kv_heads
         qkv = b.qkv(h)  # [B, T, (H + 2KV) * hd]   (input norm fused in)
+        if n_new == 1 and self._kernels is not None:  # rotate, cache, attend: one compiled call
+            return self._kernels.attend_decode(
+                qkv, heads, kvh, hd, self._rope, b.qk_norm, self.eps,
+                k_cache, v_cache, t.slot_index, t.pos_index,
+            )  # fmt: skip
         qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
         if b.qk_norm is not None:
             qk = F.rms_norm(qk, (hd,), None, self.eps) * b.qk_norm
+        assert t.rotation is not None
         pairs = torch.view_as_complex(qk.float().unflatten(-1, (hd // 2, 2)))
         qk = torch.view_as_real(pairs * t.rotation).flatten(-2).to(h.dtype)  # rotated
         q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
@@ -284,6 +318,11 @@ class LlamaModel:
             raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
         dev = self.device
         starts = torch.tensor(step.starts, device=dev)
+        first = step.slots[0]
+        contiguous = list(step.slots) == list(range(first, first + bsz))
+        slot_index = torch.tensor(step.slots, device=dev)
+        if n_new == 1 and self._kernels is not None:  # the compiled decode needs no more
+            return _StepTensors(None, kv_len, None, False, None, slot_index, starts)
         positions = starts[:, None] + torch.arange(n_new, device=dev)  # [B, T]
         rotation = self._rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
         is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1
@@ -292,15 +331,13 @@ class LlamaModel:
             # key j is visible to the query at position p iff j <= p.
             mask = torch.arange(kv_len, device=dev) <= positions[:, :, None]  # [B, T, L]
             mask = mask.unsqueeze(1)  # [B, 1, T, L]
-        first = step.slots[0]
-        contiguous = list(step.slots) == list(range(first, first + bsz))
         return _StepTensors(
             rotation=rotation,
             kv_len=kv_len,
             mask=mask,
             is_causal=is_causal,
             slot_rows=slice(first, first + bsz) if contiguous else None,
-            slot_index=torch.tensor(step.slots, device=dev),
+            slot_index=slot_index,
             pos_index=starts,
         )
 
@@ -313,8 +350,3 @@ def _check_step(step: StepInputs, cache: KVCache) -> None:
         raise ValueError(f"slots {step.slots} invalid for a cache of {cache.max_batch} slots")
     if any(s < 0 or s + step.n_new > cache.max_seq for s in step.starts):
         raise ValueError(f"positions beyond the cache length {cache.max_seq}")
-
-
-def greedy_tokens(logits: Tensor) -> Sequence[int]:
-    """argmax of logits [B, V] as a list of ints."""
-    return [int(i) for i in logits.argmax(-1).tolist()]

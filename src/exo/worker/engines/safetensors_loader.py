@@ -131,6 +131,11 @@ class _TensorSource:
             tensor = cast(Tensor, st.get_tensor(name))
         return tensor.to(self.dtype)
 
+    def stored_dtype(self, name: str) -> str:
+        """The file's dtype of a tensor, upper case ("BF16", "F16", "F32")."""
+        with safe_open(str(self.where[name]), framework="pt") as st:
+            return str(st.get_slice(name).get_dtype()).upper()
+
     def maybe(self, name: str) -> Tensor | None:
         return self.get(name) if self.has(name) else None
 
@@ -176,6 +181,7 @@ def load_hf_shard(
     config = hf_config(folder)
     check_layer_range(config, start_layer, end_layer)
     src = _TensorSource(folder, dtype)
+    source = src.stored_dtype(f"model.layers.{start_layer}.mlp.down_proj.weight")
     total = end_layer - start_layer
     layers: list[LayerWeights] = []
     for i in range(start_layer, end_layer):
@@ -199,4 +205,5 @@ def load_hf_shard(
         embed=embed,
         final_norm=src.get("model.norm.weight") if is_last else None,
         lm_head=lm_head,
+        source_format=source,
     )

@@ -54,6 +54,7 @@ class ShardWeights:
     final_norm: Tensor | None  # [D]          when end_layer == n_layers
     lm_head: Tensor | None  # [V, D]          when end_layer == n_layers (the embedding if tied)
     rope_freq_factors: Tensor | None = None  # [hd/2]  divisors of the rotary frequencies
+    source_format: str = "F32"  # how the file stored the layer matrices: "Q4_1", "Q8_0", "BF16"..
 
     @property
     def is_first(self) -> bool:

@@ -5,9 +5,8 @@ import os
 import signal
 import sys
 
-from loguru import logger
-
 from anyio import ClosedResourceError
+from loguru import logger
 
 from exo.shared.types.events import Event, RunnerStatusUpdated
 from exo.shared.types.tasks import Task, TaskId

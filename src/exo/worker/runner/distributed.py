@@ -64,11 +64,12 @@ def _all_reduce(x: Tensor) -> Tensor:
 class _Header:
     max_batch: int
 
-    def size(self) -> int:
+    @property
+    def length(self) -> int:
         return _HEADER_FIXED + 2 * self.max_batch
 
     def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0)) -> Tensor:
-        h = torch.zeros(self.size(), dtype=torch.int64)
+        h = torch.zeros(self.length, dtype=torch.int64)
         h[0] = op
         if step is not None:
             b = len(step.slots)
@@ -96,9 +97,6 @@ class _LeaderCache:
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.leader.send_header(self.leader.header.encode(_OP_MOVE, move=(src, dst, length)))
         self.local.move_slot(src, dst, length)
-
-    def n_bytes(self) -> int:
-        return self.local.n_bytes()
 
 
 class LeaderModel:
@@ -168,7 +166,7 @@ class Follower:
             self.finished.set()
 
     def _receive_header(self) -> Tensor:
-        header = torch.empty(self.header.size(), dtype=torch.int64)
+        header = torch.empty(self.header.length, dtype=torch.int64)
         if self.kind == "tensor":
             dist.broadcast(header, src=0)
         else:

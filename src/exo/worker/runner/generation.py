@@ -15,15 +15,15 @@ from loguru import logger
 from exo.shared.types.chunks import ErrorChunk, FinishReason, TokenChunk, Usage
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
-from exo.shared.types.worker.downloads import DownloadCompleted
+from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
-from exo.worker.download.local import locate_model
 from exo.shared.types.worker.shards import PipelineShardMetadata
+from exo.worker.download.local import locate_model
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.llama import LlamaModel
-from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
+from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.settings import RunnerSettings
 
 Progress = Callable[[int, int], None]
@@ -187,7 +187,8 @@ def load_generation(
     shard = bound_instance.bound_shard
     located = locate_model(shard.model_card, settings.models_dir)
     if not isinstance(located, DownloadCompleted):
-        raise FileNotFoundError(located.error_message)
+        detail = located.error_message if isinstance(located, DownloadFailed) else "not ready"
+        raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")
     if shard.world_size > 1:
         model, engine = load_local_model(
             Path(located.path), shard, dtype=getattr(torch, settings.dtype),
@@ -203,6 +204,8 @@ def load_generation(
         engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
                         tokenizer=engine.tokenizer)
         return Generation(engine, settings.max_batch, leader)
+    if not isinstance(shard, PipelineShardMetadata):
+        raise ValueError("a single runner holds a pipeline shard")
     engine = load_engine(
         Path(located.path),
         shard.start_layer,

@@ -8,6 +8,7 @@ from typing import assert_never
 from anyio import ClosedResourceError, EndOfStream
 from loguru import logger
 
+from exo.shared.constants import EXO_RUNNER_CONNECT_TIMEOUT_S
 from exo.shared.types.events import (
     Event,
     RunnerStatusUpdated,
@@ -44,7 +45,6 @@ from exo.shared.types.worker.runners import (
     RunnerWarmingUp,
 )
 from exo.utils.channels import MpReceiver, MpSender, mp_wait
-from exo.shared.constants import EXO_RUNNER_CONNECT_TIMEOUT_S
 from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
 from exo.worker.runner.settings import RunnerSettings

@@ -39,8 +39,8 @@ from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.runners import (
     RunnerConnecting,
     RunnerFailed,
-    RunnerIdle,
     RunnerId,
+    RunnerIdle,
     RunnerLoading,
     RunnerShutdown,
     RunnerShuttingDown,
@@ -181,9 +181,10 @@ class RunnerSupervisor:
     async def _handle_event(self, event: Event) -> None:
         if isinstance(event, RunnerStatusUpdated):
             self.status = event.runner_status
-        if isinstance(event, TaskAcknowledged):
-            if (waiter := self.pending.pop(event.task_id, None)) is not None:
-                waiter.set()
+        if isinstance(event, TaskAcknowledged) and (
+            waiter := self.pending.pop(event.task_id, None)
+        ):
+            waiter.set()
         if isinstance(event, TaskStatusUpdated) and event.task_status in FINISHED_TASK_STATUSES:
             self.in_progress.pop(event.task_id, None)
             self.completed.add(event.task_id)

@@ -141,7 +141,7 @@ async def _answer(instance: Instance, tmp_path: Path) -> str:
         await group.until(lambda: command in group.finished, 120)
         for s in supervisors:
             tg.start_soon(s.stop)
-    return group.text[command]
+    return group.text[CommandId("cmd")]
 
 
 async def test_pipeline_and_tensor_parallel_match_one_runner(tmp_path: Path) -> None:

@@ -5,11 +5,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.embedded import find_embedded_gguf
 from exo.worker.engines.gguf_loader import load_gguf_shard
+from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ShardWeights
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> None:
+    """The machines running these tests have few cores; the tests here need no more."""
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +37,15 @@ def full_weights(gguf_path: Path) -> ShardWeights:
 def dense_model(full_weights: ShardWeights) -> LlamaModel:
     """The exact (float32, dequantised) model: the reference for the faster formats."""
     return LlamaModel(full_weights, weight_format="dense")
+
+
+@pytest.fixture(scope="session")
+def fast_model(full_weights: ShardWeights) -> LlamaModel:
+    """The model in the format the engine picks on this machine (q4 with the CPU kernels)."""
+    kernels = load_kernels()
+    cpu = torch.device("cpu")
+    fmt = choose_weight_format(full_weights.source_format, cpu, torch.float32, kernels)
+    return LlamaModel(full_weights, weight_format=fmt, kernels=kernels)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,113 @@
+"""Engine called directly vs the same engine behind a real node's HTTP API (streaming),
+and aggregate throughput with 8 concurrent streams. Prints its figures.
+
+    python bench/api.py [--tokens 128] [--threads 1]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+from exo.shared.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
+from exo.tests.node_process import running_node
+from exo.worker.engines.engine import load_engine
+from exo.worker.engines.sampling import SamplingParams
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def direct(tokens: int, threads: int, cache: Path) -> dict[str, float]:
+    path = find_embedded_gguf()
+    assert path is not None, "the embedded model is not installed"
+    engine = load_engine(path, threads=threads, cache_dir=cache)
+    prompt_ids = engine.tokenizer.encode(engine.tokenizer.render_chat([{"role": "user", "content": PROMPT}]))
+    engine.warmup()
+    gen = engine.batch_generator(1, 2048)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens)
+    start = time.perf_counter()
+    gen.add("bench", prompt_ids, params)
+    first = None
+    n = 0
+    with torch.inference_mode():
+        while gen.active:
+            for _out in gen.step():
+                n += 1
+                if first is None:
+                    first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None
+    return {"ttft_s": first - start, "prefill_tps": len(prompt_ids) / (first - start),
+            "decode_tps": (n - 1) / (end - first), "tokens": n}
+
+
+def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = None) -> dict[str, float]:
+    body = {"model": EMBEDDED_MODEL_ID, "messages": [{"role": "user", "content": PROMPT}],
+            "temperature": 0, "max_tokens": tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = None
+    n = 0
+    prompt_tokens = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                prompt_tokens = data["usage"]["prompt_tokens"]
+                n = data["usage"]["completion_tokens"]
+            delta = data["choices"][0]["delta"] if data.get("choices") else {}
+            if delta.get("content") and first is None:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    assert first is not None
+    result = {"ttft_s": first - start, "prefill_tps": prompt_tokens / (first - start),
+              "decode_tps": (n - 1) / (end - first), "tokens": n, "wall_s": end - start}
+    if results is not None:
+        results.append(result)
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        a = direct(args.tokens, args.threads, Path(tmp) / "cache")
+        print(f"(a) engine direct : decode {a['decode_tps']:.1f} tok/s, prefill {a['prefill_tps']:.0f} tok/s, "
+              f"TTFT {a['ttft_s'] * 1000:.0f} ms ({a['tokens']:.0f} tokens)")
+        with running_node(Path(tmp), "--threads", str(args.threads)) as node:
+            stream_once(node.url, 8)  # first request: connection, caches
+            b = stream_once(node.url, args.tokens)
+            print(f"(b) HTTP streaming: decode {b['decode_tps']:.1f} tok/s, prefill {b['prefill_tps']:.0f} tok/s, "
+                  f"TTFT {b['ttft_s'] * 1000:.0f} ms ({b['tokens']:.0f} tokens)")
+            print(f"    (b)/(a) decode = {b['decode_tps'] / a['decode_tps']:.3f}  (target >= 0.95)")
+            results: list[dict[str, float]] = []
+            threads = [threading.Thread(target=stream_once, args=(node.url, args.tokens, results))
+                       for _ in range(8)]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            wall = time.perf_counter() - start
+            total = sum(r["tokens"] for r in results)
+            aggregate = total / wall
+            print(f"8 concurrent streams: aggregate {aggregate:.1f} tok/s over {wall:.1f} s; "
+                  f"TTFT median {statistics.median(r['ttft_s'] for r in results) * 1000:.0f} ms, "
+                  f"max {max(r['ttft_s'] for r in results) * 1000:.0f} ms")
+            print(f"    aggregate / one stream = {aggregate / b['decode_tps']:.2f}  (target >= 3)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The compiled CPU kernels against plain torch on the same (dequantised) weights."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from exo.worker.engines.cpu_kernels import QKernels, load_kernels
+from exo.worker.engines.linear import (
+    RmsNorm,
+    SwiGLU,
+    dequantize_blocks,
+    make_linear,
+    quantize_q4,
+    quantize_q8,
+)
+from exo.worker.engines.weights import ShardWeights
+
+
+@pytest.fixture(scope="module")
+def kernels() -> QKernels:
+    k = load_kernels()
+    if k is None:
+        pytest.skip("the CPU kernels need x86 AVX2 and a C compiler")
+    return k
+
+
+def test_requantising_gguf_blocks_is_exact(full_weights: ShardWeights) -> None:
+    w = full_weights.layers[3].w_gate  # Q4_1 in the file
+    assert torch.equal(dequantize_blocks(quantize_q4(w), 4), w)
+    e = full_weights.embed  # Q8_0 in the file
+    assert e is not None
+    assert torch.equal(dequantize_blocks(quantize_q8(e[:512]), 8), e[:512])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_quantised_linear_matches_torch(kernels: QKernels, bits: int, rows: int) -> None:
+    torch.manual_seed(bits * 10 + rows)
+    n, k = 160, 96
+    w, bias, gain = torch.randn(n, k) * 0.1, torch.randn(n), torch.rand(k) + 0.5
+    x, residual = torch.randn(rows, k) * 4, torch.randn(rows, n)
+    dense = dequantize_blocks(quantize_q4(w) if bits == 4 else quantize_q8(w), bits)
+    fmt = "q4" if bits == 4 else "q8"
+    lin = make_linear(w, bias, fmt, prologue=RmsNorm(gain, 1e-5), kernels=kernels)
+    want = F.linear(F.rms_norm(x, (k,), gain, 1e-5), dense, bias) + residual
+    torch.testing.assert_close(lin(x, residual=residual), want, atol=2e-3, rtol=1e-3)
+    x2 = torch.randn(rows, 2 * k)
+    swiglu = make_linear(w, None, fmt, prologue=SwiGLU(), kernels=kernels)
+    want = F.linear(F.silu(x2[:, :k]) * x2[:, k:], dense)
+    torch.testing.assert_close(swiglu(x2), want, atol=2e-3, rtol=1e-3)
+
+
+def _reference_attention(
+    qkv: torch.Tensor, rope: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: list[int]
+) -> torch.Tensor:
+    """torch: rotate q, k (complex), append k, v at pos, attend over 0..pos. -> [B, 1, H*hd]."""
+    heads, kv, hd = 9, 3, 64
+    outs = []
+    for b, p in enumerate(pos):
+        q_k_v = qkv[b, 0].unflatten(-1, (-1, hd))  # [H + 2KV, hd]
+        qk = torch.view_as_real(
+            torch.view_as_complex(q_k_v[: heads + kv].unflatten(-1, (-1, 2))) * rope[p]
+        )
+        qk = qk.flatten(-2)
+        k[b, :, p], v[b, :, p] = qk[heads:], q_k_v[heads + kv :]
+        q = qk[:heads].unsqueeze(1)  # [H, 1, hd]
+        o = F.scaled_dot_product_attention(q, k[b, :, : p + 1], v[b, :, : p + 1], enable_gqa=True)
+        outs.append(o.reshape(1, heads * hd))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) -> None:
+    torch.manual_seed(threads)
+    heads, kv, hd, max_seq, pos = 9, 3, 64, 256, [200, 150]  # long enough to use the threads
+    qkv = torch.randn(2, 1, (heads + 2 * kv) * hd)
+    angles = torch.outer(
+        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
+    )
+    rope = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    k, v = torch.randn(2, kv, max_seq, hd), torch.randn(2, kv, max_seq, hd)
+    k_ref, v_ref = k.clone(), v.clone()
+    kernels.set_threads(threads)
+    try:
+        out = kernels.attend_decode(
+            qkv, heads, kv, hd, rope, None, 1e-5, k, v, torch.tensor([0, 1]), torch.tensor(pos)
+        )
+    finally:
+        kernels.set_threads(1)
+    torch.testing.assert_close(
+        out, _reference_attention(qkv, rope, k_ref, v_ref, pos), atol=1e-4, rtol=1e-4
+    )
+    torch.testing.assert_close(k, k_ref)
+    torch.testing.assert_close(v, v_ref)
+
+
+def test_threaded_linear_is_identical(kernels: QKernels) -> None:
+    w, x = torch.randn(3072, 576) * 0.05, torch.randn(3, 576)
+    lin = make_linear(w, None, "q4", kernels=kernels)
+    one = lin(x)
+    kernels.set_threads(2)
+    try:
+        two = lin(x)
+    finally:
+        kernels.set_threads(1)
+    assert torch.equal(one, two)

@@ -1,0 +1,77 @@
+"""Sampling: greedy equivalences, seeds, filters and penalties as `sampling.py` defines them."""
+
+import pytest
+import torch
+
+from exo.worker.engines.sampling import (
+    GREEDY,
+    RequestSampler,
+    SamplingParams,
+    apply_penalties,
+    sample_token,
+)
+
+CPU = torch.device("cpu")
+
+
+def _logits(seed: int = 0, vocab: int = 50) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_top_k_one_is_greedy() -> None:
+    for seed in range(5):
+        z = _logits(seed)
+        params = SamplingParams(temperature=1.3, top_k=1, seed=seed)
+        assert sample_token(z, params, torch.Generator().manual_seed(seed)) == int(z.argmax())
+        assert sample_token(z, GREEDY, None) == int(z.argmax())
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens() -> None:
+    def draw(seed: int) -> list[int]:
+        sampler = RequestSampler(SamplingParams(temperature=1.0, seed=seed), [1, 2], 50, CPU)
+        return [sampler(_logits(i)) for i in range(30)]
+
+    assert draw(7) == draw(7)
+    assert draw(7) != draw(8)
+
+
+def test_filters_keep_only_the_allowed_tokens() -> None:
+    z = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    gen = torch.Generator().manual_seed(0)
+    top_p = {sample_token(z, SamplingParams(top_p=0.7), gen) for _ in range(200)}
+    assert top_p == {0, 1}  # 0.5 < 0.7 needs the second token, not the third
+    min_p = {sample_token(z, SamplingParams(min_p=0.25), gen) for _ in range(200)}
+    assert min_p == {0, 1, 2}  # 0.05 < 0.25 * 0.5
+    top_k = {sample_token(z, SamplingParams(top_k=2), gen) for _ in range(200)}
+    assert top_k == {0, 1}
+
+
+def test_penalties_change_logits_as_defined() -> None:
+    z = torch.tensor([2.0, -2.0, 1.0, 0.5])
+    seen = torch.tensor([True, True, False, True])
+    counts = torch.tensor([0.0, 0.0, 0.0, 3.0])
+    rep = apply_penalties(z, SamplingParams(repetition_penalty=2.0), seen, counts)
+    assert rep.tolist() == [1.0, -4.0, 1.0, 0.25]
+    pres = apply_penalties(z, SamplingParams(presence_penalty=0.5), seen, counts)
+    assert pres.tolist() == [2.0, -2.0, 1.0, 0.0]
+    freq = apply_penalties(z, SamplingParams(frequency_penalty=0.5), seen, counts)
+    assert freq.tolist() == [2.0, -2.0, 1.0, -1.0]
+    assert z.tolist() == [2.0, -2.0, 1.0, 0.5]  # the input is not modified
+
+
+def test_sampler_counts_its_own_tokens() -> None:
+    params = SamplingParams(temperature=0.0, frequency_penalty=10.0, repetition_penalty=1.0)
+    sampler = RequestSampler(params, [], 4, CPU)
+    z = torch.tensor([3.0, 2.5, 0.0, 0.0])
+    assert [sampler(z) for _ in range(3)] == [0, 1, 2]  # each pick is penalised next time
+
+
+def test_invalid_params_are_rejected() -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1.0)
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError):
+        SamplingParams(max_tokens=0)
+    with pytest.raises(ValueError):
+        SamplingParams(min_p=2.0)
