@@ -138,9 +138,11 @@ class RunnerSupervisor:
             for end in self._child_ends:
                 end.close()
             self._child_ends = None
-        with self._cancel_scope:
-            await self._forward_events()
-        self._exited.set()
+        try:
+            with self._cancel_scope:
+                await self._forward_events()
+        finally:
+            self._exited.set()
 
     async def _forward_events(self) -> None:
         while True:
