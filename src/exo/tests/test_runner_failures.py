@@ -1,0 +1,79 @@
+"""Runners that fail or stall, in a real node: bounded retries, deadlines, no loops."""
+
+import os
+import re
+import signal
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from exo.shared.models.embedded import find_embedded_gguf
+from exo.tests.node_process import running_node, wait_until
+
+FAST = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.3", "EXO_INSTANCE_BACKOFF_MAX_S": "5"}
+_CREATED = re.compile(r"^(\S+ \S+) .*creating runner for instance (\S+) \(attempt (\d+)\)", re.M)
+
+
+def _truncated_model(tmp_path: Path) -> Path:
+    """A GGUF whose metadata is fine but whose weights are cut off: every load fails."""
+    source = find_embedded_gguf()
+    assert source is not None
+    path = tmp_path / "broken-model.gguf"
+    with source.open("rb") as src, path.open("wb") as dst:
+        dst.write(src.read(30_000_000))
+    return path
+
+
+def test_failing_load_is_retried_with_backoff_then_abandoned(tmp_path: Path) -> None:
+    model = _truncated_model(tmp_path)
+    with running_node(tmp_path, "--model", str(model), env=FAST, wait_ready=False) as node:
+        wait_until(lambda: "giving up on instance" in node.log(), 90, "the instance to be abandoned")
+        wait_until(lambda: not node.state()["instances"], 10, "the instance to be deleted")
+        log = node.log()
+        created = _CREATED.findall(log)
+        assert [int(attempt) for _, _, attempt in created] == [1, 2, 3, 4, 5]
+        assert len({instance for _, instance, _ in created}) == 1
+        times = [datetime.fromisoformat(stamp) for stamp, _, _ in created]
+        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        # Each wait is at least the growing backoff (0.3, 0.6, 1.2, 2.4 s); a gap can be
+        # longer than its backoff, since a runner takes a while to start and fail.
+        for gap, backoff in zip(gaps, (0.3, 0.6, 1.2, 2.4), strict=True):
+            assert gap >= backoff
+        assert "runner failed 5 times" in log and "ValueError" in log
+        # Nothing is created for it any more, and no runner is left.
+        node.state()
+        assert len(_CREATED.findall(node.log())) == 5
+        assert node.state()["runners"] == {}
+        # A request for that model now says why it cannot be served (no hang, no 500).
+        r = httpx.post(node.url + "/v1/chat/completions", timeout=30, json={
+            "model": "broken-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code != 500
+
+
+def test_runner_stalled_in_load_is_failed_by_its_deadline(tmp_path: Path) -> None:
+    env = {**FAST, "EXO_RUNNER_LOAD_TIMEOUT_S": "15"}
+    with running_node(tmp_path, "--model", "none", env=env, wait_ready=False) as node:
+        r = httpx.post(node.url + "/place_instance", timeout=30,
+                       json={"model": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+        assert r.status_code < 300, r.text
+
+        def loading() -> bool:
+            return any(s["kind"] == "RunnerLoading" for s in node.state()["runners"].values())
+
+        wait_until(loading, 60, "the runner to start loading", interval=0.005)
+        (pid,) = node.runner_pids()
+        os.kill(pid, signal.SIGSTOP)  # a runner hung in the middle of its load
+        wait_until(lambda: "runner stalled: no progress for 15 s while loading" in node.log(), 40,
+                   "the load deadline to fail the runner")
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), 15,
+                   "the stalled runner to be killed")
+        # And the instance heals with a new runner.
+        wait_until(node.serving, 90, "a new runner to serve")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
