@@ -1,15 +1,18 @@
 """``exo``: start a node."""
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
 from loguru import logger
 
 from exo.api.main import ApiSettings
+from exo.cluster.config import DEFAULT_DISCOVERY_PORT, DEFAULT_NODE_TIMEOUT_S, ClusterConfig
 from exo.main import Node, NodeConfig
 from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
@@ -20,6 +23,9 @@ from exo.shared.types.worker.runners import (
     RunnerReady,
     RunnerRunning,
 )
+
+DEFAULT_LISTEN = "tcp/0.0.0.0:7447"
+PUBLIC_SECRET = "exo-public-cluster"
 
 
 def _default_data_dir() -> Path:
@@ -50,7 +56,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="CPU threads for this node's runner (default: all cores)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    cluster = p.add_argument_group(
+        "cluster",
+        "Nodes that share a secret and reach each other form one cluster: give other "
+        "nodes' endpoints with --peer (or --listen for them to connect), or find them by "
+        "multicast with --discovery-interface. With none of these, the node runs alone.",
+    )
+    cluster.add_argument("--peer", action="append", default=[], metavar="ENDPOINT",
+                         help="another node's cluster endpoint to connect to, e.g. "
+                         "tcp/192.168.1.7:7447 (repeatable)")
+    cluster.add_argument("--listen", action="append", default=[], metavar="ENDPOINT",
+                         help=f"cluster endpoint to listen on (repeatable; default: {DEFAULT_LISTEN})")
+    cluster.add_argument("--secret", default=os.environ.get("EXO_SECRET"),
+                         help="the cluster secret: only nodes that share it talk to each other "
+                         "(or set EXO_SECRET; default: a public one, with a warning)")
+    cluster.add_argument("--discovery-interface", metavar="IFACE",
+                         default=os.environ.get("EXO_DISCOVERY_INTERFACE", "none"),
+                         help="find other nodes by multicast on this interface ('auto': zenoh "
+                         "chooses; 'none': no multicast; or set EXO_DISCOVERY_INTERFACE; "
+                         "default: %(default)s)")
+    cluster.add_argument("--discovery-port", type=int, default=DEFAULT_DISCOVERY_PORT,
+                         help="UDP port of multicast discovery (default: %(default)s)")
+    cluster.add_argument("--force-master", action="store_true",
+                         help="make this node the master once it has caught up")
+    cluster.add_argument("--node-timeout", type=float, default=DEFAULT_NODE_TIMEOUT_S,
+                         metavar="SECONDS",
+                         help="a node silent this long is gone; a dead process is noticed at "
+                         "once (default: %(default)s)")
     return p
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
+    """The cluster options as a config; None for a node alone (no peer, no listen
+    endpoint, no multicast)."""
+    interface: str = args.discovery_interface
+    multicast = interface != "none"
+    if not multicast and not args.peer and not args.listen:
+        return None
+    if args.node_timeout <= 0:
+        raise SystemExit("exo: --node-timeout must be positive")
+    if not 0 < args.discovery_port < 65536:
+        raise SystemExit("exo: --discovery-port must be between 1 and 65535")
+    secret = args.secret
+    if not secret:
+        logger.warning("no --secret (or EXO_SECRET): using the public default secret; any "
+                       "exo node that reaches this one can join its cluster")
+        secret = PUBLIC_SECRET
+    return ClusterConfig(
+        secret=secret,
+        listen=args.listen or [DEFAULT_LISTEN],
+        peers=args.peer,
+        multicast=multicast,
+        multicast_interface=None if interface == "auto" else interface,
+        multicast_port=args.discovery_port,
+        force_master=args.force_master,
+        node_timeout_s=args.node_timeout,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,15 +140,43 @@ def main(argv: list[str] | None = None) -> None:
             cors_origins=args.cors_origin,
         ),
         runner_threads=args.threads,
+        cluster=cluster_config(args),
     )
-    try:
-        anyio.run(_run, config, None if args.model == "none" else args.model)
-    except KeyboardInterrupt:
-        pass
+    problem = None
+    with contextlib.suppress(KeyboardInterrupt):
+        problem = anyio.run(_run, config, None if args.model == "none" else args.model)
+    if problem is not None:
+        raise SystemExit(problem)
     print("exo: stopped", file=sys.stderr)
 
 
-async def _run(config: NodeConfig, model: str | None) -> None:
+async def _run(config: NodeConfig, model: str | None) -> str | None:
+    """Run the node; returns why it stopped when it could not run (a SystemExit raised
+    in a task becomes a message, not a traceback)."""
+    try:
+        await _serve(config, model)
+    except SystemExit as e:
+        return str(e.code)
+    except BaseExceptionGroup as group:
+        found = _system_exit(group)
+        if found is None:
+            raise
+        return str(found.code)
+    return None
+
+
+def _system_exit(group: BaseExceptionGroup[BaseException]) -> SystemExit | None:
+    for e in group.exceptions:
+        if isinstance(e, SystemExit):
+            return e
+        if isinstance(e, BaseExceptionGroup):
+            found = _system_exit(e)  # pyright: ignore[reportUnknownArgumentType]
+            if found is not None:
+                return found
+    return None
+
+
+async def _serve(config: NodeConfig, model: str | None) -> None:
     node = Node(config)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope)
@@ -96,6 +185,9 @@ async def _run(config: NodeConfig, model: str | None) -> None:
         print(f"exo: node {node.node_id}", file=sys.stderr)
         print(f"exo: API at http://{config.api.host}:{node.api_port}/v1  "
               f"(OpenAI, Claude /v1/messages, Ollama /api)", file=sys.stderr)
+        if node.cluster is not None:
+            print(f"exo: cluster endpoints {' '.join(node.cluster.listen_endpoints)}",
+                  file=sys.stderr)
         if model is not None:
             await _load_model(node, model)
 
@@ -119,7 +211,11 @@ async def _load_model(node: Node, name: str) -> None:
         return
     # Placement needs to know this node's memory: wait for its first report.
     await node.wait_for_state(lambda s: node.node_id in s.nodes, timeout=60)
-    await node.send_command(PlaceInstance(model_id=card.model_id))
+    await node.wait_ready()
+    if not any(  # the cluster (or this node's log) may have an instance of it already
+        inst.shard_assignments.model_id == card.model_id for inst in node.state().instances.values()
+    ):
+        await node.send_command(PlaceInstance(model_id=card.model_id))
     shown = ""
     while True:
         state = await node.wait_for_state(lambda s: True, timeout=3600)
@@ -145,7 +241,7 @@ async def _next_change(node: Node) -> None:
     await node.wait_for_state(lambda s: s.last_event_applied_idx != current, timeout=3600)
 
 
-def _progress_line(model_id: str, statuses: list[object]) -> str:
+def _progress_line(model_id: str, statuses: Sequence[object]) -> str:
     if statuses and all(isinstance(s, (RunnerReady, RunnerRunning)) for s in statuses):
         return f"ready: {model_id}"
     for s in statuses:

@@ -1,5 +1,8 @@
 """The node: one process per machine wiring master, worker and API together.
-A node alone is its own master. The command line is in ``exo.cli``."""
+A node alone (no cluster config) is its own master, with a log in memory. A node with a
+cluster config joins the cluster through a ``ClusterLink``: its state follows the elected
+master's log (kept in the data directory), and it masters when elected. The command line
+is in ``exo.cli``."""
 
 import socket
 from collections.abc import Callable
@@ -12,10 +15,13 @@ from loguru import logger
 
 from exo.api.main import ApiSettings, create_app
 from exo.chunk_router import ChunkRouter
+from exo.cluster.config import ClusterConfig
+from exo.cluster.link import ClusterLink
+from exo.cluster.store import ElectionStore
+from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
 from exo.node_info import gather_node_info, significantly_different
 from exo.shared.apply import apply
-from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import ModelRegistry
 from exo.shared.types.chunks import Chunk, ErrorChunk
@@ -28,6 +34,7 @@ from exo.shared.types.events import (
     InstanceDeleted,
     NodeGatheredInfo,
     NodeTimedOut,
+    RunnerStatusUpdated,
     TaskCreated,
     TaskStatusUpdated,
 )
@@ -35,6 +42,7 @@ from exo.shared.types.profiling import NodeInfo
 from exo.shared.types.state import State
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import InstanceId
+from exo.shared.types.worker.runners import RunnerFailed, RunnerShutdown
 from exo.utils.channels import Receiver, Sender, channel
 from exo.worker.main import Worker
 from exo.worker.runner.runner_supervisor import PhaseTimeouts
@@ -52,6 +60,8 @@ class NodeConfig:
     max_batch: int = 8
     info_interval_s: float = 5.0
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
+    cluster: ClusterConfig | None = None
+    """None: a node alone, its own master (nothing on the network but its API)."""
 
 
 def load_node_id(data_dir: Path) -> NodeId:
@@ -99,16 +109,33 @@ class Node:
             chunk_sink=self._deliver_chunk,
             timeouts=config.timeouts,
         )
-        self.master = Master(
-            node_id=self._node_id,
-            commands=self._commands_rx,
-            local_events=self._local_rx,
-            publish=self._on_indexed_event,
-            send_chunk=self._deliver_chunk,
-            resolve_card=self._resolve_card,
-        )
         self.api_port: int | None = None
         self.started = anyio.Event()
+        self._last_info: NodeInfo | None = None
+        self.master: Master | None = None
+        self.cluster: ClusterLink | None = None
+        if config.cluster is None:
+            self.master = Master(
+                node_id=self._node_id,
+                commands=self._commands_rx,
+                local_events=self._local_rx,
+                publish=self._on_indexed_event,
+                send_chunk=self._deliver_chunk,
+                resolve_card=self._resolve_card,
+            )
+        else:
+            cluster_dir = config.data_dir / "cluster"
+            log = SqliteEventLog(cluster_dir / "events.db")
+            self._state = log.restore()
+            self.worker.update_state(self._state)
+            self.cluster = ClusterLink(
+                config.cluster,
+                host=self,
+                log=log,
+                store=ElectionStore(cluster_dir / "election.json"),
+                commands=self._commands_rx,
+                local_events=self._local_rx,
+            )
 
     # -- NodeHandle ------------------------------------------------------------------
 
@@ -138,12 +165,68 @@ class Node:
     def model_cards(self) -> list[ModelCard]:
         return self.registry.cards()
 
+    async def wait_ready(self) -> None:
+        """Until this node knows the cluster's state: at once for a node alone; in a
+        cluster, once it has caught up with the master (or become it)."""
+        if self.cluster is not None:
+            await self.cluster.ready.wait()
+
+    # -- ClusterHost -----------------------------------------------------------------
+
+    async def apply_event(self, indexed: IndexedEvent) -> None:
+        await self._on_indexed_event(indexed)
+
+    def replace_state(self, state: State) -> None:
+        self._state = state
+        reason = "the request is gone from the cluster's state (reset from the master)"
+        for task_id, command_id in list(self._task_commands.items()):
+            if task_id not in state.tasks:
+                del self._task_commands[task_id]
+                self._fail(command_id, reason)
+        for command_id, instance_id in list(self._command_instances.items()):
+            if instance_id not in state.instances:
+                self._fail(command_id, reason)
+        self.worker.update_state(state)
+        self._state_changed.set()
+        self._state_changed = anyio.Event()
+
+    def deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
+        self._deliver_chunk(event, origin)
+
+    def resolve_card(self, model_id: ModelId) -> ModelCard | None:
+        return self._resolve_card(model_id)
+
+    def local_truth(self, full: bool) -> list[Event]:
+        state = self._state
+        events: list[Event] = []
+        if self._last_info is not None and self._node_id not in state.nodes:
+            events.append(NodeGatheredInfo(node_id=self._node_id, info=self._last_info))
+        if not full:
+            return events
+        for instance in state.instances.values():
+            runner_id = instance.shard_assignments.node_to_runner.get(self._node_id)
+            if runner_id is None:
+                continue
+            known = state.runners.get(runner_id)
+            runner = self.worker.runners.get(runner_id)
+            if runner is not None and known != runner.status:
+                events.append(RunnerStatusUpdated(runner_id=runner_id, runner_status=runner.status))
+            elif runner is None and known is not None and not isinstance(known, RunnerFailed):
+                # A status left by an earlier run of this node: that runner is gone.
+                events.append(
+                    RunnerStatusUpdated(runner_id=runner_id, runner_status=RunnerShutdown())
+                )
+        return events
+
     # -- wiring ----------------------------------------------------------------------
 
     def _resolve_card(self, model_id: ModelId) -> ModelCard | None:
         return self.registry.resolve(model_id)
 
     def _deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
+        if self.cluster is not None and origin is not None and origin != self._node_id:
+            self.cluster.send_chunk(origin, event)
+            return
         self.chunks.deliver(event.command_id, event.chunk)
 
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
@@ -194,7 +277,10 @@ class Node:
         )
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self.master.run)
+                if self.cluster is not None:
+                    await tg.start(self.cluster.run)
+                elif self.master is not None:
+                    tg.start_soon(self.master.run)
                 tg.start_soon(self.worker.run)
                 tg.start_soon(self._report_info)
                 tg.start_soon(server.serve, [sock])
@@ -208,6 +294,7 @@ class Node:
         while True:
             info = await anyio.to_thread.run_sync(gather_node_info, self.api_port)
             if last is None or significantly_different(last, info):
+                self._last_info = info
                 await self._local_tx.send(NodeGatheredInfo(node_id=self._node_id, info=info))
                 last = info
             await anyio.sleep(self.config.info_interval_s)

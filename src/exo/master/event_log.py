@@ -5,6 +5,7 @@ the events before it (keeping a short tail for peers that lag a little), so the 
 stays bounded and a new node catches up from a snapshot plus the tail."""
 
 import sqlite3
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -73,23 +74,42 @@ class SqliteEventLog:
         self._keep_tail = keep_tail
 
     def append(self, event: IndexedEvent, state_after: State) -> None:
-        body = _EVENT.dump_json(event.event).decode()
-        self._db.execute(
-            "INSERT OR REPLACE INTO events (idx, body) VALUES (?, ?)", (event.idx, body)
-        )
-        if (event.idx + 1) % self._snapshot_every == 0:
-            self._write_snapshot(state_after)
+        self.append_many([(event, state_after)])
+
+    def append_many(self, items: Iterable[tuple[IndexedEvent, State]]) -> None:
+        """Append events (each with the state after it) in one transaction."""
+        with self._transaction():
+            for event, state_after in items:
+                body = _EVENT.dump_json(event.event).decode()
+                self._db.execute(
+                    "INSERT OR REPLACE INTO events (idx, body) VALUES (?, ?)", (event.idx, body)
+                )
+                if (event.idx + 1) % self._snapshot_every == 0:
+                    self._write_snapshot(state_after)
+
+    def reset(self, base: State) -> None:
+        """Forget every event and snapshot and start again from ``base`` (a state received
+        from another node's log: its snapshot, or the empty state)."""
+        with self._transaction():
+            self._db.execute("DELETE FROM events")
+            self._db.execute("DELETE FROM snapshots")
+            if base.last_event_applied_idx >= 0:
+                self._db.execute(
+                    "INSERT INTO snapshots (idx, state) VALUES (?, ?)",
+                    (base.last_event_applied_idx, base.model_dump_json()),
+                )
+
+    def _transaction(self) -> "_Transaction":
+        return _Transaction(self._db)
 
     def _write_snapshot(self, state: State) -> None:
         idx = state.last_event_applied_idx
-        self._db.execute("BEGIN")
         self._db.execute(
             "INSERT OR REPLACE INTO snapshots (idx, state) VALUES (?, ?)",
             (idx, state.model_dump_json()),
         )
         self._db.execute("DELETE FROM snapshots WHERE idx < ?", (idx,))
         self._db.execute("DELETE FROM events WHERE idx <= ?", (idx - self._keep_tail,))
-        self._db.execute("COMMIT")
 
     def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
         first = self._db.execute("SELECT MIN(idx) FROM events").fetchone()[0]
@@ -117,3 +137,16 @@ class SqliteEventLog:
 
     def close(self) -> None:
         self._db.close()
+
+
+class _Transaction:
+    """BEGIN ... COMMIT, or ROLLBACK when the block raises."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN")
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

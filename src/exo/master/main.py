@@ -63,11 +63,15 @@ class Master:
 
     async def _command_loop(self) -> None:
         async for command, origin in self.commands:
-            try:
-                await self.handle_command(command, origin)
-            except Exception as e:  # a bad command must not take the master down
-                logger.opt(exception=e).error(f"command {type(command).__name__} failed")
-                self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
+            await self.submit(command, origin)
+
+    async def submit(self, command: Command, origin: NodeId | None) -> None:
+        """Handle a command; a failure becomes an error for its requester."""
+        try:
+            await self.handle_command(command, origin)
+        except Exception as e:  # a bad command must not take the master down
+            logger.opt(exception=e).error(f"command {type(command).__name__} failed")
+            self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
 
     async def _event_loop(self) -> None:
         async for event in self.local_events:

@@ -1,0 +1,189 @@
+"""Election: which live node is the master. Pure: heartbeats, times and this node's
+election state in, the next election state out. Times are this node's monotonic clock;
+nothing here compares clocks of different nodes, so a restart (a clock that starts from
+zero again) cannot confuse it.
+
+Rules, in order:
+
+1. **force_master wins.** A node started with ``force_master`` claims mastership once it
+   has caught up with the current master (or, with no master around, after the join
+   grace). Among several forced nodes the smallest node id wins.
+2. **Stickiness.** While a live node claims mastership, nobody else claims: a node that
+   starts or restarts follows the live master, whatever its own log or term. Two live
+   claimers only meet when partitions merge (or when a node could reach nobody for its
+   whole join grace); then the claimer with more live followers wins, then the older
+   claim (lower term), then the smaller node id, and the other steps down.
+3. **Failover.** With no live master (at start, after the join grace; after a loss, once
+   the views settled), the live node with the most up-to-date log (highest last applied
+   index) claims, ties to the smaller node id. It takes a term above every term it has
+   seen, and its own persisted term: a term is never claimed twice by one node.
+
+A node is live while its last heartbeat is younger than the node timeout and it has not
+left (liveliness). While a live peer still follows a master this node does not see, this
+node waits instead of electing: that peer may still see the master (a partial partition,
+or a connection still being made), and electing would split the cluster.
+"""
+
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, replace
+
+from pydantic import Field
+
+from exo.shared.types.common import FrozenModel, NodeId
+
+
+class Heartbeat(FrozenModel):
+    """What every node announces, every heartbeat interval and at once on a change."""
+
+    node_id: NodeId
+    term: int = Field(ge=0)
+    """The highest term this node knows (its own when it is master)."""
+    master: NodeId | None
+    """The master it follows; itself when it is the master; None while electing."""
+    last_idx: int = Field(ge=-1)
+    """The index of the last event it applied."""
+    force_master: bool = False
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A heartbeat and when it arrived (the receiver's monotonic clock)."""
+
+    beat: Heartbeat
+    at: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    node_timeout_s: float
+    """A node whose last heartbeat is older than this is gone."""
+    settle_s: float
+    """After losing the master, how long to wait for fresh heartbeats before electing."""
+    join_grace_s: float
+    """After starting, how long to listen for a live master before electing."""
+
+
+@dataclass(frozen=True)
+class Election:
+    node_id: NodeId
+    force_master: bool
+    term: int
+    started_at: float
+    master: NodeId | None = None
+    since: float = 0.0
+    """When the master became None (start or loss); meaningless while there is one."""
+    joined: bool = False
+    """Whether this node has had a master (or been one) since it started."""
+
+    @classmethod
+    def start(cls, node_id: NodeId, force_master: bool, term: int, now: float) -> "Election":
+        """A node starting with the term it persisted: no master yet."""
+        return cls(node_id=node_id, force_master=force_master, term=term, started_at=now,
+                   since=now)
+
+    @property
+    def is_master(self) -> bool:
+        return self.master == self.node_id
+
+    def heartbeat(self, last_idx: int) -> Heartbeat:
+        return Heartbeat(node_id=self.node_id, term=self.term, master=self.master,
+                         last_idx=last_idx, force_master=self.force_master)
+
+
+def live_beats(
+    me: NodeId, heard: Mapping[NodeId, Heard], gone: Set[NodeId], now: float, timeout_s: float
+) -> dict[NodeId, Heartbeat]:
+    """The other nodes alive now, with their last heartbeats."""
+    return {
+        node_id: h.beat
+        for node_id, h in heard.items()
+        if node_id != me and node_id not in gone and now - h.at <= timeout_s
+    }
+
+
+def step(
+    election: Election,
+    last_idx: int,
+    heard: Mapping[NodeId, Heard],
+    gone: Set[NodeId],
+    now: float,
+    timing: Timing,
+) -> Election:
+    """The election state after what this node has heard by ``now``."""
+    me = election.node_id
+    live = live_beats(me, heard, gone, now, timing.node_timeout_s)
+    term = max([election.term, *(b.term for b in live.values())])
+    own = election.heartbeat(last_idx)
+    claimers = [b for b in live.values() if b.master == b.node_id]
+    if election.is_master:
+        claimers.append(own)
+
+    if election.force_master and not election.is_master and _may_force(election, own, live, now, timing):
+        return _claim(election, term, now)
+    if claimers:
+        followers = _followers(election, live)
+        winner = min(claimers, key=lambda b: _claim_rank(b, followers.get(b.node_id, 0)))
+        return replace(election, term=term, master=winner.node_id, joined=True)
+
+    # No live master: wait until the views settled, then the best candidate claims.
+    since = election.since if election.master is None else now
+    waiting = replace(election, term=term, master=None, since=since)
+    wait_s = timing.settle_s if election.joined else timing.join_grace_s
+    if now - since < wait_s:
+        return waiting
+    if _someone_follows_another(me, live, heard, since):
+        return waiting
+    best = min([*live.values(), own], key=_candidate_rank)
+    if best.node_id == me:
+        return _claim(election, term, now)
+    return waiting
+
+
+def _claim(election: Election, term: int, now: float) -> Election:
+    return replace(election, term=term + 1, master=election.node_id, since=now, joined=True)
+
+
+def _may_force(
+    election: Election, own: Heartbeat, live: Mapping[NodeId, Heartbeat], now: float,
+    timing: Timing,
+) -> bool:
+    if any(b.force_master and b.node_id < election.node_id for b in live.values()):
+        return False  # a forced node with a smaller id outranks this one
+    master = live.get(election.master) if election.master is not None else None
+    if master is not None:
+        return own.last_idx >= master.last_idx  # take over only once caught up
+    return now - election.started_at >= timing.join_grace_s
+
+
+def _someone_follows_another(
+    me: NodeId, live: Mapping[NodeId, Heartbeat], heard: Mapping[NodeId, Heard], since: float
+) -> bool:
+    """A peer that told us after we lost the master that it follows a master we do not
+    see: it may still see that master (a partial partition), so electing would split."""
+    return any(
+        heard[n].at >= since and b.master is not None and b.master not in (n, me)
+        for n, b in live.items()
+    )
+
+
+def _followers(election: Election, live: Mapping[NodeId, Heartbeat]) -> dict[NodeId, int]:
+    """How many live nodes (claimers and this node included) follow each master."""
+    counts: dict[NodeId, int] = {}
+    masters = [b.master for b in live.values()] + [election.master]
+    for master in masters:
+        if master is not None:
+            counts[master] = counts.get(master, 0) + 1
+    return counts
+
+
+def _claim_rank(beat: Heartbeat, followers: int) -> tuple[int, int, int, str]:
+    """Smaller wins: forced nodes by id; then more followers, the older claim (lower
+    term), the smaller id."""
+    if beat.force_master:
+        return (0, 0, 0, beat.node_id)
+    return (1, -followers, beat.term, beat.node_id)
+
+
+def _candidate_rank(beat: Heartbeat) -> tuple[bool, int, str]:
+    """Smaller wins: forced first, then the most up-to-date log, then the smaller id."""
+    return (not beat.force_master, -beat.last_idx, beat.node_id)

@@ -1,0 +1,66 @@
+"""This node's copy of the replicated log: events applied to the node's state in index
+order and kept in the node's own SQLite log, so that whichever node becomes master
+continues from its own log. Whoever writes (follower path or master) holds ``lock``."""
+
+import anyio
+from loguru import logger
+
+from exo.cluster.host import ClusterHost
+from exo.cluster.lineage import Lineage, extended, truncated
+from exo.cluster.messages import CatchUpReply, EventMsg
+from exo.cluster.store import ElectionStore
+from exo.master.event_log import SqliteEventLog
+from exo.shared.types.events import IndexedEvent
+from exo.shared.types.state import State
+
+
+class Replica:
+    def __init__(self, host: ClusterHost, log: SqliteEventLog, store: ElectionStore) -> None:
+        self.host = host
+        self.log = log
+        self.lock = anyio.Lock()
+        self._store = store
+        persisted = store.load()
+        self.term = persisted.term
+        self.lineage: Lineage = persisted.lineage
+
+    @property
+    def last_idx(self) -> int:
+        return self.host.state().last_event_applied_idx
+
+    def save(self, term: int, lineage: Lineage | None = None) -> None:
+        """Persist the term (and lineage) before anyone hears of them."""
+        self.term = term
+        if lineage is not None:
+            self.lineage = lineage
+        self._store.save(self.term, self.lineage)
+
+    async def apply(self, msg: EventMsg) -> None:
+        """Apply the next event from the master (the caller checked its index)."""
+        last = self.lineage[-1] if self.lineage else None
+        if last is None or not last.same_epoch(msg.epoch):
+            self.save(self.term, extended(self.lineage, msg.epoch))
+        await self.host.apply_event(msg.event)
+        self.log.append(msg.event, self.host.state())
+
+    async def apply_reply(self, reply: CatchUpReply) -> None:
+        """Apply a page of the master's log: from its base when it sends one, then the
+        events that follow this node's log."""
+        if reply.base is not None:
+            logger.info(
+                f"cluster: starting again from the master's state at event "
+                f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
+            )
+            self.host.replace_state(reply.base)
+            self.log.reset(reply.base)
+        events = [e for e in reply.events if e.idx > self.last_idx]
+        end = self.last_idx + len(events)
+        if events and [e.idx for e in events] != list(range(self.last_idx + 1, end + 1)):
+            raise ValueError("a catch-up page with a gap")
+        self.save(self.term, truncated(reply.lineage, end))
+        written: list[tuple[IndexedEvent, State]] = []
+        for event in events:
+            await self.host.apply_event(event)
+            written.append((event, self.host.state()))
+        self.log.append_many(written)
+

@@ -1,0 +1,293 @@
+"""Scenario tests of the election with plain values: a small simulated cluster whose
+nodes exchange heartbeats every tick. Each node has its own clock, which starts at zero
+when the node (re)starts, as a monotonic clock does."""
+
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from exo.cluster.election import Election, Heard, Timing, step
+from exo.shared.types.common import NodeId
+
+A, B, C, D = NodeId("a"), NodeId("b"), NodeId("c"), NodeId("d")
+TIMING = Timing(node_timeout_s=1.0, settle_s=0.2, join_grace_s=0.5)
+TICK = 0.05
+
+
+@dataclass
+class SimNode:
+    election: Election
+    last_idx: int
+    booted_at: float
+    heard: dict[NodeId, Heard] = field(default_factory=dict[NodeId, Heard])
+    gone: set[NodeId] = field(default_factory=set[NodeId])
+    running: bool = True
+    """False: killed or hung (sends nothing, decides nothing)."""
+
+
+@dataclass
+class Sim:
+    now: float = 100.0
+    nodes: dict[NodeId, SimNode] = field(default_factory=dict[NodeId, SimNode])
+    cut: set[frozenset[NodeId]] = field(default_factory=set[frozenset[NodeId]])
+
+    def clock(self, node: SimNode) -> float:
+        return self.now - node.booted_at
+
+    def start(self, node_id: NodeId, *, last_idx: int = -1, term: int = 0,
+              force: bool = False) -> None:
+        """Start (or restart) a node: its clock starts at zero, its term is what it persisted."""
+        self.nodes[node_id] = SimNode(
+            election=Election.start(node_id, force, term, 0.0),
+            last_idx=last_idx,
+            booted_at=self.now,
+        )
+
+    def kill(self, node_id: NodeId) -> None:
+        """The process dies: the others see its liveliness token go at once."""
+        self.nodes[node_id].running = False
+        for other_id, other in self.nodes.items():
+            if other_id != node_id and self.linked(node_id, other_id):
+                other.gone.add(node_id)
+
+    def hang(self, node_id: NodeId) -> None:
+        """The process stops answering: only the heartbeat timeout notices."""
+        self.nodes[node_id].running = False
+
+    def linked(self, a: NodeId, b: NodeId) -> bool:
+        return frozenset((a, b)) not in self.cut
+
+    def partition(self, *groups: set[NodeId]) -> None:
+        for i, group in enumerate(groups):
+            for other in groups[i + 1 :]:
+                self.cut |= {frozenset((a, b)) for a in group for b in other}
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    def run(self, seconds: float) -> None:
+        for _ in range(round(seconds / TICK)):
+            self.now += TICK
+            self._exchange()
+            for node in self.nodes.values():
+                if node.running:
+                    node.election = step(node.election, node.last_idx, node.heard, node.gone,
+                                         self.clock(node), TIMING)
+
+    def _exchange(self) -> None:
+        for sender_id, sender in self.nodes.items():
+            if not sender.running:
+                continue
+            beat = sender.election.heartbeat(sender.last_idx)
+            for receiver_id, receiver in self.nodes.items():
+                if receiver_id != sender_id and receiver.running and self.linked(sender_id, receiver_id):
+                    receiver.heard[sender_id] = Heard(beat, self.clock(receiver))
+                    receiver.gone.discard(sender_id)
+
+    def masters(self) -> dict[NodeId, NodeId | None]:
+        return {n: node.election.master for n, node in self.nodes.items() if node.running}
+
+    def term(self, node_id: NodeId) -> int:
+        return self.nodes[node_id].election.term
+
+
+def agreed(sim: Sim, master: NodeId | None) -> bool:
+    return all(m == master for m in sim.masters().values())
+
+
+def test_a_node_alone_waits_for_the_join_grace_then_is_its_own_master() -> None:
+    sim = Sim()
+    sim.start(A, term=4)
+    sim.run(TIMING.join_grace_s - 2 * TICK)
+    assert sim.masters() == {A: None}
+    sim.run(4 * TICK)
+    assert sim.masters() == {A: A}
+    assert sim.term(A) == 5  # above the term it persisted: never claimed twice
+
+
+def test_nodes_starting_together_elect_the_most_up_to_date_then_the_smallest_id() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=10)
+    sim.start(B, last_idx=12)
+    sim.start(C, last_idx=12)
+    sim.run(1.0)
+    assert agreed(sim, B)
+    assert sim.term(A) == sim.term(B) == sim.term(C) == 1
+
+
+def test_a_joining_or_restarting_node_never_flips_a_live_master() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=5)
+    sim.start(B, last_idx=3)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    # D joins with a longer log and a higher persisted term: it follows A.
+    sim.start(D, last_idx=500, term=9)
+    sim.run(2.0)
+    assert agreed(sim, A)
+    # B restarts (its clock starts from zero again): it follows A.
+    sim.kill(B)
+    sim.run(0.2)
+    sim.start(B, last_idx=3, term=1)
+    sim.run(2.0)
+    assert agreed(sim, A)
+
+
+def test_when_the_master_dies_the_most_up_to_date_live_node_takes_over_after_settling() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=20)
+    sim.start(B, last_idx=18)
+    sim.start(C, last_idx=19)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.kill(A)
+    sim.run(TICK)
+    assert sim.masters() == {B: None, C: None}  # noticed at once, settling
+    sim.run(TIMING.settle_s + 2 * TICK)
+    assert agreed(sim, C)
+    assert sim.term(C) == 2
+
+
+def test_a_hung_master_is_replaced_after_the_node_timeout() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=20)
+    sim.start(B, last_idx=20)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.hang(A)
+    sim.run(TIMING.node_timeout_s - TICK)
+    assert sim.masters() == {B: A}
+    sim.run(TIMING.settle_s + 3 * TICK)
+    assert sim.masters() == {B: B}
+
+
+def test_a_restarted_former_master_follows_the_new_one_and_cannot_wedge() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=20)
+    sim.start(B, last_idx=20)
+    sim.start(C, last_idx=15)
+    sim.run(1.0)
+    sim.kill(A)
+    sim.run(1.0)
+    assert agreed(sim, B)
+    # A comes back with a longer log than anyone (events it never published), its old
+    # persisted term and a clock that starts at zero: it follows B.
+    sim.start(A, last_idx=25, term=1)
+    sim.run(2.0)
+    assert agreed(sim, B)
+    # When B dies, A (most up-to-date) takes over with a fresh term.
+    sim.kill(B)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    assert sim.term(A) == 3
+
+
+def test_the_whole_cluster_restarting_elects_again() -> None:
+    sim = Sim()
+    for node_id in (A, B, C):
+        sim.start(node_id, last_idx=7)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    for node_id in (A, B, C):
+        sim.kill(node_id)
+    sim.run(0.5)
+    for node_id, idx in ((A, 7), (B, 9), (C, 7)):
+        sim.start(node_id, last_idx=idx, term=1)
+    sim.run(1.0)
+    assert agreed(sim, B)
+    assert sim.term(B) == 2
+
+
+def test_force_master_takes_over_once_caught_up() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=50)
+    sim.start(B, last_idx=50)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.start(C, last_idx=10, force=True)
+    sim.run(1.0)
+    assert agreed(sim, A)  # C is behind: it catches up first
+    sim.nodes[C].last_idx = 50
+    sim.run(0.2)
+    assert agreed(sim, C)
+    sim.run(2.0)
+    assert agreed(sim, C)  # and stays master
+
+
+def test_two_forced_nodes_settle_on_the_smaller_id_without_flapping() -> None:
+    sim = Sim()
+    sim.start(B, force=True)
+    sim.start(C, force=True)
+    sim.start(A)
+    history: list[dict[NodeId, NodeId | None]] = []
+    for _ in range(40):
+        sim.run(TICK)
+        history.append(sim.masters())
+    assert agreed(sim, B)
+    changes = sum(1 for before, after in pairwise(history) if before != after)
+    assert changes <= 3
+
+
+def test_split_and_merge_the_side_with_more_followers_wins() -> None:
+    sim = Sim()
+    for node_id in (A, B, C):
+        sim.start(node_id, last_idx=30)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.partition({A, B}, {C})
+    sim.run(2.0)
+    assert sim.masters() == {A: A, B: A, C: C}  # C alone elects itself
+    assert sim.term(C) == 2
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, A)  # two followers beat one; C steps down
+
+
+def test_merge_of_two_equal_halves_keeps_the_older_master() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=3)
+    sim.start(B, last_idx=3)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.partition({A}, {B})
+    sim.run(2.0)
+    assert sim.masters() == {A: A, B: B}
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, A)  # one follower each: the lower term (the older claim) wins
+
+
+def test_no_election_while_a_peer_still_follows_a_master_this_node_cannot_see() -> None:
+    sim = Sim()
+    for node_id in (A, B, C):
+        sim.start(node_id, last_idx=30)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.partition({A}, {B})  # B loses A; C still sees both
+    sim.run(3.0)
+    assert sim.masters() == {A: A, B: None, C: A}  # B waits instead of splitting
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, A)
+
+
+def test_a_node_that_starts_while_a_master_exists_waits_for_its_heartbeat() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=3)
+    sim.start(B, last_idx=3)
+    sim.run(1.0)
+    sim.partition({A}, {C})  # C reaches B at once, A only later
+    sim.start(C, last_idx=90, term=7)
+    sim.run(3.0)
+    assert sim.masters() == {A: A, B: A, C: None}  # B follows A, so C does not elect
+    sim.heal()
+    sim.run(0.3)
+    assert agreed(sim, A)
+
+
+def test_terms_only_grow_and_are_shared() -> None:
+    sim = Sim()
+    sim.start(A, term=3)
+    sim.start(B, term=8)
+    sim.run(1.0)
+    assert agreed(sim, A)  # terms do not decide a failover: logs and ids do
+    assert sim.term(A) == sim.term(B) == 9
