@@ -25,7 +25,6 @@ from exo.shared.types.tasks import FINISHED_TASK_STATUSES, Task, TaskId, TaskSta
 from exo.shared.types.worker.instances import Instance, InstanceId
 from exo.shared.types.worker.runners import RunnerId, RunnerShutdown, RunnerStatus
 
-
 _K = TypeVar("_K")
 _V = TypeVar("_V")
 

@@ -1,5 +1,6 @@
 """Runners that fail or stall, in a real node: bounded retries, deadlines, no loops."""
 
+import itertools
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ def test_failing_load_is_retried_with_backoff_then_abandoned(tmp_path: Path) -> 
         assert [int(attempt) for _, _, attempt in created] == [1, 2, 3, 4, 5]
         assert len({instance for _, instance, _ in created}) == 1
         times = [datetime.fromisoformat(stamp) for stamp, _, _ in created]
-        gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:], strict=False)]
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
         # Each wait is at least the growing backoff (0.3, 0.6, 1.2, 2.4 s); a gap can be
         # longer than its backoff, since a runner takes a while to start and fail.
         for gap, backoff in zip(gaps, (0.3, 0.6, 1.2, 2.4), strict=True):

@@ -194,8 +194,8 @@ def test_ollama_api(node: NodeProcess) -> None:
     options = {"temperature": 0, "num_predict": 16}
     messages = [{"role": "user", "content": "What is the capital of France? One word."}]
     reply = c.chat(model=MODEL, messages=messages, options=options)
-    assert "paris" in reply.message.content.lower()
-    streamed = "".join(part.message.content for part in c.chat(
+    assert "paris" in (reply.message.content or "").lower()
+    streamed = "".join(part.message.content or "" for part in c.chat(
         model=MODEL, messages=messages, options=options, stream=True))
     assert streamed == reply.message.content
     generated = c.generate(model=MODEL, prompt="The capital of France is", options=options)

@@ -76,7 +76,7 @@ class Receiver(Generic[T]):
                 return
 
 
-class channel(Generic[T]):  # noqa: N801 - used like a function: channel[T]()
+class channel(Generic[T]):
     """``channel[T](max_buffer_size)`` returns a connected ``(Sender[T], Receiver[T])``."""
 
     def __new__(cls, max_buffer_size: float = math.inf) -> tuple[Sender[T], Receiver[T]]:  # type: ignore[misc]
@@ -159,7 +159,7 @@ class MpReceiver(Generic[T]):
                 return
 
 
-class mp_channel(Generic[T]):  # noqa: N801 - used like a function: mp_channel[T]()
+class mp_channel(Generic[T]):
     """``mp_channel[T]()`` returns a connected ``(MpSender[T], MpReceiver[T])`` pipe."""
 
     def __new__(cls) -> tuple[MpSender[T], MpReceiver[T]]:  # type: ignore[misc]

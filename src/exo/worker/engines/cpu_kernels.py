@@ -19,10 +19,12 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -93,11 +95,26 @@ static void* pool_worker(void* arg) {
     return NULL;
 }
 
+/* A forked child has no workers: start over with the calling thread alone. */
+static void pool_after_fork_in_child(void) {
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_mutex_init(&pool.dispatch, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.n_workers = 0;
+    pool.n_active = 1;
+}
+
 /* Use n threads (the caller plus n - 1 workers, started once). Returns the number in use. */
 int exo_set_threads(int n) {
+    static int fork_handler_registered = 0;
     if (n < 1) n = 1;
     if (n > MAX_THREADS) n = MAX_THREADS;
     pthread_mutex_lock(&pool.mu);
+    if (!fork_handler_registered) {
+        pthread_atfork(NULL, NULL, pool_after_fork_in_child);
+        fork_handler_registered = 1;
+    }
     while (pool.n_workers < n - 1) {
         if (pthread_create(&pool.threads[pool.n_workers], NULL, pool_worker,
                            (void*)(intptr_t)(pool.n_workers + 1)) != 0)
@@ -321,21 +338,31 @@ static void linear_part(void* ctx, int part, int parts) {
     }
 }
 
-/* y [M, N] = prologue(x) W^T + bias + residual. x is [M, K] ([M, 2K] for SwiGLU).
- * kind 4: w = q4 rows [N][K/32 blocks], kind 8: q8 rows. bias [N] and residual [M, N] are
- * optional (NULL); residual may be y itself. Returns 0 on success. */
-int exo_qlinear(int kind, int prologue, const float* x, const float* g, float eps, int M, int K,
-                const void* w, const float* bias, const float* residual, int N, float* y) {
-    if (K % QK != 0 || (kind != 4 && kind != 8)) return -2;
+/* A linear layer's constant part, built once by the caller. */
+typedef struct {
+    int kind;       /* 4: w = q4 rows [N][K/32 blocks]; 8: q8 rows */
+    int prologue;   /* 0 none, 1 RMSNorm (gain g, eps), 2 SwiGLU */
+    int K, N;
+    float eps;
+    const float* g; /* [K] or NULL */
+    const void* w;
+    const float* bias; /* [N] or NULL */
+} LinearSpec;
+
+/* y [M, N] = prologue(x) W^T + bias + residual. x is [M, K] ([M, 2K] for SwiGLU); residual
+ * [M, N] is optional (NULL) and may be y itself. Returns 0 on success. */
+int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y) {
+    const int K = s->K, N = s->N;
+    if (K % QK != 0 || (s->kind != 4 && s->kind != 8)) return -2;
     const int nb = K / QK;
     if (reserve((size_t)M * K)) return -1;
-    const size_t x_stride = prologue == 2 ? 2 * (size_t)K : (size_t)K;
+    const size_t x_stride = s->prologue == 2 ? 2 * (size_t)K : (size_t)K;
     for (int m = 0; m < M; m++) {
         float* row = scratch_f + (size_t)m * K;
-        prologue_row(prologue, x + m * x_stride, g, eps, K, row);
+        prologue_row(s->prologue, x + m * x_stride, s->g, s->eps, K, row);
         quantize_row(row, K, scratch_x + (size_t)m * nb);
     }
-    LinearJob job = {kind, M, N, nb, scratch_x, w, bias, residual, y};
+    LinearJob job = {s->kind, M, N, nb, scratch_x, s->w, s->bias, residual, y};
     /* a part per thread, if each gets at least ~64k weight-rows of work */
     const long work = (long)M * N * K;
     const int parts = work >= (1L << 16) * 2 ? (int)(work >> 16) : 1;
@@ -371,11 +398,48 @@ static inline float dot_f32(const float* a, const float* b, int n) {
     return s;
 }
 
-static inline void axpy_f32(float* y, float a, const float* x, int n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+/* s[t] = scale * q . k_t for t < L (k rows of hd floats); four rows at a time, one reduction. */
+static void scores_f32(const float* q, const float* k, int L, int hd, float scale, float* s) {
+    int t = 0;
+    if (hd % 8 == 0) {
+        for (; t + 4 <= L; t += 4) {
+            const float* k0 = k + (size_t)t * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < hd; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + i);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+            }
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(s + t, _mm_mul_ps(r, _mm_set1_ps(scale)));
+        }
+    }
+    for (; t < L; t++) s[t] = scale * dot_f32(q, k + (size_t)t * hd, hd);
+}
+
+/* o = sum_t p[t] v_t (v rows of hd floats), accumulating 64 dimensions at a time in registers. */
+static void weighted_sum_f32(const float* p, const float* v, int L, int hd, float* o) {
+    if (hd % 64 != 0) {
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int t = 0; t < L; t++) {
+            const float* vt = v + (size_t)t * hd;
+            for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < hd; i0 += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int t = 0; t < L; t++) {
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            const float* vt = v + (size_t)t * hd + i0;
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
+    }
 }
 
 static __thread float* scratch_att;
@@ -417,11 +481,9 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
+        scores_f32(qg, kc, L, hd, scale, scores);
         float mx = -INFINITY;
-        for (int t = 0; t < L; t++) {
-            scores[t] = dot_f32(qg, kc + (size_t)t * hd, hd) * scale;
-            if (scores[t] > mx) mx = scores[t];
-        }
+        for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
         int t = 0;
         const __m256 vmx = _mm256_set1_ps(mx);
         __m256 vtot = _mm256_setzero_ps();
@@ -435,10 +497,9 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
             scores[t] = expf(scores[t] - mx);
             total += scores[t];
         }
-        float* o = a->out + ((size_t)b * a->H + h) * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
         const float inv = 1.0f / total;
-        for (t = 0; t < L; t++) axpy_f32(o, scores[t] * inv, vc + (size_t)t * hd, hd);
+        for (t = 0; t < L; t++) scores[t] *= inv;
+        weighted_sum_f32(scores, vc, L, hd, a->out + ((size_t)b * a->H + h) * hd);
     }
 }
 
@@ -513,13 +574,57 @@ def _compile(compiler: str, out: Path) -> None:
         lib.replace(out)  # atomic: concurrent runners never load a half-written file
 
 
+class _LinearSpec(ctypes.Structure):
+    _fields_: ClassVar = [
+        ("kind", ctypes.c_int),
+        ("prologue", ctypes.c_int),
+        ("K", ctypes.c_int),
+        ("N", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("g", ctypes.c_void_p),
+        ("w", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class QuantWeights:
+    """A linear layer's quantised weights (and prologue) as the kernel reads them."""
+
+    def __init__(
+        self,
+        bits: int,
+        prologue: int,
+        blocks: Tensor,
+        gain: Tensor | None,
+        eps: float,
+        bias: Tensor | None,
+        k: int,
+        n: int,
+    ) -> None:
+        self.blocks = blocks.contiguous()  # uint8 [n, k / 32, 20 or 34]
+        self.gain = None if gain is None else gain.float().contiguous()
+        self.bias = None if bias is None else bias.float().contiguous()
+        self.bits, self.k, self.n = bits, k, n
+        self.spec = _LinearSpec(
+            bits,
+            prologue,
+            k,
+            n,
+            eps,
+            None if self.gain is None else self.gain.data_ptr(),
+            self.blocks.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+        )
+        self.spec_address = ctypes.addressof(self.spec)
+
+
 class QKernels:
     """The loaded library, with typed wrappers."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self._fn = lib.exo_qlinear
-        self._fn.argtypes = [i, i, p, p, f, i, i, p, p, p, i, p]
+        self._fn.argtypes = [p, p, i, p, p]
         self._fn.restype = i
         self._set_threads = lib.exo_set_threads
         self._set_threads.argtypes = [i]
@@ -528,42 +633,12 @@ class QKernels:
         self._attend.argtypes = [p, i, i, i, i, p, p, f, p, p, i, p, p, p]
         self._attend.restype = i
 
-    def linear(
-        self,
-        bits: int,
-        prologue: int,
-        x: Tensor,
-        gain: Tensor | None,
-        eps: float,
-        k: int,
-        blocks: Tensor,
-        bias: Tensor | None,
-        residual: Tensor | None,
-        n: int,
-    ) -> Tensor:
-        """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out.
-
-        blocks: the weight rows as q4 / q8 blocks (uint8 [n, k / 32, 20 or 34]).
-        """
+    def linear(self, w: QuantWeights, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out."""
         x = x.contiguous()
-        m = x.numel() // x.shape[-1]
-        y = torch.empty((*x.shape[:-1], n), dtype=torch.float32)
-        if residual is not None:
-            residual = residual.contiguous()
-        rc = self._fn(
-            bits,
-            prologue,
-            x.data_ptr(),
-            None if gain is None else gain.data_ptr(),
-            eps,
-            m,
-            k,
-            blocks.data_ptr(),
-            None if bias is None else bias.data_ptr(),
-            None if residual is None else residual.data_ptr(),
-            n,
-            y.data_ptr(),
-        )
+        y = torch.empty((*x.shape[:-1], w.n), dtype=torch.float32)
+        res = None if residual is None else residual.contiguous().data_ptr()
+        rc = self._fn(w.spec_address, x.data_ptr(), x.numel() // x.shape[-1], res, y.data_ptr())
         if rc != 0:
             raise RuntimeError(f"exo_qlinear failed with code {rc}")
         return y
@@ -615,6 +690,16 @@ class QKernels:
         return out
 
 
+def _private_dir(folder: Path) -> bool:
+    """Create `folder` if needed; True if only we can write to it (we load code from it)."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = folder.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
 @cache
 def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     """The compiled kernels, or None where they cannot run (not x86 AVX2, no C compiler)."""
@@ -623,10 +708,11 @@ def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     compiler = (
         os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     )
-    if compiler is None:
+    folder = kernel_dir or default_kernel_dir()
+    if compiler is None or not _private_dir(folder):
         return None
     key = hashlib.sha256("\0".join([C_SOURCE, compiler, *C_FLAGS]).encode()).hexdigest()[:16]
-    out = (kernel_dir or default_kernel_dir()) / f"exo_qlinear_{key}.so"
+    out = folder / f"exo_qlinear_{key}.so"
     try:
         if not out.exists():
             _compile(compiler, out)

@@ -28,6 +28,7 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_RMS_NORM,
     PROLOGUE_SWIGLU,
     QKernels,
+    QuantWeights,
 )
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
@@ -168,37 +169,23 @@ class QuantLinear:
     def __init__(
         self, weight: Tensor, bias: Tensor | None, prologue: Prologue, bits: int, kernels: QKernels
     ) -> None:
-        self._out, self._in = weight.shape
+        n, k = weight.shape
         self.bits = bits
-        self._kernels = kernels
         self.blocks = quantize_q4(weight) if bits == 4 else quantize_q8(weight)
-        self._bias = None if bias is None else bias.float().contiguous()
-        self._gain: Tensor | None = None
-        self._eps = 0.0
-        self._prologue = PROLOGUE_NONE
+        self._kernels = kernels
+        kind, gain, eps = PROLOGUE_NONE, None, 0.0
         if isinstance(prologue, RmsNorm):
-            self._prologue = PROLOGUE_RMS_NORM
-            self._gain, self._eps = prologue.gain.float().contiguous(), prologue.eps
+            kind, gain, eps = PROLOGUE_RMS_NORM, prologue.gain, prologue.eps
         elif isinstance(prologue, SwiGLU):
-            self._prologue = PROLOGUE_SWIGLU
+            kind = PROLOGUE_SWIGLU
+        self._weights = QuantWeights(bits, kind, self.blocks, gain, eps, bias, k, n)
 
     @property
     def out_features(self) -> int:
-        return self._out
+        return self._weights.n
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        return self._kernels.linear(
-            self.bits,
-            self._prologue,
-            x,
-            self._gain,
-            self._eps,
-            self._in,
-            self.blocks,
-            self._bias,
-            residual,
-            self._out,
-        )
+        return self._kernels.linear(self._weights, x, residual)
 
 
 def fp16_packing_available() -> bool:

@@ -1,5 +1,9 @@
 """The compiled CPU kernels against plain torch on the same (dequantised) weights."""
 
+import os
+import signal
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -104,3 +108,24 @@ def test_threaded_linear_is_identical(kernels: QKernels) -> None:
     finally:
         kernels.set_threads(1)
     assert torch.equal(one, two)
+
+
+def test_a_forked_child_can_use_the_kernels(kernels: QKernels) -> None:
+    """The thread pool's workers do not exist in a forked child: it must not wait for them."""
+    lin = make_linear(torch.randn(3072, 576), None, "q4", kernels=kernels)
+    x = torch.randn(2, 576)
+    kernels.set_threads(2)
+    try:
+        lin(x)
+        pid = os.fork()
+        if pid == 0:  # child: must finish, then leave without running pytest's cleanup
+            os._exit(0 if lin(x).shape == (2, 3072) else 1)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        kernels.set_threads(1)
