@@ -17,15 +17,36 @@ decode that raises is retried one request at a time, so only the culprits fail.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, cast
 
 import torch
 
+from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.kv_cache import KVCache
-from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.llama import StepInputs
 from exo.worker.engines.sampling import RequestSampler, SamplingParams
 
 FinishReason = Literal["stop", "length", "error"]
+
+
+class SlotCache(Protocol):
+    def move_slot(self, src: int, dst: int, length: int) -> None: ...
+
+
+class StepModel(Protocol):
+    """What the batcher needs of a model: `LlamaModel`, or a stand-in spanning several ranks."""
+
+    @property
+    def config(self) -> LlamaConfig: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def new_cache(self, max_batch: int, max_seq: int) -> SlotCache: ...
+
+    def forward(self, tokens: torch.Tensor, step: StepInputs, cache: KVCache) -> torch.Tensor:
+        """tokens [B, T] -> logits of each row's last position [B, V]."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +81,7 @@ class _Request:
 class BatchGenerator:
     def __init__(
         self,
-        model: LlamaModel,
+        model: StepModel,
         max_batch: int,
         max_seq: int,
         *,
@@ -74,7 +95,7 @@ class BatchGenerator:
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.cache: KVCache = model.new_cache(max_batch, max_seq)
+        self.cache = cast(KVCache, model.new_cache(max_batch, max_seq))
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # _running[i].slot == i
 
@@ -143,14 +164,11 @@ class BatchGenerator:
             n = min(self.prefill_chunk, len(r.prompt) - r.cached)
             chunk = r.prompt[r.cached : r.cached + n]
             tokens = torch.tensor([chunk], device=self.model.device)
-            step = StepInputs.single(r.slot, r.cached, n)
-            if r.cached + n < len(r.prompt):  # more to come: no logits needed
-                self.model.forward_layers(self.model.embed(tokens), step, self.cache)
-                r.cached += n
-                return None
-            logits = self.model.forward(tokens, step, self.cache)
+            # Only `forward` is used (a pipeline leader stands in for the model); the logits
+            # of a chunk that is not the last are not needed, but cost little next to it.
+            logits = self.model.forward(tokens, StepInputs.single(r.slot, r.cached, n), self.cache)
             r.cached += n
-            return self._emit(r, r.sampler(logits[0]))
+            return None if r.prefilling else self._emit(r, r.sampler(logits[0]))
         except Exception as e:  # confined to this request
             return self._fail(r, e)
 

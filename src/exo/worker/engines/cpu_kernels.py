@@ -9,8 +9,8 @@ per block to 16 bits, with integer multiply-adds (see the C source). A second ke
 whole decode step of attention (rotate q and k, append to the cache, attend) in one call.
 
 The C source below is compiled once per machine with the system C compiler into a cache folder
-(the file name carries a hash of source, compiler and flags) and loaded with ctypes, which
-releases the GIL during calls. Without a compiler or AVX2, `load_kernels` returns None and the
+(the file name carries a hash of source, compiler and flags; a build already in the per-user
+default folder is reused) and loaded with ctypes, which releases the GIL during calls. Without a compiler or AVX2, `load_kernels` returns None and the
 engine falls back to torch (fbgemm float16 weights).
 """
 
@@ -712,10 +712,14 @@ def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     if compiler is None or not _private_dir(folder):
         return None
     key = hashlib.sha256("\0".join([C_SOURCE, compiler, *C_FLAGS]).encode()).hexdigest()[:16]
-    out = folder / f"exo_qlinear_{key}.so"
+    name = f"exo_qlinear_{key}.so"
+    out, shared = folder / name, default_kernel_dir() / name
     try:
         if not out.exists():
-            _compile(compiler, out)
+            if shared.exists() and _private_dir(shared.parent):  # built before, elsewhere
+                out = shared
+            else:
+                _compile(compiler, out)
         return QKernels(ctypes.CDLL(str(out)))
     except (OSError, subprocess.SubprocessError):
         return None

