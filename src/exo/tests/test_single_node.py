@@ -11,6 +11,8 @@ import httpx
 import openai
 import psutil
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exo.tests.node_process import NodeProcess, running_node, wait_until
 
@@ -202,3 +204,48 @@ def test_ollama_api(node: NodeProcess) -> None:
     assert generated.done and generated.response
     assert any(m.model == MODEL for m in c.list().models)
     assert c.show(MODEL).modelinfo is not None or c.show(MODEL).details is not None
+
+
+_ENDPOINTS = ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/api/chat",
+              "/api/generate", "/place_instance"]
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-10, 10**6) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_BODY = st.fixed_dictionaries(
+    {},
+    optional={
+        "model": st.sampled_from([MODEL, "default", "nope", ""]) | _JSON,
+        "messages": st.just([{"role": "user", "content": "hi"}]) | _JSON,
+        "input": st.just("hi") | _JSON,
+        "prompt": st.just("hi") | _JSON,
+        "max_tokens": st.integers(-2, 3) | _JSON,
+        "max_output_tokens": st.integers(-2, 3) | _JSON,
+        "temperature": st.floats(-1, 3) | st.sampled_from([1e-300, 5e-324]) | _JSON,
+        "repetition_penalty": st.sampled_from([1e-300, 1e300]) | _JSON,
+        "stream": st.booleans() | _JSON,
+        "options": st.just({"num_predict": 2}) | _JSON,
+    },
+)
+
+
+def test_fuzzed_requests_never_get_a_5xx_and_the_node_keeps_serving(node: NodeProcess) -> None:
+    wait_until(node.serving, 90, "a serving instance")
+    seen: list[int] = []
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(endpoint=st.sampled_from(_ENDPOINTS), body=_BODY)
+    def post(endpoint: str, body: dict[str, object]) -> None:
+        # Keep any generation short: a bounded fuzz, not a load test.
+        limit = {"/api/generate": "options", "/api/chat": "options",
+                 "/v1/responses": "max_output_tokens"}.get(endpoint, "max_tokens")
+        body.setdefault(limit, {"num_predict": 2} if limit == "options" else 2)
+        r = httpx.post(node.url + endpoint, json=body, timeout=60)
+        seen.append(r.status_code)
+        assert r.status_code < 500, (endpoint, body, r.text)
+
+    post()
+    assert any(400 <= s < 500 for s in seen)
+    assert "paris" in ask(node, "What is the capital of France? Answer in one word.").lower()

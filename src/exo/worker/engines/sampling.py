@@ -17,6 +17,9 @@ import torch
 from torch import Tensor
 
 
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 1.0
@@ -46,7 +49,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this temperature sampling is argmax anyway, and dividing by it overflows.
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     @property
     def has_penalties(self) -> bool:
@@ -79,7 +83,9 @@ def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Genera
     """One token from (already penalised) logits [V] (steps 3-4 of the module docstring)."""
     if params.greedy:
         return int(logits.argmax())
-    z = logits.float() / params.temperature
+    # Extreme temperatures or penalties overflow; keep every logit finite so that
+    # softmax stays a distribution (an overflowed logit just dominates).
+    z = torch.nan_to_num(logits.float() / params.temperature, nan=-1e30, posinf=1e30, neginf=-1e30)
     candidates: Tensor | None = None  # token ids of z when z is a top-k subset
     if 0 < params.top_k < z.shape[-1]:
         z, candidates = torch.topk(z, params.top_k)  # sorted, descending

@@ -75,3 +75,14 @@ def test_invalid_params_are_rejected() -> None:
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError):
         SamplingParams(min_p=2.0)
+
+
+def test_extreme_temperature_and_penalties_still_sample() -> None:
+    """Found by fuzzing the API: a tiny temperature overflowed the logits into NaN."""
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    for params in (
+        SamplingParams(temperature=1e-300),
+        SamplingParams(temperature=5e-324, top_p=0.5),
+        SamplingParams(temperature=1.0, top_k=2, min_p=0.5),
+    ):
+        assert sample_token(logits, params, torch.Generator().manual_seed(0)) == 1
