@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
