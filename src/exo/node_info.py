@@ -1,5 +1,7 @@
-"""What this machine offers: memory, CPUs and NVIDIA GPUs (without importing torch)."""
+"""What this machine offers: memory, CPUs, NVIDIA GPUs (without importing torch), and
+the addresses other machines may reach it at."""
 
+import ipaddress
 import shutil
 import socket
 import subprocess
@@ -19,7 +21,28 @@ def gather_node_info(api_port: int | None) -> NodeInfo:
         memory_available=Memory(in_bytes=vm.available),
         gpus=_nvidia_gpus(),
         api_port=api_port,
+        addresses=interface_addresses(),
     )
+
+
+def interface_addresses() -> list[str]:
+    """Addresses of this machine's interfaces as ``address/prefix``: IPv4 first, then
+    IPv6, loopback last. IPv6 link-local addresses are left out (they only mean
+    something with an interface scope)."""
+    found: list[tuple[tuple[bool, int], str]] = []
+    for addrs in psutil.net_if_addrs().values():
+        for addr in addrs:
+            if addr.family not in (socket.AF_INET, socket.AF_INET6) or not addr.netmask:
+                continue
+            try:
+                ip = ipaddress.ip_address(addr.address.split("%", 1)[0])
+                prefix = bin(int(ipaddress.ip_address(addr.netmask))).count("1")
+            except ValueError:
+                continue
+            if ip.is_link_local and ip.version == 6:
+                continue
+            found.append(((ip.is_loopback, ip.version), f"{ip}/{prefix}"))
+    return [text for _, text in sorted(found, key=lambda item: item[0])]
 
 
 def _nvidia_gpus() -> list[GpuInfo]:
@@ -43,8 +66,8 @@ def _nvidia_gpus() -> list[GpuInfo]:
 
 def significantly_different(a: NodeInfo, b: NodeInfo, threshold_bytes: int = 256 << 20) -> bool:
     """Telemetry is only worth a log entry when it changed by more than the threshold."""
-    if (a.hostname, a.cpu_count, a.api_port, len(a.gpus)) != (
-        b.hostname, b.cpu_count, b.api_port, len(b.gpus)
+    if (a.hostname, a.cpu_count, a.api_port, len(a.gpus), a.addresses) != (
+        b.hostname, b.cpu_count, b.api_port, len(b.gpus), b.addresses
     ):
         return True
     diff = abs(a.available_for_models.in_bytes - b.available_for_models.in_bytes)

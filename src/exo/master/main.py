@@ -1,5 +1,9 @@
 """The master: the single writer. It turns commands and workers' events into indexed
-events, applies them, keeps them in its log and publishes them to every node."""
+events, applies them, keeps them in its log and publishes them to every node.
+
+When a node times out, the instances that had a shard on it go with it (``apply``); the
+master places each of their models again on the nodes that remain (``place_again``), or
+logs why it cannot."""
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -8,7 +12,7 @@ import anyio
 from loguru import logger
 
 from exo.master.event_log import EventLog, MemoryEventLog
-from exo.master.placement import PlacementError, place_instance
+from exo.master.placement import PlacementError, group_host, place_again, place_instance
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import ErrorChunk
@@ -27,6 +31,7 @@ from exo.shared.types.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeTimedOut,
     TaskCreated,
     TaskStatusUpdated,
 )
@@ -52,6 +57,8 @@ class Master:
     log: EventLog = field(default_factory=MemoryEventLog)
     state: State = field(default_factory=State)
     group_port_base: int = 29500
+    _next_port: int = field(default=0, init=False)
+    """Where the search for the next group port starts, from ``group_port_base``."""
 
     async def run(self) -> None:
         logger.info(
@@ -78,10 +85,38 @@ class Master:
             await self.emit(event)
 
     async def emit(self, event: Event) -> None:
+        before = self.state
+        await self._sequence(event)
+        if isinstance(event, NodeTimedOut):
+            lost = [i for iid, i in before.instances.items() if iid not in self.state.instances]
+            for instance in lost:
+                await self._place_again(instance, event.node_id)
+
+    async def _sequence(self, event: Event) -> None:
         indexed = IndexedEvent(idx=self.state.last_event_applied_idx + 1, event=event)
         self.state = apply(self.state, indexed)
         self.log.append(indexed, self.state)
         await self.publish(indexed)
+
+    async def _place_again(self, lost: Instance, gone: NodeId) -> None:
+        """An instance went with a node: its model, placed again on the nodes left."""
+        model_id = lost.shard_assignments.model_id
+        placed = place_again(
+            lost, self.state.nodes, self.state.topology, self.state.instances, InstanceId()
+        )
+        if isinstance(placed, PlacementError):
+            logger.warning(
+                f"instance {lost.instance_id} of {model_id} was lost with node {gone} and "
+                f"cannot be placed again: {placed.reason}"
+            )
+            return
+        instance = self._with_group_address(placed)
+        logger.info(
+            f"instance {lost.instance_id} of {model_id} was lost with node {gone}: placed "
+            f"again as {instance.instance_id} ({instance.sharding}, "
+            f"{_count_nodes(instance.world_size)}, was {_count_nodes(lost.world_size)})"
+        )
+        await self._sequence(InstanceCreated(instance=instance))
 
     async def handle_command(self, command: Command, origin: NodeId | None) -> None:
         match command:
@@ -128,12 +163,20 @@ class Master:
         await self.emit(InstanceCreated(instance=self._with_group_address(placed)))
 
     def _with_group_address(self, instance: Instance) -> Instance:
-        """Rank 0's node hosts the runners' rendezvous; ports differ per instance."""
+        """Rank 0's node hosts the runners' rendezvous; ports differ per instance, and
+        the next instance takes the next free port (a port just left by a deleted
+        instance may still be held by its runners)."""
+        span = 10_000
         used = {i.group_port for i in self.state.instances.values()}
-        port = next(
-            p for p in range(self.group_port_base, self.group_port_base + 10_000) if p not in used
+        offset = next(
+            o
+            for k in range(span)
+            if (o := (self._next_port + k) % span) + self.group_port_base not in used
         )
-        return instance.model_copy(update={"group_port": port})
+        self._next_port = (offset + 1) % span
+        port = self.group_port_base + offset
+        host = group_host(instance, self.state.nodes)
+        return instance.model_copy(update={"group_host": host, "group_port": port})
 
     async def _generate(self, command: GenerateText) -> None:
         model_id = command.task_params.model
@@ -173,3 +216,7 @@ class Master:
             ),
             origin,
         )
+
+
+def _count_nodes(n: int) -> str:
+    return "1 node" if n == 1 else f"{n} nodes"

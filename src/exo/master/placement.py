@@ -21,8 +21,14 @@ Rules
 * Finding the best group of linked nodes is a clique search: branch and bound, cheap
   for fully linked clusters, and bounded by ``_SEARCH_STEPS`` per call for large,
   partly linked ones (then the best group found so far, or a refusal that says so).
+* An instance that lost a node is placed again (``place_again``) with the same model and
+  sharding on as many of its former node count as still fit, down to one.
+* The runners of an instance meet at rank 0's node (``group_host``): on loopback when
+  every node of the instance is on one host, else at the first address of rank 0's that
+  shares a network with every other node of the instance.
 """
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, assert_never
@@ -126,6 +132,58 @@ def place_instance(
     return PlacementError(reason=_summarise(sharding, first, last, refusals))
 
 
+def place_again(
+    lost: Instance,
+    nodes: Mapping[NodeId, NodeInfo],
+    topology: Topology,
+    instances: Mapping[InstanceId, Instance],
+    instance_id: InstanceId,
+) -> Instance | PlacementError:
+    """Place the model of an instance that lost a node again, with its sharding: on at
+    least as many nodes as it had when they fit, else on fewer, down to one."""
+    card = lost.model_card
+    reasons: list[str] = []
+    for min_nodes in range(min(lost.world_size, len(nodes)), 0, -1):
+        placed = place_instance(
+            card, lost.sharding, min_nodes, nodes, topology, instances, instance_id
+        )
+        if isinstance(placed, Instance):
+            return placed
+        reasons.append(placed.reason)
+    return PlacementError(reason=reasons[-1] if reasons else "no nodes are available")
+
+
+def group_host(instance: Instance, nodes: Mapping[NodeId, NodeInfo]) -> str:
+    """Where the runners of ``instance`` meet: rank 0's node, at an address every other
+    node of the instance can be expected to reach."""
+    assignments = instance.shard_assignments
+    ranks = {
+        node_id: shard.device_rank
+        for node_id, runner_id in assignments.node_to_runner.items()
+        if (shard := assignments.runner_to_shard.get(runner_id)) is not None
+    }
+    if len(ranks) < 2:
+        return _LOOPBACK
+    leader = min(ranks, key=lambda node_id: (ranks[node_id], node_id))
+    infos = [nodes.get(node_id) for node_id in sorted(ranks)]
+    known = [info for info in infos if info is not None]
+    if len(known) == len(infos) and len({info.hostname for info in known}) == 1:
+        return _LOOPBACK
+    leader_info = nodes.get(leader)
+    if leader_info is None:
+        return _LOOPBACK
+    own = [a for a in _interfaces(leader_info.addresses) if not a.ip.is_loopback]
+    others = [
+        _interfaces(info.addresses)
+        for node_id, info in nodes.items()
+        if node_id in ranks and node_id != leader
+    ]
+    for candidate in own:
+        if all(any(a.ip in candidate.network for a in theirs) for theirs in others):
+            return str(candidate.ip)
+    return str(own[0].ip) if own else _LOOPBACK
+
+
 def placement_previews(
     model_card: ModelCard,
     nodes: Mapping[NodeId, NodeInfo],
@@ -156,6 +214,21 @@ def _preview(card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster") -
         instance=instance,
         memory_per_node={node_id: shard_memory(shard) for node_id, shard in layout},
     )
+
+
+_LOOPBACK = "127.0.0.1"
+
+
+def _interfaces(
+    addresses: Sequence[str],
+) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
+    found: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] = []
+    for text in addresses:
+        try:
+            found.append(ipaddress.ip_interface(text))
+        except ValueError:
+            continue
+    return found
 
 
 # ---------------------------------------------------------------- the cluster as seen here

@@ -17,6 +17,10 @@ class NodeInfo(FrozenModel):
     memory_available: Memory
     gpus: list[GpuInfo] = []
     api_port: int | None = None
+    addresses: list[str] = []
+    """This node's interface addresses with their prefix length (``192.168.1.7/24``):
+    the ones other machines may reach first, loopback last. Rendezvous of instances
+    spanning machines are chosen from these."""
 
     @property
     def available_for_models(self) -> Memory:

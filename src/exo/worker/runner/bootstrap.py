@@ -68,3 +68,8 @@ def entrypoint(
             pass  # the node is gone: nobody to tell
     finally:
         event_sender.close()
+        if bound_instance.instance.world_size > 1:
+            # A follower thread may still sit in a collective of the dissolving group;
+            # interpreter teardown would abort on it, so leave at once (pipes are flushed).
+            sys.stderr.flush()
+            os._exit(0)

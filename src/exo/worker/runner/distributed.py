@@ -13,12 +13,15 @@ Every step starts with a fixed-size header (op, batch, length, slots, cache star
 the followers' caches stay in the same layout as the leader's, moves included.
 """
 
+import os
+import socket
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal, cast
 
+import psutil
 import torch
 import torch.distributed as dist
 from loguru import logger
@@ -41,11 +44,20 @@ _HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
-    """Join the instance's process group (gloo: CPU tensors over TCP)."""
+    """Join the instance's process group (gloo: CPU tensors over TCP). Gloo binds to the
+    interface this machine reaches the rendezvous host through (not to whatever the
+    hostname resolves to), unless ``GLOO_SOCKET_IFNAME`` says otherwise."""
     instance = bound_instance.instance
     shard = bound_instance.bound_shard
-    url = f"tcp://{instance.group_host}:{instance.group_port}"
-    logger.info(f"joining group {url} as rank {shard.device_rank}/{shard.world_size}")
+    host = instance.group_host
+    url = f"tcp://{f'[{host}]' if ':' in host else host}:{instance.group_port}"
+    interface = interface_towards(host)
+    if interface is not None and not os.environ.get("GLOO_SOCKET_IFNAME"):
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+    logger.info(
+        f"joining group {url} as rank {shard.device_rank}/{shard.world_size} "
+        f"(interface {os.environ.get('GLOO_SOCKET_IFNAME', 'by hostname')})"
+    )
     dist.init_process_group(
         "gloo",
         init_method=url,
@@ -53,6 +65,22 @@ def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
         world_size=shard.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+
+
+def interface_towards(host: str) -> str | None:
+    """The name of the interface this machine reaches ``host`` through (a UDP socket's
+    route lookup: nothing is sent); None when there is no route."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address.split("%", 1)[0] == local for a in addrs):
+            return name
+    return None
 
 
 def _all_reduce(x: Tensor) -> Tensor:
@@ -216,6 +244,8 @@ def load_local_model(
     config = load_config(path)
     on_cpu_f32 = dev.type == "cpu" and dtype == torch.float32
     kernels = load_kernels(cache_dir / "kernels") if on_cpu_f32 else None
+    if kernels is not None:
+        kernels.set_threads(max(1, threads))
     load_dtype = torch.float32 if on_cpu_f32 else dtype
     if isinstance(shard, PipelineShardMetadata):
         weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,

@@ -204,12 +204,16 @@ def load_generation(
         engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
                         tokenizer=engine.tokenizer)
         return Generation(engine, settings.max_batch, leader)
-    if not isinstance(shard, PipelineShardMetadata):
-        raise ValueError("a single runner holds a pipeline shard")
+    # A single runner holds the whole model: a pipeline shard of every layer, or the one
+    # slice of a tensor instance of one node.
+    if isinstance(shard, PipelineShardMetadata):
+        start, end = shard.start_layer, shard.end_layer
+    else:
+        start, end = 0, shard.model_card.n_layers
     engine = load_engine(
         Path(located.path),
-        shard.start_layer,
-        shard.end_layer,
+        start,
+        end,
         dtype=getattr(torch, settings.dtype),
         device=settings.device,
         threads=settings.threads,
