@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster",
         "Nodes that share a secret and reach each other form one cluster: give other "
         "nodes' endpoints with --peer (or --listen for them to connect), or find them by "
-        "multicast with --discovery-interface. With none of these, the node runs alone.",
+        "multicast (on by default: --discovery-interface). With multicast off and no "
+        "peers, the node runs alone.",
     )
     cluster.add_argument("--peer", action="append", default=[], metavar="ENDPOINT",
                          help="another node's cluster endpoint to connect to, e.g. "
@@ -71,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the cluster secret: only nodes that share it talk to each other "
                          "(or set EXO_SECRET; default: a public one, with a warning)")
     cluster.add_argument("--discovery-interface", metavar="IFACE",
-                         default=os.environ.get("EXO_DISCOVERY_INTERFACE", "none"),
+                         default=os.environ.get("EXO_DISCOVERY_INTERFACE", "auto"),
                          help="find other nodes by multicast on this interface ('auto': zenoh "
                          "chooses; 'none': no multicast; or set EXO_DISCOVERY_INTERFACE; "
                          "default: %(default)s)")

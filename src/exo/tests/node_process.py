@@ -108,7 +108,9 @@ def running_node(
     port = free_port()
     data_dir = tmp / f"node-{port}"
     log_path = tmp / f"node-{port}.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    # Tests never scout by multicast on the machine's real network: a node alone.
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "EXO_DISCOVERY_INTERFACE": "none",
+                **(env or {})}
     cmd = [sys.executable, "-m", "exo.cli", "--api-port", str(port), "--data-dir",
            str(data_dir), "--threads", "1", *args]
     with log_path.open("wb") as log:
