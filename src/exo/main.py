@@ -106,7 +106,7 @@ class Node:
             ),
             local_events=self._local_tx.clone(),
             commands=_CommandSender(self._commands_tx.clone(), self._node_id),
-            chunk_sink=self._deliver_chunk,
+            chunk_sink=self.deliver_chunk,
             timeouts=config.timeouts,
         )
         self.api_port: int | None = None
@@ -120,8 +120,8 @@ class Node:
                 commands=self._commands_rx,
                 local_events=self._local_rx,
                 publish=self._on_indexed_event,
-                send_chunk=self._deliver_chunk,
-                resolve_card=self._resolve_card,
+                send_chunk=self.deliver_chunk,
+                resolve_card=self.resolve_card,
             )
         else:
             cluster_dir = config.data_dir / "cluster"
@@ -186,15 +186,10 @@ class Node:
         for command_id, instance_id in list(self._command_instances.items()):
             if instance_id not in state.instances:
                 self._fail(command_id, reason)
-        self.worker.update_state(state)
-        self._state_changed.set()
-        self._state_changed = anyio.Event()
-
-    def deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
-        self._deliver_chunk(event, origin)
+        self._publish_state()
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
-        return self._resolve_card(model_id)
+        return self.registry.resolve(model_id)
 
     def local_truth(self, full: bool) -> list[Event]:
         state = self._state
@@ -220,10 +215,7 @@ class Node:
 
     # -- wiring ----------------------------------------------------------------------
 
-    def _resolve_card(self, model_id: ModelId) -> ModelCard | None:
-        return self.registry.resolve(model_id)
-
-    def _deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
+    def deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
         if self.cluster is not None and origin is not None and origin != self._node_id:
             self.cluster.send_chunk(origin, event)
             return
@@ -232,6 +224,10 @@ class Node:
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
         self._state = apply(self._state, indexed)
         self._track_requests(indexed.event)
+        self._publish_state()
+
+    def _publish_state(self) -> None:
+        """Tell the worker and every waiter that the state changed."""
         self.worker.update_state(self._state)
         self._state_changed.set()
         self._state_changed = anyio.Event()
