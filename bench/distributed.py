@@ -26,7 +26,6 @@ until the slowest rank arrives.
 import argparse
 import json
 import os
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -39,9 +38,9 @@ import anyio.abc
 import psutil
 
 import exo.worker.runner.bootstrap as bootstrap
-from exo.shared.models.embedded import EMBEDDED_MODEL_ID, embedded_model_card
+from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.types.chunks import ErrorChunk, TokenChunk
-from exo.shared.types.common import CommandId, NodeId
+from exo.shared.types.common import CommandId
 from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated
 from exo.shared.types.tasks import (
     ConnectToGroup,
@@ -54,20 +53,13 @@ from exo.shared.types.tasks import (
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
 from exo.shared.types.worker.instances import (
     BoundInstance,
-    Instance,
-    InstanceId,
-    ShardAssignments,
     Sharding,
 )
 from exo.shared.types.worker.runners import RunnerId, RunnerStatus
-from exo.shared.types.worker.shards import (
-    PipelineShardMetadata,
-    ShardMetadata,
-    TensorShardMetadata,
-)
 from exo.utils.channels import MpReceiver, MpSender, channel
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
+from exo.worker.tests.test_distributed_runners import make_instance
 
 STATS_DIR_ENV = "EXO_BENCH_COLLECTIVE_STATS"
 TIMED = ("all_reduce", "broadcast", "send", "recv")
@@ -139,41 +131,6 @@ class Config:
     @property
     def best(self) -> Run:
         return max(self.runs, key=lambda r: r.decode_tok_s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def make_instance(sharding: Sharding, world: int) -> Instance:
-    card = embedded_model_card()
-    cuts = [round(i * card.n_layers / world) for i in range(world + 1)]
-    shards: dict[RunnerId, ShardMetadata] = {}
-    nodes: dict[NodeId, RunnerId] = {}
-    for rank in range(world):
-        rid = RunnerId(f"{sharding}-{world}-{rank}")
-        nodes[NodeId(f"node-{rank}")] = rid
-        if sharding == "pipeline":
-            shards[rid] = PipelineShardMetadata(
-                model_card=card,
-                device_rank=rank,
-                world_size=world,
-                start_layer=cuts[rank],
-                end_layer=cuts[rank + 1],
-                n_layers=card.n_layers,
-            )
-        else:
-            shards[rid] = TensorShardMetadata(model_card=card, device_rank=rank, world_size=world)
-    return Instance(
-        instance_id=InstanceId(f"{sharding}-{world}"),
-        sharding=sharding,
-        shard_assignments=ShardAssignments(
-            model_id=EMBEDDED_MODEL_ID, runner_to_shard=shards, node_to_runner=nodes
-        ),
-        group_port=free_port(),
-    )
 
 
 class Bench:

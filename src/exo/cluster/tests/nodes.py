@@ -4,7 +4,6 @@ Every process a group starts is killed when the group closes."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,14 +16,10 @@ from typing import Any
 import anyio
 import httpx
 
+from exo.tests.node_process import free_port
+
 SECRET = "cluster-test-secret"
 NODE_TIMEOUT_S = 2.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def wait_until(

@@ -1,7 +1,6 @@
 """Real runner processes of one instance joined over torch.distributed (gloo on
 127.0.0.1): a 2-rank pipeline and 3-way tensor parallel answer exactly as one runner."""
 
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from exo.shared.types.worker.shards import (
     ShardMetadata,
     TensorShardMetadata,
 )
+from exo.tests.node_process import free_port
 from exo.utils.channels import Receiver, channel
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
@@ -47,19 +47,15 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _instance(sharding: Sharding, world: int) -> Instance:
+def make_instance(sharding: Sharding, world: int) -> Instance:
+    """An instance of the embedded model over ``world`` ranks (fake node ids, one host);
+    runner ids are unique per configuration, so several can be loaded at once."""
     card = embedded_model_card()
     cuts = [round(i * card.n_layers / world) for i in range(world + 1)]
     shards: dict[RunnerId, ShardMetadata] = {}
     nodes: dict[NodeId, RunnerId] = {}
     for rank in range(world):
-        rid = RunnerId(f"runner-{rank}")
+        rid = RunnerId(f"{sharding}-{world}-{rank}")
         nodes[NodeId(f"node-{rank}")] = rid
         if sharding == "pipeline":
             shards[rid] = PipelineShardMetadata(
@@ -74,7 +70,7 @@ def _instance(sharding: Sharding, world: int) -> Instance:
         shard_assignments=ShardAssignments(
             model_id=EMBEDDED_MODEL_ID, runner_to_shard=shards, node_to_runner=nodes
         ),
-        group_port=_free_port(),
+        group_port=free_port(),
     )
 
 
@@ -145,7 +141,7 @@ async def _answer(instance: Instance, tmp_path: Path) -> str:
 
 
 async def test_pipeline_and_tensor_parallel_match_one_runner(tmp_path: Path) -> None:
-    alone = await _answer(_instance("pipeline", 1), tmp_path)
+    alone = await _answer(make_instance("pipeline", 1), tmp_path)
     assert "paris" in alone.lower()
-    assert await _answer(_instance("pipeline", 2), tmp_path) == alone
-    assert await _answer(_instance("tensor", 3), tmp_path) == alone
+    assert await _answer(make_instance("pipeline", 2), tmp_path) == alone
+    assert await _answer(make_instance("tensor", 3), tmp_path) == alone
