@@ -48,6 +48,7 @@ async def state_events(
     handle: NodeHandle,
     min_interval_s: float = EVENTS_MIN_INTERVAL_S,
     keepalive_s: float = EVENTS_KEEPALIVE_S,
+    poll_s: float = _POLL_S,
 ) -> AsyncIterator[bytes]:
     """The whole state at once, then again whenever it (or the master) changes, at most
     once per ``min_interval_s``; a comment line after ``keepalive_s`` of quiet."""
@@ -65,7 +66,7 @@ async def state_events(
             continue
         try:
             await handle.wait_for_state(
-                lambda s, seen=sent_state: s is not seen, timeout=_POLL_S
+                lambda s, seen=sent_state: s is not seen, timeout=poll_s
             )
         except TimeoutError:
             if time.monotonic() - last_sent >= keepalive_s:

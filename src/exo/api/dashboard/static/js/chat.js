@@ -43,6 +43,7 @@ export function setupChat(root) {
   ui.list = h("ul", { class: "conversation-list" });
   ui.picker = h("select", { id: "model-picker", onchange: () => { current().model = ui.picker.value; save(); } });
   ui.maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, value: 512 });
+  ui.temperature = h("input", { id: "temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default" });
   ui.messages = h("div", { id: "messages", class: "messages" });
   ui.prompt = h("textarea", { id: "prompt", rows: 3, placeholder: "Ask something… (Enter sends, Shift+Enter: new line)" });
   ui.send = h("button", { id: "send", type: "submit" }, "Send");
@@ -67,7 +68,7 @@ export function setupChat(root) {
       h("button", { id: "new-chat", onclick: newChat }, "New chat"), ui.list),
     h("div", { class: "chat-main" },
       h("div", { class: "chat-controls" }, h("label", {}, "model ", ui.picker),
-        h("label", {}, "max tokens ", ui.maxTokens)),
+        h("label", {}, "max tokens ", ui.maxTokens), h("label", {}, "temperature ", ui.temperature)),
       ui.messages, ui.form)));
   renderConversations();
   renderMessages();
@@ -193,11 +194,13 @@ async function send(text) {
   const redraw = () => { pending ??= setTimeout(() => { pending = null; renderLast(); }, RENDER_EVERY_MS); };
   try {
     const maxTokens = Number(ui.maxTokens.value);
+    const temperature = ui.temperature.value === "" ? null : Number(ui.temperature.value);
     const response = await request("/v1/chat/completions", {
       method: "POST", signal: running.controller.signal,
       body: {
         model, messages: history, stream: true, stream_options: { include_usage: true },
         ...(maxTokens > 0 ? { max_tokens: maxTokens } : {}),
+        ...(temperature !== null && temperature >= 0 ? { temperature } : {}),
       },
     });
     if (!response.ok) {
