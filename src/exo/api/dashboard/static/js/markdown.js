@@ -91,17 +91,17 @@ const INLINE = /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|__
 function inline(text) {
   const out = [];
   let last = 0;
-  INLINE.lastIndex = 0;
+  const pattern = new RegExp(INLINE); // its own lastIndex: inline() recurses
   let m;
-  while ((m = INLINE.exec(text))) {
+  while ((m = pattern.exec(text))) {
     if (m.index > last) out.push(text.slice(last, m.index));
-    if (m[1]) out.push(h("code", {}, m[2].trim() ? m[2] : m[2]));
+    if (m[1]) out.push(h("code", {}, m[2]));
     else if (m[3] !== undefined) out.push(h("strong", {}, inline(m[3])));
     else if (m[4] !== undefined) out.push(h("strong", {}, inline(m[4])));
     else if (m[0].startsWith("*")) out.push(h("em", {}, inline(m[0].slice(1, -1))));
     else if (m[0].startsWith("_")) out.push(h("em", {}, inline(m[0].slice(1, -1))));
     else out.push(link(m[7], m[8]));
-    last = INLINE.lastIndex;
+    last = pattern.lastIndex;
   }
   if (last < text.length) out.push(text.slice(last));
   return out;

@@ -48,7 +48,7 @@ function statusCell(status) {
 
 function shardText(shard) {
   if (shard.kind === "PipelineShardMetadata") {
-    return `layers ${shard.start_layer}–${shard.end_layer - 1} of ${shard.n_layers}`;
+    return `layers ${shard.start_layer}-${shard.end_layer - 1} of ${shard.n_layers}`;
   }
   return `tensor slice ${shard.device_rank + 1}/${shard.world_size}`;
 }
