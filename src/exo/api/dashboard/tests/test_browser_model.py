@@ -53,6 +53,9 @@ def answer(tab: Tab) -> Locator:
 
 def start_chat(tab: Tab, prompt: str, max_tokens: int, temperature: str = "0") -> None:
     page = tab.page
+    wait_until(lambda: page.locator(f'#model-picker option[value="{MODEL}"]').count() == 1
+               or bool(tab.errors), 30, "the model picker")
+    assert not tab.errors, tab.errors
     page.click("#new-chat")
     page.fill("#max-tokens", str(max_tokens))
     page.fill("#temperature", temperature)

@@ -27,6 +27,7 @@ export async function followState(onSnapshot, onStatus) {
         await keyEntered();
         continue;
       }
+      if (!(error instanceof TypeError)) console.warn("dashboard: state stream ended:", error);
     }
     onStatus("reconnecting");
     await new Promise((resolve) => setTimeout(resolve, delay));

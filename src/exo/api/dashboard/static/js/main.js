@@ -33,10 +33,19 @@ function setStatus(status) {
 
 function render() {
   if (!app.snapshot) return;
-  renderCluster(document.getElementById("view-cluster"), app.snapshot);
-  renderModels(document.getElementById("view-models"), app.snapshot);
-  renderDownloads(document.getElementById("view-downloads"), app.snapshot);
-  renderChat(app.snapshot);
+  const views = [
+    () => renderCluster(document.getElementById("view-cluster"), app.snapshot),
+    () => renderModels(document.getElementById("view-models"), app.snapshot),
+    () => renderDownloads(document.getElementById("view-downloads"), app.snapshot),
+    () => renderChat(app.snapshot),
+  ];
+  for (const view of views) {
+    try {
+      view();
+    } catch (error) {
+      console.error("dashboard: a view failed to render", error); // one view's fault stays its own
+    }
+  }
 }
 
 function setupKeyPrompt() {

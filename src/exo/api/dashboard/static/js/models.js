@@ -15,13 +15,19 @@ export function modelCards() {
   return cards;
 }
 
-export function loadModels(callback) {
+export async function loadModels(callback) {
   onLoaded = callback;
-  json("/models").then((loaded) => {
-    cards = loaded;
-    if (catalogueRoot) renderCatalogue();
-    onLoaded();
-  }).catch(() => {});
+  for (let attempt = 0; attempt < 30; attempt++) {
+    try {
+      cards = await json("/models");
+      if (catalogueRoot) renderCatalogue();
+      onLoaded();
+      return;
+    } catch (error) {
+      console.warn("dashboard: could not load the models, retrying:", error);
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  }
 }
 
 export function runnerStatusText(status) {
