@@ -54,6 +54,12 @@ class Tab:
 class Browser:
     context: BrowserContext
 
+    def close_pages(self) -> None:
+        """Close every page: each holds a /events stream, and chromium keeps at most six
+        connections per host (HTTP/1.1), so pages left open starve later ones."""
+        for page in self.context.pages:
+            page.close()
+
     def open(self, url: str) -> Tab:
         page = self.context.new_page()
         page.set_default_timeout(30_000)

@@ -47,6 +47,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
         yield b
 
 
+@pytest.fixture(autouse=True)
+def close_pages(browser: Browser) -> Iterator[None]:
+    yield
+    browser.close_pages()
+
+
 def answer(tab: Tab) -> Locator:
     return tab.page.locator(".msg.assistant").last
 

@@ -26,6 +26,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
         yield b
 
 
+@pytest.fixture(autouse=True)
+def close_pages(browser: Browser) -> Iterator[None]:
+    yield
+    browser.close_pages()
+
+
 def start_node(tmp: Path, port: int, *args: str) -> NodeProcess:
     """A node alone on ``port`` (the same port again after a restart), no model."""
     data_dir = tmp / "node"

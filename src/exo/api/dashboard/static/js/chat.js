@@ -75,7 +75,7 @@ export function setupChat(root) {
 }
 
 function newChat() {
-  if (running) return;
+  if (running || !current().messages.length) return; // the current one is still empty
   store.current = null;
   current();
   renderConversations();

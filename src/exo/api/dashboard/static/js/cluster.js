@@ -2,9 +2,13 @@
 
 import { bar, bytes, h, replace, shortId, svg } from "./dom.js";
 
+/** A node's hostname, with its short id when another node has the same hostname. */
 export function nodeName(snapshot, nodeId) {
-  const info = snapshot.state.nodes[nodeId];
-  return info ? info.hostname : shortId(nodeId);
+  const nodes = snapshot.state.nodes;
+  const info = nodes[nodeId];
+  if (!info) return shortId(nodeId);
+  const twins = Object.entries(nodes).some(([id, other]) => id !== nodeId && other.hostname === info.hostname);
+  return twins ? `${info.hostname} (${shortId(nodeId)})` : info.hostname;
 }
 
 function memoryBar(total, available, label) {
@@ -57,8 +61,12 @@ function diagram(snapshot, ids) {
 }
 
 function linkList(snapshot) {
-  const items = snapshot.state.topology.connections.map(({ source, sink }) =>
-    h("li", {}, `${nodeName(snapshot, source)} → ${nodeName(snapshot, sink)}`));
+  const connections = snapshot.state.topology.connections;
+  const has = (a, b) => connections.some((c) => c.source === a && c.sink === b);
+  const items = connections
+    .filter(({ source, sink }) => !(has(sink, source) && sink < source)) // a pair once
+    .map(({ source, sink }) => h("li", {},
+      `${nodeName(snapshot, source)} ${has(sink, source) ? "↔" : "→"} ${nodeName(snapshot, sink)}`));
   return items.length ? h("ul", { class: "links" }, items)
     : h("p", { class: "muted" }, "No links: this node is alone.");
 }
