@@ -185,6 +185,61 @@ def test_a_hostile_answer_cannot_inject_markup(node: NodeProcess, browser: Brows
     assert evil.page.locator("main img, main script, main b").count() == 0
 
 
+# Renders markdown features and random hostile text in the page; returns what it found.
+RENDER_CHECK = """async (samples) => {
+  const { renderMarkdown } = await import("/dashboard/js/markdown.js");
+  const allowed = new Set(["P", "BR", "PRE", "CODE", "H3", "H4", "H5", "H6", "HR", "BLOCKQUOTE",
+    "UL", "OL", "LI", "STRONG", "EM", "A"]);
+  const bad = [];
+  const alphabet = ["<", ">", "&", '"', "'", "`", "*", "_", "[", "]", "(", ")", "#", "-", "\\n",
+    " ", "a", "1.", "script", "img", "onerror=", "javascript:", "http://x", "~~~", "```"];
+  let seed = 7;
+  const random = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+  for (let n = 0; n < 300; n++) {
+    let text = "";
+    for (let k = 0; k < 40; k++) text += alphabet[Math.floor(random() * alphabet.length)];
+    samples.push(text);
+  }
+  const rendered = samples.map((text) => {
+    const box = document.createElement("div");
+    box.append(renderMarkdown(text));
+    for (const el of box.querySelectorAll("*")) {
+      if (!allowed.has(el.tagName)) bad.push(`${el.tagName} from ${JSON.stringify(text)}`);
+      for (const attr of el.attributes) {
+        if (attr.name.startsWith("on") || attr.name === "style") bad.push(`${attr.name} from ${text}`);
+      }
+      if (el.tagName === "A" && !/^(https?:|mailto:)/.test(el.getAttribute("href"))) {
+        bad.push(`link ${el.getAttribute("href")}`);
+      }
+    }
+    return box.innerHTML;
+  });
+  return { bad, first: rendered.slice(0, 4) };
+}"""
+
+
+def test_markdown_renders_its_features_and_only_safe_elements(node: NodeProcess,
+                                                                browser: Browser) -> None:
+    tab = browser.open(node.url + "/#chat")
+    samples = [
+        "# Title\n\nSome *em*, **strong**, `code` and [a link](https://example.org).",
+        "- one\n- two\n\n1. first\n2. second",
+        "```python\nprint('<b>hi</b>')\n```",
+        "> quoted\n\n---",
+    ]
+    found = tab.page.evaluate(RENDER_CHECK, samples)
+    assert found["bad"] == []
+    first = found["first"]
+    assert first[0] == ('<h3>Title</h3><p>Some <em>em</em>, <strong>strong</strong>, '
+                        '<code>code</code> and <a href="https://example.org" target="_blank" '
+                        'rel="noopener noreferrer nofollow">a link</a>.</p>')
+    assert first[1] == ("<ul><li>one</li><li>two</li></ul><ol><li>first</li><li>second</li></ol>")
+    assert first[2] == ('<pre data-lang="python"><code class="language-python">'
+                        "print('&lt;b&gt;hi&lt;/b&gt;')</code></pre>")
+    assert first[3] == "<blockquote><p>quoted</p></blockquote><hr>"
+    assert tab.errors == []
+
+
 def test_stop_cancels_a_long_answer_within_a_second(node: NodeProcess, browser: Browser,
                                                     tmp_path: Path) -> None:
     wait_until(node.serving, 90, "a serving instance")
@@ -253,6 +308,7 @@ def test_a_killed_runner_shows_its_error_then_recovers(node: NodeProcess, browse
     expect(tab.page.locator(".instance .badge")).to_have_text("serving", timeout=90_000)
     wait_until(lambda: node.runner_pids() not in ([], [runner]), 30, "a new runner")
     seen = tab.page.evaluate("window.__statuses")
+    print("runner statuses shown:", seen)
     assert seen[-1] == "ready", seen
     assert any(not s.startswith(("ready", "running")) for s in seen), seen
     tab.shot(tmp_path, "models-recovered")
