@@ -5,7 +5,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -19,6 +19,7 @@ from exo.api.settings import ApiSettings
 from exo.api.tests.scripted_node import NODE_ID, ScriptedNode, ServedApp
 from exo.shared.types.memory import Memory
 from exo.shared.types.profiling import NodeInfo
+from exo.shared.types.state import State
 
 KEY = "dashboard-test-key"
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
@@ -196,5 +197,33 @@ def test_with_an_api_key_the_page_is_open_and_the_data_is_not() -> None:
         assert httpx.get(served.url + "/state").status_code == 401
         [first] = read_events(served.url, 1, headers={"authorization": f"Bearer {KEY}"})
         assert first["node_id"] == str(NODE_ID)
+    finally:
+        served.stop()
+
+
+class CountingNode(ScriptedNode):
+    """Counts the state waits in progress: one per live ``/events`` stream."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = 0
+
+    async def wait_for_state(self, predicate: Callable[[State], bool], timeout: float) -> State:
+        self.waiting += 1
+        try:
+            return await super().wait_for_state(predicate, timeout)
+        finally:
+            self.waiting -= 1
+
+
+def test_a_stream_stops_as_soon_as_its_client_leaves() -> None:
+    node = CountingNode()
+    served = serve(node)
+    try:
+        assert read_events(served.url, 1)  # and the client closes the stream
+        deadline = time.monotonic() + 3.0
+        while node.waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert node.waiting == 0, "the stream outlived its client"
     finally:
         served.stop()
