@@ -240,6 +240,41 @@ def test_markdown_renders_its_features_and_only_safe_elements(node: NodeProcess,
     assert tab.errors == []
 
 
+def test_downloads_show_progress_speed_and_eta(node: NodeProcess, browser: Browser,
+                                              tmp_path: Path) -> None:
+    mib = 1024 * 1024
+    node_id = node.get("/node_id").json()
+    state = node.state()
+    state["downloads"] = {node_id: {
+        "org/with-speed": {"kind": "DownloadOngoing", "downloaded_bytes": 50 * mib,
+                           "total_bytes": 200 * mib, "speed_bytes_per_s": 10 * mib, "eta_s": 15},
+        "org/plain": {"kind": "DownloadOngoing", "downloaded_bytes": 3 * mib,
+                      "total_bytes": 4 * mib},
+        "org/done": {"kind": "DownloadCompleted", "path": "/models/done.gguf"},
+        "org/failed": {"kind": "DownloadFailed", "error_message": "hub unreachable"},
+    }}
+    snapshot = {"node_id": node_id, "master_id": node_id, "state": state}
+    tab = browser.open("about:blank")
+
+    def with_downloads(route: Route) -> None:
+        route.fulfill(status=200, headers={"content-type": "text/event-stream"},
+                      body=f"event: state\ndata: {json.dumps(snapshot)}\n\n")
+
+    tab.page.route("**/events", with_downloads)
+    tab.page.goto(node.url + "/#downloads")
+    rows = tab.page.locator(".downloads tbody tr")
+    expect(rows).to_have_count(4)
+    speed = tab.page.locator('tr[data-model-id="org/with-speed"]')
+    expect(speed.locator(".bar")).to_have_attribute("aria-valuenow", "25")
+    expect(speed).to_contain_text("50.0 MB / 200.0 MB")
+    expect(speed).to_contain_text("10.0 MB/s · 15 s left")
+    expect(tab.page.locator('tr[data-model-id="org/plain"]')).to_contain_text("3.00 MB / 4.00 MB")
+    expect(tab.page.locator('tr[data-model-id="org/done"]')).to_contain_text("complete")
+    expect(tab.page.locator('tr[data-model-id="org/failed"]')).to_contain_text(
+        "failed: hub unreachable")
+    tab.shot(tmp_path, "downloads")
+
+
 def test_stop_cancels_a_long_answer_within_a_second(node: NodeProcess, browser: Browser,
                                                     tmp_path: Path) -> None:
     wait_until(node.serving, 90, "a serving instance")
