@@ -2,6 +2,7 @@
 prompt, the reconnecting banner across a node restart, and a second node joining."""
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -119,6 +120,15 @@ def test_a_second_node_appears_without_a_reload(browser: Browser, tmp_path: Path
         expect(page.locator(".links li").first).to_be_visible(timeout=30_000)
         expect(page.locator(".diagram line").first).to_be_attached()
         tab.shot(tmp_path, "cluster-two-nodes")
+        # Placement previews now span both nodes: a layer range and memory on each.
+        page.click("text=Models")
+        entry = page.locator("details.model").first
+        entry.locator("summary").click()
+        two = entry.locator(".preview", has_text="pipeline, 2 node(s)")
+        expect(two.locator("tbody tr")).to_have_count(2)
+        expect(two.locator("tbody tr").first).to_contain_text(re.compile(r"layers 0-\d+ of \d+"))
+        expect(two.locator("tbody tr").last).to_contain_text(re.compile(r"MB"))
+        tab.shot(tmp_path, "models-two-nodes")
         assert tab.errors == []
     except BaseException:
         print(group.logs())
