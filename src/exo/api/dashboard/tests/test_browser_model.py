@@ -14,10 +14,20 @@ from typing import Any
 import pytest
 from playwright.sync_api import Locator, Route, expect
 
-from exo.api.dashboard.tests.browser import Browser, Tab, chromium, update_docs_screenshot
+from exo.api.dashboard.tests.browser import (
+    CHROMIUM,
+    Browser,
+    Tab,
+    chromium,
+    update_docs_screenshot,
+)
 from exo.tests.node_process import NodeProcess, running_node, wait_until
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"),
+]
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FAST_RETRIES = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.2", "EXO_INSTANCE_BACKOFF_MAX_S": "2"}
@@ -346,4 +356,8 @@ def test_a_killed_runner_shows_its_error_then_recovers(node: NodeProcess, browse
     print("runner statuses shown:", seen)
     assert seen[-1] == "ready", seen
     assert any(not s.startswith(("ready", "running")) for s in seen), seen
+    failures = [s for s in seen if s.startswith("failed: ")]
+    if failures:  # shown once (the state stream is throttled): then kept on the instance
+        expect(tab.page.locator(".instance .last-failure")).to_contain_text(
+            failures[-1].removeprefix("failed: "))
     tab.shot(tmp_path, "models-recovered")

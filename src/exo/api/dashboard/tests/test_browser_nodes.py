@@ -12,11 +12,15 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from exo.api.dashboard.tests.browser import Browser, chromium
+from exo.api.dashboard.tests.browser import CHROMIUM, Browser, chromium
 from exo.cluster.tests.nodes import NodeGroup, NodeProc
 from exo.tests.node_process import NodeProcess, free_port, wait_until
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                       reason=f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"),
+]
 
 KEY = "browser-test-key"
 

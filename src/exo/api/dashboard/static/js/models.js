@@ -10,6 +10,9 @@ let onLoaded = () => {};
 let lastSnapshot = null;
 let catalogueRoot = null;
 let instancesRoot = null;
+// The last runner failure each instance had, kept while it lives: a failed runner is
+// replaced within moments, and its error message is what a user needs to see.
+const lastFailure = new Map();
 
 export function modelCards() {
   return cards;
@@ -109,11 +112,27 @@ function instanceCard(snapshot, instance) {
       remove, message),
     h("table", { class: "shards" },
       h("thead", {}, h("tr", {}, h("th", {}, "node"), h("th", {}, "shard"), h("th", {}, "runner"))),
-      h("tbody", {}, shardRows(snapshot, instance, null, (rid) => snapshot.state.runners[rid]))));
+      h("tbody", {}, shardRows(snapshot, instance, null, (rid) => snapshot.state.runners[rid]))),
+    lastFailure.has(instance.instance_id)
+      ? h("div", { class: "last-failure error small" }, `last runner failure ${lastFailure.get(instance.instance_id)}`)
+      : null);
+}
+
+function rememberFailures(snapshot) {
+  for (const id of lastFailure.keys()) if (!(id in snapshot.state.instances)) lastFailure.delete(id);
+  for (const instance of Object.values(snapshot.state.instances)) {
+    for (const rid of Object.keys(instance.shard_assignments.runner_to_shard)) {
+      const status = snapshot.state.runners[rid];
+      if (status?.kind === "RunnerFailed") {
+        lastFailure.set(instance.instance_id, `${new Date().toLocaleTimeString()}: ${status.error_message}`);
+      }
+    }
+  }
 }
 
 function renderInstances() {
   const snapshot = lastSnapshot;
+  rememberFailures(snapshot);
   const instances = Object.values(snapshot.state.instances);
   replace(instancesRoot,
     h("h2", {}, `Instances · ${instances.length}`),
