@@ -2,7 +2,7 @@
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
@@ -13,6 +13,7 @@ from exo.api.dashboard.assets import SECURITY_HEADERS, asset_names, content_type
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.handle import NodeHandle
+from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
 
 # Ollama's answer to ``GET /`` (its clients use ``HEAD /`` as a heartbeat).
@@ -44,14 +45,33 @@ def state_event(data: dict[str, Any]) -> bytes:
     return f"event: state\ndata: {payload}\n\n".encode()
 
 
+class SnapshotEncoder:
+    """Encodes each state once for all of a node's streams (every open tab has one)."""
+
+    def __init__(self, handle: NodeHandle) -> None:
+        self._handle = handle
+        self._last: tuple[State, NodeId | None, bytes] | None = None
+
+    def __call__(self, state: State) -> bytes:
+        master = self._handle.master_id()
+        last = self._last
+        if last is not None and last[0] is state and last[1] == master:
+            return last[2]
+        encoded = state_event(snapshot(self._handle, state))
+        self._last = (state, master, encoded)
+        return encoded
+
+
 async def state_events(
     handle: NodeHandle,
     min_interval_s: float = EVENTS_MIN_INTERVAL_S,
     keepalive_s: float = EVENTS_KEEPALIVE_S,
     poll_s: float = _POLL_S,
+    encode: Callable[[State], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """The whole state at once, then again whenever it (or the master) changes, at most
     once per ``min_interval_s``; a comment line after ``keepalive_s`` of quiet."""
+    encode = encode or SnapshotEncoder(handle)
     sent_state: State | None = None
     sent_master = handle.master_id()
     last_sent = time.monotonic()
@@ -60,7 +80,7 @@ async def state_events(
         state = handle.state()
         master = handle.master_id()
         if state is not sent_state or master != sent_master:
-            yield state_event(snapshot(handle, state))
+            yield encode(state)
             sent_state, sent_master, last_sent = state, master, time.monotonic()
             await anyio.sleep(min_interval_s)
             continue
@@ -79,6 +99,7 @@ def router(service: GenerationService) -> APIRouter:
     handle = service.handle
     assets = asset_names()
     index = assets["index.html"]
+    encode = SnapshotEncoder(handle)
 
     @api.api_route("/", methods=["GET", "HEAD"], response_model=None)
     async def root(request: Request) -> Response:
@@ -98,7 +119,7 @@ def router(service: GenerationService) -> APIRouter:
     @api.get("/events")
     async def events() -> StreamingResponse:
         return StreamingResponse(
-            state_events(handle),
+            state_events(handle, encode=encode),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )

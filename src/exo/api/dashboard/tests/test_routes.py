@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from exo.api.dashboard.assets import STATIC_DIR, asset_names, total_size
-from exo.api.dashboard.routes import OLLAMA_ROOT_TEXT, state_events
+from exo.api.dashboard.routes import OLLAMA_ROOT_TEXT, SnapshotEncoder, state_events
 from exo.api.main import create_app
 from exo.api.settings import ApiSettings
 from exo.api.tests.scripted_node import NODE_ID, ScriptedNode, ServedApp
@@ -227,3 +227,13 @@ def test_a_stream_stops_as_soon_as_its_client_leaves() -> None:
         assert node.waiting == 0, "the stream outlived its client"
     finally:
         served.stop()
+
+
+def test_each_state_is_encoded_once_for_every_stream() -> None:
+    node = ScriptedNode()
+    encode = SnapshotEncoder(node)
+    first = encode(node.state())
+    assert encode(node.state()) is first
+    node.set_state(node.state().model_copy(update={"nodes": {NODE_ID: info(3)}}))
+    second = encode(node.state())
+    assert second is not first and b'"hostname":"host-3"' in second
