@@ -33,6 +33,7 @@ C_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-std=gnu11",
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU = 0, 1, 2
+MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 
 C_SOURCE = r"""
 /* Quantised linear layers for x86 CPUs with AVX2 + FMA: y = prologue(x) W^T (+ bias) (+ residual).
@@ -299,13 +300,23 @@ static int reserve(size_t rows_k) {
     return scratch_rows_k ? 0 : -1;
 }
 
+#define MAX_PARTS 4
+
 typedef struct {
     int kind, M, N, nb;
     const BlockX* x;
-    const void* w;
+    const void* const* w;   /* [MAX_PARTS] row blocks of each part, stacked along the output */
+    const int* part_rows;   /* [MAX_PARTS] rows of each part (0 for unused parts) */
     const float *bias, *residual;
     float* y;
 } LinearJob;
+
+/* The blocks of output row n: a row of the part that holds it. */
+static inline const void* weight_row(const LinearJob* j, int n, size_t row_bytes) {
+    int p = 0;
+    while (p < MAX_PARTS - 1 && n >= j->part_rows[p]) n -= j->part_rows[p++];
+    return (const char*)j->w[p] + (size_t)n * row_bytes;
+}
 
 /* Output columns [N * part / parts, N * (part + 1) / parts) of a linear job. */
 static void linear_part(void* ctx, int part, int parts) {
@@ -322,10 +333,10 @@ static void linear_part(void* ctx, int part, int parts) {
                 const int R = m1 - m >= 4 ? 4 : 1;
                 const BlockX* xr = j->x + (size_t)m * nb;
                 if (j->kind == 4) {
-                    const BlockQ4* wr = (const BlockQ4*)j->w + (size_t)n * nb;
+                    const BlockQ4* wr = (const BlockQ4*)weight_row(j, n, nb * sizeof(BlockQ4));
                     if (R == 4) dot_q4_4(wr, xr, nb, out); else dot_q4_1(wr, xr, nb, out);
                 } else {
-                    const BlockQ8* wr = (const BlockQ8*)j->w + (size_t)n * nb;
+                    const BlockQ8* wr = (const BlockQ8*)weight_row(j, n, nb * sizeof(BlockQ8));
                     if (R == 4) dot_q8_4(wr, xr, nb, out); else dot_q8_1(wr, xr, nb, out);
                 }
                 for (int r = 0; r < R; r++) {
@@ -345,7 +356,8 @@ typedef struct {
     int K, N;
     float eps;
     const float* g; /* [K] or NULL */
-    const void* w;
+    const void* w[MAX_PARTS];  /* parts of the weight rows, stacked: q | k | v, gate | up */
+    int part_rows[MAX_PARTS];  /* rows of each part; they sum to N */
     const float* bias; /* [N] or NULL */
 } LinearSpec;
 
@@ -362,7 +374,7 @@ int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residua
         prologue_row(s->prologue, x + m * x_stride, s->g, s->eps, K, row);
         quantize_row(row, K, scratch_x + (size_t)m * nb);
     }
-    LinearJob job = {s->kind, M, N, nb, scratch_x, s->w, s->bias, residual, y};
+    LinearJob job = {s->kind, M, N, nb, scratch_x, s->w, s->part_rows, s->bias, residual, y};
     /* a part per thread, if each gets at least ~64k weight-rows of work */
     const long work = (long)M * N * K;
     const int parts = work >= (1L << 16) * 2 ? (int)(work >> 16) : 1;
@@ -582,37 +594,51 @@ class _LinearSpec(ctypes.Structure):
         ("N", ctypes.c_int),
         ("eps", ctypes.c_float),
         ("g", ctypes.c_void_p),
-        ("w", ctypes.c_void_p),
+        ("w", ctypes.c_void_p * MAX_PARTS),
+        ("part_rows", ctypes.c_int * MAX_PARTS),
         ("bias", ctypes.c_void_p),
     ]
 
 
 class QuantWeights:
-    """A linear layer's quantised weights (and prologue) as the kernel reads them."""
+    """A linear layer's quantised weights (and prologue) as the kernel reads them.
+
+    `parts`: up to MAX_PARTS block matrices uint8 [rows_i, k / 32 * (20 or 34)] whose rows stack
+    into the layer's N outputs (q | k | v): the kernel reads each where it lies, so stacking
+    them costs no copy.
+    """
 
     def __init__(
         self,
         bits: int,
         prologue: int,
-        blocks: Tensor,
+        parts: list[Tensor],
         gain: Tensor | None,
         eps: float,
         bias: Tensor | None,
         k: int,
-        n: int,
     ) -> None:
-        self.blocks = blocks.contiguous()  # uint8 [n, k / 32, 20 or 34]
+        if not 1 <= len(parts) <= MAX_PARTS:
+            raise ValueError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
+        row_bytes = k // 32 * (20 if bits == 4 else 34)
+        self.parts = [p.contiguous() for p in parts]
+        if any(p.dtype != torch.uint8 or p[0].numel() != row_bytes for p in self.parts):
+            raise ValueError(f"each part must be uint8 rows of {row_bytes} bytes")
         self.gain = None if gain is None else gain.float().contiguous()
         self.bias = None if bias is None else bias.float().contiguous()
-        self.bits, self.k, self.n = bits, k, n
+        self.n = sum(p.shape[0] for p in self.parts)
+        self.bits, self.k = bits, k
+        pointers = [p.data_ptr() for p in self.parts] + [0] * (MAX_PARTS - len(parts))
+        rows = [p.shape[0] for p in self.parts] + [0] * (MAX_PARTS - len(parts))
         self.spec = _LinearSpec(
             bits,
             prologue,
             k,
-            n,
+            self.n,
             eps,
             None if self.gain is None else self.gain.data_ptr(),
-            self.blocks.data_ptr(),
+            (ctypes.c_void_p * MAX_PARTS)(*pointers),
+            (ctypes.c_int * MAX_PARTS)(*rows),
             None if self.bias is None else self.bias.data_ptr(),
         )
         self.spec_address = ctypes.addressof(self.spec)

@@ -30,19 +30,10 @@ from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
+from exo.worker.engines.embedding import Embedding
 from exo.worker.engines.kv_cache import KVCache
-from exo.worker.engines.linear import (
-    QUANT_BLOCK,
-    Linear,
-    Prologue,
-    QuantLinear,
-    RmsNorm,
-    SwiGLU,
-    WeightFormat,
-    dequantize_blocks,
-    make_linear,
-    quantize_q8,
-)
+from exo.worker.engines.linear import Linear, Prologue, RmsNorm, SwiGLU, WeightFormat, make_linear
+from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.rope import apply_rope, rope_frequencies, rope_table
 from exo.worker.engines.weights import LayerWeights, ShardWeights
 
@@ -118,19 +109,21 @@ def build_block(
             device=device, dtype=dtype
         )
 
-    def linear(w: Tensor, bias: Tensor | None = None, prologue: Prologue = None) -> Linear:
+    def linear(
+        w: Weight | list[Weight], bias: Tensor | None = None, prologue: Prologue = None
+    ) -> Linear:
         return make_linear(
             w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
         )
 
     return Block(
         qkv=linear(
-            torch.cat([layer.wq, layer.wk, layer.wv]),
+            [layer.wq, layer.wk, layer.wv],
             _stack_bias(layer),
             RmsNorm(layer.attn_norm, eps),
         ),
         o=linear(layer.wo),
-        gate_up=linear(torch.cat([layer.w_gate, layer.w_up]), None, RmsNorm(layer.ffn_norm, eps)),
+        gate_up=linear([layer.w_gate, layer.w_up], None, RmsNorm(layer.ffn_norm, eps)),
         down=linear(layer.w_down, None, SwiGLU()),
         heads=heads,
         kv_heads=kv_heads,
@@ -185,18 +178,12 @@ class LlamaModel:
                 device=self.device,
                 kernels=kernels,
             )
-        # The embedding table: [V, D] in `dtype`, or, with the quantised formats, q8 blocks
-        # [V, D/32, 34] dequantised per looked-up row (shared with a tied q8 head).
-        self.embedding: Tensor | None = None
-        self._embedding_blocks: Tensor | None = None
+        # The embedding table in its running format (shared with a tied q8 head).
+        self.embedding: Embedding | None = None
         if weights.embed is not None:
-            tied = weights.embed is weights.lm_head and isinstance(self.lm_head, QuantLinear)
-            if tied and isinstance(self.lm_head, QuantLinear) and self.lm_head.bits == 8:
-                self._embedding_blocks = self.lm_head.blocks
-            elif weight_format in ("q4", "q8") and c.hidden % QUANT_BLOCK == 0:
-                self._embedding_blocks = quantize_q8(weights.embed)
-            else:
-                self.embedding = weights.embed.to(device=self.device, dtype=dtype)
+            tied = weights.embed is weights.lm_head
+            head = self.lm_head if tied else None
+            self.embedding = Embedding(weights.embed, weight_format, dtype, self.device, head)
         self._freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
         self._rope = rope_table(c.context_length, self._freqs, self.device)  # [P, hd/2]
 
@@ -204,12 +191,9 @@ class LlamaModel:
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden [B, T, D]."""
-        tokens = tokens.to(self.device)
-        if self._embedding_blocks is not None:
-            return dequantize_blocks(self._embedding_blocks[tokens], 8)
         if self.embedding is None:
             raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return F.embedding(tokens, self.embedding)
+        return self.embedding(tokens.to(self.device))
 
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
