@@ -13,7 +13,7 @@ from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.llama import LlamaModel
-from exo.worker.engines.load_report import load_plan, log_load
+from exo.worker.engines.load_report import load_plan, log_load, release_freed_memory
 from exo.worker.engines.materialise import StoragePlan
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
@@ -136,5 +136,6 @@ def load_engine(
     )
     fmt = weight_format or choose_weight_format(weights.source_format, dev, dtype, kernels)
     model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
+    release_freed_memory()
     log_load(path, weights, model, time.monotonic() - started)
     return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

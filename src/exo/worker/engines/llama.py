@@ -198,6 +198,7 @@ class LlamaModel:
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
         t = self._step_tensors(step, cache)
+        cache.reserve(max(step.slots) + 1, max(step.starts) + step.n_new)  # grows with use
         for i, block in enumerate(self.blocks):
             hidden = self._block(block, hidden, t, cache.k[i], cache.v[i])
         return hidden

@@ -1,5 +1,6 @@
 """How a shard is held (the storage plan for a device) and the one log line of a load."""
 
+import ctypes
 from collections import Counter
 from pathlib import Path
 
@@ -75,6 +76,15 @@ def describe_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds:
         f"formats {dict(sorted(kinds.items()))}; kernels {dict(sorted(kernels.items()))}; "
         f"KV cache {per_pos} bytes per position ({model.dtype}), grown with use"
     )
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed during a load back to the system (glibc keeps freed heap pages)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
 
 
 def log_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds: float) -> None:

@@ -19,8 +19,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from torch import Tensor
 
-# Rows dequantised at once are capped at this many float32 values (16 MiB of scratch).
-SCRATCH_VALUES = 1 << 22
+# Rows dequantised at once are capped at this many float32 values (4 MiB of scratch).
+SCRATCH_VALUES = 1 << 20
 
 Q4_0 = GGMLQuantizationType.Q4_0
 Q4_1 = GGMLQuantizationType.Q4_1
