@@ -29,7 +29,6 @@ from exo.worker.engines.qtensor import (
     Weight,
     dequantize_rows,
     q4_0_to_q4_1,
-    row_chunk,
 )
 
 FLOAT_KINDS: dict[str, torch.dtype] = {
@@ -76,8 +75,12 @@ class StoredTensor:
     shape: tuple[int, ...]
 
 
+# Values converted at once: a conversion's temporaries are ~20 bytes a value (1.25 MiB here).
+CONVERT_VALUES = 1 << 16
+
+
 def _chunked(t: StoredTensor, rows: int, convert: "_Convert", out: Tensor) -> Tensor:
-    step = row_chunk(t.shape[-1])
+    step = max(1, CONVERT_VALUES // max(1, t.shape[-1]))
     for a in range(0, rows, step):
         b = min(rows, a + step)
         out[a:b] = convert(t.reader.read_rows(t.name, a, b))
