@@ -24,7 +24,7 @@ RECIPES = ("Q4_K_M", "Q8_0", "F16", "BF16-safetensors")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description="Loading benchmark per weight format")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=5632)

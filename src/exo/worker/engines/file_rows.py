@@ -23,7 +23,7 @@ _MAX_READ = 1 << 30  # one preadv call moves at most this many bytes
 def pread_into(fd: int, offset: int, rows: int, row_bytes: int) -> Tensor:
     """`rows` rows of `row_bytes` bytes at `offset` of the open file `fd`: uint8 [rows, row_bytes]."""
     out = torch.empty((rows, row_bytes), dtype=torch.uint8)
-    view = memoryview(out.numpy()).cast("B")
+    view = memoryview(cast(bytearray, out.numpy())).cast("B")
     done, total = 0, rows * row_bytes
     while done < total:
         n = os.preadv(fd, [view[done : min(total, done + _MAX_READ)]], offset + done)

@@ -83,7 +83,7 @@ def halves_to_pairs(w: W, n_heads: int) -> W:
         return cast(W, w.take_rows(order))
     rest = w.shape[1:]
     head_dim = w.shape[0] // n_heads
-    return w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
+    return cast(W, w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape))
 
 
 # --- tensor parallel -----------------------------------------------------------------------------

@@ -35,8 +35,9 @@ from exo.worker.engines.engine import Engine, load_config, load_shard_weights
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.tokenizer import load_tokenizer
-from exo.worker.engines.weights import ProgressCallback, slice_shard
+from exo.worker.engines.weights import ProgressCallback, TensorParallel
 
 Kind = Literal["pipeline", "tensor"]
 _OP_STOP, _OP_FORWARD, _OP_MOVE = 0, 1, 2
@@ -247,13 +248,15 @@ def load_local_model(
     if kernels is not None:
         kernels.set_threads(max(1, threads))
     load_dtype = torch.float32 if on_cpu_f32 else dtype
+    plan = load_plan(dev, load_dtype, kernels, None)
     if isinstance(shard, PipelineShardMetadata):
         weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,
-                                     progress=progress)
+                                     progress=progress, plan=plan)
         all_reduce = None
-    else:
-        full = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype, progress=progress)
-        weights = slice_shard(full, shard.device_rank, shard.world_size)
+    else:  # each layer is sliced as it loads: the rank never holds the whole model
+        tp = TensorParallel(shard.device_rank, shard.world_size)
+        weights = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype,
+                                     progress=progress, plan=plan, tensor_parallel=tp)
         all_reduce = _all_reduce
     fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
     if all_reduce is None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import torch
 
-import exo.worker.runner.runner  # noqa: F401  (a runner's imports count in its overhead)
+import exo.worker.runner.runner as _runner  # a runner's imports count in its overhead
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_config, load_shard_weights
 from exo.worker.engines.file_rows import SafetensorsFile
@@ -51,6 +51,7 @@ def file_weight_bytes(path: Path) -> tuple[int, str]:
 
 
 def main() -> None:
+    assert _runner.__name__
     path, max_batch, max_seq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
     proc = psutil.Process()
