@@ -1,16 +1,21 @@
 """Generated models of any size and weight type, for loading and memory tests and bench/load.py.
 
-Quantised weights are random *valid* blocks: random bytes with every float16 scale field set
-to a small positive value (gguf 0.19 cannot quantise the K-quant types; a load test needs the
-layout, not trained weights). Float weights are small random values.
+Weights are small random values, quantised to the file's type: with gguf's quantiser where it
+has one, with `kquants` for Q4_K / Q6_K (gguf 0.19 cannot quantise K-quants), and as random
+valid blocks for the other K-quant types (`random_blocks`: random bytes with every float16
+scale field set to a small positive value).
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+from exo.worker.engines.tests.kquants import quantize_q4_k, quantize_q6_k
 
 T = GGMLQuantizationType
 
@@ -31,6 +36,17 @@ SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
 FLOAT_TYPES = {T.F32: np.float32, T.F16: np.float16}
 
 
+def _gguf_quantiser(qtype: GGMLQuantizationType) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda values: quantize(values, qtype)
+
+
+QUANTISERS: dict[GGMLQuantizationType, Callable[[np.ndarray], np.ndarray]] = {
+    T.Q4_K: quantize_q4_k,
+    T.Q6_K: quantize_q6_k,
+    **{t: _gguf_quantiser(t) for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
+}
+
+
 def random_blocks(qtype: GGMLQuantizationType, rows: int, k: int, seed: int = 0) -> np.ndarray:
     """uint8 [rows, row_bytes] of valid random `qtype` blocks (or float bytes for F32/F16/BF16)."""
     rng = np.random.default_rng(seed)
@@ -46,6 +62,14 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, k: int, seed: int = 0)
         scale = rng.uniform(0.002, 0.02, size=(rows, k // block)).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(rows, k // block, 2)
     return raw.reshape(rows, -1)
+
+
+def random_weights(qtype: GGMLQuantizationType, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """uint8 [rows, row_bytes]: N(0, 0.05) values stored as `qtype`."""
+    if qtype in FLOAT_TYPES or qtype == T.BF16 or qtype not in QUANTISERS:
+        return random_blocks(qtype, rows, k, seed)
+    values = np.random.default_rng(seed).standard_normal((rows, k)).astype(np.float32) * 0.05
+    return QUANTISERS[qtype](values)
 
 
 def mix(name: str, recipe: str) -> GGMLQuantizationType:
@@ -98,7 +122,7 @@ def write_gguf(
     shapes["output.weight"] = (vocab, hidden)
     for n, (name, (rows, k)) in enumerate(shapes.items()):
         qtype = mix(name, recipe)
-        w.add_tensor(name, random_blocks(qtype, rows, k, seed=n), raw_dtype=qtype)
+        w.add_tensor(name, random_weights(qtype, rows, k, seed=n), raw_dtype=qtype)
     norms = [f"blk.{i}.{n}_norm.weight" for i in range(layers) for n in ("attn", "ffn")]
     for name in [*norms, "output_norm.weight"]:
         w.add_tensor(name, np.ones(hidden, dtype=np.float32))

@@ -23,6 +23,7 @@ from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.materialise import kernel_plan
 from exo.worker.engines.qtensor import QuantTensor, q4_0_to_q4_1
 from exo.worker.engines.tests.generated import random_blocks, write_gguf
+from exo.worker.engines.tests.kquants import quantize_q4_k, quantize_q6_k
 from exo.worker.engines.weights import TensorParallel
 
 T = GGMLQuantizationType
@@ -133,3 +134,19 @@ def test_tensor_parallel_ranks_slice_file_blocks_as_they_load(tmp_path: Path) ->
     assert isinstance(wd, QuantTensor) and isinstance(wd_half, QuantTensor)
     torch.testing.assert_close(wd_half.dequantize(), wd.dequantize()[:, 512:])
     assert isinstance(half.layers[0].wq, QuantTensor) and half.layers[0].wq.shape == (256, 512)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_packing_round_trips_through_gguf(qtype: GGMLQuantizationType) -> None:
+    """The test helper's Q4_K / Q6_K packing, read back by gguf's dequantiser."""
+    x = np.random.default_rng(1).standard_normal((6, 512)).astype(np.float32)
+    raw = quantize_q4_k(x) if qtype == T.Q4_K else quantize_q6_k(x)
+    y = dequantize(raw, qtype).reshape(x.shape)
+    group = 32 if qtype == T.Q4_K else 16  # values per sub-block scale
+    sub_x = x.reshape(6, -1, group)
+    span = (
+        sub_x.max(-1) - np.minimum(sub_x.min(-1), 0) if qtype == T.Q4_K else np.abs(sub_x).max(-1)
+    )
+    levels = 15 if qtype == T.Q4_K else 31
+    err = np.abs(y - x).reshape(6, -1, group).max(-1)
+    assert (err <= 0.75 * span / levels + 1e-3).all()  # half a step, plus the 6/8-bit scale
