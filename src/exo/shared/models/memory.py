@@ -49,11 +49,16 @@ def running_weight_bytes(file_bytes: int, file_format: str, *, kernels: bool = T
     return round(file_bytes * (0.5 if fmt == "F32" else 1.0))
 
 
+KV_PAGE = 64  # positions per KV cache page (worker/engines/kv_cache.py)
+
+
 def kv_cache_bytes(
     n_layers: int, kv_heads: int, head_dim: int, max_seq: int, max_batch: int, dtype_bytes: int = 4
 ) -> int:
-    """Keys and values of `n_layers` layers, `max_batch` slots of `max_seq` positions."""
-    return 2 * n_layers * kv_heads * head_dim * max_seq * max_batch * dtype_bytes
+    """Keys and values of `n_layers` layers, `max_batch` slots of `max_seq` positions (whole
+    pages: the cache grows in pages of KV_PAGE positions)."""
+    positions = -(-max_seq // KV_PAGE) * KV_PAGE
+    return 2 * n_layers * kv_heads * head_dim * positions * max_batch * dtype_bytes
 
 
 def estimate_runner_memory(

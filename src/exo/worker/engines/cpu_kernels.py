@@ -29,6 +29,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from exo.worker.engines.kv_cache import PagedLayer
+
 C_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-std=gnu11", "-pthread")
 _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
@@ -432,10 +434,9 @@ static void scores_f32(const float* q, const float* k, int L, int hd, float scal
     for (; t < L; t++) s[t] = scale * dot_f32(q, k + (size_t)t * hd, hd);
 }
 
-/* o = sum_t p[t] v_t (v rows of hd floats), accumulating 64 dimensions at a time in registers. */
+/* o += sum_t p[t] v_t (v rows of hd floats), 64 dimensions at a time in registers. */
 static void weighted_sum_f32(const float* p, const float* v, int L, int hd, float* o) {
     if (hd % 64 != 0) {
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int t = 0; t < L; t++) {
             const float* vt = v + (size_t)t * hd;
             for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
@@ -444,7 +445,7 @@ static void weighted_sum_f32(const float* p, const float* v, int L, int hd, floa
     }
     for (int i0 = 0; i0 < hd; i0 += 64) {
         __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
         for (int t = 0; t < L; t++) {
             const __m256 pt = _mm256_set1_ps(p[t]);
             const float* vt = v + (size_t)t * hd + i0;
@@ -459,33 +460,41 @@ static __thread size_t scratch_att_n;
 
 typedef struct {
     const float* qkv;
-    int B, H, KV, hd, max_seq;
+    int B, H, KV, hd;
     const float *rope, *qk_norm;
     float eps;
-    float *k_cache, *v_cache;
-    const int64_t *slots, *pos;
+    const int64_t* pages; /* [B, max_pages] page addresses: page [L, 2, KV, P, hd] floats */
+    int max_pages, P;
+    long layer_off;       /* floats from a page's start to this layer's keys */
+    const int64_t* pos;
     float* out;
     int failed;
 } AttendJob;
+
+/* Row b's key (kv = 0) or value (kv = 1) of kv head j at position t. */
+static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
+    float* page = (float*)(intptr_t)a->pages[(size_t)b * a->max_pages + t / a->P];
+    return page + a->layer_off + (((size_t)kv * a->KV + j) * a->P + t % a->P) * a->hd;
+}
 
 /* Task (b, j): row b's kv head j and the G query heads that share it. */
 static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
     const int G = a->H / a->KV, hd = a->hd;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
-    const int64_t p = a->pos[b], slot = a->slots[b];
+    const int p = (int)a->pos[b], P = a->P;
     const float* rot = a->rope + (size_t)p * hd;
-    const int L = (int)p + 1;
+    const int L = p + 1;
     float* q = scratch;               /* [G, hd] */
     float* scores = scratch + G * hd; /* [L] */
-    float* kc = a->k_cache + (((size_t)slot * a->KV + j) * a->max_seq) * hd; /* [max_seq, hd] */
-    float* vc = a->v_cache + (((size_t)slot * a->KV + j) * a->max_seq) * hd;
+    float* kp = cached(a, b, 0, j, p);
+    float* vp = cached(a, b, 1, j, p);
     const int kh = a->H + j; /* k head j within the q | k | v row */
     for (int i = 0; i < hd; i++) {
-        kc[(size_t)p * hd + i] = row[(size_t)kh * hd + i];
-        vc[(size_t)p * hd + i] = row[(size_t)(a->H + a->KV + j) * hd + i];
+        kp[i] = row[(size_t)kh * hd + i];
+        vp[i] = row[(size_t)(a->H + a->KV + j) * hd + i];
     }
-    if (a->qk_norm) rms_norm_head(kc + (size_t)p * hd, a->qk_norm + (size_t)kh * hd, a->eps, hd);
-    rotate_head(kc + (size_t)p * hd, rot, hd);
+    if (a->qk_norm) rms_norm_head(kp, a->qk_norm + (size_t)kh * hd, a->eps, hd);
+    rotate_head(kp, rot, hd);
     const float scale = 1.0f / sqrtf((float)hd);
     for (int g = 0; g < G; g++) {
         const int h = j * G + g;
@@ -493,7 +502,8 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
-        scores_f32(qg, kc, L, hd, scale, scores);
+        for (int t0 = 0; t0 < L; t0 += P) /* a page's keys are contiguous */
+            scores_f32(qg, cached(a, b, 0, j, t0), L - t0 < P ? L - t0 : P, hd, scale, scores + t0);
         float mx = -INFINITY;
         for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
         int t = 0;
@@ -511,14 +521,17 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         }
         const float inv = 1.0f / total;
         for (t = 0; t < L; t++) scores[t] *= inv;
-        weighted_sum_f32(scores, vc, L, hd, a->out + ((size_t)b * a->H + h) * hd);
+        float* o = a->out + ((size_t)b * a->H + h) * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int t0 = 0; t0 < L; t0 += P)
+            weighted_sum_f32(scores + t0, cached(a, b, 1, j, t0), L - t0 < P ? L - t0 : P, hd, o);
     }
 }
 
 static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int tasks = a->B * a->KV;
-    const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_seq;
+    const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_pages * a->P;
     if (need > scratch_att_n) {
         free(scratch_att);
         scratch_att = malloc(need * sizeof(float));
@@ -534,19 +547,23 @@ static void attend_part(void* ctx, int part, int parts) {
 
 /* One decoding step of B rows, one new token each:
  *   q, k = rotate(qkv's q and k heads) (after a per-head RMSNorm when qk_norm is given),
- *   cache[slot, :, pos] = k, v;  out = softmax(q K^T / sqrt(hd)) V over positions 0..pos.
- * qkv [B, (H + 2KV) * hd]; rope [P, hd/2, 2] (cos, sin); k_cache, v_cache [S, KV, max_seq, hd];
- * qk_norm [H + KV, hd] or NULL; slots, pos [B]; out [B, H * hd]. Returns 0 on success. */
+ *   cache[pos] = k, v;  out = softmax(q K^T / sqrt(hd)) V over positions 0..pos.
+ * qkv [B, (H + 2KV) * hd]; rope [positions, hd/2, 2] (cos, sin); qk_norm [H + KV, hd] or NULL;
+ * the paged cache: pages [B, max_pages] addresses of pages [L, 2, KV, P, hd] (keys, values of
+ * P positions), this layer at float offset layer_off; pos [B]; out [B, H * hd].
+ * Returns 0 on success. */
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
-                      const float* qk_norm, float eps, float* k_cache, float* v_cache, int max_seq,
-                      const int64_t* slots, const int64_t* pos, float* out) {
+                      const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
+                      long layer_off, const int64_t* pos, float* out) {
     long work = 0; /* multiply-adds, to decide whether threads pay off */
     for (int b = 0; b < B; b++) {
-        if (pos[b] < 0 || pos[b] >= max_seq) return -3;
+        if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
+        for (int t0 = 0; t0 <= pos[b]; t0 += P)
+            if (pages[(size_t)b * max_pages + t0 / P] == 0) return -4;
         work += 2 * (pos[b] + 1) * (long)H * hd;
     }
-    AttendJob job = {qkv, B, H, KV, hd, max_seq, rope, qk_norm, eps,
-                     k_cache, v_cache, slots, pos, out, 0};
+    AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
+                     pos, out, 0};
     const int tasks = B * KV;
     const int parts = work >= (1L << 17) ? tasks : 1;
     run_parallel(attend_part, &job, parts);
@@ -656,7 +673,7 @@ class QKernels:
         self._set_threads.argtypes = [i]
         self._set_threads.restype = i
         self._attend = lib.exo_attend_decode
-        self._attend.argtypes = [p, i, i, i, i, p, p, f, p, p, i, p, p, p]
+        self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p]
         self._attend.restype = i
 
     def linear(self, w: QuantWeights, x: Tensor, residual: Tensor | None = None) -> Tensor:
@@ -682,18 +699,19 @@ class QKernels:
         rope: Tensor,
         qk_norm: Tensor | None,
         eps: float,
-        k_cache: Tensor,
-        v_cache: Tensor,
-        slots: Tensor,
+        cache: PagedLayer,
         positions: Tensor,
     ) -> Tensor:
         """One decode step of attention (see the C source): qkv [B, 1, W] -> [B, 1, H * hd].
 
-        rope: complex64 [P, hd/2]; k_cache, v_cache: one layer [slots, KV, max_seq, hd]
-        (contiguous, float32); slots, positions: int64 [B].
+        rope: complex64 [P, hd/2]; cache: the step's pages (float32, `kv_cache.py`) for this
+        layer; positions: int64 [B].
         """
         bsz = qkv.shape[0]
         qkv = qkv.contiguous()
+        pages = cache.pages.contiguous()
+        if pages.dtype != torch.int64 or pages.shape[0] != bsz or positions.shape != (bsz,):
+            raise ValueError("attend_decode: pages [B, n] int64 and positions [B] expected")
         out = torch.empty((bsz, 1, heads * head_dim), dtype=torch.float32)
         rc = self._attend(
             qkv.data_ptr(),
@@ -704,11 +722,11 @@ class QKernels:
             rope.data_ptr(),
             None if qk_norm is None else qk_norm.data_ptr(),
             eps,
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            k_cache.shape[2],
-            slots.data_ptr(),
-            positions.data_ptr(),
+            pages.data_ptr(),
+            pages.shape[1],
+            cache.page,
+            cache.offset,
+            positions.contiguous().data_ptr(),
             out.data_ptr(),
         )
         if rc != 0:

@@ -31,7 +31,7 @@ from torch import Tensor
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
 from exo.worker.engines.embedding import Embedding
-from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.linear import Linear, Prologue, RmsNorm, SwiGLU, WeightFormat, make_linear
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.rope import apply_rope, rope_frequencies, rope_table
@@ -198,9 +198,9 @@ class LlamaModel:
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
         t = self._step_tensors(step, cache)
-        cache.reserve(max(step.slots) + 1, max(step.starts) + step.n_new)  # grows with use
+        cache.prepare(step.slots, step.starts, step.n_new)  # pages for the new positions
         for i, block in enumerate(self.blocks):
-            hidden = self._block(block, hidden, t, cache.k[i], cache.v[i])
+            hidden = self._block(block, hidden, t, cache.layer(i))
         return hidden
 
     def head(self, hidden: Tensor) -> Tensor:
@@ -229,10 +229,8 @@ class LlamaModel:
 
     # --- inside a block --------------------------------------------------------------------
 
-    def _block(
-        self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> Tensor:
-        h = self._residual(h, b.o, self._attention(b, h, t, k_cache, v_cache))
+    def _block(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
+        h = self._residual(h, b.o, self._attention(b, h, t, layer_cache))
         return self._residual(h, b.down, b.gate_up(h))
 
     def _residual(self, h: Tensor, layer: Linear, x: Tensor) -> Tensor:
@@ -241,17 +239,15 @@ class LlamaModel:
             return layer(x, residual=h)
         return h + self.all_reduce(layer(x))
 
-    def _attention(
-        self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> Tensor:
-        """h [B, T, D] -> attention output [B, T, H*hd]; k_cache/v_cache [slot, KV, pos, hd]."""
+    def _attention(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
+        """h [B, T, D] -> attention output [B, T, H*hd], the new k, v stored in the cache."""
         bsz, n_new, _ = h.shape
         hd, heads, kvh = self.config.head_dim, b.heads, b.kv_heads
         qkv = b.qkv(h)  # [B, T, (H + 2KV) * hd]   (input norm fused in)
         if n_new == 1 and self._kernels is not None:  # rotate, cache, attend: one compiled call
             return self._kernels.attend_decode(
                 qkv, heads, kvh, hd, self._rope, b.qk_norm, self.eps,
-                k_cache, v_cache, t.slot_index, t.pos_index,
+                layer_cache.paged(), t.pos_index,
             )  # fmt: skip
         qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
         if b.qk_norm is not None:
@@ -260,7 +256,7 @@ class LlamaModel:
         qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
         q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
         v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
-        keys, values = self._write_cache(k, v, t, k_cache, v_cache)  # [B, KV, L, hd]
+        keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
         if n_new == 1:
             # One query per row: fold the query heads of each kv group into the query axis.
             q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
@@ -275,23 +271,6 @@ class LlamaModel:
             enable_gqa=heads != kvh,
         )  # [B, H, T, hd]
         return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
-
-    def _write_cache(
-        self, k: Tensor, v: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Store the new k, v [B, T, KV, hd]; return every row's keys/values [B, KV, L, hd]."""
-        bsz, n_new = k.shape[0], k.shape[1]
-        if n_new == 1:
-            k_cache[t.slot_index, :, t.pos_index] = k[:, 0]  # [B, KV, hd] scattered
-            v_cache[t.slot_index, :, t.pos_index] = v[:, 0]
-        else:
-            for b in range(bsz):
-                slot, start = int(t.slot_index[b]), int(t.pos_index[b])
-                k_cache[slot, :, start : start + n_new] = k[b].transpose(0, 1)
-                v_cache[slot, :, start : start + n_new] = v[b].transpose(0, 1)
-        if t.slot_rows is not None:
-            return k_cache[t.slot_rows, :, : t.kv_len], v_cache[t.slot_rows, :, : t.kv_len]
-        return k_cache[t.slot_index, :, : t.kv_len], v_cache[t.slot_index, :, : t.kv_len]
 
     # --- per-step tensors ------------------------------------------------------------------
 

@@ -127,6 +127,10 @@ class _LeaderCache:
         self.leader.send_header(self.leader.header.encode(_OP_MOVE, move=(src, dst, length)))
         self.local.move_slot(src, dst, length)
 
+    def release(self, slot: int) -> None:
+        """Here only: the other ranks drop the slot's pages when it next starts at 0."""
+        self.local.release(slot)
+
 
 class LeaderModel:
     """What the batcher sees on rank 0: a whole model whose forward spans every rank."""

@@ -86,7 +86,7 @@ def main() -> None:
     cache = model.new_cache(max_batch, max_seq)
     with torch.inference_mode():
         model.forward(torch.tensor([[1, 2, 3]]), StepInputs.single(0, 0, 3), cache)
-    cache.reserve(max_batch, max_seq)
+    cache.prepare(tuple(range(max_batch)), (0,) * max_batch, max_seq)  # every page in use
     file_bytes, file_format = file_weight_bytes(path)
     report = {
         "baseline": baseline, "peak": peak, "loaded": loaded, "full": proc.memory_info().rss,
