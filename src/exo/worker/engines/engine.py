@@ -20,8 +20,9 @@ from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, ShardWeights, TensorParallel
 
-# Default positions per request. The KV cache holds max_batch x max_seq positions of every layer:
-# for SmolLM2-135M (float32) that is 46 KB per position, 94 MB per 2048-position slot.
+# Default positions per request. The KV cache grows in pages as tokens are cached, up to
+# max_batch x max_seq positions of every layer: for SmolLM2-135M (float32) 46 KB per position,
+# 94 MB for a full 2048-position slot.
 DEFAULT_MAX_SEQ = 2048
 
 
