@@ -13,9 +13,9 @@
 Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
 the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
 `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
-together in one complex multiply; attention is `scaled_dot_product_attention` over the
-paged cache (`kv_cache.py`). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
-cache write and attention are one call per layer, so a block is five calls.
+together in one complex multiply; attention is `scaled_dot_product_attention` over the paged
+cache (`kv_cache.py`). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's
+rotation, cache write and attention are one call per layer, so a block is five calls.
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
