@@ -40,7 +40,7 @@ class Embedding:
         elif fmt in ("q4", "q8") and table.shape[1] % QUANT_BLOCK == 0:
             self._q8_blocks = quantize_q8(table)
         else:
-            self._table = table.to(device=device, dtype=dtype)
+            self._table = table.to(device=device)  # its own dtype: rows converted per lookup
 
     @property
     def n_bytes(self) -> int:
@@ -68,4 +68,4 @@ class Embedding:
         if self._q8_blocks is not None:
             return dequantize_blocks(self._q8_blocks[tokens], 8)
         assert self._table is not None
-        return F.embedding(tokens, self._table)
+        return F.embedding(tokens, self._table).to(self.dtype)

@@ -239,8 +239,10 @@ class StreamingLinear:
         prologue: Prologue,
         dtype: torch.dtype,
         device: torch.device,
+        why: str = "no kernel for it",
     ) -> None:
         self.weight = weight
+        self.why = why
         self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
         self.prologue = prologue
         self.dtype, self.device = dtype, device
@@ -252,7 +254,7 @@ class StreamingLinear:
 
     @property
     def kernel(self) -> str:
-        return f"{self.weight.qtype.name} dequantised per call in torch (no kernel for it)"
+        return f"{self.weight.qtype.name} dequantised per call in torch ({self.why})"
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         x = _prologue_with_gain(x, self.prologue)
@@ -340,7 +342,12 @@ def make_linear(
         blocks = [p.raw for p in parts if isinstance(p, QuantTensor)]
         return QuantLinear(blocks, parts[0].shape[1], bias, prologue, bits, kernels)
     if len(parts) == 1 and isinstance(parts[0], QuantTensor):
-        return StreamingLinear(parts[0], bias, prologue, dtype, device)
+        why = "no kernel for it"
+        if parts[0].qtype in (Q4_1, Q8_0):
+            why = "the compiled kernels run on CPUs with float32 activations only"
+            if kernels is None:
+                why = "the compiled CPU kernels are not available here"
+        return StreamingLinear(parts[0], bias, prologue, dtype, device, why)
     return SplitLinear(
         [make_linear(p, None, fmt, dtype=dtype, device=device, kernels=kernels) for p in parts],
         bias,

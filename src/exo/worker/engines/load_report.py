@@ -8,7 +8,7 @@ import torch
 from loguru import logger
 
 from exo.worker.engines.cpu_kernels import QKernels
-from exo.worker.engines.linear import WeightFormat
+from exo.worker.engines.linear import WeightFormat, fp16_packing_available
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.materialise import StoragePlan, kernel_plan, kind_of, running_bytes
 from exo.worker.engines.qtensor import Weight
@@ -26,7 +26,8 @@ def load_plan(
     blocks for quantised files: the load log says so)."""
     if weight_format is not None or device.type != "cpu":
         return StoragePlan(dtype=dtype)
-    return kernel_plan(dtype, kernels is not None)
+    packs_fp16 = kernels is None and dtype == torch.float32 and fp16_packing_available()
+    return kernel_plan(dtype, kernels is not None, torch.float16 if packs_fp16 else None)
 
 
 def shard_bytes(weights: ShardWeights) -> int:

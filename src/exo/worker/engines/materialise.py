@@ -50,18 +50,23 @@ class StoragePlan:
     float_matrices: Literal["dense", "q8"] = "dense"
     keep_blocks: bool = False  # GGUF block types stay in the file's bytes
     q4_0_as_q4_1: bool = False
+    matrix_dtype: torch.dtype | None = None  # dense float matrices, when not `dtype`
 
 
 DENSE_PLAN = StoragePlan()
 
 
-def kernel_plan(dtype: torch.dtype, kernels_loaded: bool) -> StoragePlan:
-    """The memory-faithful plan: file blocks kept; floats as q8 when the kernels run them."""
+def kernel_plan(
+    dtype: torch.dtype, kernels_loaded: bool, matrix_dtype: torch.dtype | None = None
+) -> StoragePlan:
+    """The memory-faithful plan: file blocks kept; floats as q8 when the kernels run them, else
+    dense in `matrix_dtype` (float16 where fbgemm will pack them: the file's 16 bits)."""
     return StoragePlan(
         dtype=dtype,
         float_matrices="q8" if kernels_loaded else "dense",
         keep_blocks=True,
         q4_0_as_q4_1=kernels_loaded,
+        matrix_dtype=None if kernels_loaded else matrix_dtype,
     )
 
 
@@ -113,7 +118,8 @@ def materialise(t: StoredTensor, plan: StoragePlan) -> Weight:
                 return quantize_q8(_float_rows(t.kind, raw)).reshape(raw.shape[0], -1)
 
             return QuantTensor(Q8_0, _chunked(t, rows, to_q8, out), k)
-        dense = torch.empty((rows, k), dtype=plan.dtype)
+        dtype = plan.matrix_dtype if is_matrix and plan.matrix_dtype is not None else plan.dtype
+        dense = torch.empty((rows, k), dtype=dtype)
         return _chunked(t, rows, lambda raw: _float_rows(t.kind, raw), dense).reshape(t.shape)
     qtype = GGMLQuantizationType[t.kind]
     if is_matrix and plan.keep_blocks:

@@ -17,9 +17,11 @@ from exo.worker.engines.linear import (
     RmsNorm,
     SplitLinear,
     StreamingLinear,
+    choose_weight_format,
     make_linear,
 )
 from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.materialise import kernel_plan
 from exo.worker.engines.qtensor import QuantTensor, q4_0_to_q4_1
 from exo.worker.engines.tests.generated import random_blocks, write_gguf
@@ -104,17 +106,21 @@ def test_column_slices_on_block_boundaries_stay_blocks() -> None:
     assert qt.cols(0, 100) is None  # not on a block boundary: the caller dequantises
 
 
+@pytest.mark.parametrize("use_kernels", [True, False])
 @pytest.mark.parametrize("recipe", ["Q4_K_M", "Q8_0", "Q4_0", "Q5_1", "F16", "BF16"])
-def test_generated_model_in_file_blocks_matches_dense(tmp_path: Path, recipe: str) -> None:
-    """Whole model: file blocks (kernels where they exist) against everything dequantised."""
+def test_generated_model_in_file_blocks_matches_dense(
+    tmp_path: Path, recipe: str, use_kernels: bool
+) -> None:
+    """Whole model as the engine holds it (with the compiled kernels, and without them: file
+    blocks dequantised per call, 16-bit floats packed by fbgemm) against all dequantised."""
     path = write_gguf(tmp_path / "m.gguf", recipe)
-    kernels = load_kernels()
-    plan = kernel_plan(torch.float32, kernels is not None)
-    faithful = LlamaModel(
-        load_shard_weights(path, 0, 2, plan=plan),
-        weight_format="q8" if kernels else "dense",
-        kernels=kernels,
-    )
+    kernels = load_kernels() if use_kernels else None
+    if use_kernels and kernels is None:
+        pytest.skip("no compiled kernels here")
+    cpu = torch.device("cpu")
+    weights = load_shard_weights(path, 0, 2, plan=load_plan(cpu, torch.float32, kernels, None))
+    fmt = choose_weight_format(weights.source_format, cpu, torch.float32, kernels)
+    faithful = LlamaModel(weights, weight_format=fmt, kernels=kernels)
     dense = LlamaModel(load_shard_weights(path, 0, 2), weight_format="dense")
     tokens = torch.tensor([[5, 9, 100, 3]])
     outs = []
