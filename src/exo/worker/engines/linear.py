@@ -25,6 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import (
+    KIND_Q4,
+    KIND_Q4_K,
+    KIND_Q6_K,
+    KIND_Q8,
     MAX_PARTS,
     PROLOGUE_NONE,
     PROLOGUE_RMS_NORM,
@@ -32,7 +36,7 @@ from exo.worker.engines.cpu_kernels import (
     QKernels,
     QuantWeights,
 )
-from exo.worker.engines.qtensor import Q4_1, Q8_0, QuantTensor, Weight, row_chunk
+from exo.worker.engines.qtensor import Q4_1, Q4_K, Q6_K, Q8_0, QuantTensor, Weight, row_chunk
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
@@ -212,7 +216,7 @@ class QuantLinear:
 
     @property
     def kernel(self) -> str:
-        return f"q{self.bits} C kernel"
+        return f"{_KIND_NAMES[self.bits]} C kernel"
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         return self._kernels.linear(self._weights, x, residual)
@@ -343,28 +347,39 @@ def make_linear(
         return QuantLinear(blocks, parts[0].shape[1], bias, prologue, bits, kernels)
     if len(parts) == 1 and isinstance(parts[0], QuantTensor):
         why = "no kernel for it"
-        if parts[0].qtype in (Q4_1, Q8_0):
+        if parts[0].qtype in _KERNEL_KINDS:
             why = "the compiled kernels run on CPUs with float32 activations only"
             if kernels is None:
                 why = "the compiled CPU kernels are not available here"
         return StreamingLinear(parts[0], bias, prologue, dtype, device, why)
+    groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] Q6_K
+    for p in parts:
+        if groups and _kernel_bits([*groups[-1], p], device, dtype, kernels) is not None:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
     return SplitLinear(
-        [make_linear(p, None, fmt, dtype=dtype, device=device, kernels=kernels) for p in parts],
+        [make_linear(g, None, fmt, dtype=dtype, device=device, kernels=kernels) for g in groups],
         bias,
         prologue,
     )
 
 
+_KERNEL_KINDS = {Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q4_K: KIND_Q4_K, Q6_K: KIND_Q6_K}
+_KIND_NAMES = {KIND_Q4: "q4", KIND_Q8: "q8", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
+
+
 def _kernel_bits(
     parts: list[Weight], device: torch.device, dtype: torch.dtype, kernels: QKernels | None
 ) -> int | None:
-    """4 or 8 when every part is Q4_1 / Q8_0 blocks the compiled kernel can run together."""
+    """The compiled kernel's layout (4, 8, 104, 106) when every part is Q4_1 / Q8_0 / Q4_K /
+    Q6_K blocks of one type that it can run together."""
     if kernels is None or device.type != "cpu" or dtype != torch.float32:
         return None
     if len(parts) > MAX_PARTS or not all(isinstance(p, QuantTensor) for p in parts):
         return None
     kinds = {p.qtype for p in parts if isinstance(p, QuantTensor)}
-    return {frozenset([Q4_1]): 4, frozenset([Q8_0]): 8}.get(frozenset(kinds))
+    return _KERNEL_KINDS.get(kinds.pop()) if len(kinds) == 1 else None
 
 
 def _plain_linear(

@@ -25,6 +25,8 @@ SCRATCH_VALUES = 1 << 20
 Q4_0 = GGMLQuantizationType.Q4_0
 Q4_1 = GGMLQuantizationType.Q4_1
 Q8_0 = GGMLQuantizationType.Q8_0
+Q4_K = GGMLQuantizationType.Q4_K
+Q6_K = GGMLQuantizationType.Q6_K
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_linear_on_file_blocks_matches_gguf(
     lin = make_linear(
         qt, bias, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels if with_kernels else None
     )
-    kernel_types = (T.Q4_0, T.Q4_1, T.Q8_0)
+    kernel_types = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K)
     expected = QuantLinear if with_kernels and qtype in kernel_types else StreamingLinear
     assert isinstance(lin, expected)
     want = F.linear(F.rms_norm(x, (K,), gain, 1e-5), w, bias) + residual
@@ -79,8 +79,10 @@ def test_parts_of_mixed_types_stack_like_their_concatenation(kernels: QKernels |
         lin = make_linear(
             parts, None, "dense", prologue=RmsNorm(torch.ones(K), 1e-5), kernels=kernels
         )
-        if types[0] == T.Q4_K:
-            assert isinstance(lin, SplitLinear)
+        if types[0] == T.Q4_K:  # [q, k] run together, v apart
+            assert isinstance(lin, SplitLinear) and len(lin.parts) == 2
+            if kernels is not None:
+                assert all(isinstance(p, QuantLinear) for p in lin.parts)
         elif kernels is not None:
             assert isinstance(lin, QuantLinear)
         want = F.linear(F.rms_norm(x, (K,), None, 1e-5), w)
