@@ -36,8 +36,8 @@ _REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU = 0, 1, 2
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
-KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q6_K = 4, 8, 104, 106  # weight layouts of `exo_qlinear`
-_BLOCK_BYTES = {KIND_Q4: 20, KIND_Q8: 34, KIND_Q4_K: 144, KIND_Q6_K: 210}
+KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 4, 8, 104, 105, 106  # `exo_qlinear` layouts
+_BLOCK_BYTES = {KIND_Q4: 20, KIND_Q8: 34, KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210}
 
 C_SOURCE = r"""
 /* Quantised linear layers for x86 CPUs with AVX2 + FMA: y = prologue(x) W^T (+ bias) (+ residual).
@@ -339,6 +339,37 @@ static float dot_q4k(const BlockQ4K* w, const BlockX* x, int nsb) {
     return hsum8(acc) + accm;
 }
 
+/* Q5_K: Q4_K with a fifth bit: value j of sub-block 2c + h gets 16 * bit (2c + h) of qh[l]. */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } BlockQ5K;
+
+static float dot_q5k(const BlockQ5K* w, const BlockX* x, int nsb) {
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    float accm = 0.0f;
+    for (int s = 0; s < nsb; s++) {
+        const float d = h2f(w[s].d), dmin = h2f(w[s].dmin);
+        const __m256i qh = _mm256_loadu_si256((const __m256i*)w[s].qh);
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * c));
+            const __m256i nib[2] = {_mm256_and_si256(bytes, low),
+                                    _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * c + h;
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(qh, j), one);
+                const __m256i q = _mm256_or_si256(nib[h], _mm256_slli_epi16(hb, 4));
+                int sc, m;
+                q4k_scale_min(w[s].scales, j, &sc, &m);
+                const BlockX* xb = x + (size_t)s * 8 + j;
+                const __m256i p = madd_halves(_mm256_castsi256_si128(q),
+                                              _mm256_extracti128_si256(q, 1), xb, 0);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(d * (float)sc * xb->d), _mm256_cvtepi32_ps(p), acc);
+                accm -= dmin * (float)m * xb->s;
+            }
+        }
+    }
+    return hsum8(acc) + accm;
+}
+
 /* Q6_K: sub-block j (16 values) is d * sc_j * (q - 32), q in 0..63: low 4 bits in ql, high 2
  * in qh. 32-value group g = 4n + k (half n, quarter k): low bits from ql[64n + 32(k & 1) + l]
  * (low nibble for k < 2, high for k >= 2), high bits from qh[32n + l] >> 2k. */
@@ -418,6 +449,9 @@ static void linear_part(void* ctx, int part, int parts) {
                 if (j->kind == 104) {
                     const BlockQ4K* wr = (const BlockQ4K*)weight_row(j, n, nb / 8 * sizeof(BlockQ4K));
                     out[0] = dot_q4k(wr, xr, nb / 8);
+                } else if (j->kind == 105) {
+                    const BlockQ5K* wr = (const BlockQ5K*)weight_row(j, n, nb / 8 * sizeof(BlockQ5K));
+                    out[0] = dot_q5k(wr, xr, nb / 8);
                 } else if (j->kind == 106) {
                     const BlockQ6K* wr = (const BlockQ6K*)weight_row(j, n, nb / 8 * sizeof(BlockQ6K));
                     out[0] = dot_q6k(wr, xr, nb / 8);
@@ -440,7 +474,7 @@ static void linear_part(void* ctx, int part, int parts) {
 
 /* A linear layer's constant part, built once by the caller. */
 typedef struct {
-    int kind;       /* 4: w = q4 rows [N][K/32 blocks]; 8: q8 rows; 104 / 106: Q4_K / Q6_K rows */
+    int kind;       /* 4: w = q4 rows [N][K/32 blocks]; 8: q8 rows; 104/105/106: Q4_K/Q5_K/Q6_K */
     int prologue;   /* 0 none, 1 RMSNorm (gain g, eps), 2 SwiGLU */
     int K, N;
     float eps;
@@ -454,7 +488,7 @@ typedef struct {
  * [M, N] is optional (NULL) and may be y itself. Returns 0 on success. */
 int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y) {
     const int K = s->K, N = s->N;
-    if (K % QK != 0 || (s->kind != 4 && s->kind != 8 && s->kind != 104 && s->kind != 106)) return -2;
+    if (K % QK != 0 || (s->kind != 4 && s->kind != 8 && (s->kind < 104 || s->kind > 106))) return -2;
     if (s->kind > 100 && K % 256 != 0) return -2;
     const int nb = K / QK;
     if (reserve((size_t)M * K)) return -1;

@@ -27,6 +27,7 @@ from torch import Tensor
 from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
     KIND_Q4_K,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
     MAX_PARTS,
@@ -36,7 +37,7 @@ from exo.worker.engines.cpu_kernels import (
     QKernels,
     QuantWeights,
 )
-from exo.worker.engines.qtensor import Q4_1, Q4_K, Q6_K, Q8_0, QuantTensor, Weight, row_chunk
+from exo.worker.engines.qtensor import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, QuantTensor, Weight, row_chunk
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
@@ -365,15 +366,23 @@ def make_linear(
     )
 
 
-_KERNEL_KINDS = {Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q4_K: KIND_Q4_K, Q6_K: KIND_Q6_K}
-_KIND_NAMES = {KIND_Q4: "q4", KIND_Q8: "q8", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
+_KERNEL_KINDS = {
+    Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q4_K: KIND_Q4_K, Q5_K: KIND_Q5_K, Q6_K: KIND_Q6_K
+}  # fmt: skip
+_KIND_NAMES = {
+    KIND_Q4: "q4",
+    KIND_Q8: "q8",
+    KIND_Q4_K: "Q4_K",
+    KIND_Q5_K: "Q5_K",
+    KIND_Q6_K: "Q6_K",
+}
 
 
 def _kernel_bits(
     parts: list[Weight], device: torch.device, dtype: torch.dtype, kernels: QKernels | None
 ) -> int | None:
-    """The compiled kernel's layout (4, 8, 104, 106) when every part is Q4_1 / Q8_0 / Q4_K /
-    Q6_K blocks of one type that it can run together."""
+    """The compiled kernel's layout when every part is Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K blocks
+    of one type that it can run together."""
     if kernels is None or device.type != "cpu" or dtype != torch.float32:
         return None
     if len(parts) > MAX_PARTS or not all(isinstance(p, QuantTensor) for p in parts):

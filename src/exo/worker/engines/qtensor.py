@@ -26,6 +26,7 @@ Q4_0 = GGMLQuantizationType.Q4_0
 Q4_1 = GGMLQuantizationType.Q4_1
 Q8_0 = GGMLQuantizationType.Q8_0
 Q4_K = GGMLQuantizationType.Q4_K
+Q5_K = GGMLQuantizationType.Q5_K
 Q6_K = GGMLQuantizationType.Q6_K
 
 

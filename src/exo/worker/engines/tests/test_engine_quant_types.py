@@ -61,7 +61,7 @@ def test_linear_on_file_blocks_matches_gguf(
     lin = make_linear(
         qt, bias, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels if with_kernels else None
     )
-    kernel_types = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K)
+    kernel_types = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
     expected = QuantLinear if with_kernels and qtype in kernel_types else StreamingLinear
     assert isinstance(lin, expected)
     want = F.linear(F.rms_norm(x, (K,), gain, 1e-5), w, bias) + residual
