@@ -40,7 +40,7 @@ from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
 
 Kind = Literal["pipeline", "tensor"]
-_OP_STOP, _OP_FORWARD, _OP_MOVE = 0, 1, 2
+_OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
 _HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
 
 
@@ -117,7 +117,7 @@ class _Header:
 
 
 class _LeaderCache:
-    """Rank 0's cache: a slot move is mirrored on every rank before it happens here."""
+    """Rank 0's cache: a slot move or release is mirrored on every rank before it happens here."""
 
     def __init__(self, local: KVCache, leader: "LeaderModel") -> None:
         self.local = local
@@ -128,7 +128,7 @@ class _LeaderCache:
         self.local.move_slot(src, dst, length)
 
     def release(self, slot: int) -> None:
-        """Here only: the other ranks drop the slot's pages when it next starts at 0."""
+        self.leader.send_header(self.leader.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
         self.local.release(slot)
 
 
@@ -215,6 +215,9 @@ class Follower:
             return False
         if op == _OP_MOVE:
             self.cache.move_slot(int(header[1]), int(header[2]), int(header[3]))
+            return True
+        if op == _OP_RELEASE:
+            self.cache.release(int(header[1]))
             return True
         step = self.header.decode_step(header)
         batch = len(step.slots)
