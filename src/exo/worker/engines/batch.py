@@ -32,6 +32,10 @@ FinishReason = Literal["stop", "length", "error"]
 class SlotCache(Protocol):
     def move_slot(self, src: int, dst: int, length: int) -> None: ...
 
+    def release(self, slot: int) -> None:
+        """Free the slot's cached positions (the request in it has ended)."""
+        ...
+
 
 class StepModel(Protocol):
     """What the batcher needs of a model: `LlamaModel`, or a stand-in spanning several ranks."""
@@ -226,7 +230,9 @@ class BatchGenerator:
     def _release(self, r: _Request) -> None:
         """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1)."""
         last = self._running.pop()
-        if last is not r:
+        if last is r:
+            self.cache.release(r.slot)
+        else:
             self.cache.move_slot(last.slot, r.slot, last.cached)
             last.slot = r.slot
             self._running[r.slot] = last

@@ -1,5 +1,6 @@
 """The facade a runner uses: load a model file into an `Engine`, then batch-generate tokens."""
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,13 +13,16 @@ from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.llama import LlamaModel
+from exo.worker.engines.load_report import load_plan, log_load, release_freed_memory
+from exo.worker.engines.materialise import StoragePlan
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
-from exo.worker.engines.weights import ProgressCallback, ShardWeights
+from exo.worker.engines.weights import ProgressCallback, ShardWeights, TensorParallel
 
-# Default positions per request. The KV cache holds max_batch x max_seq positions of every layer:
-# for SmolLM2-135M (float32) that is 46 KB per position, 94 MB per 2048-position slot.
+# Default positions per request. The KV cache grows in pages as tokens are cached, up to
+# max_batch x max_seq positions of every layer: for SmolLM2-135M (float32) 46 KB per position,
+# 94 MB for a full 2048-position slot.
 DEFAULT_MAX_SEQ = 2048
 
 
@@ -34,11 +38,16 @@ def load_shard_weights(
     *,
     dtype: torch.dtype = torch.float32,
     progress: ProgressCallback | None = None,
+    plan: StoragePlan | None = None,
+    tensor_parallel: TensorParallel | None = None,
 ) -> ShardWeights:
-    """Layers [start_layer, end_layer) of a GGUF file or a Hugging Face safetensors folder."""
-    if path.is_dir():
-        return load_hf_shard(path, start_layer, end_layer, dtype=dtype, progress=progress)
-    return load_gguf_shard(path, start_layer, end_layer, dtype=dtype, progress=progress)
+    """Layers [start_layer, end_layer) of a GGUF file or a Hugging Face safetensors folder,
+    held as `plan` says (default: plain tensors in `dtype`), sliced per layer for a TP rank."""
+    load = load_hf_shard if path.is_dir() else load_gguf_shard
+    return load(
+        path, start_layer, end_layer, dtype=dtype, progress=progress, plan=plan,
+        tensor_parallel=tensor_parallel,
+    )  # fmt: skip
 
 
 @dataclass
@@ -121,7 +130,13 @@ def load_engine(
     if kernels is not None:
         kernels.set_threads(max(1, threads))
     load_dtype = torch.float32 if on_cpu_f32 else dtype
-    weights = load_shard_weights(path, start_layer, end, dtype=load_dtype, progress=progress)
+    started = time.monotonic()
+    plan = load_plan(dev, load_dtype, kernels, weight_format)
+    weights = load_shard_weights(
+        path, start_layer, end, dtype=load_dtype, progress=progress, plan=plan
+    )
     fmt = weight_format or choose_weight_format(weights.source_format, dev, dtype, kernels)
     model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
+    release_freed_memory()
+    log_load(path, weights, model, time.monotonic() - started)
     return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

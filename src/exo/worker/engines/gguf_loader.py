@@ -1,9 +1,10 @@
 """GGUF files (llama.cpp's format) to `LlamaConfig` and `ShardWeights`.
 
-Only the tensors of the requested layer range are read and dequantised (with
-`gguf.quants.dequantize`); the rest of the file is never touched (it is memory-mapped).
+Only the tensors of the requested layer range are read, one at a time, into the form a
+`StoragePlan` asks for (`materialise.py`: the file's blocks, q8 blocks, or plain tensors).
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,7 +12,16 @@ from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
 from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue
-from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeights, halves_to_pairs
+from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
+from exo.worker.engines.qtensor import Weight
+from exo.worker.engines.weights import (
+    LayerWeights,
+    ProgressCallback,
+    ShardWeights,
+    TensorParallel,
+    halves_to_pairs,
+    slice_layer,
+)
 
 __all__ = ["LlamaConfig", "gguf_config", "load_gguf_config", "load_gguf_shard"]
 
@@ -101,26 +111,38 @@ def load_gguf_config(path: Path) -> LlamaConfig:
 
 
 class _TensorSource:
-    def __init__(self, f: GGUFFile, dtype: torch.dtype) -> None:
+    def __init__(self, f: GGUFFile, plan: StoragePlan) -> None:
         self.f = f
-        self.dtype = dtype
+        self.plan = plan
 
-    def get(self, name: str) -> Tensor:
-        return torch.from_numpy(self.f.load(name)).to(self.dtype)
+    def get(self, name: str) -> Weight:
+        if name not in self.f.tensors:
+            raise ValueError(f"GGUF file lacks tensor {name!r}")
+        info = self.f.tensors[name]
+        return materialise(StoredTensor(self.f, name, info.qtype.name, info.shape), self.plan)
 
-    def maybe(self, name: str) -> Tensor | None:
+    def vector(self, name: str) -> Tensor:
+        w = self.get(name)
+        assert isinstance(w, Tensor)  # vectors are always plain tensors
+        return w
+
+    def maybe(self, name: str) -> Weight | None:
         return self.get(name) if name in self.f.tensors else None
+
+    def maybe_vector(self, name: str) -> Tensor | None:
+        return self.vector(name) if name in self.f.tensors else None
 
 
 def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
     p = f"blk.{i}."
     bq, bk, bv = (
-        src.maybe(p + "attn_q.bias"),
-        src.maybe(p + "attn_k.bias"),
-        src.maybe(p + "attn_v.bias"),
+        src.maybe_vector(p + "attn_q.bias"),
+        src.maybe_vector(p + "attn_k.bias"),
+        src.maybe_vector(p + "attn_v.bias"),
     )
     wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
-    q_norm, k_norm = src.maybe(p + "attn_q_norm.weight"), src.maybe(p + "attn_k_norm.weight")
+    q_norm = src.maybe_vector(p + "attn_q_norm.weight")
+    k_norm = src.maybe_vector(p + "attn_k_norm.weight")
     if config.architecture not in _INTERLEAVED_IN_FILE:
         wq, wk = halves_to_pairs(wq, config.heads), halves_to_pairs(wk, config.kv_heads)
         bq = None if bq is None else halves_to_pairs(bq, config.heads)
@@ -128,12 +150,12 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         q_norm = None if q_norm is None else halves_to_pairs(q_norm, 1)
         k_norm = None if k_norm is None else halves_to_pairs(k_norm, 1)
     return LayerWeights(
-        attn_norm=src.get(p + "attn_norm.weight"),
+        attn_norm=src.vector(p + "attn_norm.weight"),
         wq=wq,
         wk=wk,
         wv=src.get(p + "attn_v.weight"),
         wo=src.get(p + "attn_output.weight"),
-        ffn_norm=src.get(p + "ffn_norm.weight"),
+        ffn_norm=src.vector(p + "ffn_norm.weight"),
         w_gate=src.get(p + "ffn_gate.weight"),
         w_up=src.get(p + "ffn_up.weight"),
         w_down=src.get(p + "ffn_down.weight"),
@@ -152,22 +174,28 @@ def load_gguf_shard(
     *,
     dtype: torch.dtype = torch.float32,
     progress: ProgressCallback | None = None,
+    plan: StoragePlan | None = None,
+    tensor_parallel: TensorParallel | None = None,
 ) -> ShardWeights:
-    """Layers [start_layer, end_layer) of a GGUF model, dequantised to `dtype`."""
+    """Layers [start_layer, end_layer) of a GGUF model, held as `plan` says (default: every
+    tensor dequantised to `dtype`); with `tensor_parallel`, each layer is sliced as it loads."""
     f = GGUFFile(path)
     try:
         config = gguf_config(f)
         check_layer_range(config, start_layer, end_layer)
-        src = _TensorSource(f, dtype)
+        src = _TensorSource(f, plan or replace(DENSE_PLAN, dtype=dtype))
         total = end_layer - start_layer
         layers: list[LayerWeights] = []
         for i in range(start_layer, end_layer):
-            layers.append(_layer(src, config, i))
+            layer = _layer(src, config, i)
+            if tensor_parallel is not None:
+                layer = slice_layer(layer, config, tensor_parallel.rank, tensor_parallel.world)
+            layers.append(layer)
             if progress is not None:
                 progress(len(layers), total)
         is_last = end_layer == config.n_layers
         embed = src.get("token_embd.weight") if start_layer == 0 else None
-        lm_head: Tensor | None = None
+        lm_head: Weight | None = None
         if is_last:
             tied_and_loaded = config.tie_embeddings and embed is not None
             head_name = "token_embd.weight" if config.tie_embeddings else "output.weight"
@@ -180,7 +208,7 @@ def load_gguf_shard(
             end_layer=end_layer,
             layers=layers,
             embed=embed,
-            final_norm=src.get("output_norm.weight") if is_last else None,
+            final_norm=src.vector("output_norm.weight") if is_last else None,
             lm_head=lm_head,
             rope_freq_factors=None
             if freq_factors is None

@@ -10,6 +10,7 @@ n_dims x u64 dims, u32 ggml type, u64 offset), padding to `general.alignment`, t
 """
 
 import mmap
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,9 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
+from torch import Tensor
+
+from exo.worker.engines.file_rows import pread_into
 
 MetadataValue = int | float | bool | str | list[Any]
 
@@ -90,10 +94,20 @@ class GGUFFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        with path.open("rb") as f:
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        cur = _Cursor(self._mmap)
-        if self._mmap[:4] != b"GGUF":
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            header = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            try:
+                self._parse(path, header)
+            finally:
+                header.close()  # metadata is copied out; tensor data is read with pread
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def _parse(self, path: Path, buf: mmap.mmap) -> None:
+        cur = _Cursor(buf)
+        if buf[:4] != b"GGUF":
             raise ValueError(f"{path} is not a GGUF file")
         cur.pos = 4
         version = cur.u32()
@@ -122,10 +136,25 @@ class GGUFFile:
             )
 
     def raw(self, name: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
-        """The stored bytes of a tensor, one row per outermost index (a view into the mmap)."""
+        """The stored bytes of a tensor, one row per outermost index (read, not mapped)."""
         info = self.tensors[name]
-        data = np.frombuffer(self._mmap, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
-        return data.reshape(*info.shape[:-1], -1)
+        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        return self.read_rows(name, 0, rows).numpy().reshape(*info.shape[:-1], -1)
+
+    def row_bytes(self, name: str) -> int:
+        info = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        return info.shape[-1] // block * type_size
+
+    def read_rows(self, name: str, start: int, stop: int) -> Tensor:
+        """Rows [start, stop) of a tensor seen as [rows, last dim]: uint8 [stop - start, row_bytes].
+
+        Read with pread into a fresh buffer: the file's pages stay out of this process (a
+        mapped page that was read counts in its resident memory until unmapped).
+        """
+        info = self.tensors[name]
+        row = self.row_bytes(name)
+        return pread_into(self._fd, info.offset + start * row, stop - start, row)
 
     def load(self, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
         """A tensor dequantised to float32, in numpy order (e.g. [out_features, in_features])."""
@@ -139,4 +168,6 @@ class GGUFFile:
         return np.ascontiguousarray(out, dtype=np.float32)
 
     def close(self) -> None:
-        self._mmap.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,12 +1,72 @@
-"""A preallocated key/value cache: `max_batch` slots of `max_seq` positions for every layer.
+"""A paged key/value cache: pages of PAGE positions, allocated as requests grow, freed as they end.
 
-Allocated once; a step only writes the new positions of its slots. The cache does not track
-lengths: whoever schedules requests (the `BatchGenerator`) owns slot assignment and lengths
-and passes them to the model with every step.
+    page   [L, 2, KV, PAGE, hd]   keys (index 0) and values (1) of PAGE positions, every layer
+    table  slot -> [page id, ...]  page i holds positions i*PAGE .. (i+1)*PAGE - 1 of the slot
+
+Nothing is preallocated: a slot holds ceil(length / PAGE) pages, so memory follows the tokens
+actually cached, up to `max_batch` slots of `max_seq` positions. Moving a request to another
+slot moves its page list (no copy); a slot that starts again at position 0 (a new request)
+drops its old pages first. A page is one allocation with every layer, so a step needs one
+table of page addresses ([B, pages], built by `prepare`) for all layers; the compiled decode
+attention reads keys and values where they lie, the torch path gathers a row's pages.
+
+The cache does not track lengths: whoever schedules requests (the `BatchGenerator`) owns slot
+assignment and lengths and passes them to the model with every step.
 """
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+PAGE = 64  # positions per page
+
+
+@dataclass(frozen=True)
+class PagedLayer:
+    """One layer of the pages of a step's rows, as the compiled decode attention reads them."""
+
+    pages: Tensor  # int64 [B, max_pages]: address of each row's pages (0 past its last)
+    page: int  # positions per page
+    offset: int  # float offset of this layer's keys in a page (values follow KV*page*hd later)
+
+
+class LayerCache:
+    """The cache of one layer during one step (see `KVCache.prepare`)."""
+
+    def __init__(self, cache: "KVCache", layer: int) -> None:
+        self.cache = cache
+        self.layer = layer
+
+    def paged(self) -> PagedLayer:
+        c = self.cache
+        kv_heads, head_dim = c.kv_heads, c.head_dim
+        return PagedLayer(c.step_pages, PAGE, self.layer * 2 * kv_heads * PAGE * head_dim)
+
+    def write_and_read(self, k: Tensor, v: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        """Store the step's new k, v [B, T, KV, hd]; return each row's keys/values
+        [B, KV, kv_len, hd] (zeros past a row's own length: the caller masks them)."""
+        c = self.cache
+        n_new = k.shape[1]
+        keys: list[Tensor] = []
+        values: list[Tensor] = []
+        for b, (slot, start) in enumerate(zip(c.step_slots, c.step_starts, strict=True)):
+            pages = [c.pages[p][self.layer] for p in c.table[slot]]  # each [2, KV, PAGE, hd]
+            done = 0
+            while done < n_new:
+                pos = start + done
+                page, off = pages[pos // PAGE], pos % PAGE
+                n = min(n_new - done, PAGE - off)
+                page[0, :, off : off + n] = k[b, done : done + n].transpose(0, 1)
+                page[1, :, off : off + n] = v[b, done : done + n].transpose(0, 1)
+                done += n
+            row = torch.cat(pages, dim=2)[:, :, :kv_len]  # [2, KV, <= kv_len, hd]
+            if row.shape[2] < kv_len:
+                row = torch.nn.functional.pad(row, (0, 0, 0, kv_len - row.shape[2]))
+            keys.append(row[0])
+            values.append(row[1])
+        return torch.stack(keys), torch.stack(values)
 
 
 class KVCache:
@@ -23,19 +83,77 @@ class KVCache:
     ) -> None:
         if n_layers < 1 or max_batch < 1 or max_seq < 1:
             raise ValueError("a KV cache needs at least one layer, one slot and one position")
-        self.max_batch = max_batch
-        self.max_seq = max_seq
-        shape = (n_layers, max_batch, kv_heads, max_seq, head_dim)
-        self.k: Tensor = torch.zeros(shape, dtype=dtype, device=device)  # [L, slot, KV, pos, hd]
-        self.v: Tensor = torch.zeros(shape, dtype=dtype, device=device)
+        self.n_layers, self.max_batch, self.max_seq = n_layers, max_batch, max_seq
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.dtype, self.device = dtype, device
+        self.pages: dict[int, Tensor] = {}  # id -> [L, 2, KV, PAGE, hd]
+        self.table: list[list[int]] = [[] for _ in range(max_batch)]
+        self._next_id = 0
+        self.step_slots: tuple[int, ...] = ()
+        self.step_starts: tuple[int, ...] = ()
+        self.step_pages = torch.zeros((0, 0), dtype=torch.int64)
+
+    # --- pages -----------------------------------------------------------------------------
+
+    def _new_page(self) -> int:
+        shape = (self.n_layers, 2, self.kv_heads, PAGE, self.head_dim)
+        with torch.inference_mode(False):  # plain tensors: steps may run in or out of it
+            page = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.pages[self._next_id] = page
+        self._next_id += 1
+        return self._next_id - 1
+
+    def release(self, slot: int) -> None:
+        """Free every page of `slot`."""
+        for p in self.table[slot]:
+            del self.pages[p]
+        self.table[slot] = []
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
-        """Copy the first `length` positions of slot `src` to slot `dst` (all layers)."""
+        """Slot `dst` takes over the cached positions of slot `src` (its page list: no copy)."""
         if src == dst or length == 0:
             return
-        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
-        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        self.release(dst)
+        self.table[dst], self.table[src] = self.table[src], []
+
+    # --- a step ----------------------------------------------------------------------------
+
+    def prepare(self, slots: Sequence[int], starts: Sequence[int], n_new: int) -> None:
+        """Pages for row b's positions starts[b] .. starts[b] + n_new - 1 in slot slots[b]
+        (a row starting at 0 is a new request: its slot's old pages go first), and the step's
+        table of page addresses."""
+        for slot, start in zip(slots, starts, strict=True):
+            if not 0 <= slot < self.max_batch or start + n_new > self.max_seq:
+                raise ValueError(f"slot {slot} / positions up to {start + n_new} out of range")
+            if start == 0:
+                self.release(slot)
+            need = -(-(start + n_new) // PAGE)
+            while len(self.table[slot]) < need:
+                self.table[slot].append(self._new_page())
+        self.step_slots, self.step_starts = tuple(slots), tuple(starts)
+        width = max(len(self.table[s]) for s in slots)
+        addresses = [
+            [self.pages[p].data_ptr() for p in self.table[s]] + [0] * (width - len(self.table[s]))
+            for s in slots
+        ]
+        self.step_pages = torch.tensor(addresses, dtype=torch.int64)
+
+    def layer(self, i: int) -> LayerCache:
+        return LayerCache(self, i)
+
+    # --- size ------------------------------------------------------------------------------
+
+    @property
+    def page_bytes(self) -> int:
+        n = self.n_layers * 2 * self.kv_heads * PAGE * self.head_dim
+        return n * self.dtype.itemsize
 
     @property
     def n_bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        """Bytes held now."""
+        return len(self.pages) * self.page_bytes
+
+    @property
+    def max_bytes(self) -> int:
+        """Bytes with every slot at the maximum length."""
+        return self.max_batch * -(-self.max_seq // PAGE) * self.page_bytes

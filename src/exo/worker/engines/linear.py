@@ -14,8 +14,16 @@ where decoding is bound by the bytes of weights read per token:
   kernels of `cpu_kernels` (activations quantised per block of 32 to 16 bits: results within
   ~1e-4 of float32). Requantising weights that were Q4_1 / Q8_0 blocks reproduces them
   exactly; other weights lose a little precision (q8 much less than q4).
+
+Those formats apply to weights held as plain tensors. Weights kept in a GGUF file's blocks
+(`QuantTensor`, see `materialise.py`) run in their own format: Q8_0, Q4_1 (and Q4_0, repacked
+as Q4_1 on load), Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's bytes in
+place (measured, one thread, 2048 x 2048, one token: Q4_K 2.7 GB/s, Q6_K 3.6, q8 6.5); other
+types, or any type without the kernels, by `StreamingLinear`, which dequantises a bounded
+number of rows per call (memory-faithful, ~50x slower: the load log says which layers run so).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
@@ -24,12 +32,19 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import (
+    KIND_Q4,
+    KIND_Q4_K,
+    KIND_Q5_K,
+    KIND_Q6_K,
+    KIND_Q8,
+    MAX_PARTS,
     PROLOGUE_NONE,
     PROLOGUE_RMS_NORM,
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
 )
+from exo.worker.engines.qtensor import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, QuantTensor, Weight, row_chunk
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
@@ -55,6 +70,11 @@ Prologue = RmsNorm | SwiGLU | None
 class Linear(Protocol):
     @property
     def out_features(self) -> int: ...
+
+    @property
+    def kernel(self) -> str:
+        """Which code runs this layer (for the load log)."""
+        ...
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """x [..., in] (or [..., 2 * in] after SwiGLU) -> [..., out] (+ residual)."""
@@ -87,6 +107,10 @@ class DenseLinear:
     def out_features(self) -> int:
         return self.weight.shape[0]
 
+    @property
+    def kernel(self) -> str:
+        return f"torch F.linear ({str(self.weight.dtype).removeprefix('torch.')})"
+
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         y = F.linear(_torch_prologue(x, self.prologue), self.weight, self.bias)
         return y if residual is None else residual + y
@@ -113,6 +137,10 @@ class PackedFp16Linear:
     @property
     def out_features(self) -> int:
         return self._out
+
+    @property
+    def kernel(self) -> str:
+        return "fbgemm float16"
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         y = _linear_fp16(_torch_prologue(x, self.prologue), self._packed)
@@ -164,28 +192,117 @@ def dequantize_blocks(blocks: Tensor, bits: int) -> Tensor:
 
 
 class QuantLinear:
-    """q4 / q8 weight blocks run by the compiled CPU kernels (float32 activations in and out)."""
+    """q4 / q8 weight blocks run by the compiled CPU kernels (float32 activations in and out).
+
+    `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, K/32 * bytes]) whose
+    rows stack into the output; they are read where they lie (no concatenation).
+    """
 
     def __init__(
-        self, weight: Tensor, bias: Tensor | None, prologue: Prologue, bits: int, kernels: QKernels
+        self,
+        parts: list[Tensor],
+        k: int,
+        bias: Tensor | None,
+        prologue: Prologue,
+        bits: int,
+        kernels: QKernels,
     ) -> None:
-        n, k = weight.shape
         self.bits = bits
-        self.blocks = quantize_q4(weight) if bits == 4 else quantize_q8(weight)
+        self.blocks = parts[0]  # the first part (the whole matrix for a single-part layer)
         self._kernels = kernels
         kind, gain, eps = PROLOGUE_NONE, None, 0.0
         if isinstance(prologue, RmsNorm):
             kind, gain, eps = PROLOGUE_RMS_NORM, prologue.gain, prologue.eps
         elif isinstance(prologue, SwiGLU):
             kind = PROLOGUE_SWIGLU
-        self._weights = QuantWeights(bits, kind, self.blocks, gain, eps, bias, k, n)
+        flat = [p.reshape(p.shape[0], -1) for p in parts]
+        self._weights = QuantWeights(bits, kind, flat, gain, eps, bias, k)
 
     @property
     def out_features(self) -> int:
         return self._weights.n
 
+    @property
+    def kernel(self) -> str:
+        return f"{_KIND_NAMES[self.bits]} C kernel"
+
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         return self._kernels.linear(self._weights, x, residual)
+
+
+def _prologue_with_gain(x: Tensor, prologue: Prologue) -> Tensor:
+    """The prologue with torch ops, RmsNorm's gain applied (not folded into weights)."""
+    if isinstance(prologue, RmsNorm):
+        return F.rms_norm(x, (x.shape[-1],), prologue.gain.to(x.device, x.dtype), prologue.eps)
+    return _torch_prologue(x, prologue)
+
+
+class StreamingLinear:
+    """File blocks of a type no kernel runs, dequantised `row_chunk` rows at a time per call.
+
+    Memory-faithful (the weights stay in the file's bytes; the scratch is bounded), slow: every
+    call dequantises the whole matrix. The fast native K-quant kernels will replace it.
+    """
+
+    def __init__(
+        self,
+        weight: QuantTensor,
+        bias: Tensor | None,
+        prologue: Prologue,
+        dtype: torch.dtype,
+        device: torch.device,
+        why: str = "no kernel for it",
+    ) -> None:
+        self.weight = weight
+        self.why = why
+        self.bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        self.prologue = prologue
+        self.dtype, self.device = dtype, device
+        self._chunk = row_chunk(weight.in_features)
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.weight.qtype.name} dequantised per call in torch ({self.why})"
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        x = _prologue_with_gain(x, self.prologue)
+        n = self.out_features
+        y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+        for a in range(0, n, self._chunk):
+            b = min(n, a + self._chunk)
+            w = self.weight.dequantize(a, b).to(device=self.device, dtype=self.dtype)
+            y[..., a:b] = F.linear(x, w)
+        if self.bias is not None:
+            y += self.bias
+        return y if residual is None else residual + y
+
+
+class SplitLinear:
+    """Parts of different formats (Q4_K q | k with Q6_K v): one prologue, then each part."""
+
+    def __init__(self, parts: list[Linear], bias: Tensor | None, prologue: Prologue) -> None:
+        self.parts = parts
+        self.bias = bias
+        self.prologue = prologue
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def kernel(self) -> str:
+        return " + ".join(sorted({p.kernel for p in self.parts}))
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        x = _prologue_with_gain(x, self.prologue)
+        y = torch.cat([p(x) for p in self.parts], dim=-1)
+        if self.bias is not None:
+            y = y + self.bias.to(y.device, y.dtype)
+        return y if residual is None else residual + y
 
 
 def fp16_packing_available() -> bool:
@@ -195,7 +312,8 @@ def fp16_packing_available() -> bool:
 def choose_weight_format(
     source_format: str, device: torch.device, dtype: torch.dtype, kernels: QKernels | None
 ) -> WeightFormat:
-    """The fastest format that keeps the file's precision (see the module docstring).
+    """The fastest format that keeps the file's precision, for weights held as plain tensors
+    (see the module docstring; weights kept in the file's blocks run in their own format).
 
     q4 only for Q4_1 files (requantising them is exact); q8 for everything else, which is
     exact for Q8_0 and loses far less than the file's own quantisation for other types.
@@ -208,7 +326,7 @@ def choose_weight_format(
 
 
 def make_linear(
-    weight: Tensor,
+    weight: Weight | Sequence[Weight],
     bias: Tensor | None,
     fmt: WeightFormat,
     *,
@@ -217,8 +335,78 @@ def make_linear(
     device: torch.device | None = None,
     kernels: QKernels | None = None,
 ) -> Linear:
-    """A linear layer y = prologue(x) W^T + b in format `fmt`; `dtype` is the activation dtype."""
+    """A linear layer y = prologue(x) W^T + b; `dtype` is the activation dtype.
+
+    `weight` is one matrix or the parts whose rows stack into it (q | k | v). Plain tensors run
+    in format `fmt`; file blocks run in their own format: the compiled kernel for Q8_0 / Q4_1,
+    else dequantised a few rows at a time (`StreamingLinear`).
+    """
     device = device or torch.device("cpu")
+    parts = [weight] if isinstance(weight, Tensor | QuantTensor) else list(weight)
+    plain = [p for p in parts if isinstance(p, Tensor)]
+    if len(plain) == len(parts):
+        return _plain_linear(
+            plain[0] if len(plain) == 1 else torch.cat(plain), bias, fmt, prologue, dtype, device,
+            kernels,
+        )  # fmt: skip
+    bits = _kernel_bits(parts, device, dtype, kernels)
+    if bits is not None and kernels is not None:
+        blocks = [p.raw for p in parts if isinstance(p, QuantTensor)]
+        return QuantLinear(blocks, parts[0].shape[1], bias, prologue, bits, kernels)
+    if len(parts) == 1 and isinstance(parts[0], QuantTensor):
+        why = "no kernel for it"
+        if parts[0].qtype in _KERNEL_KINDS:
+            why = "the compiled kernels run on CPUs with float32 activations only"
+            if kernels is None:
+                why = "the compiled CPU kernels are not available here"
+        return StreamingLinear(parts[0], bias, prologue, dtype, device, why)
+    groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] Q6_K
+    for p in parts:
+        if groups and _kernel_bits([*groups[-1], p], device, dtype, kernels) is not None:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return SplitLinear(
+        [make_linear(g, None, fmt, dtype=dtype, device=device, kernels=kernels) for g in groups],
+        bias,
+        prologue,
+    )
+
+
+_KERNEL_KINDS = {
+    Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q4_K: KIND_Q4_K, Q5_K: KIND_Q5_K, Q6_K: KIND_Q6_K
+}  # fmt: skip
+_KIND_NAMES = {
+    KIND_Q4: "q4",
+    KIND_Q8: "q8",
+    KIND_Q4_K: "Q4_K",
+    KIND_Q5_K: "Q5_K",
+    KIND_Q6_K: "Q6_K",
+}
+
+
+def _kernel_bits(
+    parts: list[Weight], device: torch.device, dtype: torch.dtype, kernels: QKernels | None
+) -> int | None:
+    """The compiled kernel's layout when every part is Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K blocks
+    of one type that it can run together."""
+    if kernels is None or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if len(parts) > MAX_PARTS or not all(isinstance(p, QuantTensor) for p in parts):
+        return None
+    kinds = {p.qtype for p in parts if isinstance(p, QuantTensor)}
+    return _KERNEL_KINDS.get(kinds.pop()) if len(kinds) == 1 else None
+
+
+def _plain_linear(
+    weight: Tensor,
+    bias: Tensor | None,
+    fmt: WeightFormat,
+    prologue: Prologue,
+    dtype: torch.dtype,
+    device: torch.device,
+    kernels: QKernels | None,
+) -> Linear:
     if fmt in ("fp16", "q8", "q4") and (device.type != "cpu" or dtype != torch.float32):
         raise ValueError(f"the {fmt} weight format needs device 'cpu' and dtype float32")
     if fmt in ("q8", "q4"):
@@ -227,7 +415,9 @@ def make_linear(
         if weight.shape[1] % QUANT_BLOCK:
             fmt = "fp16" if fp16_packing_available() else "dense"
         else:
-            return QuantLinear(weight, bias, prologue, 4 if fmt == "q4" else 8, kernels)
+            blocks = quantize_q4(weight) if fmt == "q4" else quantize_q8(weight)
+            bits = 4 if fmt == "q4" else 8
+            return QuantLinear([blocks], weight.shape[1], bias, prologue, bits, kernels)
     if isinstance(prologue, RmsNorm):
         prologue = RmsNorm(prologue.gain.to(device), prologue.eps)
     folded = _fold_gain(weight, prologue)

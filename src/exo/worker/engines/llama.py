@@ -13,9 +13,9 @@
 Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
 the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
 `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
-together in one complex multiply; attention is `scaled_dot_product_attention` over a
-preallocated cache. With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
-cache write and attention are one call per layer, so a block is five calls.
+together in one complex multiply; attention is `scaled_dot_product_attention` over the paged
+cache (`kv_cache.py`). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's
+rotation, cache write and attention are one call per layer, so a block is five calls.
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
@@ -30,19 +30,10 @@ from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
-from exo.worker.engines.kv_cache import KVCache
-from exo.worker.engines.linear import (
-    QUANT_BLOCK,
-    Linear,
-    Prologue,
-    QuantLinear,
-    RmsNorm,
-    SwiGLU,
-    WeightFormat,
-    dequantize_blocks,
-    make_linear,
-    quantize_q8,
-)
+from exo.worker.engines.embedding import Embedding
+from exo.worker.engines.kv_cache import KVCache, LayerCache
+from exo.worker.engines.linear import Linear, Prologue, RmsNorm, SwiGLU, WeightFormat, make_linear
+from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.rope import apply_rope, rope_frequencies, rope_table
 from exo.worker.engines.weights import LayerWeights, ShardWeights
 
@@ -118,19 +109,21 @@ def build_block(
             device=device, dtype=dtype
         )
 
-    def linear(w: Tensor, bias: Tensor | None = None, prologue: Prologue = None) -> Linear:
+    def linear(
+        w: Weight | list[Weight], bias: Tensor | None = None, prologue: Prologue = None
+    ) -> Linear:
         return make_linear(
             w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
         )
 
     return Block(
         qkv=linear(
-            torch.cat([layer.wq, layer.wk, layer.wv]),
+            [layer.wq, layer.wk, layer.wv],
             _stack_bias(layer),
             RmsNorm(layer.attn_norm, eps),
         ),
         o=linear(layer.wo),
-        gate_up=linear(torch.cat([layer.w_gate, layer.w_up]), None, RmsNorm(layer.ffn_norm, eps)),
+        gate_up=linear([layer.w_gate, layer.w_up], None, RmsNorm(layer.ffn_norm, eps)),
         down=linear(layer.w_down, None, SwiGLU()),
         heads=heads,
         kv_heads=kv_heads,
@@ -185,18 +178,12 @@ class LlamaModel:
                 device=self.device,
                 kernels=kernels,
             )
-        # The embedding table: [V, D] in `dtype`, or, with the quantised formats, q8 blocks
-        # [V, D/32, 34] dequantised per looked-up row (shared with a tied q8 head).
-        self.embedding: Tensor | None = None
-        self._embedding_blocks: Tensor | None = None
+        # The embedding table in its running format (shared with a tied q8 head).
+        self.embedding: Embedding | None = None
         if weights.embed is not None:
-            tied = weights.embed is weights.lm_head and isinstance(self.lm_head, QuantLinear)
-            if tied and isinstance(self.lm_head, QuantLinear) and self.lm_head.bits == 8:
-                self._embedding_blocks = self.lm_head.blocks
-            elif weight_format in ("q4", "q8") and c.hidden % QUANT_BLOCK == 0:
-                self._embedding_blocks = quantize_q8(weights.embed)
-            else:
-                self.embedding = weights.embed.to(device=self.device, dtype=dtype)
+            tied = weights.embed is weights.lm_head
+            head = self.lm_head if tied else None
+            self.embedding = Embedding(weights.embed, weight_format, dtype, self.device, head)
         self._freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
         self._rope = rope_table(c.context_length, self._freqs, self.device)  # [P, hd/2]
 
@@ -204,18 +191,16 @@ class LlamaModel:
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> hidden [B, T, D]."""
-        tokens = tokens.to(self.device)
-        if self._embedding_blocks is not None:
-            return dequantize_blocks(self._embedding_blocks[tokens], 8)
         if self.embedding is None:
             raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return F.embedding(tokens, self.embedding)
+        return self.embedding(tokens.to(self.device))
 
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
         t = self._step_tensors(step, cache)
+        cache.prepare(step.slots, step.starts, step.n_new)  # pages for the new positions
         for i, block in enumerate(self.blocks):
-            hidden = self._block(block, hidden, t, cache.k[i], cache.v[i])
+            hidden = self._block(block, hidden, t, cache.layer(i))
         return hidden
 
     def head(self, hidden: Tensor) -> Tensor:
@@ -244,10 +229,8 @@ class LlamaModel:
 
     # --- inside a block --------------------------------------------------------------------
 
-    def _block(
-        self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> Tensor:
-        h = self._residual(h, b.o, self._attention(b, h, t, k_cache, v_cache))
+    def _block(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
+        h = self._residual(h, b.o, self._attention(b, h, t, layer_cache))
         return self._residual(h, b.down, b.gate_up(h))
 
     def _residual(self, h: Tensor, layer: Linear, x: Tensor) -> Tensor:
@@ -256,17 +239,15 @@ class LlamaModel:
             return layer(x, residual=h)
         return h + self.all_reduce(layer(x))
 
-    def _attention(
-        self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> Tensor:
-        """h [B, T, D] -> attention output [B, T, H*hd]; k_cache/v_cache [slot, KV, pos, hd]."""
+    def _attention(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
+        """h [B, T, D] -> attention output [B, T, H*hd], the new k, v stored in the cache."""
         bsz, n_new, _ = h.shape
         hd, heads, kvh = self.config.head_dim, b.heads, b.kv_heads
         qkv = b.qkv(h)  # [B, T, (H + 2KV) * hd]   (input norm fused in)
         if n_new == 1 and self._kernels is not None:  # rotate, cache, attend: one compiled call
             return self._kernels.attend_decode(
                 qkv, heads, kvh, hd, self._rope, b.qk_norm, self.eps,
-                k_cache, v_cache, t.slot_index, t.pos_index,
+                layer_cache.paged(), t.pos_index,
             )  # fmt: skip
         qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
         if b.qk_norm is not None:
@@ -275,7 +256,7 @@ class LlamaModel:
         qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
         q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
         v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
-        keys, values = self._write_cache(k, v, t, k_cache, v_cache)  # [B, KV, L, hd]
+        keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
         if n_new == 1:
             # One query per row: fold the query heads of each kv group into the query axis.
             q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
@@ -290,23 +271,6 @@ class LlamaModel:
             enable_gqa=heads != kvh,
         )  # [B, H, T, hd]
         return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
-
-    def _write_cache(
-        self, k: Tensor, v: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        """Store the new k, v [B, T, KV, hd]; return every row's keys/values [B, KV, L, hd]."""
-        bsz, n_new = k.shape[0], k.shape[1]
-        if n_new == 1:
-            k_cache[t.slot_index, :, t.pos_index] = k[:, 0]  # [B, KV, hd] scattered
-            v_cache[t.slot_index, :, t.pos_index] = v[:, 0]
-        else:
-            for b in range(bsz):
-                slot, start = int(t.slot_index[b]), int(t.pos_index[b])
-                k_cache[slot, :, start : start + n_new] = k[b].transpose(0, 1)
-                v_cache[slot, :, start : start + n_new] = v[b].transpose(0, 1)
-        if t.slot_rows is not None:
-            return k_cache[t.slot_rows, :, : t.kv_len], v_cache[t.slot_rows, :, : t.kv_len]
-        return k_cache[t.slot_index, :, : t.kv_len], v_cache[t.slot_index, :, : t.kv_len]
 
     # --- per-step tensors ------------------------------------------------------------------
 

@@ -1,19 +1,30 @@
 """Hugging Face model folders (config.json + *.safetensors) to `LlamaConfig` and `ShardWeights`.
 
-Only the tensors of the requested layer range are read (safetensors files are memory-mapped).
+Only the tensors of the requested layer range are read, one at a time, into the form a
+`StoragePlan` asks for (`materialise.py`).
 q/k rows are permuted from Hugging Face's half-split rotary layout to our interleaved one.
 """
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
-from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeights, halves_to_pairs
+from exo.worker.engines.file_rows import SafetensorsFile
+from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
+from exo.worker.engines.qtensor import Weight
+from exo.worker.engines.weights import (
+    LayerWeights,
+    ProgressCallback,
+    ShardWeights,
+    TensorParallel,
+    halves_to_pairs,
+    slice_layer,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -108,64 +119,78 @@ def hf_config(folder: Path) -> LlamaConfig:
 
 
 class _TensorSource:
-    """Tensor name -> the safetensors file holding it, read lazily."""
+    """Tensor name -> the safetensors file holding it; each tensor read when asked for."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype) -> None:
-        self.dtype = dtype
-        self.where: dict[str, Path] = {}
+    def __init__(self, folder: Path, plan: StoragePlan) -> None:
+        self.plan = plan
+        self.where: dict[str, SafetensorsFile] = {}
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ValueError(f"no *.safetensors file in {folder}")
-        for file in files:
-            with safe_open(str(file), framework="pt") as st:
-                for key in cast(list[str], st.keys()):
-                    self.where[key] = file
+        self.files = [SafetensorsFile(file) for file in files]
+        for st in self.files:
+            for key in st.tensors:
+                self.where[key] = st
+
+    def close(self) -> None:
+        for st in self.files:
+            st.close()
 
     def has(self, name: str) -> bool:
         return name in self.where
 
-    def get(self, name: str) -> Tensor:
+    def get(self, name: str) -> Weight:
         if name not in self.where:
             raise ValueError(f"tensor {name!r} not found in the safetensors files")
-        with safe_open(str(self.where[name]), framework="pt") as st:
-            tensor = cast(Tensor, st.get_tensor(name))
-        return tensor.to(self.dtype)
+        info = self.where[name].tensors[name]
+        return materialise(StoredTensor(self.where[name], name, info.dtype, info.shape), self.plan)
+
+    def vector(self, name: str) -> Tensor:
+        w = self.get(name)
+        assert isinstance(w, Tensor)  # vectors are always plain tensors
+        return w
 
     def stored_dtype(self, name: str) -> str:
         """The file's dtype of a tensor, upper case ("BF16", "F16", "F32")."""
-        with safe_open(str(self.where[name]), framework="pt") as st:
-            return str(st.get_slice(name).get_dtype()).upper()
+        return self.where[name].tensors[name].dtype.upper()
 
-    def maybe(self, name: str) -> Tensor | None:
+    def maybe(self, name: str) -> Weight | None:
         return self.get(name) if self.has(name) else None
+
+    def maybe_vector(self, name: str) -> Tensor | None:
+        return self.vector(name) if self.has(name) else None
 
 
 def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
     p = f"model.layers.{i}."
     a = p + "self_attn."
 
-    def qk(name: str, n_heads: int) -> Tensor | None:
+    def qk(name: str, n_heads: int) -> Weight | None:
         t = src.maybe(a + name)
+        return None if t is None else halves_to_pairs(t, n_heads)
+
+    def qk_vector(name: str, n_heads: int) -> Tensor | None:
+        t = src.maybe_vector(a + name)
         return None if t is None else halves_to_pairs(t, n_heads)
 
     wq, wk = qk("q_proj.weight", config.heads), qk("k_proj.weight", config.kv_heads)
     if wq is None or wk is None:
         raise ValueError(f"layer {i}: q_proj / k_proj missing")
     return LayerWeights(
-        attn_norm=src.get(p + "input_layernorm.weight"),
+        attn_norm=src.vector(p + "input_layernorm.weight"),
         wq=wq,
         wk=wk,
         wv=src.get(a + "v_proj.weight"),
         wo=src.get(a + "o_proj.weight"),
-        ffn_norm=src.get(p + "post_attention_layernorm.weight"),
+        ffn_norm=src.vector(p + "post_attention_layernorm.weight"),
         w_gate=src.get(p + "mlp.gate_proj.weight"),
         w_up=src.get(p + "mlp.up_proj.weight"),
         w_down=src.get(p + "mlp.down_proj.weight"),
-        bq=qk("q_proj.bias", config.heads),
-        bk=qk("k_proj.bias", config.kv_heads),
-        bv=src.maybe(a + "v_proj.bias"),
-        q_norm=qk("q_norm.weight", 1),
-        k_norm=qk("k_norm.weight", 1),
+        bq=qk_vector("q_proj.bias", config.heads),
+        bk=qk_vector("k_proj.bias", config.kv_heads),
+        bv=src.maybe_vector(a + "v_proj.bias"),
+        q_norm=qk_vector("q_norm.weight", 1),
+        k_norm=qk_vector("k_norm.weight", 1),
     )
 
 
@@ -176,21 +201,42 @@ def load_hf_shard(
     *,
     dtype: torch.dtype = torch.float32,
     progress: ProgressCallback | None = None,
+    plan: StoragePlan | None = None,
+    tensor_parallel: TensorParallel | None = None,
 ) -> ShardWeights:
-    """Layers [start_layer, end_layer) of a Hugging Face safetensors model, cast to `dtype`."""
+    """Layers [start_layer, end_layer) of a Hugging Face safetensors model, held as `plan` says
+    (default: plain tensors in `dtype`); with `tensor_parallel`, each layer is sliced as it
+    loads."""
     config = hf_config(folder)
     check_layer_range(config, start_layer, end_layer)
-    src = _TensorSource(folder, dtype)
+    src = _TensorSource(folder, plan or replace(DENSE_PLAN, dtype=dtype))
+    try:
+        return _load(src, config, start_layer, end_layer, progress, tensor_parallel)
+    finally:
+        src.close()
+
+
+def _load(
+    src: _TensorSource,
+    config: LlamaConfig,
+    start_layer: int,
+    end_layer: int,
+    progress: ProgressCallback | None,
+    tensor_parallel: TensorParallel | None,
+) -> ShardWeights:
     source = src.stored_dtype(f"model.layers.{start_layer}.mlp.down_proj.weight")
     total = end_layer - start_layer
     layers: list[LayerWeights] = []
     for i in range(start_layer, end_layer):
-        layers.append(_layer(src, config, i))
+        layer = _layer(src, config, i)
+        if tensor_parallel is not None:
+            layer = slice_layer(layer, config, tensor_parallel.rank, tensor_parallel.world)
+        layers.append(layer)
         if progress is not None:
             progress(len(layers), total)
     is_last = end_layer == config.n_layers
     embed = src.get("model.embed_tokens.weight") if start_layer == 0 else None
-    lm_head: Tensor | None = None
+    lm_head: Weight | None = None
     if is_last:
         tied = config.tie_embeddings or not src.has("lm_head.weight")
         if tied:
@@ -203,7 +249,7 @@ def load_hf_shard(
         end_layer=end_layer,
         layers=layers,
         embed=embed,
-        final_norm=src.get("model.norm.weight") if is_last else None,
+        final_norm=src.vector("model.norm.weight") if is_last else None,
         lm_head=lm_head,
         source_format=source,
     )

@@ -8,14 +8,22 @@ Canonical layout, whatever the file format:
   pos * theta^(-2i / head_dim). llama.cpp's converter stores llama GGUFs this way; Hugging Face
   checkpoints use the *half-split* layout (pairs (i, i + head_dim/2)) and are permuted on load
   by `halves_to_pairs`. Attention scores are unchanged: q and k get the same permutation.
+
+Matrices are `Weight`s: plain tensors, or the file's quantised blocks (`QuantTensor`), which
+permute and slice by rows (and by columns on block boundaries) without dequantising.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar, cast
 
+import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.qtensor import QuantTensor, Weight
+
+W = TypeVar("W", bound=Tensor | QuantTensor)
 
 ProgressCallback = Callable[[int, int], None]
 """Called as (layers_loaded, total_layers_in_shard) while a shard loads."""
@@ -26,14 +34,14 @@ class LayerWeights:
     """One transformer block. Head counts are read from the shapes (they shrink under TP)."""
 
     attn_norm: Tensor  # [D]
-    wq: Tensor  # [H*hd, D]
-    wk: Tensor  # [KV*hd, D]
-    wv: Tensor  # [KV*hd, D]
-    wo: Tensor  # [D, H*hd]
+    wq: Weight  # [H*hd, D]
+    wk: Weight  # [KV*hd, D]
+    wv: Weight  # [KV*hd, D]
+    wo: Weight  # [D, H*hd]
     ffn_norm: Tensor  # [D]
-    w_gate: Tensor  # [F, D]
-    w_up: Tensor  # [F, D]
-    w_down: Tensor  # [D, F]
+    w_gate: Weight  # [F, D]
+    w_up: Weight  # [F, D]
+    w_down: Weight  # [D, F]
     bq: Tensor | None = None  # [H*hd]   (Qwen2)
     bk: Tensor | None = None  # [KV*hd]
     bv: Tensor | None = None  # [KV*hd]
@@ -49,9 +57,9 @@ class ShardWeights:
     start_layer: int
     end_layer: int
     layers: list[LayerWeights]
-    embed: Tensor | None  # [V, D]            when start_layer == 0
+    embed: Weight | None  # [V, D]            when start_layer == 0
     final_norm: Tensor | None  # [D]          when end_layer == n_layers
-    lm_head: Tensor | None  # [V, D]          when end_layer == n_layers (the embedding if tied)
+    lm_head: Weight | None  # [V, D]          when end_layer == n_layers (the embedding if tied)
     rope_freq_factors: Tensor | None = None  # [hd/2]  divisors of the rotary frequencies
     source_format: str = "F32"  # how the file stored the layer matrices: "Q4_1", "Q8_0", "BF16"..
 
@@ -64,27 +72,46 @@ class ShardWeights:
         return self.end_layer == self.config.n_layers
 
 
-def halves_to_pairs(w: Tensor, n_heads: int) -> Tensor:
+def halves_to_pairs(w: W, n_heads: int) -> W:
     """Reorder q/k rows from the half-split rotary layout to the interleaved one.
 
     Within a head, old row i (first half) and i + hd/2 (second half) become rows 2i and 2i+1.
     Works for weights [H*hd, in], biases [H*hd] and per-head norm weights [hd] (n_heads=1).
     """
+    if isinstance(w, QuantTensor):
+        order = halves_to_pairs(torch.arange(w.shape[0]), n_heads)
+        return cast(W, w.take_rows(order))
     rest = w.shape[1:]
     head_dim = w.shape[0] // n_heads
-    return w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape)
+    return cast(W, w.reshape(n_heads, 2, head_dim // 2, *rest).transpose(1, 2).reshape(w.shape))
 
 
 # --- tensor parallel -----------------------------------------------------------------------------
 
 
-def _rows(w: Tensor, rank: int, world_size: int) -> Tensor:
+@dataclass(frozen=True)
+class TensorParallel:
+    """This process is rank `rank` of `world` tensor-parallel ranks."""
+
+    rank: int
+    world: int
+
+
+def _rows(w: W, rank: int, world_size: int) -> W:
     n = w.shape[0] // world_size
-    return w[rank * n : (rank + 1) * n].contiguous()
+    if isinstance(w, QuantTensor):
+        return cast(W, w.rows(rank * n, (rank + 1) * n))
+    return cast(W, w[rank * n : (rank + 1) * n].contiguous())
 
 
-def _cols(w: Tensor, rank: int, world_size: int) -> Tensor:
+def _cols(w: Weight, rank: int, world_size: int) -> Weight:
+    """Columns of a rank; blocks that a rank boundary would split are dequantised first."""
     n = w.shape[1] // world_size
+    if isinstance(w, QuantTensor):
+        sliced = w.cols(rank * n, (rank + 1) * n)
+        if sliced is not None:
+            return sliced
+        return w.dequantize()[:, rank * n : (rank + 1) * n].contiguous()
     return w[:, rank * n : (rank + 1) * n].contiguous()
 
 

@@ -35,11 +35,12 @@ from exo.worker.engines.engine import Engine, load_config, load_shard_weights
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.tokenizer import load_tokenizer
-from exo.worker.engines.weights import ProgressCallback, slice_shard
+from exo.worker.engines.weights import ProgressCallback, TensorParallel
 
 Kind = Literal["pipeline", "tensor"]
-_OP_STOP, _OP_FORWARD, _OP_MOVE = 0, 1, 2
+_OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
 _HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
 
 
@@ -116,7 +117,7 @@ class _Header:
 
 
 class _LeaderCache:
-    """Rank 0's cache: a slot move is mirrored on every rank before it happens here."""
+    """Rank 0's cache: a slot move or release is mirrored on every rank before it happens here."""
 
     def __init__(self, local: KVCache, leader: "LeaderModel") -> None:
         self.local = local
@@ -125,6 +126,10 @@ class _LeaderCache:
     def move_slot(self, src: int, dst: int, length: int) -> None:
         self.leader.send_header(self.leader.header.encode(_OP_MOVE, move=(src, dst, length)))
         self.local.move_slot(src, dst, length)
+
+    def release(self, slot: int) -> None:
+        self.leader.send_header(self.leader.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
+        self.local.release(slot)
 
 
 class LeaderModel:
@@ -211,6 +216,9 @@ class Follower:
         if op == _OP_MOVE:
             self.cache.move_slot(int(header[1]), int(header[2]), int(header[3]))
             return True
+        if op == _OP_RELEASE:
+            self.cache.release(int(header[1]))
+            return True
         step = self.header.decode_step(header)
         batch = len(step.slots)
         if self.kind == "tensor":
@@ -247,13 +255,15 @@ def load_local_model(
     if kernels is not None:
         kernels.set_threads(max(1, threads))
     load_dtype = torch.float32 if on_cpu_f32 else dtype
+    plan = load_plan(dev, load_dtype, kernels, None)
     if isinstance(shard, PipelineShardMetadata):
         weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,
-                                     progress=progress)
+                                     progress=progress, plan=plan)
         all_reduce = None
-    else:
-        full = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype, progress=progress)
-        weights = slice_shard(full, shard.device_rank, shard.world_size)
+    else:  # each layer is sliced as it loads: the rank never holds the whole model
+        tp = TensorParallel(shard.device_rank, shard.world_size)
+        weights = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype,
+                                     progress=progress, plan=plan, tensor_parallel=tp)
         all_reduce = _all_reduce
     fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
     if all_reduce is None:

@@ -36,9 +36,12 @@ def test_partial_load_holds_only_its_range(gguf_path: Path, full_weights: ShardW
     assert calls == [(1, 2), (2, 2)]
     assert len(shard.layers) == 2 and shard.embed is None
     assert shard.lm_head is not None and shard.final_norm is not None
-    assert torch.equal(shard.layers[1].w_down, full_weights.layers[29].w_down)
-    assert full_weights.embed is not None
-    assert torch.equal(shard.lm_head, full_weights.embed)  # tied embeddings
+    down, full_down = shard.layers[1].w_down, full_weights.layers[29].w_down
+    assert isinstance(down, torch.Tensor) and isinstance(full_down, torch.Tensor)
+    assert torch.equal(down, full_down)
+    head, embed = shard.lm_head, full_weights.embed
+    assert isinstance(head, torch.Tensor) and isinstance(embed, torch.Tensor)
+    assert torch.equal(head, embed)  # tied embeddings
     first = load_gguf_shard(gguf_path, 0, 1)
     assert first.embed is not None and first.lm_head is None and first.final_norm is None
     with pytest.raises(ValueError):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
+from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import (
     RmsNorm,
     SwiGLU,
@@ -30,9 +31,10 @@ def kernels() -> QKernels:
 
 def test_requantising_gguf_blocks_is_exact(full_weights: ShardWeights) -> None:
     w = full_weights.layers[3].w_gate  # Q4_1 in the file
+    assert isinstance(w, torch.Tensor)  # the dense plan: dequantised
     assert torch.equal(dequantize_blocks(quantize_q4(w), 4), w)
     e = full_weights.embed  # Q8_0 in the file
-    assert e is not None
+    assert isinstance(e, torch.Tensor)
     assert torch.equal(dequantize_blocks(quantize_q8(e[:512]), 8), e[:512])
 
 
@@ -75,6 +77,7 @@ def _reference_attention(
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) -> None:
+    """The kernel on the paged cache (pages of 64 positions, two layers) against torch."""
     torch.manual_seed(threads)
     heads, kv, hd, max_seq, pos = 9, 3, 64, 256, [200, 150]  # long enough to use the threads
     qkv = torch.randn(2, 1, (heads + 2 * kv) * hd)
@@ -84,18 +87,31 @@ def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) 
     rope = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
     k, v = torch.randn(2, kv, max_seq, hd), torch.randn(2, kv, max_seq, hd)
     k_ref, v_ref = k.clone(), v.clone()
+    cache = KVCache(2, 2, max_seq, kv, hd, dtype=torch.float32, device=torch.device("cpu"))
+    cache.prepare((1, 0), (0, 0), max(pos) + 1)  # slot 1 holds row 0: slots are any order
+    for layer in (0, 1):  # the other layer gets other values: the kernel must not read them
+        sign = 1 if layer == 1 else -1
+        cache.layer(layer).write_and_read(
+            sign * k.transpose(1, 2)[:, : max(pos) + 1],
+            sign * v.transpose(1, 2)[:, : max(pos) + 1],
+            1,
+        )
+    cache.prepare((1, 0), tuple(pos), 1)
     kernels.set_threads(threads)
     try:
         out = kernels.attend_decode(
-            qkv, heads, kv, hd, rope, None, 1e-5, k, v, torch.tensor([0, 1]), torch.tensor(pos)
+            qkv, heads, kv, hd, rope, None, 1e-5, cache.layer(1).paged(), torch.tensor(pos)
         )
     finally:
         kernels.set_threads(1)
-    torch.testing.assert_close(
-        out, _reference_attention(qkv, rope, k_ref, v_ref, pos), atol=1e-4, rtol=1e-4
-    )
-    torch.testing.assert_close(k, k_ref)
-    torch.testing.assert_close(v, v_ref)
+    want = _reference_attention(qkv, rope, k_ref, v_ref, pos)
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+    for b, p in enumerate(pos):  # the new keys and values landed in the pages
+        keys, values = cache.layer(1).write_and_read(
+            torch.empty(2, 0, kv, hd), torch.empty(2, 0, kv, hd), max(pos) + 1
+        )
+        torch.testing.assert_close(keys[b, :, : p + 1], k_ref[b, :, : p + 1])
+        torch.testing.assert_close(values[b, :, : p + 1], v_ref[b, :, : p + 1])
 
 
 def test_threaded_linear_is_identical(kernels: QKernels) -> None:

@@ -1,0 +1,71 @@
+"""The token embedding: rows of the table looked up per step, in the engine dtype.
+
+The table stays in its running format: the file's blocks (`QuantTensor`, e.g. Q8_0 or Q6_K:
+only the looked-up rows are dequantised), q8 blocks for a float table when the quantised
+formats run (shared with a tied q8 head), or a plain tensor.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from exo.worker.engines.linear import (
+    QUANT_BLOCK,
+    Linear,
+    QuantLinear,
+    WeightFormat,
+    dequantize_blocks,
+    quantize_q8,
+)
+from exo.worker.engines.qtensor import QuantTensor, Weight
+
+
+class Embedding:
+    def __init__(
+        self,
+        table: Weight,
+        fmt: WeightFormat,
+        dtype: torch.dtype,
+        device: torch.device,
+        tied_head: Linear | None = None,
+    ) -> None:
+        self.dtype, self.device = dtype, device
+        self._file_blocks: QuantTensor | None = None
+        self._q8_blocks: Tensor | None = None  # [V, D/32, 34]
+        self._table: Tensor | None = None  # [V, D]
+        if isinstance(table, QuantTensor):
+            self._file_blocks = table
+        elif isinstance(tied_head, QuantLinear) and tied_head.bits == 8:
+            self._q8_blocks = tied_head.blocks
+        elif fmt in ("q4", "q8") and table.shape[1] % QUANT_BLOCK == 0:
+            self._q8_blocks = quantize_q8(table)
+        else:
+            self._table = table.to(device=device)  # its own dtype: rows converted per lookup
+
+    @property
+    def n_bytes(self) -> int:
+        """Bytes this table holds of its own (0 when it shares the head's blocks)."""
+        if self._file_blocks is not None:
+            return self._file_blocks.n_bytes
+        if self._table is not None:
+            return self._table.numel() * self._table.element_size()
+        return 0
+
+    @property
+    def format(self) -> str:
+        if self._file_blocks is not None:
+            return self._file_blocks.qtype.name
+        if self._q8_blocks is not None:
+            return "q8"
+        assert self._table is not None
+        return str(self._table.dtype).removeprefix("torch.")
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] -> [B, T, D]."""
+        if self._file_blocks is not None:
+            rows = self._file_blocks.take_rows(tokens.flatten().cpu()).dequantize()
+            return rows.reshape(*tokens.shape, -1).to(device=self.device, dtype=self.dtype)
+        if self._q8_blocks is not None:
+            return dequantize_blocks(self._q8_blocks[tokens], 8)
+        assert self._table is not None
+        return F.embedding(tokens, self._table).to(self.dtype)

@@ -1,0 +1,191 @@
+"""C source of the decode-attention kernel on the paged KV cache (exo_attend_decode); compiled
+with the rest by `cpu_kernels.py`.
+"""
+
+ATTENTION_SOURCE = r"""
+/* ---- decode attention ---------------------------------------------------------------------- */
+
+/* Rotate the pairs (x[2i], x[2i+1]) of one head by the angles of `rot` ([hd/2] of (cos, sin)). */
+static void rotate_head(float* x, const float* rot, int hd) {
+    for (int i = 0; i < hd / 2; i++) {
+        const float c = rot[2 * i], s = rot[2 * i + 1];
+        const float a = x[2 * i], b = x[2 * i + 1];
+        x[2 * i] = a * c - b * s;
+        x[2 * i + 1] = a * s + b * c;
+    }
+}
+
+static void rms_norm_head(float* x, const float* g, float eps, int hd) {
+    float ss = 0.0f;
+    for (int i = 0; i < hd; i++) ss += x[i] * x[i];
+    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+    for (int i = 0; i < hd; i++) x[i] = x[i] * scale * g[i];
+}
+
+static inline float dot_f32(const float* a, const float* b, int n) {
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum8(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* s[t] = scale * q . k_t for t < L (k rows of hd floats); four rows at a time, one reduction. */
+static void scores_f32(const float* q, const float* k, int L, int hd, float scale, float* s) {
+    int t = 0;
+    if (hd % 8 == 0) {
+        for (; t + 4 <= L; t += 4) {
+            const float* k0 = k + (size_t)t * hd;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < hd; i += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + i);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
+            }
+            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(s + t, _mm_mul_ps(r, _mm_set1_ps(scale)));
+        }
+    }
+    for (; t < L; t++) s[t] = scale * dot_f32(q, k + (size_t)t * hd, hd);
+}
+
+/* o += sum_t p[t] v_t (v rows of hd floats), 64 dimensions at a time in registers. */
+static void weighted_sum_f32(const float* p, const float* v, int L, int hd, float* o) {
+    if (hd % 64 != 0) {
+        for (int t = 0; t < L; t++) {
+            const float* vt = v + (size_t)t * hd;
+            for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
+        }
+        return;
+    }
+    for (int i0 = 0; i0 < hd; i0 += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
+        for (int t = 0; t < L; t++) {
+            const __m256 pt = _mm256_set1_ps(p[t]);
+            const float* vt = v + (size_t)t * hd + i0;
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
+    }
+}
+
+static __thread float* scratch_att;
+static __thread size_t scratch_att_n;
+
+typedef struct {
+    const float* qkv;
+    int B, H, KV, hd;
+    const float *rope, *qk_norm;
+    float eps;
+    const int64_t* pages; /* [B, max_pages] page addresses: page [L, 2, KV, P, hd] floats */
+    int max_pages, P;
+    long layer_off;       /* floats from a page's start to this layer's keys */
+    const int64_t* pos;
+    float* out;
+    int failed;
+} AttendJob;
+
+/* Row b's key (kv = 0) or value (kv = 1) of kv head j at position t. */
+static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
+    float* page = (float*)(intptr_t)a->pages[(size_t)b * a->max_pages + t / a->P];
+    return page + a->layer_off + (((size_t)kv * a->KV + j) * a->P + t % a->P) * a->hd;
+}
+
+/* Task (b, j): row b's kv head j and the G query heads that share it. */
+static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
+    const int G = a->H / a->KV, hd = a->hd;
+    const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
+    const int p = (int)a->pos[b], P = a->P;
+    const float* rot = a->rope + (size_t)p * hd;
+    const int L = p + 1;
+    float* q = scratch;               /* [G, hd] */
+    float* scores = scratch + G * hd; /* [L] */
+    float* kp = cached(a, b, 0, j, p);
+    float* vp = cached(a, b, 1, j, p);
+    const int kh = a->H + j; /* k head j within the q | k | v row */
+    for (int i = 0; i < hd; i++) {
+        kp[i] = row[(size_t)kh * hd + i];
+        vp[i] = row[(size_t)(a->H + a->KV + j) * hd + i];
+    }
+    if (a->qk_norm) rms_norm_head(kp, a->qk_norm + (size_t)kh * hd, a->eps, hd);
+    rotate_head(kp, rot, hd);
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int g = 0; g < G; g++) {
+        const int h = j * G + g;
+        float* qg = q + (size_t)g * hd;
+        for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
+        if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
+        rotate_head(qg, rot, hd);
+        for (int t0 = 0; t0 < L; t0 += P) /* a page's keys are contiguous */
+            scores_f32(qg, cached(a, b, 0, j, t0), L - t0 < P ? L - t0 : P, hd, scale, scores + t0);
+        float mx = -INFINITY;
+        for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
+        int t = 0;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vtot = _mm256_setzero_ps();
+        for (; t + 8 <= L; t += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vmx));
+            _mm256_storeu_ps(scores + t, e);
+            vtot = _mm256_add_ps(vtot, e);
+        }
+        float total = hsum8(vtot);
+        for (; t < L; t++) {
+            scores[t] = expf(scores[t] - mx);
+            total += scores[t];
+        }
+        const float inv = 1.0f / total;
+        for (t = 0; t < L; t++) scores[t] *= inv;
+        float* o = a->out + ((size_t)b * a->H + h) * hd;
+        for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        for (int t0 = 0; t0 < L; t0 += P)
+            weighted_sum_f32(scores + t0, cached(a, b, 1, j, t0), L - t0 < P ? L - t0 : P, hd, o);
+    }
+}
+
+static void attend_part(void* ctx, int part, int parts) {
+    AttendJob* a = (AttendJob*)ctx;
+    const int tasks = a->B * a->KV;
+    const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_pages * a->P;
+    if (need > scratch_att_n) {
+        free(scratch_att);
+        scratch_att = malloc(need * sizeof(float));
+        scratch_att_n = scratch_att ? need : 0;
+        if (!scratch_att) {
+            a->failed = 1;
+            return;
+        }
+    }
+    for (int t = tasks * part / parts; t < tasks * (part + 1) / parts; t++)
+        attend_task(a, t / a->KV, t % a->KV, scratch_att);
+}
+
+/* One decoding step of B rows, one new token each:
+ *   q, k = rotate(qkv's q and k heads) (after a per-head RMSNorm when qk_norm is given),
+ *   cache[pos] = k, v;  out = softmax(q K^T / sqrt(hd)) V over positions 0..pos.
+ * qkv [B, (H + 2KV) * hd]; rope [positions, hd/2, 2] (cos, sin); qk_norm [H + KV, hd] or NULL;
+ * the paged cache: pages [B, max_pages] addresses of pages [L, 2, KV, P, hd] (keys, values of
+ * P positions), this layer at float offset layer_off; pos [B]; out [B, H * hd].
+ * Returns 0 on success. */
+int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                      const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
+                      long layer_off, const int64_t* pos, float* out) {
+    long work = 0; /* multiply-adds, to decide whether threads pay off */
+    for (int b = 0; b < B; b++) {
+        if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
+        for (int t0 = 0; t0 <= pos[b]; t0 += P)
+            if (pages[(size_t)b * max_pages + t0 / P] == 0) return -4;
+        work += 2 * (pos[b] + 1) * (long)H * hd;
+    }
+    AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
+                     pos, out, 0};
+    const int tasks = B * KV;
+    const int parts = work >= (1L << 17) ? tasks : 1;
+    run_parallel(attend_part, &job, parts);
+    return job.failed ? -1 : 0;
+}
+"""

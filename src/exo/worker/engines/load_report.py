@@ -1,0 +1,92 @@
+"""How a shard is held (the storage plan for a device) and the one log line of a load."""
+
+import ctypes
+from collections import Counter
+from pathlib import Path
+
+import torch
+from loguru import logger
+
+from exo.worker.engines.cpu_kernels import QKernels
+from exo.worker.engines.linear import WeightFormat, fp16_packing_available
+from exo.worker.engines.llama import LlamaModel
+from exo.worker.engines.materialise import StoragePlan, kernel_plan, kind_of, running_bytes
+from exo.worker.engines.qtensor import Weight
+from exo.worker.engines.weights import ShardWeights
+
+
+def load_plan(
+    device: torch.device,
+    dtype: torch.dtype,
+    kernels: QKernels | None,
+    weight_format: WeightFormat | None,
+) -> StoragePlan:
+    """Memory-faithful on a CPU (file blocks kept; see `materialise.py`). An explicit
+    `weight_format` and other devices get plain tensors in `dtype` (wider than the file's
+    blocks for quantised files: the load log says so)."""
+    if weight_format is not None or device.type != "cpu":
+        return StoragePlan(dtype=dtype)
+    packs_fp16 = kernels is None and dtype == torch.float32 and fp16_packing_available()
+    return kernel_plan(dtype, kernels is not None, torch.float16 if packs_fp16 else None)
+
+
+def shard_bytes(weights: ShardWeights) -> int:
+    """Bytes of the shard's weights as loaded (a tied head counted once)."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(w: Weight | None) -> None:
+        nonlocal total
+        if w is not None and id(w) not in seen:
+            seen.add(id(w))
+            total += running_bytes(w)
+
+    for layer in weights.layers:
+        for w in vars(layer).values():
+            add(w)
+    for w in (weights.embed, weights.lm_head, weights.final_norm, weights.rope_freq_factors):
+        add(w)
+    return total
+
+
+def kv_bytes_per_position(model: LlamaModel) -> int:
+    c = model.config
+    return 2 * len(model.blocks) * model.kv_heads * c.head_dim * model.dtype.itemsize
+
+
+def describe_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds: float) -> str:
+    kinds: Counter[str] = Counter()
+    for layer in weights.layers:
+        for field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
+            kinds[f"{field}:{kind_of(getattr(layer, field))}"] += 1
+    if weights.embed is not None:
+        kinds[f"embed:{kind_of(weights.embed)}"] += 1
+    if weights.lm_head is not None:
+        kinds[f"head:{kind_of(weights.lm_head)}"] += 1
+    kernels: Counter[str] = Counter()
+    for block in model.blocks:
+        for name in ("qkv", "o", "gate_up", "down"):
+            kernels[f"{name}: {getattr(block, name).kernel}"] += 1
+    if model.lm_head is not None:
+        kernels[f"head: {model.lm_head.kernel}"] += 1
+    per_pos = kv_bytes_per_position(model)
+    return (
+        f"loaded {path.name} layers [{weights.start_layer}, {weights.end_layer}) in "
+        f"{seconds:.2f} s; file format {weights.source_format}; "
+        f"running weights {shard_bytes(weights) / 2**20:.1f} MiB; "
+        f"formats {dict(sorted(kinds.items()))}; kernels {dict(sorted(kernels.items()))}; "
+        f"KV cache {per_pos} bytes per position ({model.dtype}), grown with use"
+    )
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed during a load back to the system (glibc keeps freed heap pages)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
+
+
+def log_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds: float) -> None:
+    logger.info(describe_load(path, weights, model, seconds))

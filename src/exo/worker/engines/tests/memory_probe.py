@@ -1,0 +1,101 @@
+"""Load a model in a fresh process and report its memory, as JSON on stdout.
+
+    python -m exo.worker.engines.tests.memory_probe PATH MAX_BATCH MAX_SEQ
+
+Run as its own process so resident memory (psutil) is the engine's alone: `baseline` after the
+imports and kernels (a runner about to load), `peak` during the load (sampled every
+millisecond), `loaded` after the model is built, `full` with the KV cache grown to
+MAX_BATCH x MAX_SEQ. Also the shard's running weight bytes and its weight bytes in the file.
+"""
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+import exo.worker.runner.runner as _runner  # a runner's imports count in its overhead
+from exo.worker.engines.cpu_kernels import load_kernels
+from exo.worker.engines.engine import load_config, load_shard_weights
+from exo.worker.engines.file_rows import SafetensorsFile
+from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.linear import choose_weight_format
+from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan, release_freed_memory, shard_bytes
+
+
+def file_weight_bytes(path: Path) -> tuple[int, str]:
+    """Bytes of all tensors in the file(s), and the format of the layer matrices."""
+    if path.is_dir():
+        total, fmt = 0, ""
+        for file in sorted(path.glob("*.safetensors")):
+            st = SafetensorsFile(file)
+            for name, info in st.tensors.items():
+                n = 1
+                for d in info.shape:
+                    n *= d
+                total += n * (2 if info.dtype in ("F16", "BF16") else 4)
+                if name.endswith("down_proj.weight"):
+                    fmt = info.dtype
+            st.close()
+        return total, fmt
+    f = GGUFFile(path)
+    try:
+        total = sum(t.n_bytes for t in f.tensors.values())
+        return total, f.tensors["blk.0.ffn_down.weight"].qtype.name
+    finally:
+        f.close()
+
+
+def main() -> None:
+    assert _runner.__name__
+    path, max_batch, max_seq = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(1)
+    proc = psutil.Process()
+    kernels = load_kernels()
+    cpu = torch.device("cpu")
+    config = load_config(path)
+    baseline = proc.memory_info().rss
+    peak = baseline
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, proc.memory_info().rss)
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.monotonic()
+    plan = load_plan(cpu, torch.float32, kernels, None)
+    weights = load_shard_weights(path, 0, config.n_layers, plan=plan)
+    fmt = choose_weight_format(weights.source_format, cpu, torch.float32, kernels)
+    model = LlamaModel(weights, weight_format=fmt, kernels=kernels)
+    running = shard_bytes(weights)
+    del weights
+    release_freed_memory()
+    seconds = time.monotonic() - started
+    done.set()
+    sampler.join()
+    peak = max(peak, proc.memory_info().rss)
+    loaded = proc.memory_info().rss
+    cache = model.new_cache(max_batch, max_seq)
+    with torch.inference_mode():
+        model.forward(torch.tensor([[1, 2, 3]]), StepInputs.single(0, 0, 3), cache)
+    cache.prepare(tuple(range(max_batch)), (0,) * max_batch, max_seq)  # every page in use
+    file_bytes, file_format = file_weight_bytes(path)
+    report = {
+        "baseline": baseline, "peak": peak, "loaded": loaded, "full": proc.memory_info().rss,
+        "running": running, "kv_bytes": cache.n_bytes, "file_bytes": file_bytes,
+        "file_format": file_format, "seconds": seconds, "n_layers": config.n_layers,
+        "kv_heads": config.kv_heads, "head_dim": config.head_dim, "kernels": kernels is not None,
+    }  # fmt: skip
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Memory-faithful loading, measured in a fresh process (psutil), for each supported format.
+
+For a generated model: running weights <= 1.15x their bytes in the file; peak RSS during the
+load minus RSS before it <= 1.2x the running size; and the pure estimate
+(`exo.shared.models.memory`) within 10% of the process's RSS with its KV cache at the maximum.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exo.shared.models.memory import estimate_runner_memory
+from exo.worker.engines.tests.generated import write_gguf, write_safetensors
+
+pytestmark = [pytest.mark.slow]
+
+SHAPE: dict[str, int] = {
+    "layers": 6, "hidden": 1024, "ffn": 2816, "heads": 16, "kv_heads": 4, "vocab": 16384,
+}  # fmt: skip
+MAX_BATCH, MAX_SEQ = 4, 1024
+
+
+def probe(path: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "exo.worker.engines.tests.memory_probe", str(path),
+         str(MAX_BATCH), str(MAX_SEQ)],
+        capture_output=True, text=True, timeout=240, env=os.environ.copy(), check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("recipe", ["Q4_K_M", "Q8_0", "F16", "BF16-safetensors"])
+def test_load_is_memory_faithful_and_the_estimate_holds(tmp_path: Path, recipe: str) -> None:
+    if recipe == "BF16-safetensors":
+        path = write_safetensors(tmp_path / "hf", **SHAPE)
+    else:
+        path = write_gguf(tmp_path / "m.gguf", recipe, **SHAPE)
+    r = probe(path)
+    assert r["running"] <= 1.15 * r["file_bytes"], r
+    assert r["peak"] - r["baseline"] <= 1.2 * r["running"], r
+    estimate = estimate_runner_memory(
+        weight_file_bytes=r["file_bytes"],
+        file_format=r["file_format"],
+        n_layers=r["n_layers"],
+        kv_heads=r["kv_heads"],
+        head_dim=r["head_dim"],
+        max_seq=MAX_SEQ,
+        max_batch=MAX_BATCH,
+        kernels=r["kernels"],
+    )
+    assert r["kv_bytes"] == estimate.kv_cache
+    assert abs(estimate.weights - r["running"]) <= 0.02 * r["running"], (estimate, r)
+    assert abs(estimate.total - r["full"]) <= 0.10 * r["full"], (estimate.total, r)

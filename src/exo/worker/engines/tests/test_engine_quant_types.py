@@ -1,0 +1,160 @@
+"""Every supported weight type against gguf's own dequantiser, on random valid blocks."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from exo.worker.engines.cpu_kernels import QKernels, load_kernels
+from exo.worker.engines.embedding import Embedding
+from exo.worker.engines.engine import load_shard_weights
+from exo.worker.engines.linear import (
+    QuantLinear,
+    RmsNorm,
+    SplitLinear,
+    StreamingLinear,
+    choose_weight_format,
+    make_linear,
+)
+from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan
+from exo.worker.engines.materialise import kernel_plan
+from exo.worker.engines.qtensor import QuantTensor, q4_0_to_q4_1
+from exo.worker.engines.tests.generated import random_blocks, write_gguf
+from exo.worker.engines.tests.kquants import quantize_q4_k, quantize_q6_k
+from exo.worker.engines.weights import TensorParallel
+
+T = GGMLQuantizationType
+BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+N, K = 48, 512
+
+
+def _reference(qtype: GGMLQuantizationType, raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(dequantize(raw, qtype).reshape(raw.shape[0], -1).astype(np.float32))
+
+
+@pytest.fixture(scope="module")
+def kernels() -> QKernels | None:
+    return load_kernels()
+
+
+@pytest.mark.parametrize("with_kernels", [True, False])
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_linear_on_file_blocks_matches_gguf(
+    qtype: GGMLQuantizationType, with_kernels: bool, kernels: QKernels | None
+) -> None:
+    if with_kernels and kernels is None:
+        pytest.skip("no compiled kernels here")
+    raw = random_blocks(qtype, N, K, seed=int(qtype))
+    w = _reference(qtype, raw)
+    torch.manual_seed(0)
+    x, bias, gain = torch.randn(3, K), torch.randn(N), torch.rand(K) + 0.5
+    residual = torch.randn(3, N)
+    qt = QuantTensor(qtype, torch.from_numpy(raw), K)
+    if qtype == T.Q4_0 and with_kernels:  # the loader's exact repack for the q4 kernel
+        qt = QuantTensor(T.Q4_1, q4_0_to_q4_1(qt.raw), K)
+        torch.testing.assert_close(qt.dequantize(), w, atol=0, rtol=0)
+    lin = make_linear(
+        qt, bias, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels if with_kernels else None
+    )
+    kernel_types = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+    expected = QuantLinear if with_kernels and qtype in kernel_types else StreamingLinear
+    assert isinstance(lin, expected)
+    want = F.linear(F.rms_norm(x, (K,), gain, 1e-5), w, bias) + residual
+    scale = want.abs().max().item()
+    torch.testing.assert_close(lin(x, residual=residual), want, atol=2e-3 * scale, rtol=1e-3)
+
+
+def test_parts_of_mixed_types_stack_like_their_concatenation(kernels: QKernels | None) -> None:
+    """q | k in Q4_K and v in Q6_K (a Q4_K_M layer); q8 parts read in place by the kernel."""
+    for types in ([T.Q4_K, T.Q4_K, T.Q6_K], [T.Q8_0, T.Q8_0, T.Q8_0]):
+        raws = [random_blocks(t, 16 * (i + 1), K, seed=i) for i, t in enumerate(types)]
+        parts = [QuantTensor(t, torch.from_numpy(r), K) for t, r in zip(types, raws, strict=True)]
+        w = torch.cat([_reference(t, r) for t, r in zip(types, raws, strict=True)])
+        x = torch.randn(5, K)
+        lin = make_linear(
+            parts, None, "dense", prologue=RmsNorm(torch.ones(K), 1e-5), kernels=kernels
+        )
+        if types[0] == T.Q4_K:  # [q, k] run together, v apart
+            assert isinstance(lin, SplitLinear) and len(lin.parts) == 2
+            if kernels is not None:
+                assert all(isinstance(p, QuantLinear) for p in lin.parts)
+        elif kernels is not None:
+            assert isinstance(lin, QuantLinear)
+        want = F.linear(F.rms_norm(x, (K,), None, 1e-5), w)
+        torch.testing.assert_close(lin(x), want, atol=2e-3 * want.abs().max().item(), rtol=1e-3)
+
+
+@pytest.mark.parametrize("qtype", [T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+def test_embedding_rows_from_file_blocks(qtype: GGMLQuantizationType) -> None:
+    raw = random_blocks(qtype, 40, 256, seed=3)
+    table = Embedding(
+        QuantTensor(qtype, torch.from_numpy(raw), 256), "q8", torch.float32, torch.device("cpu")
+    )
+    tokens = torch.tensor([[3, 39, 0], [7, 7, 12]])
+    torch.testing.assert_close(table(tokens), _reference(qtype, raw)[tokens], atol=0, rtol=0)
+
+
+def test_column_slices_on_block_boundaries_stay_blocks() -> None:
+    raw = random_blocks(T.Q4_K, 8, 1024, seed=5)
+    qt = QuantTensor(T.Q4_K, torch.from_numpy(raw), 1024)
+    half = qt.cols(512, 1024)
+    assert half is not None and half.n_bytes == qt.n_bytes // 2
+    torch.testing.assert_close(half.dequantize(), _reference(T.Q4_K, raw)[:, 512:])
+    assert qt.cols(0, 100) is None  # not on a block boundary: the caller dequantises
+
+
+@pytest.mark.parametrize("use_kernels", [True, False])
+@pytest.mark.parametrize("recipe", ["Q4_K_M", "Q8_0", "Q4_0", "Q5_1", "F16", "BF16"])
+def test_generated_model_in_file_blocks_matches_dense(
+    tmp_path: Path, recipe: str, use_kernels: bool
+) -> None:
+    """Whole model as the engine holds it (with the compiled kernels, and without them: file
+    blocks dequantised per call, 16-bit floats packed by fbgemm) against all dequantised."""
+    path = write_gguf(tmp_path / "m.gguf", recipe)
+    kernels = load_kernels() if use_kernels else None
+    if use_kernels and kernels is None:
+        pytest.skip("no compiled kernels here")
+    cpu = torch.device("cpu")
+    weights = load_shard_weights(path, 0, 2, plan=load_plan(cpu, torch.float32, kernels, None))
+    fmt = choose_weight_format(weights.source_format, cpu, torch.float32, kernels)
+    faithful = LlamaModel(weights, weight_format=fmt, kernels=kernels)
+    dense = LlamaModel(load_shard_weights(path, 0, 2), weight_format="dense")
+    tokens = torch.tensor([[5, 9, 100, 3]])
+    outs = []
+    for model in (faithful, dense):
+        cache = model.new_cache(1, 8)
+        outs.append(model.forward(tokens, StepInputs.single(0, 0, 4), cache))
+    scale = outs[1].abs().max().item()
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2 * scale, rtol=1e-2)
+
+
+def test_tensor_parallel_ranks_slice_file_blocks_as_they_load(tmp_path: Path) -> None:
+    path = write_gguf(tmp_path / "m.gguf", "Q4_K_M", hidden=512, ffn=1024, heads=4, kv_heads=2)
+    plan = kernel_plan(torch.float32, False)
+    full = load_shard_weights(path, 0, 2, plan=plan)
+    half = load_shard_weights(path, 0, 2, plan=plan, tensor_parallel=TensorParallel(1, 2))
+    wd, wd_half = full.layers[0].w_down, half.layers[0].w_down  # row-parallel: columns split
+    assert isinstance(wd, QuantTensor) and isinstance(wd_half, QuantTensor)
+    torch.testing.assert_close(wd_half.dequantize(), wd.dequantize()[:, 512:])
+    assert isinstance(half.layers[0].wq, QuantTensor) and half.layers[0].wq.shape == (256, 512)
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_k_quant_packing_round_trips_through_gguf(qtype: GGMLQuantizationType) -> None:
+    """The test helper's Q4_K / Q6_K packing, read back by gguf's dequantiser."""
+    x = np.random.default_rng(1).standard_normal((6, 512)).astype(np.float32)
+    raw = quantize_q4_k(x) if qtype == T.Q4_K else quantize_q6_k(x)
+    y = dequantize(raw, qtype).reshape(x.shape)
+    group = 32 if qtype == T.Q4_K else 16  # values per sub-block scale
+    sub_x = x.reshape(6, -1, group)
+    span = (
+        sub_x.max(-1) - np.minimum(sub_x.min(-1), 0) if qtype == T.Q4_K else np.abs(sub_x).max(-1)
+    )
+    levels = 15 if qtype == T.Q4_K else 31
+    err = np.abs(y - x).reshape(6, -1, group).max(-1)
+    assert (err <= 0.75 * span / levels + 1e-3).all()  # half a step, plus the 6/8-bit scale
