@@ -37,13 +37,18 @@ from exo.shared.types.tasks import (
 )
 from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import InstanceId
-from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady
+from exo.shared.types.worker.runners import (
+    RunnerFailed,
+    RunnerId,
+    RunnerReady,
+    RunnerShuttingDown,
+)
 from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
 from exo.worker.download.local import locate_model
-from exo.worker.plan import plan
+from exo.worker.plan import LocalRunner, RunnerView, plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 
@@ -75,6 +80,8 @@ class Worker:
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
+    # Every runner we started whose process may still live: reaped on the way out.
+    _spawned: list[RunnerSupervisor] = field(default_factory=list[RunnerSupervisor])
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -97,7 +104,7 @@ class Worker:
         while True:
             task = plan(
                 self.node_id,
-                self._live_runners(),
+                self._planner_view(),
                 self.state,
                 self.instance_backoff,
                 self.download_backoff,
@@ -110,6 +117,18 @@ class Worker:
 
     def _live_runners(self) -> dict[RunnerId, RunnerSupervisor]:
         return {rid: r for rid, r in self.runners.items() if rid not in self._stopping}
+
+    def _planner_view(self) -> dict[RunnerId, LocalRunner]:
+        """Every runner we hold, a stopping one shown as shutting down: its id cannot be
+        given to a new runner while its process may still live."""
+        view: dict[RunnerId, LocalRunner] = {}
+        for rid, runner in self.runners.items():
+            view[rid] = (
+                RunnerView(runner.bound_instance, status=RunnerShuttingDown())
+                if rid in self._stopping
+                else runner
+            )
+        return view
 
     def _next_backoff_in(self) -> float | None:
         now = time.monotonic()
@@ -158,10 +177,15 @@ class Worker:
         if attempt > 1:
             RUNNER_RESTARTS.inc()
         logger.info(f"creating runner for instance {instance_id} (attempt {attempt})")
+        if task.bound_instance.bound_runner_id in self.runners:
+            # Never two processes under one runner id (the planner should not ask for it).
+            logger.warning(f"runner {task.bound_instance.bound_runner_id} still exists")
+            return
         runner = RunnerSupervisor.create(
             task.bound_instance, self._runner_events.clone(), self.runner_settings, self.timeouts
         )
         self.runners[runner.runner_id] = runner
+        self._spawned = [r for r in self._spawned if not r.exited] + [runner]
         self.runners_created += 1
         self._tg.start_soon(runner.run)
 
@@ -189,17 +213,24 @@ class Worker:
             try:
                 await runner.stop()
             finally:
-                self.runners.pop(runner_id, None)
+                if self.runners.get(runner_id) is runner:
+                    del self.runners[runner_id]
                 self._stopping.discard(runner_id)
                 self._wakeup.set()
 
         self._tg.start_soon(stop)
 
     async def stop_all_runners(self) -> None:
+        """Stop every runner we hold and reap every process we ever started."""
+        held = list(self.runners.values())
+        orphans = [r for r in self._spawned if r not in held and not r.exited]
         async with anyio.create_task_group() as tg:
-            for runner in list(self.runners.values()):
+            for runner in held:
                 tg.start_soon(runner.stop)
+            for runner in orphans:
+                tg.start_soon(runner.reap)
         self.runners.clear()
+        self._spawned.clear()
 
     async def _forward_runner_events(self) -> None:
         async for event in self._runner_event_rx:

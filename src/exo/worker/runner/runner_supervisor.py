@@ -310,6 +310,17 @@ class RunnerSupervisor:
                 except (ClosedResourceError, BrokenResourceError):
                     logger.debug(f"{self.runner_id}: shut down after the event channel closed")
 
+    @property
+    def exited(self) -> bool:
+        """Its process was started and has been reaped (or was never started)."""
+        return self.runner_process.pid is None or self.runner_process.exitcode is not None
+
+    async def reap(self) -> None:
+        """Kill and reap the process, without reporting anything (shutdown path)."""
+        self.shutdown()
+        await self._kill()
+        await self._join(self.timeouts.shutdown_grace_s)
+
     async def _kill(self) -> None:
         for send_signal in (self.runner_process.terminate, self.runner_process.kill):
             if not self.runner_process.is_alive():
