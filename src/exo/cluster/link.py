@@ -204,7 +204,8 @@ class ClusterLink:
             await anyio.sleep(self.config.heartbeat_interval_s)
 
     async def _send_heartbeat(self) -> None:
-        await self._router.publish(HEARTBEATS, self.election.heartbeat(self.replica.last_idx))
+        beat = self.election.heartbeat(self.replica.last_idx, self.replica.log_term)
+        await self._router.publish(HEARTBEATS, beat)
 
     async def _receive_heartbeats(self, beats: Subscription[Heartbeat]) -> None:
         async for delivery in beats.deliveries():
@@ -247,6 +248,7 @@ class ClusterLink:
             self._gone,
             time.monotonic(),
             self.config.timing,
+            log_term=self.replica.log_term,
         )
         self.election = after
         if after.master == before.master:

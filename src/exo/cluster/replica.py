@@ -6,7 +6,7 @@ import anyio
 from loguru import logger
 
 from exo.cluster.host import ClusterHost
-from exo.cluster.lineage import Lineage, extended, truncated
+from exo.cluster.lineage import Lineage, epoch_at, extended, truncated
 from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
@@ -27,6 +27,12 @@ class Replica:
     @property
     def last_idx(self) -> int:
         return self.host.state().last_event_applied_idx
+
+    @property
+    def log_term(self) -> int:
+        """The term of the master that wrote the last event (0: none known)."""
+        epoch = epoch_at(self.lineage, self.last_idx)
+        return 0 if epoch is None else epoch.term
 
     def save(self, term: int, lineage: Lineage | None = None) -> None:
         """Persist the term (and lineage) before anyone hears of them."""
