@@ -13,6 +13,7 @@ from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.nodes import NODE_TIMEOUT_S, SECRET, NodeProc, node_group, wait_until
 from exo.cluster.tests.test_cluster_nodes import ids_of, wait_agreed
 from exo.routing import loopback_config
+from exo.shared.types.common import NodeId
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -43,7 +44,7 @@ async def test_a_write_acknowledged_by_a_new_master_survives_the_stalled_old_mas
             assert old_id is not None
             old = by_id[old_id]
             new = b if old is a else a
-            new_id = next(n for n, p in by_id.items() if p is new)
+            new_id = NodeId(next(n for n, p in by_id.items() if p is new))
 
             os.kill(old.process.pid, signal.SIGSTOP)
             try:
