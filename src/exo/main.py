@@ -128,6 +128,7 @@ class Node:
             log = SqliteEventLog(cluster_dir / "events.db")
             self._state = log.restore()
             self.worker.update_state(self._state)
+            self.worker.set_in_sync(False)  # the restored log may be stale: catch up first
             self.cluster = ClusterLink(
                 config.cluster,
                 host=self,
@@ -190,6 +191,9 @@ class Node:
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
         return self.registry.resolve(model_id)
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        self.worker.set_in_sync(in_sync)
 
     def local_truth(self, full: bool) -> list[Event]:
         state = self._state

@@ -286,6 +286,7 @@ class ClusterLink:
             self._buffer.clear()
             self._synced = True
         logger.info(f"cluster: {self.node_id} is the master (term {term}) from event {start}")
+        self.host.set_in_sync(True)
         self.ready.set()
 
     async def _step_down(self) -> None:
@@ -296,6 +297,7 @@ class ClusterLink:
 
     def _follow(self, master: NodeId | None) -> None:
         self._synced = False
+        self.host.set_in_sync(False)
         self._master_was_at = -1
         self._buffer = {i: item for i, item in self._buffer.items() if item[0] == master}
         if master is None:
@@ -468,6 +470,7 @@ class ClusterLink:
             await self._drain()
         if first:
             logger.info(f"cluster: in sync with master {master} at event {self.replica.last_idx}")
+            self.host.set_in_sync(True)
             self.ready.set()
             self._queue_local_truth(full=True)
         return True

@@ -7,6 +7,7 @@ logs why it cannot."""
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import anyio
 from loguru import logger
@@ -32,12 +33,14 @@ from exo.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     NodeTimedOut,
+    RunnerStatusUpdated,
     TaskCreated,
     TaskStatusUpdated,
 )
 from exo.shared.types.state import State
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import Instance, InstanceId
+from exo.shared.types.worker.runners import RunnerShutdown
 from exo.utils.channels import Receiver
 from exo.worker.plan import instance_is_serving
 
@@ -85,6 +88,9 @@ class Master:
             await self.emit(event)
 
     async def emit(self, event: Event) -> None:
+        if _stale_runner_status(event, self.state):
+            logger.debug(f"dropped a status of runner {event.runner_id}: no instance has it")
+            return
         before = self.state
         await self._sequence(event)
         if isinstance(event, NodeTimedOut):
@@ -216,6 +222,19 @@ class Master:
             ),
             origin,
         )
+
+
+def _stale_runner_status(event: Event, state: State) -> TypeGuard[RunnerStatusUpdated]:
+    """A runner's status arriving after its instance was deleted (its last words on the
+    way out): writing it would bring a runner of no instance back into the state."""
+    if not isinstance(event, RunnerStatusUpdated) or isinstance(
+        event.runner_status, RunnerShutdown
+    ):
+        return False
+    return not any(
+        event.runner_id in instance.shard_assignments.runner_to_shard
+        for instance in state.instances.values()
+    )
 
 
 def _count_nodes(n: int) -> str:

@@ -77,6 +77,9 @@ class Worker:
         default_factory=dict[RunnerId, RunnerSupervisor]
     )
     runners_created: int = 0
+    in_sync: bool = True
+    """False while this node's state may be stale (a cluster node catching up after a
+    start, a restart or a stall): the worker then starts nothing new."""
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
@@ -86,6 +89,13 @@ class Worker:
     def update_state(self, state: State) -> None:
         self.state = state
         self._abandoned &= set(state.instances)
+        self._wakeup.set()
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        """Act on the state only while it is caught up with the cluster's."""
+        if in_sync != self.in_sync:
+            logger.info(f"worker: {'acting on' if in_sync else 'waiting for'} the cluster's state")
+        self.in_sync = in_sync
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -102,6 +112,9 @@ class Worker:
 
     async def _plan_loop(self) -> None:
         while True:
+            if not self.in_sync:
+                await self._wakeup.wait(None)
+                continue
             task = plan(
                 self.node_id,
                 self._planner_view(),

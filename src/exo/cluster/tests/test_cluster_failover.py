@@ -11,8 +11,9 @@ import pytest
 
 from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.nodes import NODE_TIMEOUT_S, SECRET, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import ids_of, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import absent_model_instance, ids_of, wait_agreed
 from exo.routing import loopback_config
+from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -78,3 +79,46 @@ async def test_a_write_acknowledged_by_a_new_master_survives_the_stalled_old_mas
             beats = await observer.wait_for(lambda b: len(b) == 2, timeout=5)
             assert agreed_master(beats) == new_id
             assert beats[new_id].claim_term > 0
+
+
+async def test_a_restarted_node_acts_only_once_caught_up(tmp_path: Path) -> None:
+    """b hosts an instance, dies, the instance goes with it; b comes back with its old log
+    (which still holds the instance) and must not start a runner for it."""
+    async with node_group(tmp_path) as group:
+        a = group.start("a")
+        await group.up(a)
+        b = group.start("b", [a.endpoint])
+        await group.up(b)
+        by_id = await ids_of(a, b)
+        await wait_agreed([a, b], set(by_id))
+        b_id = NodeId(await b.node_id())
+        config = loopback_config("observer", SECRET, peers=[a.endpoint, b.endpoint])
+        async with ClusterObserver.open(config) as observer:
+            beats = await observer.wait_for(
+                lambda b: len(b) == 2 and agreed_master(b) is not None, timeout=10
+            )
+            master_id = agreed_master(beats)
+            assert master_id is not None and by_id[master_id] is a
+            instance = absent_model_instance(b_id)
+            assert await observer.send_command(CreateInstance(instance=instance), master_id)
+        created = f"creating runner for instance {instance.instance_id}"
+        await wait_until(lambda: _logged(b, created), 30, "b to start the instance's runner")
+        b.kill()
+        gone = str(instance.instance_id)
+
+        async def deleted_on_a() -> bool:
+            found = await _instances(a)
+            return found is not None and gone not in found
+
+        await wait_until(deleted_on_a, 15, "the instance to go with b")
+        again = group.start("b-again", [a.endpoint], data_dir=b.data_dir,
+                            cluster_port=b.cluster_port)
+        await group.up(again)
+        await wait_agreed([a, again], set(by_id))
+        await anyio.sleep(NODE_TIMEOUT_S)  # time for a wrong start to show
+        assert created not in again.log()
+        assert "at event" in again.log()
+
+
+async def _logged(proc: NodeProc, text: str) -> bool:
+    return text in proc.log()

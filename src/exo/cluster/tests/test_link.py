@@ -47,6 +47,7 @@ class PlainHost:
     current: State
     chunks: list[ChunkGenerated] = field(default_factory=list[ChunkGenerated])
     replaced: int = 0
+    in_sync: bool = False
     changed: anyio.Event = field(default_factory=anyio.Event)
 
     def state(self) -> State:
@@ -66,6 +67,9 @@ class PlainHost:
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
         return None
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        self.in_sync = in_sync
 
     def local_truth(self, full: bool) -> list[Event]:
         if self.node_id in self.current.nodes:
