@@ -4,10 +4,13 @@ cluster config joins the cluster through a ``ClusterLink``: its state follows th
 master's log (kept in the data directory), and it masters when elected. The command line
 is in ``exo.cli``."""
 
+import fcntl
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 import uvicorn
@@ -79,10 +82,34 @@ def load_node_id(data_dir: Path) -> NodeId:
     return node_id
 
 
+def lock_data_dir(data_dir: Path) -> TextIO:
+    """Hold an exclusive lock on the data directory for the life of this process: two
+    nodes on one directory would share an id and interleave one event log. The lock
+    file names the holder's pid."""
+    path = data_dir / "lock"
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise SystemExit(
+            f"exo: the data directory {data_dir} is in use by another exo process "
+            f"(pid {holder}); stop it, or give this node its own --data-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._data_dir_lock = lock_data_dir(config.data_dir)
         self._node_id = load_node_id(config.data_dir)
         self.registry = ModelRegistry.default()
         for card in config.models:

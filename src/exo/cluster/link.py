@@ -27,6 +27,7 @@ in index order, and ask it for what they missed:
   Response chunks go point-to-point to the node that took the request.
 """
 
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -159,7 +160,9 @@ class ClusterLink:
                     Router(self.config.routing(self.node_id))
                 )
             except Exception as e:  # zenoh's own error type: endpoints, ports, config
-                raise SystemExit(f"exo: cannot join the cluster network: {e}") from e
+                raise SystemExit(
+                    f"exo: cannot join the cluster network: {_readable(e)}"
+                ) from e
             self._router_ = router
             self.listen_endpoints = router.listen_endpoints
             beats = router.subscribe(HEARTBEATS, include_self=False)
@@ -571,6 +574,12 @@ class ClusterLink:
     async def _send_chunks(self) -> None:
         async for origin, event in self._chunks_rx:
             await self._router.send_to(CHUNKS, origin, event)
+
+
+def _readable(error: Exception) -> str:
+    """Zenoh's error text without the places in its Rust source it points at."""
+    text = re.sub(r"\s*(at )?\S+\.rs:\d+(:\d+)?\.?", "", str(error))
+    return " ".join(text.split()) or type(error).__name__
 
 
 def _describe(event: Event) -> str:
