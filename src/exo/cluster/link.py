@@ -288,6 +288,9 @@ class ClusterLink:
             )
             self._buffer.clear()
             self._synced = True
+            # Commands any earlier master applied (the log says): a retry is not applied again.
+            for command_id in self.replica.log.command_ids(REMEMBERED_COMMANDS):
+                self._remember(command_id)
         logger.info(f"cluster: {self.node_id} is the master (term {term}) from event {start}")
         self.host.set_in_sync(True)
         self.ready.set()
@@ -353,13 +356,18 @@ class ClusterLink:
     async def _submit(self, command: Command, origin: NodeId | None) -> bool:
         async def submit(master: Master) -> None:
             if command.command_id in self._handled:
-                return  # a retry of a command this master handled already
-            self._handled[command.command_id] = None
-            while len(self._handled) > REMEMBERED_COMMANDS:
-                self._handled.popitem(last=False)
+                logger.info(f"cluster: command {command.command_id} was applied already")
+                return  # a retry of a command this master (or an earlier one) applied
+            self._remember(command.command_id)
             await master.submit(command, origin)
 
         return await self._as_master(submit)
+
+    def _remember(self, command_id: CommandId) -> None:
+        self._handled[command_id] = None
+        self._handled.move_to_end(command_id)
+        while len(self._handled) > REMEMBERED_COMMANDS:
+            self._handled.popitem(last=False)
 
     async def _emit_all(self, events: list[Event]) -> bool:
         async def emit(master: Master) -> None:

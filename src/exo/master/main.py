@@ -61,6 +61,8 @@ class Master:
     state: State = field(default_factory=State)
     group_port_base: int = 29500
     _next_port: int = field(default=0, init=False)
+    _handling: CommandId | None = field(default=None, init=False)
+    """The command being handled: its events carry its id into the log."""
     """Where the search for the next group port starts, from ``group_port_base``."""
 
     async def run(self) -> None:
@@ -77,11 +79,14 @@ class Master:
 
     async def submit(self, command: Command, origin: NodeId | None) -> None:
         """Handle a command; a failure becomes an error for its requester."""
+        self._handling = command.command_id
         try:
             await self.handle_command(command, origin)
         except Exception as e:  # a bad command must not take the master down
             logger.opt(exception=e).error(f"command {type(command).__name__} failed")
             self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
+        finally:
+            self._handling = None
 
     async def _event_loop(self) -> None:
         async for event in self.local_events:
@@ -99,7 +104,9 @@ class Master:
                 await self._place_again(instance, event.node_id)
 
     async def _sequence(self, event: Event) -> None:
-        indexed = IndexedEvent(idx=self.state.last_event_applied_idx + 1, event=event)
+        indexed = IndexedEvent(
+            idx=self.state.last_event_applied_idx + 1, event=event, command_id=self._handling
+        )
         self.state = apply(self.state, indexed)
         self.log.append(indexed, self.state)
         await self.publish(indexed)
