@@ -24,12 +24,14 @@ def test_log_level_is_case_insensitive(level: str) -> None:
     assert build_parser().parse_args(["--log-level", level]).log_level == level.upper()
 
 
+@pytest.mark.slow
 def test_a_bad_log_level_is_refused_clearly(tmp_path: Path) -> None:
     result = _run_cli(tmp_path, "--log-level", "loud")
     assert result.returncode != 0
     assert "--log-level" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("peer", ["garbage", "tcp/", "tcp/127.0.0.1", "tcp/127.0.0.1:99999",
                                   "http://127.0.0.1:7447"])
 def test_a_garbage_peer_is_refused_clearly(tmp_path: Path, peer: str) -> None:
@@ -40,6 +42,7 @@ def test_a_garbage_peer_is_refused_clearly(tmp_path: Path, peer: str) -> None:
     assert ".rs" not in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_garbage_listen_endpoint_is_refused_clearly(tmp_path: Path) -> None:
     result = _run_cli(tmp_path, "--model", "none", "--listen", "nonsense")
     assert result.returncode != 0

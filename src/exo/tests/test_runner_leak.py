@@ -33,3 +33,11 @@ def test_killed_runners_leave_no_stray_processes(tmp_path: Path) -> None:
         for _ in range(20):
             assert len(node.runner_pids()) == 1, node.runner_pids()
             assert node.serving()
+
+
+def test_a_single_node_in_cluster_mode_places_its_start_model_once(tmp_path: Path) -> None:
+    with running_node(tmp_path, "--listen", "tcp/127.0.0.1:0", env=FAST, timeout=180) as node:
+        assert len(node.state()["instances"]) == 1
+        for _ in range(20):  # a second placement would show within a few heartbeats
+            assert len(node.state()["instances"]) == 1
+        assert node.log().count("InstanceCreated") <= 1
