@@ -5,7 +5,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -211,7 +211,7 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
         raise SystemExit(f"exo: unknown model {model!r} (known: {known}; or 'none' to start "
                          "without one)")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+        tg.start_soon(_stop_on_signal, tg.cancel_scope, node)
         tg.start_soon(node.run)
         await node.started.wait()
         print(f"exo: node {node.node_id}", file=sys.stderr)
@@ -224,12 +224,25 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
             await _load_model(node, model)
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+async def _stop_on_signal(scope: anyio.CancelScope, node: Node) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for sig in signals:
-            print(f"\nexo: {signal.Signals(sig).name}, stopping", file=sys.stderr)
+            name = signal.Signals(sig).name
+            print(f"\nexo: {name}, stopping", file=sys.stderr)
+            # Streaming clients hear why their stream ends (a second signal stops at once).
+            with anyio.move_on_after(3.5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_on_next, signals, tg.cancel_scope)
+                    await node.end_open_requests(f"the node is shutting down ({name})")
+                    tg.cancel_scope.cancel()
             scope.cancel()
             return
+
+
+async def _cancel_on_next(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
 
 
 async def _load_model(node: Node, name: str) -> None:

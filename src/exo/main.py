@@ -119,6 +119,8 @@ class Node:
         self.chunks = ChunkRouter()
         self._task_commands: dict[TaskId, CommandId] = {}
         self._command_instances: dict[CommandId, InstanceId] = {}
+        self._responding: set[CommandId] = set()
+        """Requests whose response is still being written (opened, not yet closed)."""
         self._commands_tx, self._commands_rx = channel[tuple[Command, NodeId | None]]()
         self._local_tx, self._local_rx = channel[Event]()
         self.worker = Worker(
@@ -184,9 +186,11 @@ class Node:
         await self._commands_tx.send((command, self._node_id))
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:
+        self._responding.add(command_id)
         return self.chunks.open(command_id)
 
     def close_response(self, command_id: CommandId) -> None:
+        self._responding.discard(command_id)
         self.chunks.close(command_id)
         self._command_instances.pop(command_id, None)
 
@@ -288,6 +292,19 @@ class Node:
                         self._fail(command_id, reason)
             case _:
                 pass
+
+    async def end_open_requests(self, message: str, grace_s: float = 3.0) -> None:
+        """Before the node stops: every waiting or streaming request gets an error that
+        says why, and a moment to send it (until its response closed, or ``grace_s``)."""
+        open_now = self.chunks.open_commands()
+        if not open_now:
+            return
+        logger.info(f"ending {len(open_now)} open request(s): {message}")
+        for command_id in open_now:
+            self._fail(command_id, message)
+        with anyio.move_on_after(grace_s):
+            while any(c in self._responding for c in open_now):
+                await anyio.sleep(0.02)
 
     def _fail(self, command_id: CommandId, message: str) -> None:
         self._command_instances.pop(command_id, None)
