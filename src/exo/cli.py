@@ -122,6 +122,8 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
         multicast_port=args.discovery_port,
         force_master=args.force_master,
         node_timeout_s=args.node_timeout,
+        # Tests that route every link through proxies turn gossip off (EXO_CLUSTER_GOSSIP=0).
+        gossip=os.environ.get("EXO_CLUSTER_GOSSIP", "1") != "0",
     )
 
 
