@@ -127,6 +127,9 @@ class Worker:
                 await self._wakeup.wait(self._next_backoff_in())
                 continue
             await self._execute(task)
+            # Never hold the event loop: a task that found nothing to do (its runner is on
+            # its way out) comes back until the state moves, which needs the loop.
+            await anyio.lowlevel.checkpoint()
 
     def _live_runners(self) -> dict[RunnerId, RunnerSupervisor]:
         return {rid: r for rid, r in self.runners.items() if rid not in self._stopping}
@@ -170,11 +173,15 @@ class Worker:
                 await self._wakeup.wait(1.0)
             case CancelTask():
                 runner = self._runner_for(task.instance_id)
-                if runner is not None:
+                if runner is None:
+                    await self._wakeup.wait(0.5)  # its runner is stopping: wait for the state
+                else:
                     await runner.cancel_task(task.cancelled_task_id)
             case ConnectToGroup() | LoadModel() | StartWarmup() | TextGeneration():
                 runner = self._runner_for(task.instance_id)
-                if runner is not None:
+                if runner is None:
+                    await self._wakeup.wait(0.5)  # its runner is stopping: wait for the state
+                else:
                     await runner.start_task(task)
 
     def _runner_for(self, instance_id: InstanceId) -> RunnerSupervisor | None:

@@ -20,7 +20,7 @@ from exo.tests.node_process import free_port
 SECRET = "chaos-secret"
 NODE_TIMEOUT_S = 2.0
 ENV = {
-    "PYTHONUNBUFFERED": "1", "EXO_DISCOVERY_INTERFACE": "none", "EXO_CLUSTER_GOSSIP": "0",
+    "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", "EXO_DISCOVERY_INTERFACE": "none", "EXO_CLUSTER_GOSSIP": "0",
     "EXO_INSTANCE_BACKOFF_BASE_S": "0.3", "EXO_INSTANCE_BACKOFF_MAX_S": "3",
 }
 _CREATED = re.compile(r"creating runner for instance (\S+) \(attempt (\d+)\)")
@@ -134,6 +134,17 @@ class ChaosCluster:
         for node in nodes:
             node.start()
         return cls(nodes, mesh)
+
+    def dump_stacks(self) -> None:
+        """Every live node writes its threads' stacks to its log (SIGABRT, faulthandler)."""
+        for node in self.nodes:
+            if node.alive and node.process is not None:
+                node.cont()
+                node.process.send_signal(signal.SIGABRT)
+                try:
+                    node.process.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
 
     def close(self) -> None:
         for node in self.nodes:

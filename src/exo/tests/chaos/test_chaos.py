@@ -60,6 +60,7 @@ def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
     try:
         yield c
     except BaseException:
+        c.dump_stacks()
         for node in c.nodes:
             print(f"===== node {node.index}\n{node.log()[-3000:]}")
         raise
