@@ -59,11 +59,6 @@ def cluster(tmp_path: Path) -> Iterator[ChaosCluster]:
     c = ChaosCluster.start(tmp_path)
     try:
         yield c
-    except BaseException:
-        c.dump_stacks()
-        for node in c.nodes:
-            print(f"===== node {node.index}\n{node.log()[-3000:]}")
-        raise
     finally:
         c.close()
 
@@ -163,6 +158,17 @@ def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random) -> str:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_chaos(cluster: ChaosCluster, seed: int) -> None:
     print(f"chaos seed {seed} (rerun: EXO_CHAOS_SEEDS={seed})")
+    try:
+        _run(cluster, seed)
+    except BaseException:
+        cluster.dump_stacks()  # a hung node shows where it hangs
+        for node in cluster.nodes:
+            print(f"===== node {node.index} (log: {node.log_path(node.starts)})\n"
+                  f"{node.log()[-4000:]}")
+        raise
+
+
+def _run(cluster: ChaosCluster, seed: int) -> None:
     rng = random.Random(seed)
     wait_until(lambda: cluster.agreed() is not None, 90, "three nodes to agree")
     _check_cuts_are_real(cluster)
