@@ -155,6 +155,10 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
         tmp_path / "m2", [*shared, *(download(M2, "new", i) for i in range(20))], 2,
         (Epoch(term=1, master=M1, start_idx=0), Epoch(term=2, master=M2, start_idx=101)),
     )
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
     with anyio.fail_after(15):
         async with (
             running_link(M2, tmp_path / "m2", force_master=True) as m2,
@@ -162,6 +166,9 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
         ):
             await x.link.ready.wait()
             assert m2.link.is_master
+            # x says what it drops: its events 101..105, which no live master holds.
+            assert any("dropping 5 events 101..105" in line for line in lines), lines
+            logger.remove(sink)
             state = await x.host.wait_for(
                 lambda s: s.last_event_applied_idx >= m2.host.state().last_event_applied_idx
                 and X in s.nodes
