@@ -205,8 +205,10 @@ def _wait(check: Callable[[], bool], timeout: float) -> float:
 
 
 def _check_invariants(cluster: ChaosCluster, journal: Journal, last_fault: float) -> None:
-    states = cluster.agreed()
-    assert states is not None, "the nodes disagree at the end"
+    # Requests that just ended still move the state: agreement is when it holds still.
+    wait_until(lambda: cluster.agreed() is not None, CONVERGE_S, "the nodes to agree at the end")
+    states = cluster.agreed() or []
+    assert states, "the nodes disagree at the end"
     state = states[0]
     endings: dict[str, int] = {}
     for r in journal.requests:
