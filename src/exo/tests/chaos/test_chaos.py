@@ -31,6 +31,7 @@ SEEDS = [int(s) for s in os.environ.get("EXO_CHAOS_SEEDS", "1,2").split(",") if 
 FAULTS_PER_RUN = int(os.environ.get("EXO_CHAOS_FAULTS", "5"))
 REQUEST_DEADLINE_S = 60.0
 CONVERGE_S = 15.0
+CLIENTS = 2
 
 
 @dataclass
@@ -177,8 +178,10 @@ def _run(cluster: ChaosCluster, seed: int) -> None:
 
     journal = Journal()
     stop = threading.Event()
-    clients = threading.Thread(target=_clients, args=(cluster, journal, seed, stop))
-    clients.start()
+    clients = [threading.Thread(target=_clients, args=(cluster, journal, seed * 10 + k, stop))
+               for k in range(CLIENTS)]
+    for client in clients:
+        client.start()
     try:
         for step in range(FAULTS_PER_RUN):
             print(f"fault {step}: {_fault(cluster, journal, rng)}", flush=True)
@@ -194,7 +197,8 @@ def _run(cluster: ChaosCluster, seed: int) -> None:
         time.sleep(3)  # requests against the healed cluster
     finally:
         stop.set()
-        clients.join(REQUEST_DEADLINE_S + 10)
+        for client in clients:
+            client.join(REQUEST_DEADLINE_S + 10)
     _check_invariants(cluster, journal, last_fault)
 
 
@@ -206,9 +210,13 @@ def _wait(check: Callable[[], bool], timeout: float) -> float:
 
 def _check_invariants(cluster: ChaosCluster, journal: Journal, last_fault: float) -> None:
     # Requests that just ended still move the state: agreement is when it holds still.
-    wait_until(lambda: cluster.agreed() is not None, CONVERGE_S, "the nodes to agree at the end")
-    states = cluster.agreed() or []
-    assert states, "the nodes disagree at the end"
+    states: list[dict[str, Any]] = []
+
+    def agreed() -> bool:
+        states[:] = cluster.agreed() or []
+        return bool(states)
+
+    wait_until(agreed, CONVERGE_S, "the nodes to agree at the end")
     state = states[0]
     endings: dict[str, int] = {}
     for r in journal.requests:
