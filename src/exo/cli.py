@@ -5,7 +5,7 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import anyio
@@ -55,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow browser requests from this origin (repeatable; default: none)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="CPU threads for this node's runner (default: all cores)")
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                   help="DEBUG, INFO, WARNING or ERROR, any case (default: %(default)s)")
     cluster = p.add_argument_group(
         "cluster",
         "Nodes that share a secret and reach each other form one cluster: give other "
@@ -98,6 +100,14 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
         raise SystemExit("exo: --node-timeout must be positive")
     if not 0 < args.discovery_port < 65536:
         raise SystemExit("exo: --discovery-port must be between 1 and 65535")
+    for option, endpoints in (("--peer", args.peer), ("--listen", args.listen)):
+        for endpoint in endpoints:
+            problem = endpoint_problem(endpoint)
+            if problem is not None:
+                raise SystemExit(
+                    f"exo: {option} {endpoint!r} is not a cluster endpoint ({problem}); "
+                    f"expected PROTOCOL/HOST:PORT, e.g. tcp/192.168.1.7:7447"
+                )
     secret = args.secret
     if not secret:
         logger.warning("no --secret (or EXO_SECRET): using the public default secret; any "
@@ -112,7 +122,26 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
         multicast_port=args.discovery_port,
         force_master=args.force_master,
         node_timeout_s=args.node_timeout,
+        # Tests that route every link through proxies turn gossip off (EXO_CLUSTER_GOSSIP=0).
+        gossip=os.environ.get("EXO_CLUSTER_GOSSIP", "1") != "0",
     )
+
+
+_PROTOCOLS = ("tcp", "udp", "tls", "quic")
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """Why ``endpoint`` is not a zenoh endpoint we accept (None: it is fine)."""
+    protocol, slash, address = endpoint.partition("/")
+    if not slash or protocol not in _PROTOCOLS:
+        return f"the protocol must be one of {', '.join(_PROTOCOLS)}"
+    address = address.split("#", 1)[0]
+    host, colon, port = address.rpartition(":")
+    if not colon or not host.strip("[]"):
+        return "no host and port"
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        return f"bad port {port!r}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,8 +208,12 @@ def _system_exit(group: BaseExceptionGroup[BaseException]) -> SystemExit | None:
 
 async def _serve(config: NodeConfig, model: str | None) -> None:
     node = Node(config)
+    if model is not None and node.registry.resolve(model) is None:
+        known = ", ".join(c.model_id for c in node.model_cards())
+        raise SystemExit(f"exo: unknown model {model!r} (known: {known}; or 'none' to start "
+                         "without one)")
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_stop_on_signal, tg.cancel_scope)
+        tg.start_soon(_stop_on_signal, tg.cancel_scope, node)
         tg.start_soon(node.run)
         await node.started.wait()
         print(f"exo: node {node.node_id}", file=sys.stderr)
@@ -193,12 +226,25 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
             await _load_model(node, model)
 
 
-async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+async def _stop_on_signal(scope: anyio.CancelScope, node: Node) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for sig in signals:
-            print(f"\nexo: {signal.Signals(sig).name}, stopping", file=sys.stderr)
+            name = signal.Signals(sig).name
+            print(f"\nexo: {name}, stopping", file=sys.stderr)
+            # Streaming clients hear why their stream ends (a second signal stops at once).
+            with anyio.move_on_after(3.5):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_cancel_on_next, signals, tg.cancel_scope)
+                    await node.end_open_requests(f"the node is shutting down ({name})")
+                    tg.cancel_scope.cancel()
             scope.cancel()
             return
+
+
+async def _cancel_on_next(signals: AsyncIterator[int], scope: anyio.CancelScope) -> None:
+    async for _ in signals:
+        scope.cancel()
+        return
 
 
 async def _load_model(node: Node, name: str) -> None:

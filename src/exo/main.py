@@ -4,10 +4,13 @@ cluster config joins the cluster through a ``ClusterLink``: its state follows th
 master's log (kept in the data directory), and it masters when elected. The command line
 is in ``exo.cli``."""
 
+import fcntl
+import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 import uvicorn
@@ -79,10 +82,34 @@ def load_node_id(data_dir: Path) -> NodeId:
     return node_id
 
 
+def lock_data_dir(data_dir: Path) -> TextIO:
+    """Hold an exclusive lock on the data directory for the life of this process: two
+    nodes on one directory would share an id and interleave one event log. The lock
+    file names the holder's pid."""
+    path = data_dir / "lock"
+    handle = path.open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise SystemExit(
+            f"exo: the data directory {data_dir} is in use by another exo process "
+            f"(pid {holder}); stop it, or give this node its own --data-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         config.data_dir.mkdir(parents=True, exist_ok=True)
+        self._data_dir_lock = lock_data_dir(config.data_dir)
         self._node_id = load_node_id(config.data_dir)
         self.registry = ModelRegistry.default()
         for card in config.models:
@@ -92,6 +119,8 @@ class Node:
         self.chunks = ChunkRouter()
         self._task_commands: dict[TaskId, CommandId] = {}
         self._command_instances: dict[CommandId, InstanceId] = {}
+        self._responding: set[CommandId] = set()
+        """Requests whose response is still being written (opened, not yet closed)."""
         self._commands_tx, self._commands_rx = channel[tuple[Command, NodeId | None]]()
         self._local_tx, self._local_rx = channel[Event]()
         self.worker = Worker(
@@ -128,6 +157,7 @@ class Node:
             log = SqliteEventLog(cluster_dir / "events.db")
             self._state = log.restore()
             self.worker.update_state(self._state)
+            self.worker.set_in_sync(False)  # the restored log may be stale: catch up first
             self.cluster = ClusterLink(
                 config.cluster,
                 host=self,
@@ -159,9 +189,11 @@ class Node:
         await self._commands_tx.send((command, self._node_id))
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:
+        self._responding.add(command_id)
         return self.chunks.open(command_id)
 
     def close_response(self, command_id: CommandId) -> None:
+        self._responding.discard(command_id)
         self.chunks.close(command_id)
         self._command_instances.pop(command_id, None)
 
@@ -193,6 +225,9 @@ class Node:
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
         return self.registry.resolve(model_id)
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        self.worker.set_in_sync(in_sync)
 
     def local_truth(self, full: bool) -> list[Event]:
         state = self._state
@@ -260,6 +295,19 @@ class Node:
                         self._fail(command_id, reason)
             case _:
                 pass
+
+    async def end_open_requests(self, message: str, grace_s: float = 3.0) -> None:
+        """Before the node stops: every waiting or streaming request gets an error that
+        says why, and a moment to send it (until its response closed, or ``grace_s``)."""
+        open_now = self.chunks.open_commands()
+        if not open_now:
+            return
+        logger.info(f"ending {len(open_now)} open request(s): {message}")
+        for command_id in open_now:
+            self._fail(command_id, message)
+        with anyio.move_on_after(grace_s):
+            while any(c in self._responding for c in open_now):
+                await anyio.sleep(0.02)
 
     def _fail(self, command_id: CommandId, message: str) -> None:
         self._command_instances.pop(command_id, None)

@@ -11,7 +11,7 @@ from exo.api import claude, dashboard, management, ollama, openai_chat, openai_r
 from exo.api.errors import install_error_handlers
 from exo.api.generation import GenerationService
 from exo.api.handle import NodeHandle
-from exo.api.middleware import ApiKeyMiddleware, MetricsMiddleware
+from exo.api.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
 from exo.api.settings import ApiSettings
 from exo.api.streaming import COMMAND_ID_HEADER
 
@@ -41,5 +41,6 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
             allow_headers=["*"],
             expose_headers=[COMMAND_ID_HEADER],
         )
+    app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(MetricsMiddleware)
     return app

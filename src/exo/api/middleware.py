@@ -1,8 +1,10 @@
-"""Pure ASGI middleware: API key checks and request metrics."""
+"""Pure ASGI middleware: API key checks, the request body limit and request metrics."""
 
 import hmac
+import os
 import time
 
+from loguru import logger
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -57,6 +59,71 @@ class ApiKeyMiddleware:
             await send_error(scope, receive, send, error)
             return
         await self._app(scope, receive, send)
+
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def max_body_bytes() -> int:
+    """The largest request body accepted (``EXO_MAX_BODY_BYTES``, default 8 MiB)."""
+    value = os.environ.get("EXO_MAX_BODY_BYTES", "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_BODY_BYTES
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(
+        413, f"request body too large: the limit is {limit} bytes", code="request_too_large"
+    )
+
+
+class BodySizeLimitMiddleware:
+    """Refuses a body over the limit with a 413 before the app reads it whole: at once
+    from its Content-Length, or as soon as a chunked body passes the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int | None = None) -> None:
+        self._app = app
+        self._limit = limit if limit is not None else max_body_bytes()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            await send_error(scope, receive, send, _too_large(self._limit))
+            return
+        received = 0
+        answered = False
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received, answered
+            if answered:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self._limit and not started:
+                    # Answer now; to the app the client is gone, and what it sends is dropped.
+                    answered = True
+                    await send_error(scope, receive, send, _too_large(self._limit))
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            if answered:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._app(scope, limited, watch)
+        except Exception as e:
+            if not answered:
+                raise
+            # The app saw the client as gone after our 413: expected, nothing to report.
+            logger.debug(f"request body over the limit; the app stopped with {e!r}")
 
 
 class MetricsMiddleware:

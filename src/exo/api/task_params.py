@@ -104,6 +104,7 @@ def build_task_params(
         for f in fields(sampling)
         if getattr(sampling, f.name) is not None
     }
+    _check_prompt_size(messages, raw_prompt, card, names)
     values["stop"] = list(sampling.stop)
     if sampling.top_p is not None and sampling.top_p <= 0:
         # top_p 0 keeps only the most likely token.
@@ -124,3 +125,30 @@ def build_task_params(
         field = str(first["loc"][0]) if first["loc"] else "request"
         name = names.get(field, field)
         raise ApiError(400, f"{name}: {first['msg']}", param=name) from e
+
+
+MAX_CHARS_PER_TOKEN = 32
+"""No tokenizer packs more characters than this into one token of ordinary text: a
+prompt longer than the context times this cannot fit, and is refused before a runner
+spends time tokenising it."""
+
+
+def _check_prompt_size(
+    messages: Sequence[InputMessage],
+    raw_prompt: str | None,
+    card: ModelCard,
+    names: Mapping[str, str],
+) -> None:
+    if card.context_length <= 0:
+        return
+    limit = card.context_length * MAX_CHARS_PER_TOKEN
+    size = len(raw_prompt or "") + sum(len(m.model_dump_json()) for m in messages)
+    if size > limit:
+        name = names.get("input", "messages")
+        raise ApiError(
+            400,
+            f"{name}: the prompt ({size} characters) cannot fit in the model's context of "
+            f"{card.context_length} tokens (at most {limit} characters are accepted)",
+            param=name,
+            code="context_length_exceeded",
+        )

@@ -28,6 +28,9 @@ class ClusterConfig:
     """A node silent for this long is gone (a dead process is noticed at once)."""
     command_timeout_s: float = 30.0
     """How long a command may wait for a master before its requester gets an error."""
+    gossip: bool = True
+    """Peers tell each other where to connect. Off only where every link must go
+    through the given endpoints (the chaos tests' proxies)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "listen", tuple(self.listen))
@@ -68,4 +71,5 @@ class ClusterConfig:
             scouting_delay_ms=min(500, lease_ms // 4),
             reconnect_max_ms=min(4_000, lease_ms),
             request_timeout_s=self.request_timeout_s,
+            gossip=self.gossip,
         )

@@ -11,12 +11,17 @@ Rules, in order:
 2. **Stickiness.** While a live node claims mastership, nobody else claims: a node that
    starts or restarts follows the live master, whatever its own log or term. Two live
    claimers only meet when partitions merge (or when a node could reach nobody for its
-   whole join grace); then the claimer with more live followers wins, then the older
-   claim (lower term), then the smaller node id, and the other steps down.
+   whole join grace, or when a stalled master resumes); then the claimer with the newer
+   log wins (see below): a node with an older log never wins over one with a newer log,
+   so writes a newer master acknowledged survive. Equal logs: more live followers, then
+   the older claim (lower claim term), then the smaller node id; the other steps down.
 3. **Failover.** With no live master (at start, after the join grace; after a loss, once
-   the views settled), the live node with the most up-to-date log (highest last applied
-   index) claims, ties to the smaller node id. It takes a term above every term it has
+   the views settled), the live node with the newest log claims, ties to the smaller
+   node id. It takes a term above every term it has
    seen, and its own persisted term: a term is never claimed twice by one node.
+
+A log is newer than another when the term of the master that wrote its last event is
+higher, or, for the same term, when it is longer: ``(log_term, last_idx)``.
 
 A node is live while its last heartbeat is younger than the node timeout and it has not
 left (liveliness). While a live peer still follows a master this node does not see, this
@@ -37,12 +42,20 @@ class Heartbeat(FrozenModel):
 
     node_id: NodeId
     term: int = Field(ge=0)
-    """The highest term this node knows (its own when it is master)."""
+    """The highest term this node knows (terms spread with heartbeats)."""
     master: NodeId | None
     """The master it follows; itself when it is the master; None while electing."""
     last_idx: int = Field(ge=-1)
     """The index of the last event it applied."""
     force_master: bool = False
+    claim_term: int = Field(default=0, ge=0)
+    """The term of this node's own claim while it is the master (0 otherwise)."""
+    log_term: int = Field(default=0, ge=0)
+    """The term of the master that wrote its last event (0: none known)."""
+
+    @property
+    def log_position(self) -> tuple[int, int]:
+        return (self.log_term, self.last_idx)
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,8 @@ class Election:
     """When the master became None (start or loss); meaningless while there is one."""
     joined: bool = False
     """Whether this node has had a master (or been one) since it started."""
+    claim_term: int = 0
+    """The term this node claimed when it last became master."""
 
     @classmethod
     def start(cls, node_id: NodeId, force_master: bool, term: int, now: float) -> "Election":
@@ -85,9 +100,11 @@ class Election:
     def is_master(self) -> bool:
         return self.master == self.node_id
 
-    def heartbeat(self, last_idx: int) -> Heartbeat:
+    def heartbeat(self, last_idx: int, log_term: int = 0) -> Heartbeat:
         return Heartbeat(node_id=self.node_id, term=self.term, master=self.master,
-                         last_idx=last_idx, force_master=self.force_master)
+                         last_idx=last_idx, force_master=self.force_master,
+                         claim_term=self.claim_term if self.is_master else 0,
+                         log_term=log_term)
 
 
 def live_beats(
@@ -108,12 +125,14 @@ def step(
     gone: Set[NodeId],
     now: float,
     timing: Timing,
+    log_term: int = 0,
 ) -> Election:
-    """The election state after what this node has heard by ``now``."""
+    """The election state after what this node has heard by ``now``; its log ends at
+    ``last_idx``, written by the master of term ``log_term``."""
     me = election.node_id
     live = live_beats(me, heard, gone, now, timing.node_timeout_s)
     term = max([election.term, *(b.term for b in live.values())])
-    own = election.heartbeat(last_idx)
+    own = election.heartbeat(last_idx, log_term)
     claimers = [b for b in live.values() if b.master == b.node_id]
     if election.is_master:
         claimers.append(own)
@@ -140,7 +159,8 @@ def step(
 
 
 def _claim(election: Election, term: int, now: float) -> Election:
-    return replace(election, term=term + 1, master=election.node_id, since=now, joined=True)
+    return replace(election, term=term + 1, master=election.node_id, since=now, joined=True,
+                   claim_term=term + 1)
 
 
 def _may_force(
@@ -151,7 +171,7 @@ def _may_force(
         return False  # a forced node with a smaller id outranks this one
     master = live.get(election.master) if election.master is not None else None
     if master is not None:
-        return own.last_idx >= master.last_idx  # take over only once caught up
+        return own.log_position >= master.log_position  # take over only once caught up
     return now - election.started_at >= timing.join_grace_s
 
 
@@ -176,14 +196,14 @@ def _followers(election: Election, live: Mapping[NodeId, Heartbeat]) -> dict[Nod
     return counts
 
 
-def _claim_rank(beat: Heartbeat, followers: int) -> tuple[int, int, int, str]:
-    """Smaller wins: forced nodes by id; then more followers, the older claim (lower
-    term), the smaller id."""
+def _claim_rank(beat: Heartbeat, followers: int) -> tuple[int, int, int, int, int, str]:
+    """Smaller wins: forced nodes by id; then the newer log, more followers, the older
+    claim (lower claim term), the smaller id."""
     if beat.force_master:
-        return (0, 0, 0, beat.node_id)
-    return (1, -followers, beat.term, beat.node_id)
+        return (0, 0, 0, 0, 0, beat.node_id)
+    return (1, -beat.log_term, -beat.last_idx, -followers, beat.claim_term, beat.node_id)
 
 
-def _candidate_rank(beat: Heartbeat) -> tuple[bool, int, str]:
-    """Smaller wins: forced first, then the most up-to-date log, then the smaller id."""
-    return (not beat.force_master, -beat.last_idx, beat.node_id)
+def _candidate_rank(beat: Heartbeat) -> tuple[bool, int, int, str]:
+    """Smaller wins: forced first, then the newest log, then the smaller id."""
+    return (not beat.force_master, -beat.log_term, -beat.last_idx, beat.node_id)

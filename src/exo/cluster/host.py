@@ -28,6 +28,11 @@ class ClusterHost(Protocol):
         """Hand a chunk to the request it answers, on ``origin`` (None: this node)."""
         ...
 
+    def set_in_sync(self, in_sync: bool) -> None:
+        """Whether this node's state is caught up with the cluster's (it follows a
+        master and has caught up with it, or it is the master); act only while it is."""
+        ...
+
     def resolve_card(self, model_id: ModelId) -> ModelCard | None: ...
 
     def local_truth(self, full: bool) -> list[Event]:

@@ -27,6 +27,7 @@ in index order, and ask it for what they missed:
   Response chunks go point-to-point to the node that took the request.
 """
 
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -159,7 +160,9 @@ class ClusterLink:
                     Router(self.config.routing(self.node_id))
                 )
             except Exception as e:  # zenoh's own error type: endpoints, ports, config
-                raise SystemExit(f"exo: cannot join the cluster network: {e}") from e
+                raise SystemExit(
+                    f"exo: cannot join the cluster network: {_readable(e)}"
+                ) from e
             self._router_ = router
             self.listen_endpoints = router.listen_endpoints
             beats = router.subscribe(HEARTBEATS, include_self=False)
@@ -204,7 +207,8 @@ class ClusterLink:
             await anyio.sleep(self.config.heartbeat_interval_s)
 
     async def _send_heartbeat(self) -> None:
-        await self._router.publish(HEARTBEATS, self.election.heartbeat(self.replica.last_idx))
+        beat = self.election.heartbeat(self.replica.last_idx, self.replica.log_term)
+        await self._router.publish(HEARTBEATS, beat)
 
     async def _receive_heartbeats(self, beats: Subscription[Heartbeat]) -> None:
         async for delivery in beats.deliveries():
@@ -247,6 +251,7 @@ class ClusterLink:
             self._gone,
             time.monotonic(),
             self.config.timing,
+            log_term=self.replica.log_term,
         )
         self.election = after
         if after.master == before.master:
@@ -283,7 +288,11 @@ class ClusterLink:
             )
             self._buffer.clear()
             self._synced = True
+            # Commands any earlier master applied (the log says): a retry is not applied again.
+            for command_id in self.replica.log.command_ids(REMEMBERED_COMMANDS):
+                self._remember(command_id)
         logger.info(f"cluster: {self.node_id} is the master (term {term}) from event {start}")
+        self.host.set_in_sync(True)
         self.ready.set()
 
     async def _step_down(self) -> None:
@@ -294,6 +303,7 @@ class ClusterLink:
 
     def _follow(self, master: NodeId | None) -> None:
         self._synced = False
+        self.host.set_in_sync(False)
         self._master_was_at = -1
         self._buffer = {i: item for i, item in self._buffer.items() if item[0] == master}
         if master is None:
@@ -346,13 +356,18 @@ class ClusterLink:
     async def _submit(self, command: Command, origin: NodeId | None) -> bool:
         async def submit(master: Master) -> None:
             if command.command_id in self._handled:
-                return  # a retry of a command this master handled already
-            self._handled[command.command_id] = None
-            while len(self._handled) > REMEMBERED_COMMANDS:
-                self._handled.popitem(last=False)
+                logger.info(f"cluster: command {command.command_id} was applied already")
+                return  # a retry of a command this master (or an earlier one) applied
+            self._remember(command.command_id)
             await master.submit(command, origin)
 
         return await self._as_master(submit)
+
+    def _remember(self, command_id: CommandId) -> None:
+        self._handled[command_id] = None
+        self._handled.move_to_end(command_id)
+        while len(self._handled) > REMEMBERED_COMMANDS:
+            self._handled.popitem(last=False)
 
     async def _emit_all(self, events: list[Event]) -> bool:
         async def emit(master: Master) -> None:
@@ -466,6 +481,7 @@ class ClusterLink:
             await self._drain()
         if first:
             logger.info(f"cluster: in sync with master {master} at event {self.replica.last_idx}")
+            self.host.set_in_sync(True)
             self.ready.set()
             self._queue_local_truth(full=True)
         return True
@@ -566,6 +582,12 @@ class ClusterLink:
     async def _send_chunks(self) -> None:
         async for origin, event in self._chunks_rx:
             await self._router.send_to(CHUNKS, origin, event)
+
+
+def _readable(error: Exception) -> str:
+    """Zenoh's error text without the places in its Rust source it points at."""
+    text = re.sub(r"\s*(at )?\S+\.rs:\d+(:\d+)?\.?", "", str(error))
+    return " ".join(text.split()) or type(error).__name__
 
 
 def _describe(event: Event) -> str:

@@ -6,7 +6,7 @@ import anyio
 from loguru import logger
 
 from exo.cluster.host import ClusterHost
-from exo.cluster.lineage import Lineage, extended, truncated
+from exo.cluster.lineage import Lineage, agreed_prefix, epoch_at, extended, truncated
 from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
@@ -28,6 +28,12 @@ class Replica:
     def last_idx(self) -> int:
         return self.host.state().last_event_applied_idx
 
+    @property
+    def log_term(self) -> int:
+        """The term of the master that wrote the last event (0: none known)."""
+        epoch = epoch_at(self.lineage, self.last_idx)
+        return 0 if epoch is None else epoch.term
+
     def save(self, term: int, lineage: Lineage | None = None) -> None:
         """Persist the term (and lineage) before anyone hears of them."""
         self.term = term
@@ -43,10 +49,26 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
+    def _report_dropped(self, reply: CatchUpReply) -> None:
+        """Name what this log holds that the master's does not (it is about to go):
+        events a partitioned side or a dead master wrote, and the commands behind them."""
+        agreed = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx)
+        if agreed >= self.last_idx:
+            return
+        dropped = self.log.read_from(agreed + 1, self.last_idx - agreed)
+        commands = sorted({e.command_id for e in dropped if e.command_id is not None})
+        kinds = sorted({type(e.event).__name__ for e in dropped})
+        logger.warning(
+            f"cluster: dropping {self.last_idx - agreed} events {agreed + 1}..{self.last_idx} "
+            f"that the master's log does not hold ({', '.join(kinds) or 'not kept'}); "
+            f"commands dropped: {', '.join(commands) or 'none'}"
+        )
+
     async def apply_reply(self, reply: CatchUpReply) -> None:
         """Apply a page of the master's log: from its base when it sends one, then the
         events that follow this node's log."""
         if reply.base is not None:
+            self._report_dropped(reply)
             logger.info(
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"

@@ -12,6 +12,7 @@ from typing import Protocol
 from pydantic import TypeAdapter
 
 from exo.shared.apply import apply
+from exo.shared.types.common import CommandId
 from exo.shared.types.events import Event, IndexedEvent
 from exo.shared.types.state import State
 
@@ -23,6 +24,7 @@ class EventLog(Protocol):
     def read_from(self, idx: int, limit: int) -> list[IndexedEvent]: ...
     def snapshot(self) -> State | None: ...
     def restore(self) -> State: ...
+    def command_ids(self, limit: int) -> list[CommandId]: ...
 
 
 class MemoryEventLog:
@@ -50,6 +52,11 @@ class MemoryEventLog:
     def snapshot(self) -> State | None:
         return self._snapshot
 
+    def command_ids(self, limit: int) -> list[CommandId]:
+        """The commands behind the last events kept, oldest first (at most ``limit``)."""
+        found = [e.command_id for e in self._events if e.command_id is not None]
+        return list(dict.fromkeys(found))[-limit:]
+
     def restore(self) -> State:
         state = self._snapshot or State()
         for event in self._events:
@@ -70,6 +77,9 @@ class SqliteEventLog:
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS snapshots (idx INTEGER PRIMARY KEY, state TEXT NOT NULL)"
         )
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
+        if "command_id" not in columns:  # a log written before command ids were kept
+            self._db.execute("ALTER TABLE events ADD COLUMN command_id TEXT")
         self._snapshot_every = snapshot_every
         self._keep_tail = keep_tail
 
@@ -82,7 +92,8 @@ class SqliteEventLog:
             for event, state_after in items:
                 body = _EVENT.dump_json(event.event).decode()
                 self._db.execute(
-                    "INSERT OR REPLACE INTO events (idx, body) VALUES (?, ?)", (event.idx, body)
+                    "INSERT OR REPLACE INTO events (idx, body, command_id) VALUES (?, ?, ?)",
+                    (event.idx, body, event.command_id),
                 )
                 if (event.idx + 1) % self._snapshot_every == 0:
                     self._write_snapshot(state_after)
@@ -116,9 +127,22 @@ class SqliteEventLog:
         if first is None or idx < first:
             return []
         rows = self._db.execute(
-            "SELECT idx, body FROM events WHERE idx >= ? ORDER BY idx LIMIT ?", (idx, limit)
+            "SELECT idx, body, command_id FROM events WHERE idx >= ? ORDER BY idx LIMIT ?",
+            (idx, limit),
         ).fetchall()
-        return [IndexedEvent(idx=i, event=_EVENT.validate_json(body)) for i, body in rows]
+        return [
+            IndexedEvent(idx=i, event=_EVENT.validate_json(body), command_id=command)
+            for i, body, command in rows
+        ]
+
+    def command_ids(self, limit: int) -> list[CommandId]:
+        """The commands behind the last events kept, oldest first (at most ``limit``)."""
+        rows = self._db.execute(
+            "SELECT command_id FROM events WHERE command_id IS NOT NULL "
+            "ORDER BY idx DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return list(dict.fromkeys(CommandId(row[0]) for row in reversed(rows)))
 
     def snapshot(self) -> State | None:
         row = self._db.execute("SELECT state FROM snapshots ORDER BY idx DESC LIMIT 1").fetchone()

@@ -7,6 +7,7 @@ logs why it cannot."""
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import anyio
 from loguru import logger
@@ -32,12 +33,14 @@ from exo.shared.types.events import (
     InstanceCreated,
     InstanceDeleted,
     NodeTimedOut,
+    RunnerStatusUpdated,
     TaskCreated,
     TaskStatusUpdated,
 )
 from exo.shared.types.state import State
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import Instance, InstanceId
+from exo.shared.types.worker.runners import RunnerShutdown
 from exo.utils.channels import Receiver
 from exo.worker.plan import instance_is_serving
 
@@ -58,6 +61,8 @@ class Master:
     state: State = field(default_factory=State)
     group_port_base: int = 29500
     _next_port: int = field(default=0, init=False)
+    _handling: CommandId | None = field(default=None, init=False)
+    """The command being handled: its events carry its id into the log."""
     """Where the search for the next group port starts, from ``group_port_base``."""
 
     async def run(self) -> None:
@@ -74,17 +79,23 @@ class Master:
 
     async def submit(self, command: Command, origin: NodeId | None) -> None:
         """Handle a command; a failure becomes an error for its requester."""
+        self._handling = command.command_id
         try:
             await self.handle_command(command, origin)
         except Exception as e:  # a bad command must not take the master down
             logger.opt(exception=e).error(f"command {type(command).__name__} failed")
             self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
+        finally:
+            self._handling = None
 
     async def _event_loop(self) -> None:
         async for event in self.local_events:
             await self.emit(event)
 
     async def emit(self, event: Event) -> None:
+        if _stale_runner_status(event, self.state):
+            logger.debug(f"dropped a status of runner {event.runner_id}: no instance has it")
+            return
         before = self.state
         await self._sequence(event)
         if isinstance(event, NodeTimedOut):
@@ -93,7 +104,9 @@ class Master:
                 await self._place_again(instance, event.node_id)
 
     async def _sequence(self, event: Event) -> None:
-        indexed = IndexedEvent(idx=self.state.last_event_applied_idx + 1, event=event)
+        indexed = IndexedEvent(
+            idx=self.state.last_event_applied_idx + 1, event=event, command_id=self._handling
+        )
         self.state = apply(self.state, indexed)
         self.log.append(indexed, self.state)
         await self.publish(indexed)
@@ -216,6 +229,19 @@ class Master:
             ),
             origin,
         )
+
+
+def _stale_runner_status(event: Event, state: State) -> TypeGuard[RunnerStatusUpdated]:
+    """A runner's status arriving after its instance was deleted (its last words on the
+    way out): writing it would bring a runner of no instance back into the state."""
+    if not isinstance(event, RunnerStatusUpdated) or isinstance(
+        event.runner_status, RunnerShutdown
+    ):
+        return False
+    return not any(
+        event.runner_id in instance.shard_assignments.runner_to_shard
+        for instance in state.instances.values()
+    )
 
 
 def _count_nodes(n: int) -> str:

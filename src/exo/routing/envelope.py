@@ -2,7 +2,7 @@
 
 Wire format (all integers big-endian)::
 
-    magic "EXO1" | sender length (1 byte) | sender (utf-8) | counter (8 bytes)
+    magic "EXO" + protocol version digit | sender length (1 byte) | sender (utf-8) | counter (8 bytes)
     | HMAC-SHA256 (32 bytes) | payload
 
 The MAC covers the key expression the message was sent on (its "context"), the sender,
@@ -21,7 +21,12 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-_MAGIC = b"EXO1"
+PROTOCOL_VERSION = 2
+"""The version of what nodes say to each other (envelope and messages). Nodes of
+different versions refuse each other's messages, with a clear log line, instead of
+misreading them. Bump it whenever a message changes in a way an older node misreads."""
+_FAMILY = b"EXO"
+_MAGIC = _FAMILY + str(PROTOCOL_VERSION).encode()
 _MAC_LEN = 32
 _COUNTER = struct.Struct(">Q")
 
@@ -31,6 +36,7 @@ class Rejection(StrEnum):
     BAD_MAC = "bad_mac"
     REPLAY = "replay"
     UNDECODABLE = "undecodable"
+    VERSION = "version"
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,8 @@ def seal(mac_key: bytes, context: str, sender: str, counter: int, payload: bytes
 
 def open_envelope(mac_key: bytes, context: str, data: bytes) -> Opened | Rejection:
     """Check the MAC; the caller still has to check the counter (see ReplayGuard)."""
+    if data.startswith(_FAMILY) and len(data) > len(_FAMILY) and not data.startswith(_MAGIC):
+        return Rejection.VERSION
     if len(data) < len(_MAGIC) + 1 or not data.startswith(_MAGIC):
         return Rejection.MALFORMED
     sender_end = len(_MAGIC) + 1 + data[len(_MAGIC)]
@@ -71,6 +79,16 @@ def open_envelope(mac_key: bytes, context: str, data: bytes) -> Opened | Rejecti
     except UnicodeDecodeError:
         return Rejection.MALFORMED
     return Opened(sender=sender, counter=_COUNTER.unpack(counter_bytes)[0], payload=payload)
+
+
+def claimed_header(data: bytes) -> tuple[str | None, str | None]:
+    """What an envelope claims, unauthenticated, for logs: (protocol version, sender)."""
+    if not data.startswith(_FAMILY) or len(data) <= len(_MAGIC):
+        return None, None
+    version = data[len(_FAMILY) : len(_MAGIC)].decode(errors="replace")
+    sender_end = len(_MAGIC) + 1 + data[len(_MAGIC)]
+    sender = data[len(_MAGIC) + 1 : sender_end].decode(errors="replace") or None
+    return version, sender
 
 
 def _mac(mac_key: bytes, context: str, sender: bytes, counter: bytes, payload: bytes) -> bytes:

@@ -100,8 +100,8 @@ class Service(Generic[Req, Rep]):
         try:
             request = self._endpoint.request.decode(opened.payload)
         except ValidationError as e:
-            logger.warning(f"{self._endpoint} from {opened.sender}: invalid request: {e}")
-            self._transport.reject(Rejection.UNDECODABLE, query.key)
+            logger.debug(f"{self._endpoint} from {opened.sender}: invalid request: {e}")
+            self._transport.reject(Rejection.UNDECODABLE, query.key, opened.sender)
             query.finish()
             return
         try:
@@ -175,10 +175,10 @@ def _parse_reply(
     if status == _ERROR:
         raise RemoteError(f"{endpoint} on {opened.sender}: {content.decode(errors='replace')}")
     if status != _OK:
-        transport.reject(Rejection.MALFORMED, context)
+        transport.reject(Rejection.MALFORMED, context, opened.sender)
         raise RemoteError(f"{endpoint} on {opened.sender}: malformed reply")
     try:
         return endpoint.reply.decode(content)
     except ValidationError as e:
-        transport.reject(Rejection.UNDECODABLE, context)
+        transport.reject(Rejection.UNDECODABLE, context, opened.sender)
         raise RemoteError(f"{endpoint} on {opened.sender}: invalid reply: {e}") from e

@@ -41,8 +41,8 @@ class Subscription(ObjectReceiveStream[T], Generic[T]):
         try:
             message = self._topic.decode(opened.payload)
         except ValidationError as e:
-            logger.warning(f"{self._topic} from {opened.sender}: invalid message: {e}")
-            self._transport.reject(Rejection.UNDECODABLE, key)
+            logger.debug(f"{self._topic} from {opened.sender}: invalid message: {e}")
+            self._transport.reject(Rejection.UNDECODABLE, key, opened.sender)
             return
         self._transport.offer(self._send, Delivery(opened.sender, message), repr(self._topic))
 

@@ -8,6 +8,7 @@ order, and handed to zenoh by the Outbox thread in that same order.
 """
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,9 +20,19 @@ from anyio.streams.memory import MemoryObjectSendStream
 from loguru import logger
 
 from exo.routing._zenoh import IncomingQuery, ZenohSession
-from exo.routing.envelope import CounterSource, Opened, Rejection, ReplayGuard, open_envelope, seal
+from exo.routing.envelope import (
+    PROTOCOL_VERSION,
+    CounterSource,
+    Opened,
+    Rejection,
+    ReplayGuard,
+    claimed_header,
+    open_envelope,
+    seal,
+)
 from exo.routing.keys import ClusterKeys
 from exo.routing.outbox import Outbox
+from exo.utils.metrics import CLUSTER_MESSAGES_REJECTED
 
 T = TypeVar("T")
 
@@ -62,6 +73,27 @@ class LoopBridge:
         self._closed = True
 
 
+@dataclass
+class RateLimitedLog:
+    """At most one log line per key per period; counts what it held back."""
+
+    period_s: float
+    _last: dict[str, float] = field(default_factory=dict[str, float])
+    _held: Counter[str] = field(default_factory=Counter[str])
+
+    def admit(self, key: str, now: float) -> int | None:
+        """None: stay quiet; else log now, with how many were held back since the last."""
+        last = self._last.get(key)
+        if last is not None and now - last < self.period_s:
+            self._held[key] += 1
+            return None
+        if len(self._last) > 10_000:  # garbage with ever new sender names: forget old ones
+            self._last.clear()
+            self._held.clear()
+        self._last[key] = now
+        return self._held.pop(key, 0)
+
+
 class Transport:
     def __init__(
         self,
@@ -79,6 +111,7 @@ class Transport:
         self.stats = stats
         self._outbox = outbox
         self._counter = CounterSource()
+        self._reject_log = RateLimitedLog(period_s=60.0)
 
     async def put(self, key: str, payload: bytes) -> None:
         async with self._outbox.order:
@@ -134,17 +167,35 @@ class Transport:
         """Authenticate a received envelope (and check its counter, given a guard)."""
         result = open_envelope(self.keys.mac_key, context, data)
         if isinstance(result, Rejection):
-            self.reject(result, context)
+            version, sender = claimed_header(data)
+            self.reject(result, context, sender, version)
             return None
         if guard is not None and not guard.admit(result.sender, context, result.counter):
-            self.reject(Rejection.REPLAY, context)
+            self.reject(Rejection.REPLAY, context, result.sender)
             return None
         return result
 
-    def reject(self, reason: Rejection, context: str) -> None:
+    def reject(
+        self, reason: Rejection, context: str, sender: str | None = None,
+        version: str | None = None,
+    ) -> None:
+        """Count a refused message; log it at most once per peer per minute."""
         self.stats.rejected += 1
         self.stats.rejections[reason] += 1
-        logger.warning(f"rejected a message on {context}: {reason}")
+        CLUSTER_MESSAGES_REJECTED.labels(reason=str(reason)).inc()
+        peer = sender or "an unknown sender"
+        suppressed = self._reject_log.admit(peer, time.monotonic())
+        if suppressed is None:
+            return
+        more = f" ({suppressed} more refused from it in the last minute)" if suppressed else ""
+        if reason == Rejection.VERSION:
+            logger.warning(
+                f"cluster: node {peer} speaks cluster protocol v{version}, this node "
+                f"v{PROTOCOL_VERSION}: its messages are refused; run the same exo version "
+                f"on every node{more}"
+            )
+        else:
+            logger.warning(f"rejected a message from {peer} on {context}: {reason}{more}")
 
     def offer(self, stream: MemoryObjectSendStream[T], item: T, what: str) -> None:
         """Hand an authentic item to a reader without waiting; a full buffer drops it."""

@@ -49,6 +49,8 @@ def test_failing_load_is_retried_with_backoff_then_abandoned(tmp_path: Path) -> 
         node.state()
         assert len(_CREATED.findall(node.log())) == 5
         assert node.state()["runners"] == {}
+        # ... and no runner process either: every failed attempt was reaped.
+        wait_until(lambda: node.runner_pids() == [], 20, "no runner process left")
         # A request for that model places it once more; when that fails the same way, the
         # client is told so (a 503 naming the problem, no hang, no 500).
         r = httpx.post(node.url + "/v1/chat/completions", timeout=180, json={

@@ -363,4 +363,9 @@ ACTIVE_GENERATIONS = REGISTRY.gauge(
 RUNNER_RESTARTS = REGISTRY.counter(
     "exo_runner_restarts_total", "Runners re-created after a failure"
 )
+CLUSTER_MESSAGES_REJECTED = REGISTRY.counter(
+    "exo_cluster_messages_rejected_total",
+    "Cluster messages refused: malformed, bad MAC, replayed, undecodable, other protocol version",
+    ("reason",),
+)
 RUNNER_FAILURES = REGISTRY.counter("exo_runner_failures_total", "Runners that failed")

@@ -37,13 +37,18 @@ from exo.shared.types.tasks import (
 )
 from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import InstanceId
-from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady
+from exo.shared.types.worker.runners import (
+    RunnerFailed,
+    RunnerId,
+    RunnerReady,
+    RunnerShuttingDown,
+)
 from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
 from exo.worker.download.local import locate_model
-from exo.worker.plan import plan
+from exo.worker.plan import LocalRunner, RunnerView, plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 
@@ -72,13 +77,25 @@ class Worker:
         default_factory=dict[RunnerId, RunnerSupervisor]
     )
     runners_created: int = 0
+    in_sync: bool = True
+    """False while this node's state may be stale (a cluster node catching up after a
+    start, a restart or a stall): the worker then starts nothing new."""
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
+    # Every runner we started whose process may still live: reaped on the way out.
+    _spawned: list[RunnerSupervisor] = field(default_factory=list[RunnerSupervisor])
 
     def update_state(self, state: State) -> None:
         self.state = state
         self._abandoned &= set(state.instances)
+        self._wakeup.set()
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        """Act on the state only while it is caught up with the cluster's."""
+        if in_sync != self.in_sync:
+            logger.info(f"worker: {'acting on' if in_sync else 'waiting for'} the cluster's state")
+        self.in_sync = in_sync
         self._wakeup.set()
 
     async def run(self) -> None:
@@ -95,9 +112,12 @@ class Worker:
 
     async def _plan_loop(self) -> None:
         while True:
+            if not self.in_sync:
+                await self._wakeup.wait(None)
+                continue
             task = plan(
                 self.node_id,
-                self._live_runners(),
+                self._planner_view(),
                 self.state,
                 self.instance_backoff,
                 self.download_backoff,
@@ -107,9 +127,24 @@ class Worker:
                 await self._wakeup.wait(self._next_backoff_in())
                 continue
             await self._execute(task)
+            # Never hold the event loop: a task that found nothing to do (its runner is on
+            # its way out) comes back until the state moves, which needs the loop.
+            await anyio.lowlevel.checkpoint()
 
     def _live_runners(self) -> dict[RunnerId, RunnerSupervisor]:
         return {rid: r for rid, r in self.runners.items() if rid not in self._stopping}
+
+    def _planner_view(self) -> dict[RunnerId, LocalRunner]:
+        """Every runner we hold, a stopping one shown as shutting down: its id cannot be
+        given to a new runner while its process may still live."""
+        view: dict[RunnerId, LocalRunner] = {}
+        for rid, runner in self.runners.items():
+            view[rid] = (
+                RunnerView(runner.bound_instance, status=RunnerShuttingDown())
+                if rid in self._stopping
+                else runner
+            )
+        return view
 
     def _next_backoff_in(self) -> float | None:
         now = time.monotonic()
@@ -138,11 +173,15 @@ class Worker:
                 await self._wakeup.wait(1.0)
             case CancelTask():
                 runner = self._runner_for(task.instance_id)
-                if runner is not None:
+                if runner is None:
+                    await self._wakeup.wait(0.5)  # its runner is stopping: wait for the state
+                else:
                     await runner.cancel_task(task.cancelled_task_id)
             case ConnectToGroup() | LoadModel() | StartWarmup() | TextGeneration():
                 runner = self._runner_for(task.instance_id)
-                if runner is not None:
+                if runner is None:
+                    await self._wakeup.wait(0.5)  # its runner is stopping: wait for the state
+                else:
                     await runner.start_task(task)
 
     def _runner_for(self, instance_id: InstanceId) -> RunnerSupervisor | None:
@@ -158,10 +197,15 @@ class Worker:
         if attempt > 1:
             RUNNER_RESTARTS.inc()
         logger.info(f"creating runner for instance {instance_id} (attempt {attempt})")
+        if task.bound_instance.bound_runner_id in self.runners:
+            # Never two processes under one runner id (the planner should not ask for it).
+            logger.warning(f"runner {task.bound_instance.bound_runner_id} still exists")
+            return
         runner = RunnerSupervisor.create(
             task.bound_instance, self._runner_events.clone(), self.runner_settings, self.timeouts
         )
         self.runners[runner.runner_id] = runner
+        self._spawned = [r for r in self._spawned if not r.exited] + [runner]
         self.runners_created += 1
         self._tg.start_soon(runner.run)
 
@@ -189,17 +233,24 @@ class Worker:
             try:
                 await runner.stop()
             finally:
-                self.runners.pop(runner_id, None)
+                if self.runners.get(runner_id) is runner:
+                    del self.runners[runner_id]
                 self._stopping.discard(runner_id)
                 self._wakeup.set()
 
         self._tg.start_soon(stop)
 
     async def stop_all_runners(self) -> None:
+        """Stop every runner we hold and reap every process we ever started."""
+        held = list(self.runners.values())
+        orphans = [r for r in self._spawned if r not in held and not r.exited]
         async with anyio.create_task_group() as tg:
-            for runner in list(self.runners.values()):
+            for runner in held:
                 tg.start_soon(runner.stop)
+            for runner in orphans:
+                tg.start_soon(runner.reap)
         self.runners.clear()
+        self._spawned.clear()
 
     async def _forward_runner_events(self) -> None:
         async for event in self._runner_event_rx:

@@ -22,6 +22,8 @@ class SimNode:
     gone: set[NodeId] = field(default_factory=set[NodeId])
     running: bool = True
     """False: killed or hung (sends nothing, decides nothing)."""
+    log_term: int = 0
+    """The term of the master that wrote its last event."""
 
 
 @dataclass
@@ -53,6 +55,17 @@ class Sim:
         """The process stops answering: only the heartbeat timeout notices."""
         self.nodes[node_id].running = False
 
+    def resume(self, node_id: NodeId) -> None:
+        """A hung process runs again (SIGCONT), with the election state it had."""
+        self.nodes[node_id].running = True
+
+    def write(self, node_id: NodeId, events: int) -> None:
+        """The node (a master) appends events to its log, in its own claim's term."""
+        node = self.nodes[node_id]
+        assert node.election.is_master
+        node.last_idx += events
+        node.log_term = node.election.claim_term
+
     def linked(self, a: NodeId, b: NodeId) -> bool:
         return frozenset((a, b)) not in self.cut
 
@@ -71,13 +84,13 @@ class Sim:
             for node in self.nodes.values():
                 if node.running:
                     node.election = step(node.election, node.last_idx, node.heard, node.gone,
-                                         self.clock(node), TIMING)
+                                         self.clock(node), TIMING, log_term=node.log_term)
 
     def _exchange(self) -> None:
         for sender_id, sender in self.nodes.items():
             if not sender.running:
                 continue
-            beat = sender.election.heartbeat(sender.last_idx)
+            beat = sender.election.heartbeat(sender.last_idx, sender.log_term)
             for receiver_id, receiver in self.nodes.items():
                 if receiver_id != sender_id and receiver.running and self.linked(sender_id, receiver_id):
                     receiver.heard[sender_id] = Heard(beat, self.clock(receiver))
@@ -291,3 +304,45 @@ def test_terms_only_grow_and_are_shared() -> None:
     sim.run(1.0)
     assert agreed(sim, A)  # terms do not decide a failover: logs and ids do
     assert sim.term(A) == sim.term(B) == 9
+
+
+def test_a_stalled_master_that_resumes_never_wins_over_the_newer_log() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=3)
+    sim.start(B, last_idx=3)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.hang(A)  # SIGSTOP: A still believes it is the master
+    sim.run(2.0)
+    assert sim.masters() == {B: B}
+    sim.write(B, 2)  # B acknowledged a write while A was stalled
+    sim.resume(A)
+    sim.run(0.5)
+    assert agreed(sim, B)  # the newer log wins: B's write is kept
+    assert sim.nodes[B].election.claim_term == 2
+
+
+def test_claims_carry_their_own_term_not_the_highest_known() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=3)
+    sim.start(B, last_idx=3, term=5)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    beat_a = sim.nodes[A].election.heartbeat(3)
+    beat_b = sim.nodes[B].election.heartbeat(3)
+    assert beat_a.claim_term == 6 and beat_a.term == 6
+    assert beat_b.claim_term == 0  # a follower claims nothing
+
+
+def test_between_two_claimers_the_newer_log_wins_over_more_followers() -> None:
+    sim = Sim()
+    for node_id in (A, B, C):
+        sim.start(node_id, last_idx=30)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.partition({A, B}, {C})
+    sim.run(2.0)
+    sim.write(C, 1)  # only C's side wrote after the split
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, C)

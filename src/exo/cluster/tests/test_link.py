@@ -47,6 +47,7 @@ class PlainHost:
     current: State
     chunks: list[ChunkGenerated] = field(default_factory=list[ChunkGenerated])
     replaced: int = 0
+    in_sync: bool = False
     changed: anyio.Event = field(default_factory=anyio.Event)
 
     def state(self) -> State:
@@ -66,6 +67,9 @@ class PlainHost:
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
         return None
+
+    def set_in_sync(self, in_sync: bool) -> None:
+        self.in_sync = in_sync
 
     def local_truth(self, full: bool) -> list[Event]:
         if self.node_id in self.current.nodes:
@@ -151,6 +155,10 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
         tmp_path / "m2", [*shared, *(download(M2, "new", i) for i in range(20))], 2,
         (Epoch(term=1, master=M1, start_idx=0), Epoch(term=2, master=M2, start_idx=101)),
     )
+    from loguru import logger
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING")
     with anyio.fail_after(15):
         async with (
             running_link(M2, tmp_path / "m2", force_master=True) as m2,
@@ -158,6 +166,9 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
         ):
             await x.link.ready.wait()
             assert m2.link.is_master
+            # x says what it drops: its events 101..105, which no live master holds.
+            assert any("dropping 5 events 101..105" in line for line in lines), lines
+            logger.remove(sink)
             state = await x.host.wait_for(
                 lambda s: s.last_event_applied_idx >= m2.host.state().last_event_applied_idx
                 and X in s.nodes
@@ -232,3 +243,38 @@ async def test_a_follower_that_missed_the_last_event_catches_up_from_the_heartbe
             state = await x.host.wait_for(lambda s: s.last_event_applied_idx >= last)
             assert "test-org/lost-on-the-way-1" in state.downloads[M2]
             assert x.host.replaced == 0
+
+
+async def test_a_command_retried_after_a_failover_is_not_applied_twice(tmp_path: Path) -> None:
+    from contextlib import AsyncExitStack
+
+    from exo.shared.types.events import InstanceCreated
+
+    instance = pipeline_instance(InstanceId("i-once"), [(X, RUNNER_A1)])
+    command = CreateInstance(instance=instance)
+
+    def created(log: SqliteEventLog) -> int:
+        events = log.read_from(0, 10_000)
+        return sum(isinstance(e.event, InstanceCreated) for e in events)
+
+    with anyio.fail_after(20):
+        async with running_link(X, tmp_path / "x") as x:  # x outlives m2
+            async with AsyncExitStack() as m2_scope:
+                await m2_scope.enter_async_context(
+                    running_link(M2, tmp_path / "m2", x.link.listen_endpoints, force_master=True)
+                )
+                await x.host.wait_for(lambda s: {X, M2} <= set(s.nodes))
+                while x.link.master_id != M2:
+                    await anyio.sleep(0.02)
+                await x.commands.send((command, X))
+                await x.host.wait_for(lambda s: instance.instance_id in s.instances)
+                assert created(x.log) == 1
+            # m2 is gone; x becomes the master, and the requester retries the command
+            # (its acknowledgement was lost with m2).
+            while not x.link.is_master:
+                await anyio.sleep(0.02)
+            await x.commands.send((command, X))
+            marker = pipeline_instance(InstanceId("i-after"), [(X, RUNNER_A1)])
+            await x.commands.send((CreateInstance(instance=marker), X))
+            await x.host.wait_for(lambda s: marker.instance_id in s.instances)
+            assert created(x.log) == 2  # the marker only: the retry was not applied again

@@ -108,3 +108,7 @@ class IndexedEvent(FrozenModel):
 
     idx: int = Field(ge=0)
     event: Event
+    command_id: CommandId | None = None
+    """The command the master was handling when it wrote this event (None: an event
+    from a worker or the master itself). Kept in the replicated log, so that any later
+    master knows which commands were applied and applies a retried one at most once."""

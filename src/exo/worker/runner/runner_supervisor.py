@@ -181,6 +181,7 @@ class RunnerSupervisor:
                 return self.timeouts.step_s if busy else float("inf")
 
     async def _handle_event(self, event: Event) -> None:
+        event = _humane(event, self.runner_id)
         if isinstance(event, RunnerStatusUpdated):
             self.status = event.runner_status
         if isinstance(event, TaskAcknowledged) and (
@@ -310,6 +311,17 @@ class RunnerSupervisor:
                 except (ClosedResourceError, BrokenResourceError):
                     logger.debug(f"{self.runner_id}: shut down after the event channel closed")
 
+    @property
+    def exited(self) -> bool:
+        """Its process was started and has been reaped (or was never started)."""
+        return self.runner_process.pid is None or self.runner_process.exitcode is not None
+
+    async def reap(self) -> None:
+        """Kill and reap the process, without reporting anything (shutdown path)."""
+        self.shutdown()
+        await self._kill()
+        await self._join(self.timeouts.shutdown_grace_s)
+
     async def _kill(self) -> None:
         for send_signal in (self.runner_process.terminate, self.runner_process.kill):
             if not self.runner_process.is_alive():
@@ -321,6 +333,49 @@ class RunnerSupervisor:
         if self.runner_process.pid is None:
             return
         await anyio.to_thread.run_sync(self.runner_process.join, timeout, abandon_on_cancel=True)
+
+
+# What the distributed backends (gloo, NCCL) say when a peer of the group is gone: their
+# raw text (source paths, "GLHF!") means nothing to a client.
+_PEER_LOSS_MARKERS = (
+    "gloo", "GLHF", "NCCL", "ProcessGroup", "Connection closed by peer",
+    "Connection reset by peer", "lost the group",
+)
+PEER_LOST = (
+    "a runner of this instance on another process or node was lost (peer gone); the "
+    "request cannot complete: retry it once the instance is back"
+)
+
+
+def human_error(message: str) -> str:
+    """The message for clients and the state: a peer loss in plain words."""
+    return PEER_LOST if any(m in message for m in _PEER_LOSS_MARKERS) else message
+
+
+def _humane(event: Event, runner_id: RunnerId) -> Event:
+    """The event with any raw backend error replaced (the raw text goes to the log)."""
+    raw: str | None = None
+    match event:
+        case ChunkGenerated(chunk=ErrorChunk() as chunk) if human_error(chunk.error_message) != chunk.error_message:
+            raw = chunk.error_message
+            event = event.model_copy(
+                update={"chunk": chunk.model_copy(update={"error_message": PEER_LOST})}
+            )
+        case TaskStatusUpdated(error_message=str() as message) if human_error(message) != message:
+            raw = message
+            event = event.model_copy(update={"error_message": PEER_LOST})
+        case RunnerStatusUpdated(runner_status=RunnerFailed() as failed) if (
+            human_error(failed.error_message) != failed.error_message
+        ):
+            raw = failed.error_message
+            event = event.model_copy(
+                update={"runner_status": RunnerFailed(error_message=PEER_LOST)}
+            )
+        case _:
+            pass
+    if raw is not None:
+        logger.warning(f"runner {runner_id}: peer lost: {raw}")
+    return event
 
 
 def _describe_exit(process: BaseProcess) -> str:
