@@ -44,6 +44,7 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerShutdown
 from exo.utils.channels import Receiver, Sender, channel
+from exo.worker.download.hub import HubSettings
 from exo.worker.main import Worker
 from exo.worker.runner.runner_supervisor import PhaseTimeouts
 from exo.worker.runner.settings import RunnerSettings
@@ -99,6 +100,7 @@ class Node:
             runner_settings=RunnerSettings(
                 cache_dir=config.data_dir / "cache",
                 models_dir=config.data_dir / "models",
+                hub_cache_dir=HubSettings.from_env().cache_dir,
                 threads=config.runner_threads,
                 device=config.device,
                 dtype=config.dtype,

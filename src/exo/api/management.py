@@ -3,18 +3,22 @@
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
+from huggingface_hub import HfApi
 from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.task_params import ApiModel
 from exo.master.placement import PlacementPreview, placement_previews
+from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import DeleteInstance, PlaceInstance
 from exo.shared.types.state import State
 from exo.shared.types.worker.instances import InstanceId, Sharding
 from exo.utils import metrics
+from exo.worker.download.hub import HubSettings
 from exo.worker.plan import instance_is_serving
 
 
@@ -22,6 +26,35 @@ class PlaceInstanceRequest(ApiModel):
     model: str
     sharding: Sharding = "pipeline"
     min_nodes: int = Field(default=1, ge=1)
+
+
+class AddModelRequest(ApiModel):
+    model: str = Field(min_length=1, description="org/repo or org/repo:QUANT")
+
+
+def downloads_of(state: State, card: ModelCard) -> dict[str, Any]:
+    """Per node: the model's download progress (completed: where its files are)."""
+    return {
+        node_id: progress.model_dump(mode="json")
+        for node_id, models in state.downloads.items()
+        if (progress := models.get(card.model_id)) is not None
+    }
+
+
+async def search_hub(query: str, limit: int) -> list[dict[str, Any]]:
+    settings = HubSettings.from_env()
+    if settings.offline:
+        raise ApiError(503, "the hub cannot be searched: HF_HUB_OFFLINE=1", code="hub_offline")
+
+    def search() -> list[dict[str, Any]]:
+        api = HfApi(endpoint=settings.endpoint, token=settings.token or False)
+        return [{"id": m.id} for m in api.list_models(search=query, limit=limit)]
+
+    try:
+        return await anyio.to_thread.run_sync(search)
+    except Exception as e:
+        raise ApiError(503, f"the hub could not be searched: {e}", code="hub_unavailable",
+                       headers={"Retry-After": "10"}) from e
 
 
 def choose_preview(
@@ -79,7 +112,22 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.get("/models")
     async def models() -> list[dict[str, Any]]:
-        return [card.model_dump(mode="json") for card in service.model_cards()]
+        current = handle.state()
+        return [
+            {**card.model_dump(mode="json"), "downloads": downloads_of(current, card)}
+            for card in service.model_cards()
+        ]
+
+    @api.post("/models/add")
+    async def add_model(body: AddModelRequest) -> dict[str, Any]:
+        card = await service.fetch_card(body.model)
+        return card.model_dump(mode="json")
+
+    @api.get("/models/search")
+    async def search_models(
+        q: str = Query(min_length=1), limit: int = Query(default=20, ge=1, le=100)
+    ) -> list[dict[str, Any]]:
+        return await search_hub(q, limit)
 
     @api.get("/instance/previews")
     async def previews(model: str = Query(min_length=1)) -> dict[str, Any]:
@@ -93,14 +141,15 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/place_instance")
     async def place_instance(body: PlaceInstanceRequest) -> dict[str, Any]:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         current = handle.state()
         found = placement_previews(card, current.nodes, current.topology, current.instances)
         chosen = choose_preview(found, body.sharding, body.min_nodes)
         if isinstance(chosen, str):
             raise ApiError(409, f"cannot place {card.model_id}: {chosen}")
         command = PlaceInstance(
-            model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes
+            model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
+            model_card=card if card.hub is not None else None,
         )
         await service.send(command)
         return {

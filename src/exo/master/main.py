@@ -144,7 +144,7 @@ class Master:
                         )
 
     async def _place(self, command: PlaceInstance, origin: NodeId | None) -> None:
-        card = self.resolve_card(command.model_id)
+        card = command.model_card or self.resolve_card(command.model_id)
         if card is None:
             self._error(command.command_id, origin, f"unknown model {command.model_id!r}")
             return

@@ -22,6 +22,7 @@ from exo.shared.types.events import (
 )
 from exo.shared.types.state import State
 from exo.shared.types.tasks import FINISHED_TASK_STATUSES, Task, TaskId, TaskStatus
+from exo.shared.types.worker.downloads import DownloadFailed
 from exo.shared.types.worker.instances import Instance, InstanceId
 from exo.shared.types.worker.runners import RunnerId, RunnerShutdown, RunnerStatus
 
@@ -101,9 +102,20 @@ def _set_task_status(state: State, task_id: TaskId, status: TaskStatus) -> State
 
 
 def apply_instance_created(event: InstanceCreated, state: State) -> State:
+    """A new instance starts its downloads afresh: failures of earlier attempts on its
+    nodes are forgotten (so that they do not fail the new instance's requests)."""
     instance = event.instance
+    model_id = instance.shard_assignments.model_id
+    downloads = dict(state.downloads)
+    for node_id in instance.shard_assignments.node_to_runner:
+        mine = downloads.get(node_id, {})
+        if isinstance(mine.get(model_id), DownloadFailed):
+            downloads[node_id] = {k: v for k, v in mine.items() if k != model_id}
     return state.model_copy(
-        update={"instances": {**state.instances, instance.instance_id: instance}}
+        update={
+            "instances": {**state.instances, instance.instance_id: instance},
+            "downloads": downloads,
+        }
     )
 
 

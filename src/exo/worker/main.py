@@ -35,14 +35,21 @@ from exo.shared.types.tasks import (
     Task,
     TextGeneration,
 )
-from exo.shared.types.worker.downloads import DownloadCompleted
+from exo.shared.types.worker.downloads import (
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadProgress,
+)
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady
 from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
-from exo.worker.download.local import locate_model
+from exo.worker.download.hub import HubSettings
+from exo.worker.download.local import locate_progress
+from exo.worker.download.shard_download import ShardDownload, layer_range
 from exo.worker.plan import plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
@@ -75,6 +82,9 @@ class Worker:
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
+    _hub_downloads: dict[ModelId, ShardDownload] = field(
+        default_factory=dict[ModelId, ShardDownload]
+    )
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -117,6 +127,10 @@ class Worker:
             self.instance_backoff.next_at(iid) - now
             for iid in self.state.instances
             if self.instance_backoff.next_at(iid) > now
+        ] + [
+            self.download_backoff.next_at(inst.shard_assignments.model_id) - now
+            for inst in self.state.instances.values()
+            if self.download_backoff.next_at(inst.shard_assignments.model_id) > now
         ]
         return max(min(waits), 0.01) if waits else None
 
@@ -167,17 +181,69 @@ class Worker:
 
     async def _download(self, task: DownloadModel) -> None:
         card = task.shard_metadata.model_card
+        if card.hub is not None:
+            await self._hub_download(task)
+            return
         self.download_backoff.record_attempt(card.model_id, time.monotonic())
         progress = await anyio.to_thread.run_sync(
-            locate_model, card, self.runner_settings.models_dir
+            locate_progress, card, self.runner_settings.models_dir,
+            self.runner_settings.hub_cache_dir,
         )
         if isinstance(progress, DownloadCompleted):
             self.download_backoff.reset(card.model_id)
         await self.local_events.send(
             NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
         )
+        if isinstance(progress, DownloadFailed) and progress.terminal:
+            await self.commands.send(
+                DeleteInstance(instance_id=task.instance_id, reason=progress.error_message)
+            )
         # Wait for the event to come back through the log before planning on it.
         await self._wakeup.wait(1.0)
+
+    async def _hub_download(self, task: DownloadModel) -> None:
+        """Start the shard's download in the background (once per model at a time); its
+        progress and outcome come back through the state."""
+        card = task.shard_metadata.model_card
+        if card.model_id in self._hub_downloads:
+            await self._wakeup.wait(1.0)
+            return
+        self.download_backoff.record_attempt(card.model_id, time.monotonic())
+        start, end = layer_range(task.shard_metadata)
+        download = ShardDownload(
+            card, start, end, HubSettings.from_env(self.runner_settings.hub_cache_dir)
+        )
+        self._hub_downloads[card.model_id] = download
+
+        async def report(progress: DownloadProgress) -> None:
+            await self.local_events.send(
+                NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
+            )
+
+        async def run() -> None:
+            try:
+                await report(DownloadOngoing(downloaded_bytes=0, total_bytes=0))
+                outcome = await download.run(report)
+                if isinstance(outcome, DownloadCompleted):
+                    self.download_backoff.reset(card.model_id)
+                await report(outcome)
+                if isinstance(outcome, DownloadFailed) and outcome.terminal:
+                    # Retrying cannot help: fail the instance (and its requests) now.
+                    await self.commands.send(
+                        DeleteInstance(instance_id=task.instance_id, reason=outcome.error_message)
+                    )
+            finally:
+                self._hub_downloads.pop(card.model_id, None)
+                self._wakeup.set()
+
+        self._tg.start_soon(run)
+
+    def cancel_download(self, model_id: ModelId) -> bool:
+        download = self._hub_downloads.get(model_id)
+        if download is None:
+            return False
+        download.cancelled.set()
+        return True
 
     def _stop_runner(self, runner_id: RunnerId) -> None:
         runner = self.runners.get(runner_id)

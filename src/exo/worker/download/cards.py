@@ -10,8 +10,8 @@ import json
 import re
 from typing import Any
 
-import httpx
 from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.utils import build_hf_headers, get_session
 
 from exo.shared.models.hub_files import (
     choose_gguf,
@@ -128,21 +128,22 @@ def _quant_name(files: list[HubFile]) -> str:
 def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str, Any]:
     """Read the header with growing Range requests (1 MB, 2 MB, ... up to 64 MB)."""
     url = hf_hub_url(hub.repo_id, path, revision=hub.revision, endpoint=settings.endpoint)
-    headers = {"Authorization": f"Bearer {settings.token}"} if settings.token else {}
+    headers = build_hf_headers(token=settings.token or False)
     size = _HEAD_START
-    with httpx.Client(follow_redirects=True, timeout=30) as client:
-        while True:
-            r = client.get(url, headers={**headers, "Range": f"bytes=0-{size - 1}"})
-            if r.status_code in (401, 403):
-                raise DownloadError(f"{hub.repo_id}: access denied by the hub ({r.status_code})", 403)
-            if r.status_code == 404:
-                raise DownloadError(f"{hub.repo_id}: {path} not found on the hub", 404)
-            r.raise_for_status()
-            try:
-                return read_gguf_metadata(r.content)
-            except TruncatedHead:
-                if size >= _HEAD_MAX or len(r.content) < size:
-                    raise DownloadError(f"{hub.repo_id}: {path} has no complete GGUF header") from None
-                size *= 2
-            except ValueError as e:
-                raise DownloadError(f"{hub.repo_id}: {path}: {e}", 404) from e
+    client = get_session()
+    while True:
+        r = client.get(url, headers={**headers, "Range": f"bytes=0-{size - 1}"},
+                       follow_redirects=True, timeout=30)
+        if r.status_code in (401, 403):
+            raise DownloadError(f"{hub.repo_id}: access denied by the hub ({r.status_code})", 403)
+        if r.status_code == 404:
+            raise DownloadError(f"{hub.repo_id}: {path} not found on the hub", 404)
+        r.raise_for_status()
+        try:
+            return read_gguf_metadata(r.content)
+        except TruncatedHead:
+            if size >= _HEAD_MAX or len(r.content) < size:
+                raise DownloadError(f"{hub.repo_id}: {path} has no complete GGUF header") from None
+            size *= 2
+        except ValueError as e:
+            raise DownloadError(f"{hub.repo_id}: {path}: {e}", 404) from e

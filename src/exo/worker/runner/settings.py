@@ -8,6 +8,8 @@ from pathlib import Path
 class RunnerSettings:
     cache_dir: Path
     models_dir: Path
+    hub_cache_dir: Path | None = None
+    """The Hugging Face cache (standard layout) where hub models are downloaded."""
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,11 +97,15 @@ _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: "_Server"
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    @property
+    def _hub(self) -> FakeHub:
+        assert isinstance(self.server, _Server)
+        return self.server.hub
 
     def do_HEAD(self) -> None:
         self._handle(head=True)
@@ -110,7 +114,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle(head=False)
 
     def _handle(self, head: bool) -> None:
-        hub = self.server.hub
+        hub = self._hub
         parsed = urlparse(self.path)
         path = unquote(parsed.path)
         if hub.down:
@@ -126,7 +130,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._error(404, "RepoNotFound", head)
 
     def _repo(self, repo_id: str, head: bool) -> HubRepo | None:
-        repo = self.server.hub.repos.get(repo_id)
+        repo = self._hub.repos.get(repo_id)
         if repo is None:
             self._error(401, "RepoNotFound", head)  # the hub answers 401 without a token
             return None
@@ -141,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self._repo(repo_id, head)
         if repo is None:
             return
-        self.server.hub.requests.append(HubRequest(self.command, repo_id, None, 0))
+        self._hub.requests.append(HubRequest(self.command, repo_id, None, 0))
         if rev not in (None, "main", repo.commit):
             return self._error(404, "RevisionNotFound", head)
         body = {
@@ -151,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(body, head)
 
     def _resolve(self, repo_id: str, rev: str, file: str, head: bool) -> None:
-        hub = self.server.hub
+        hub = self._hub
         repo = self._repo(repo_id, head)
         if repo is None:
             return
@@ -219,7 +223,7 @@ class _Server(ThreadingHTTPServer):
 
 
 @contextmanager
-def serve_hub(hub: FakeHub) -> Iterator[FakeHub]:
+def serve_hub(hub: FakeHub) -> Generator[FakeHub]:
     server = _Server(("127.0.0.1", 0), _Handler)
     server.hub = hub
     hub.url = f"http://127.0.0.1:{server.server_address[1]}"

@@ -10,6 +10,7 @@ import pytest
 from huggingface_hub import constants as hf_constants
 
 from exo.shared.models.model_cards import ModelCard
+from exo.tests.node_process import free_port
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import (
     DownloadCancelled,
@@ -21,7 +22,6 @@ from exo.worker.download.hub import (
 )
 from exo.worker.download.tests.conftest import GATED_REPO
 from exo.worker.download.tests.hub_models import GGUF_REPO, SAFETENSORS_REPO
-from exo.tests.node_process import free_port
 from exo.worker.download.tests.hub_server import FakeHub
 
 FILE1 = "model-00001-of-00002.safetensors"
@@ -134,7 +134,7 @@ def test_missing_and_gated_repos_are_clear_terminal_errors(
     with pytest.raises(DownloadError, match="not found on the hub") as e:
         card_from_hub("nobody/no-such-model", settings)
     assert e.value.status == 404
-    with pytest.raises(DownloadError, match="gated.*set HF_TOKEN") as e:
+    with pytest.raises(DownloadError, match=r"gated.*set HF_TOKEN") as e:
         card_from_hub(GATED_REPO, settings)
     assert e.value.status == 403
     wrong = dataclasses.replace(settings, token="hf_wrong")
