@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Generator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -60,6 +61,8 @@ class FakeHub:
     corrupt_once: set[str] = field(default_factory=set[str])
     """Files whose next GET serves flipped bytes (the right length, the wrong content)."""
     down: bool = False
+    bytes_per_s: float | None = None
+    """Serve file bodies at about this rate (None: as fast as possible)."""
     """Every request fails with 503 (the hub unreachable in all but name)."""
     url: str = ""
 
@@ -195,7 +198,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             self.close_connection = True
             return
-        self.wfile.write(body)
+        if hub.bytes_per_s is None:
+            self.wfile.write(body)
+            return
+        step = 64 << 10
+        for i in range(0, len(body), step):
+            self.wfile.write(body[i : i + step])
+            time.sleep(step / hub.bytes_per_s)
 
     def _json(self, body: Any, head: bool) -> None:
         raw = json.dumps(body).encode()

@@ -4,12 +4,14 @@ import dataclasses
 import hashlib
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from huggingface_hub import constants as hf_constants
 
 from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.worker.downloads import DownloadCompleted, DownloadOngoing, DownloadProgress
 from exo.tests.node_process import free_port
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import (
@@ -20,6 +22,7 @@ from exo.worker.download.hub import (
     locate_hub_model,
     shard_files,
 )
+from exo.worker.download.shard_download import ShardDownload
 from exo.worker.download.tests.conftest import GATED_REPO
 from exo.worker.download.tests.hub_models import GGUF_REPO, SAFETENSORS_REPO
 from exo.worker.download.tests.hub_server import FakeHub
@@ -182,3 +185,30 @@ def test_a_cancelled_download_stops(hub: FakeHub, settings: HubSettings) -> None
     with pytest.raises(DownloadCancelled):
         _download(card, settings, cancelled=cancelled)
     assert locate_hub_model(card, settings.cache_dir) is None
+
+
+@pytest.mark.anyio
+async def test_progress_is_reported_at_most_twice_a_second_with_speed_and_eta(
+    hub: FakeHub, settings: HubSettings
+) -> None:
+    # huggingface_hub hands over 10 MB chunks: 25 MB at 10 MB/s, about 2.5 s.
+    repo = hub.repos[SAFETENSORS_REPO]
+    hub.repos["tiny-org/big"] = dataclasses.replace(
+        repo, files={**repo.files, FILE1: os.urandom(25 << 20)})
+    card = card_from_hub("tiny-org/big", settings)
+    hub.bytes_per_s = 10e6
+    events: list[DownloadProgress] = []
+
+    async def report(progress: DownloadProgress) -> None:
+        events.append(progress)
+
+    started = time.monotonic()
+    outcome = await ShardDownload(card, 0, 1, settings).run(report)
+    elapsed = time.monotonic() - started
+    assert isinstance(outcome, DownloadCompleted)
+    ongoing = [e for e in events if isinstance(e, DownloadOngoing)]
+    assert 2 <= len(ongoing) <= 2 * elapsed + 1
+    done = [e.downloaded_bytes for e in ongoing]
+    assert done == sorted(done) and done[-1] >= 20 << 20
+    assert ongoing[-1].total_bytes == sum(f.size for f in shard_files(card, 0, 1, settings))
+    assert all(e.bytes_per_s > 0 and e.eta_s is not None for e in ongoing)
