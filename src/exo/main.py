@@ -20,7 +20,7 @@ from exo.cluster.link import ClusterLink
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
-from exo.node_info import gather_node_info, significantly_different
+from exo.node_info import cap_memory, gather_node_info, significantly_different
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import ModelRegistry
@@ -63,6 +63,10 @@ class NodeConfig:
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
     cluster: ClusterConfig | None = None
     """None: a node alone, its own master (nothing on the network but its API)."""
+    memory_limit: int | None = None
+    """The most memory (bytes) placement may use on this node."""
+    models_dirs: list[Path] = field(default_factory=list[Path])
+    """Read-only model folders (Hugging Face caches among them) searched for models."""
 
 
 def load_node_id(data_dir: Path) -> NodeId:
@@ -101,6 +105,7 @@ class Node:
                 cache_dir=config.data_dir / "cache",
                 models_dir=config.data_dir / "models",
                 hub_cache_dir=HubSettings.from_env().cache_dir,
+                extra_model_dirs=tuple(config.models_dirs),
                 threads=config.runner_threads,
                 device=config.device,
                 dtype=config.dtype,
@@ -291,6 +296,8 @@ class Node:
         last: NodeInfo | None = None
         while True:
             info = await anyio.to_thread.run_sync(gather_node_info, self.api_port)
+            if self.config.memory_limit is not None:
+                info = cap_memory(info, self.config.memory_limit)
             if last is None or significantly_different(last, info):
                 self._last_info = info
                 await self._local_tx.send(NodeGatheredInfo(node_id=self._node_id, info=info))

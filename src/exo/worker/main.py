@@ -48,7 +48,7 @@ from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
 from exo.worker.download.hub import HubSettings
-from exo.worker.download.local import locate_progress
+from exo.worker.download.local import locate_model, locate_progress
 from exo.worker.download.shard_download import ShardDownload, layer_range
 from exo.worker.plan import plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
@@ -181,13 +181,16 @@ class Worker:
 
     async def _download(self, task: DownloadModel) -> None:
         card = task.shard_metadata.model_card
-        if card.hub is not None:
+        settings = self.runner_settings
+        if card.hub is not None and locate_model(
+            card, settings.models_dir, None, settings.extra_model_dirs
+        ) is None:  # (found in a models folder: nothing to download)
             await self._hub_download(task)
             return
         self.download_backoff.record_attempt(card.model_id, time.monotonic())
         progress = await anyio.to_thread.run_sync(
             locate_progress, card, self.runner_settings.models_dir,
-            self.runner_settings.hub_cache_dir,
+            self.runner_settings.hub_cache_dir, self.runner_settings.extra_model_dirs,
         )
         if isinstance(progress, DownloadCompleted):
             self.download_backoff.reset(card.model_id)

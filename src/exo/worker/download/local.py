@@ -1,6 +1,7 @@
 """Finding a model's files on this node: a local source, the models folder, or the
 Hugging Face cache (for hub models). Nothing here requires the hub."""
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from exo.shared.models.model_cards import ModelCard
@@ -12,12 +13,17 @@ from exo.shared.types.worker.downloads import (
 from exo.worker.download.hub import locate_hub_model
 
 
-def locate_model(card: ModelCard, models_dir: Path, hub_cache: Path | None = None) -> Path | None:
-    """What the engine loads (a GGUF file or a safetensors folder), if this node has it."""
-    if card.hub is not None and hub_cache is not None:
-        found = locate_hub_model(card, hub_cache)
-        if found is not None:
-            return found
+def locate_model(
+    card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
+    extra_dirs: Sequence[Path] = (),
+) -> Path | None:
+    """What the engine loads (a GGUF file or a safetensors folder), if this node has it:
+    hub models in the Hugging Face cache or in a models folder laid out like one."""
+    if card.hub is not None:
+        for cache in [*([hub_cache] if hub_cache is not None else []), *extra_dirs]:
+            found = locate_hub_model(card, cache)
+            if found is not None:
+                return found
     for path in _candidates(card, models_dir):
         if path.is_file() or (path.is_dir() and any(path.glob("*.safetensors"))):
             return path
@@ -33,9 +39,10 @@ def _candidates(card: ModelCard, models_dir: Path) -> list[Path]:
 
 
 def locate_progress(
-    card: ModelCard, models_dir: Path, hub_cache: Path | None = None
+    card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
+    extra_dirs: Sequence[Path] = (),
 ) -> DownloadProgress:
-    found = locate_model(card, models_dir, hub_cache)
+    found = locate_model(card, models_dir, hub_cache, extra_dirs)
     if found is not None:
         return DownloadCompleted(path=str(found))
     where = ", ".join(str(p) for p in _candidates(card, models_dir))

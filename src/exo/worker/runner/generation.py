@@ -185,7 +185,9 @@ def load_generation(
 ) -> Generation | Follower:
     """Rank 0 (or a single runner) serves requests; other ranks follow rank 0."""
     shard = bound_instance.bound_shard
-    located = locate_progress(shard.model_card, settings.models_dir, settings.hub_cache_dir)
+    located = locate_progress(
+        shard.model_card, settings.models_dir, settings.hub_cache_dir, settings.extra_model_dirs
+    )
     if not isinstance(located, DownloadCompleted):
         detail = located.error_message if isinstance(located, DownloadFailed) else "not ready"
         raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")
