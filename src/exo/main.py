@@ -29,6 +29,7 @@ from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceDeleted,
@@ -231,6 +232,9 @@ class Node:
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
         self._state = apply(self._state, indexed)
         self._track_requests(indexed.event)
+        event = indexed.event
+        if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:
+            self.worker.download_action(event.action, event.model_card)
         self._publish_state()
 
     def _publish_state(self) -> None:

@@ -14,7 +14,13 @@ from exo.api.generation import GenerationService
 from exo.api.task_params import ApiModel
 from exo.master.placement import PlacementPreview, placement_previews
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.commands import DeleteInstance, PlaceInstance
+from exo.shared.types.commands import (
+    DeleteInstance,
+    DownloadAction,
+    DownloadActionKind,
+    PlaceInstance,
+)
+from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
 from exo.shared.types.worker.instances import InstanceId, Sharding
 from exo.utils import metrics
@@ -26,6 +32,11 @@ class PlaceInstanceRequest(ApiModel):
     model: str
     sharding: Sharding = "pipeline"
     min_nodes: int = Field(default=1, ge=1)
+
+
+class DownloadRequest(ApiModel):
+    model: str = Field(min_length=1)
+    node_id: str | None = None
 
 
 class AddModelRequest(ApiModel):
@@ -128,6 +139,31 @@ def router(service: GenerationService) -> APIRouter:
         q: str = Query(min_length=1), limit: int = Query(default=20, ge=1, le=100)
     ) -> list[dict[str, Any]]:
         return await search_hub(q, limit)
+
+    async def download_action(action: DownloadActionKind, model: str, node: str | None) -> dict[str, Any]:
+        card = await service.resolve_model_async(model)
+        if card.hub is None:
+            raise ApiError(400, f"{card.model_id} is not a hub model: it has nothing to download",
+                           param="model")
+        node_id = NodeId(node) if node else handle.node_id
+        if node_id not in handle.state().nodes:
+            raise ApiError(404, f"no node {node_id} in the cluster", param="node_id")
+        command = DownloadAction(action=action, node_id=node_id, model_card=card)
+        await service.send(command)
+        return {"message": f"download {action}", "model": card.model_id, "node_id": node_id,
+                "command_id": command.command_id}
+
+    @api.post("/download/start")
+    async def download_start(body: DownloadRequest) -> dict[str, Any]:
+        return await download_action("start", body.model, body.node_id)
+
+    @api.post("/download/cancel")
+    async def download_cancel(body: DownloadRequest) -> dict[str, Any]:
+        return await download_action("cancel", body.model, body.node_id)
+
+    @api.delete("/download/{node_id}/{model:path}")
+    async def download_delete(node_id: str, model: str) -> dict[str, Any]:
+        return await download_action("delete", model, node_id)
 
     @api.get("/instance/previews")
     async def previews(model: str = Query(min_length=1)) -> dict[str, Any]:

@@ -21,12 +21,14 @@ from exo.shared.types.commands import (
     Command,
     CreateInstance,
     DeleteInstance,
+    DownloadAction,
     GenerateText,
     PlaceInstance,
 )
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -124,6 +126,9 @@ class Master:
                 await self._place(command, origin)
             case CreateInstance():
                 await self.emit(InstanceCreated(instance=command.instance))
+            case DownloadAction():
+                await self.emit(DownloadActionRequested(
+                    node_id=command.node_id, action=command.action, model_card=command.model_card))
             case DeleteInstance():
                 if command.instance_id in self.state.instances:
                     await self.emit(

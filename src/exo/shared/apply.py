@@ -6,6 +6,7 @@ from typing import TypeVar, assert_never
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -66,6 +67,8 @@ def event_apply(event: Event, state: State) -> State:
             return apply_node_timed_out(event, state)
         case NodeDownloadProgress():
             return apply_node_download_progress(event, state)
+        case DownloadActionRequested():
+            return apply_download_action(event, state)
         case TopologyEdgeCreated():
             return apply_topology_edge_created(event, state)
         case TopologyEdgeDeleted():
@@ -181,6 +184,19 @@ def apply_node_timed_out(event: NodeTimedOut, state: State) -> State:
 
 def _has_node(instance: Instance, node_id: NodeId) -> bool:
     return node_id in instance.shard_assignments.node_to_runner
+
+
+def apply_download_action(event: DownloadActionRequested, state: State) -> State:
+    """A deleted download is gone from the state; starts and cancels are reported by
+    the node as it acts."""
+    if event.action != "delete":
+        return state
+    model_id = event.model_card.model_id
+    mine = state.downloads.get(event.node_id, {})
+    if model_id not in mine:
+        return state
+    rest = {k: v for k, v in mine.items() if k != model_id}
+    return state.model_copy(update={"downloads": {**state.downloads, event.node_id: rest}})
 
 
 def apply_node_download_progress(event: NodeDownloadProgress, state: State) -> State:

@@ -11,8 +11,8 @@ from exo.shared.constants import (
     EXO_INSTANCE_BACKOFF_BASE_S,
     EXO_INSTANCE_BACKOFF_MAX_S,
 )
-from exo.shared.models.model_cards import ModelId
-from exo.shared.types.commands import Command, DeleteInstance
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.commands import Command, DeleteInstance, DownloadActionKind
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
@@ -39,6 +39,7 @@ from exo.shared.types.worker.downloads import (
     DownloadCompleted,
     DownloadFailed,
     DownloadOngoing,
+    DownloadPending,
     DownloadProgress,
 )
 from exo.shared.types.worker.instances import InstanceId
@@ -47,7 +48,7 @@ from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
-from exo.worker.download.hub import HubSettings
+from exo.worker.download.hub import HubSettings, delete_hub_model
 from exo.worker.download.local import locate_model, locate_progress
 from exo.worker.download.shard_download import ShardDownload, layer_range
 from exo.worker.plan import plan
@@ -213,27 +214,31 @@ class Worker:
             return
         self.download_backoff.record_attempt(card.model_id, time.monotonic())
         start, end = layer_range(task.shard_metadata)
+        self._start_hub_download(card, start, end, task.instance_id)
+
+    def _start_hub_download(
+        self, card: ModelCard, start: int, end: int, instance_id: InstanceId | None
+    ) -> None:
         download = ShardDownload(
             card, start, end, HubSettings.from_env(self.runner_settings.hub_cache_dir)
         )
         self._hub_downloads[card.model_id] = download
 
-        async def report(progress: DownloadProgress) -> None:
-            await self.local_events.send(
-                NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
-            )
-
         async def run() -> None:
             try:
-                await report(DownloadOngoing(downloaded_bytes=0, total_bytes=0))
-                outcome = await download.run(report)
+                await self._report(card, DownloadOngoing(downloaded_bytes=0, total_bytes=0))
+                outcome = await download.run(lambda p: self._report(card, p))
                 if isinstance(outcome, DownloadCompleted):
                     self.download_backoff.reset(card.model_id)
-                await report(outcome)
-                if isinstance(outcome, DownloadFailed) and outcome.terminal:
+                if download.cancelled_by_user:
+                    outcome = DownloadPending()
+                await self._report(card, outcome)
+                failed_for_good = isinstance(outcome, DownloadFailed) and outcome.terminal
+                if failed_for_good and instance_id in self.state.instances:
                     # Retrying cannot help: fail the instance (and its requests) now.
+                    assert isinstance(outcome, DownloadFailed) and instance_id is not None
                     await self.commands.send(
-                        DeleteInstance(instance_id=task.instance_id, reason=outcome.error_message)
+                        DeleteInstance(instance_id=instance_id, reason=outcome.error_message)
                     )
             finally:
                 self._hub_downloads.pop(card.model_id, None)
@@ -241,10 +246,34 @@ class Worker:
 
         self._tg.start_soon(run)
 
+    async def _report(self, card: ModelCard, progress: DownloadProgress) -> None:
+        await self.local_events.send(
+            NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
+        )
+
+    def download_action(self, action: DownloadActionKind, card: ModelCard) -> None:
+        """A user asked this node to start, cancel or delete a model's download."""
+        match action:
+            case "start":
+                if card.hub is not None and card.model_id not in self._hub_downloads:
+                    self._start_hub_download(card, 0, card.n_layers, None)
+            case "cancel":
+                self.cancel_download(card.model_id)
+            case "delete":
+                self.cancel_download(card.model_id)
+                cache = self.runner_settings.hub_cache_dir
+                if cache is not None:
+
+                    async def delete() -> None:
+                        await anyio.to_thread.run_sync(delete_hub_model, card, cache)
+
+                    self._tg.start_soon(delete)
+
     def cancel_download(self, model_id: ModelId) -> bool:
         download = self._hub_downloads.get(model_id)
         if download is None:
             return False
+        download.cancelled_by_user = True
         download.cancelled.set()
         return True
 

@@ -47,7 +47,25 @@ class CancelCommand(FrozenModel):
     cancelled_command_id: CommandId
 
 
+DownloadActionKind = Literal["start", "cancel", "delete"]
+
+
+class DownloadAction(FrozenModel):
+    """Start, cancel or delete (free the disk of) a model's download on one node."""
+
+    kind: Literal["DownloadAction"] = "DownloadAction"
+    command_id: CommandId = Field(default_factory=CommandId)
+    action: DownloadActionKind
+    node_id: NodeId
+    model_card: ModelCard
+
+
 Command = Annotated[
-    PlaceInstance | CreateInstance | DeleteInstance | GenerateText | CancelCommand,
+    PlaceInstance
+    | CreateInstance
+    | DeleteInstance
+    | GenerateText
+    | CancelCommand
+    | DownloadAction,
     Field(discriminator="kind"),
 ]

@@ -43,6 +43,7 @@ class ShardDownload:
     settings: HubSettings
     interval_s: float = 0.5
     cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled_by_user: bool = False
     done_bytes: int = 0
     total_bytes: int = 0
 

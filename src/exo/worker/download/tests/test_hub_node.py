@@ -126,3 +126,37 @@ def test_unknown_repos_and_bad_names_are_clear_errors(node: NodeProcess) -> None
     assert r.status_code == 404 and "Q9_X" in r.json()["detail"]
     found = node.get("/models/search", params={"q": "smollm2"}).json()
     assert {"id": SMOL_REPO} in found
+
+
+def test_downloads_start_cancel_and_delete_on_request(
+    smol_hub: FakeHub, node: NodeProcess, tmp_path: Path
+) -> None:
+    model = f"{SMOL_REPO}:Q4_1"
+    node_id = node.get("/node_id").json()
+    smol_hub.bytes_per_s = 15e6  # ~90 MB: about 6 s
+    r = httpx.post(node.url + "/download/start", json={"model": model}, timeout=60)
+    assert r.status_code == 200, r.text
+
+    def kind() -> str | None:
+        states = _download_states(node, model)
+        return states[0]["kind"] if states else None
+
+    wait_until(lambda: any(d["kind"] == "DownloadOngoing" and d["downloaded_bytes"] > 0
+                           for d in _download_states(node, model)), 60, "download progress")
+    r = httpx.post(node.url + "/download/cancel", json={"model": model, "node_id": node_id},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    wait_until(lambda: kind() == "DownloadPending", 30, "the download to stop")
+    cache = tmp_path / "hf-cache"
+    assert not list(cache.rglob(SMOL_FILE))
+    smol_hub.bytes_per_s = None
+    httpx.post(node.url + "/download/start", json={"model": model}, timeout=60)
+    wait_until(lambda: kind() == "DownloadCompleted", 120, "the download to complete")
+    assert list(cache.rglob(SMOL_FILE))
+    r = httpx.delete(f"{node.url}/download/{node_id}/{model}", timeout=30)
+    assert r.status_code == 200, r.text
+    wait_until(lambda: kind() is None and not list(cache.rglob(SMOL_FILE)), 30,
+               "the files to be deleted")
+    assert not list((cache).rglob("blobs/*"))  # the disk is freed, not just the link
+    r = httpx.delete(f"{node.url}/download/nosuchnode/{model}", timeout=30)
+    assert r.status_code == 404 and "nosuchnode" in r.json()["detail"]
