@@ -59,3 +59,16 @@ def test_gguf_quants_are_named_chosen_and_split_parts_kept_together() -> None:
     missing = choose_gguf(files, "Q2_K")
     assert isinstance(missing, str) and "Q4_K_M" in missing
     assert isinstance(choose_gguf(_files("A-Q3_K_S.gguf", "A-Q5_0.gguf"), None), str)
+
+
+def test_a_deleted_download_is_forgotten_and_other_actions_leave_the_state() -> None:
+    from exo.shared.tests.builders import DONE, MODEL_1, NODE_A, fold, make_state, model_card
+    from exo.shared.types.events import DownloadActionRequested
+
+    state = make_state(downloads={NODE_A: {MODEL_1: DONE}})
+    card = model_card()
+    for action in ("start", "cancel"):
+        after = fold(state, [DownloadActionRequested(node_id=NODE_A, action=action, model_card=card)])
+        assert after.downloads == state.downloads
+    after = fold(state, [DownloadActionRequested(node_id=NODE_A, action="delete", model_card=card)])
+    assert MODEL_1 not in after.downloads[NODE_A]
