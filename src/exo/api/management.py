@@ -12,7 +12,7 @@ from pydantic import Field
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.task_params import ApiModel
-from exo.master.placement import PlacementPreview, placement_previews
+from exo.master.placement import PlacementPreview, model_holders, placement_previews
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import (
     DeleteInstance,
@@ -169,7 +169,10 @@ def router(service: GenerationService) -> APIRouter:
     async def previews(model: str = Query(min_length=1)) -> dict[str, Any]:
         card = service.resolve_model(model)
         current = handle.state()
-        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        found = placement_previews(
+            card, current.nodes, current.topology, current.instances,
+            model_holders(current, card.model_id),
+        )
         return {
             "model": card.model_id,
             "previews": [p.model_dump(mode="json") for p in found],
@@ -179,7 +182,10 @@ def router(service: GenerationService) -> APIRouter:
     async def place_instance(body: PlaceInstanceRequest) -> dict[str, Any]:
         card = await service.resolve_model_async(body.model)
         current = handle.state()
-        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        found = placement_previews(
+            card, current.nodes, current.topology, current.instances,
+            model_holders(current, card.model_id),
+        )
         chosen = choose_preview(found, body.sharding, body.min_nodes)
         if isinstance(chosen, str):
             raise ApiError(409, f"cannot place {card.model_id}: {chosen}")

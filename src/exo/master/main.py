@@ -12,7 +12,13 @@ import anyio
 from loguru import logger
 
 from exo.master.event_log import EventLog, MemoryEventLog
-from exo.master.placement import PlacementError, group_host, place_again, place_instance
+from exo.master.placement import (
+    PlacementError,
+    group_host,
+    model_holders,
+    place_again,
+    place_instance,
+)
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import ErrorChunk
@@ -161,6 +167,7 @@ class Master:
             self.state.topology,
             self.state.instances,
             InstanceId(),
+            holders=model_holders(self.state, card.model_id),
         )
         if isinstance(placed, PlacementError):
             self._error(command.command_id, origin, placed.reason)
