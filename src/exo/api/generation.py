@@ -27,6 +27,7 @@ from exo.shared.types.state import State
 from exo.shared.types.tasks import TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.instances import Instance
+from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
 from exo.worker.download.cards import card_from_hub, parse_model_name
@@ -285,10 +286,16 @@ class GenerationService:
         seen = [bool(instances_of(self.handle.state(), model_id))]
         failure: list[ApiError] = []
         downloads = DownloadWatch(model_id)
+        runner_error: list[str] = []
 
         def settled(state: State) -> bool:
             if serving_instance(state, model_id) is not None:
                 return True
+            for instance in instances_of(state, model_id):
+                for rid in instance.shard_assignments.runner_to_shard:
+                    status = state.runners.get(rid)
+                    if isinstance(status, RunnerFailed):
+                        runner_error[:] = [status.error_message]
             error = downloads.observe(state, time.monotonic())
             if error is not None:
                 failure.append(error)
@@ -330,9 +337,10 @@ class GenerationService:
         if failure:
             raise failure[0]
         if serving_instance(self.handle.state(), model_id) is None:
+            cause = f": the last runner error was: {runner_error[0]}" if runner_error else ""
             raise ApiError(
                 503,
-                f"the instance of {model_id} was removed before it became ready",
+                f"the instance of {model_id} was removed before it became ready{cause}",
                 code="model_unavailable",
             )
 
