@@ -19,6 +19,7 @@ from exo.api.errors import ApiError
 from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
 from exo.api.handle import NodeHandle
 from exo.api.settings import ApiSettings
+from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
 from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
@@ -148,9 +149,15 @@ class GenerationService:
         try:
             return self.resolve_model(name)
         except ApiError:
-            if parse_model_name(name) is None:
+            in_catalogue = catalogue.hub_name(name)
+            if in_catalogue is None and parse_model_name(name) is None:
                 raise
-        return await self.fetch_card(name)
+        if in_catalogue is None:
+            return await self.fetch_card(name)
+        card = await self.fetch_card(in_catalogue)
+        card = card.model_copy(update={"aliases": [*card.aliases, name.strip().lower()]})
+        self.add_card(card)
+        return card
 
     async def fetch_card(self, name: str) -> ModelCard:
         settings = HubSettings.from_env()

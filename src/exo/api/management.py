@@ -13,6 +13,7 @@ from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.task_params import ApiModel
 from exo.master.placement import PlacementPreview, model_holders, placement_previews
+from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import (
     DeleteInstance,
@@ -131,8 +132,12 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/models/add")
     async def add_model(body: AddModelRequest) -> dict[str, Any]:
-        card = await service.fetch_card(body.model)
+        card = await service.fetch_card(catalogue.hub_name(body.model) or body.model)
         return card.model_dump(mode="json")
+
+    @api.get("/models/catalogue")
+    async def models_catalogue() -> list[dict[str, Any]]:
+        return [entry.model_dump(mode="json") for entry in catalogue.listing()]
 
     @api.get("/models/search")
     async def search_models(

@@ -72,3 +72,17 @@ def test_a_deleted_download_is_forgotten_and_other_actions_leave_the_state() -> 
         assert after.downloads == state.downloads
     after = fold(state, [DownloadActionRequested(node_id=NODE_A, action="delete", model_card=card)])
     assert MODEL_1 not in after.downloads[NODE_A]
+
+
+def test_catalogue_names_map_to_hub_repos_and_quants() -> None:
+    from exo.shared.models.catalogue import CATALOGUE, estimate_bytes, hub_name, listing
+
+    assert hub_name("qwen3-8b") == "Qwen/Qwen3-8B"
+    assert hub_name("Qwen3-8B:q4_k_m") == "Qwen/Qwen3-8B-GGUF:Q4_K_M"
+    assert hub_name("qwen/qwen3-8b") == "Qwen/Qwen3-8B"
+    assert hub_name("no-such-model") is None
+    families = {e.name.split("-")[0] for e in CATALOGUE}
+    assert {"llama", "qwen2.5", "qwen3", "mistral", "gemma"} <= families
+    assert len({e.name for e in CATALOGUE}) == len(CATALOGUE)
+    assert estimate_bytes(8.0, "BF16") == 16_000_000_000
+    assert all(entry.size_estimated for entry in listing())

@@ -128,6 +128,20 @@ def test_unknown_repos_and_bad_names_are_clear_errors(node: NodeProcess) -> None
     assert {"id": SMOL_REPO} in found
 
 
+def test_a_catalogue_name_gets_its_card_from_the_hub(smol_hub: FakeHub, node: NodeProcess) -> None:
+    listed = {e["name"]: e for e in node.get("/models/catalogue").json()}
+    assert listed["qwen3-0.6b"]["size_estimated"] is True
+    assert listed["qwen3-0.6b"]["estimated_bytes"]["Q8_0"] > 0
+    data = smol_hub.repos[SMOL_REPO].files[SMOL_FILE]
+    smol_hub.repos["Qwen/Qwen3-0.6B-GGUF"] = HubRepo(files={"Qwen3-0.6B-Q8_0.gguf": data})
+    r = httpx.post(node.url + "/models/add", json={"model": "qwen3-0.6b:q8_0"}, timeout=60)
+    assert r.status_code == 200, r.text
+    card = r.json()
+    assert card["model_id"] == "Qwen/Qwen3-0.6B-GGUF:Q8_0"
+    assert card["storage_size"]["in_bytes"] == len(data) and card["n_layers"] == 30
+    assert card["hub"]["size_estimated"] is False
+
+
 def test_downloads_start_cancel_and_delete_on_request(
     smol_hub: FakeHub, node: NodeProcess, tmp_path: Path
 ) -> None:
