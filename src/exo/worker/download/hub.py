@@ -2,25 +2,21 @@
 
 Files land in the standard Hugging Face cache layout (``models--org--name/blobs`` and
 ``snapshots/<commit>/``), so a model another tool already fetched is found there and not
-fetched again; every file comes from the commit the card pins. ``huggingface_hub``
-writes each file to a temporary name and moves it in place when complete (nothing
-half-written is ever loaded), resumes a cut connection from the byte it reached (a Range
-request), and checks the size; this module adds the sha256 check the hub reports for LFS
-files (a corrupted file is deleted and fetched once more), a free-disk check before any
-byte is fetched, progress and cancellation, and errors that say what to do.
+fetched again; every file comes from the commit the card pins. Small files go through
+``huggingface_hub.hf_hub_download``; weights (LFS files) through ``resumable``, which
+keeps a partial file across restarts and continues it with a Range request. Every file is
+checked (size, and the sha256 the hub reports for LFS files; a corrupted file is fetched
+again), disk space is checked before any byte is fetched, nothing half-written is ever
+in the snapshot, and errors say what to do.
 """
 
-import hashlib
 import json
-import os
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
@@ -38,50 +34,18 @@ from exo.shared.models.hub_files import (
     support_files,
 )
 from exo.shared.models.model_cards import HubFile, HubSource, ModelCard
+from exo.worker.download.resumable import (
+    PARTIAL_SUFFIX,
+    DownloadCancelled,
+    DownloadError,
+    HubSettings,
+    fetch_lfs_file,
+    repo_folder,
+    sha256_of,
+    snapshot_dir,
+)
 
 ByteCallback = Callable[[int], None]
-
-
-@dataclass(frozen=True)
-class HubSettings:
-    """Where the hub is and how to reach it (read from the environment at each use)."""
-
-    cache_dir: Path
-    endpoint: str | None = None
-    token: str | None = None
-    offline: bool = False
-
-    @classmethod
-    def from_env(cls, cache_dir: Path | None = None) -> "HubSettings":
-        env = os.environ
-        default_cache = Path(env.get("HF_HUB_CACHE") or hf_constants.HF_HUB_CACHE)
-        return cls(
-            cache_dir=cache_dir or default_cache,
-            endpoint=env.get("HF_ENDPOINT") or None,
-            token=env.get("HF_TOKEN") or None,
-            offline=env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"),
-        )
-
-
-class DownloadError(Exception):
-    """A download that failed; ``status`` set when retrying cannot help (404, 403, 507)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-
-
-class DownloadCancelled(Exception):
-    pass
-
-
-def repo_folder(cache_dir: Path, repo_id: str) -> Path:
-    return cache_dir / f"models--{repo_id.replace('/', '--')}"
-
-
-def snapshot_dir(cache_dir: Path, hub: HubSource) -> Path:
-    return repo_folder(cache_dir, hub.repo_id) / "snapshots" / hub.revision
 
 
 def explain(error: BaseException, repo_id: str, settings: HubSettings) -> DownloadError:
@@ -220,16 +184,24 @@ def download_files(
         for f in files:
             if cancelled.is_set():
                 raise DownloadCancelled()
-            already = (snapshot_dir(settings.cache_dir, hub) / f.path).exists()
+            snap = snapshot_dir(settings.cache_dir, hub) / f.path
+            if f.sha256 is not None and not settings.offline and not snap.exists():
+                # Weights: our own resumable fetch (a partial file survives a restart).
+                fetch_lfs_file(hub, f, settings, count, cancelled)
+                continue
+            already = snap.exists()
             path = _fetch(hub, f.path, settings, count)
             if already:
                 on_bytes(f.size)
             if not _verified(path, f):
                 _discard(path)
+                if f.sha256 is not None and not settings.offline:
+                    fetch_lfs_file(hub, f, settings, count, cancelled)
+                    continue
                 path = _fetch(hub, f.path, settings, count, force=True)
                 if not _verified(path, f):
                     _discard(path)
-                    raise DownloadError(f"{hub.repo_id}: {f.path} failed its sha256 check twice")
+                    raise DownloadError(f"{hub.repo_id}: {f.path} failed its size check twice")
     except DownloadCancelled:
         raise
     except Exception as e:
@@ -242,13 +214,7 @@ def download_files(
 def _verified(path: Path, f: HubFile) -> bool:
     if path.stat().st_size != f.size:
         return False
-    if f.sha256 is None:
-        return True
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    return h.hexdigest() == f.sha256
+    return f.sha256 is None or sha256_of(path) == f.sha256
 
 
 def _discard(path: Path) -> None:
@@ -285,4 +251,11 @@ def delete_hub_model(card: ModelCard, cache_dir: Path) -> bool:
         if link.is_symlink():
             link.resolve().unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
+    blobs = repo_folder(cache_dir, hub.repo_id) / "blobs"
+    for f in hub.files:  # partial downloads too
+        if f.sha256 is not None:
+            (blobs / f"{f.sha256}{PARTIAL_SUFFIX}").unlink(missing_ok=True)
     return True
+
+
+__all__ = ["DownloadCancelled", "DownloadError", "repo_folder", "snapshot_dir"]

@@ -8,18 +8,19 @@ import time
 from pathlib import Path
 
 import pytest
-from huggingface_hub import constants as hf_constants
 
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadOngoing, DownloadProgress
 from exo.tests.node_process import free_port
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import (
+    PARTIAL_SUFFIX,
     DownloadCancelled,
     DownloadError,
     HubSettings,
     download_files,
     locate_hub_model,
+    repo_folder,
     shard_files,
 )
 from exo.worker.download.shard_download import ShardDownload
@@ -98,16 +99,31 @@ def test_each_pipeline_shard_fetches_only_its_files(hub: FakeHub, settings: HubS
 
 
 def test_a_cut_download_resumes_from_where_it_stopped(hub: FakeHub, settings: HubSettings) -> None:
-    # huggingface_hub writes in 10 MB chunks: a file of 25 MB cut at half resumes at 10 MB.
-    repo = hub.repos[SAFETENSORS_REPO]
-    big = dataclasses.replace(repo, files={**repo.files, FILE1: os.urandom(25 << 20)})
-    hub.repos["tiny-org/big"] = big
-    card = card_from_hub("tiny-org/big", settings)
+    card = card_from_hub(SAFETENSORS_REPO, settings)
     hub.cut_once.add(FILE1)
     path, counted = _download(card, settings, 0, 1)
-    assert (path / FILE1).read_bytes() == big.files[FILE1]
+    data = hub.repos[SAFETENSORS_REPO].files[FILE1]
+    assert (path / FILE1).read_bytes() == data
     starts = [r.range_start for r in hub.requests if r.method == "GET" and r.file == FILE1]
-    assert starts == [0, hf_constants.DOWNLOAD_CHUNK_SIZE]
+    assert len(starts) == 2 and starts[0] == 0 and 0 < starts[1] <= len(data) // 2
+    assert counted == sum(f.size for f in shard_files(card, 0, 1, settings))
+
+
+def test_a_download_interrupted_by_a_restart_continues_its_partial_file(
+    hub: FakeHub, settings: HubSettings
+) -> None:
+    card = card_from_hub(SAFETENSORS_REPO, settings)
+    data = hub.repos[SAFETENSORS_REPO].files[FILE1]
+    assert card.hub is not None
+    [f1] = [f for f in card.hub.files if f.path == FILE1]
+    blobs = repo_folder(settings.cache_dir, SAFETENSORS_REPO) / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    (blobs / f"{f1.sha256}{PARTIAL_SUFFIX}").write_bytes(data[:100_000])  # left by a crash
+    path, counted = _download(card, settings, 0, 1)
+    assert (path / FILE1).read_bytes() == data
+    starts = [r.range_start for r in hub.requests if r.method == "GET" and r.file == FILE1]
+    assert starts == [100_000]
+    assert (path / FILE1).is_symlink() and not list(blobs.glob(f"*{PARTIAL_SUFFIX}"))
     assert counted == sum(f.size for f in shard_files(card, 0, 1, settings))
 
 
