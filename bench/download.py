@@ -12,8 +12,10 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import httpx2
 
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadProgress
 from exo.worker.download.cards import card_from_hub
@@ -35,14 +37,15 @@ def make_repo(total_mb: int, n_files: int) -> HubRepo:
     return HubRepo(files=files)
 
 
-def plain_httpx(hub: FakeHub, names: list[str], out: Path) -> float:
-    """Seconds to stream every file to disk with httpx (no hashing, no cache layout)."""
+def plain_httpx(hub: FakeHub, names: list[str], out: Path, lib: Any = httpx) -> float:
+    """Seconds to stream every file to disk with httpx (no hashing, no cache layout);
+    ``lib=httpx2`` for the fork huggingface_hub uses."""
     start = time.perf_counter()
-    with httpx.Client(timeout=60) as client:
+    with lib.Client(timeout=60) as client:
         for name in names:
             url = f"{hub.url}/{REPO}/resolve/main/{name}"
             with client.stream("GET", url) as r, (out / name).open("wb") as f:
-                for chunk in r.iter_bytes(1 << 20):
+                for chunk in r.iter_bytes():
                     f.write(chunk)
     return time.perf_counter() - start
 
@@ -76,13 +79,26 @@ def main() -> None:
         (root / "plain").mkdir()
         settings = HubSettings(cache_dir=root / "hf-cache", endpoint=hub.url)
         assert len(shard_files(card_from_hub(REPO, settings), 0, 2, settings)) == len(names)
-        plain_s = plain_httpx(hub, names, root / "plain")
-        exo_s, events = asyncio.run(exo_download(settings))
+        # Alternate the two (each twice, fresh each time) and keep the best of each.
+        plain_runs: list[float] = []
+        plain2_runs: list[float] = []
+        exo_runs: list[float] = []
+        events = 0
+        for i in range(2):
+            plain_runs.append(plain_httpx(hub, names, root / "plain"))
+            plain2_runs.append(plain_httpx(hub, names, root / "plain", httpx2))
+            run = HubSettings(cache_dir=root / f"hf-cache-{i}", endpoint=hub.url)
+            seconds, events = asyncio.run(exo_download(run))
+            exo_runs.append(seconds)
+        plain_s, exo_s = min(plain_runs), min(exo_runs)
     mb = total / 1e6
     print(f"files: {len(names)}, {mb:.0f} MB from the local stand-in hub")
+    plain2_s = min(plain2_runs)
     print(f"plain httpx stream:  {plain_s:7.2f} s  {mb / plain_s:8.1f} MB/s")
+    print(f"plain httpx2 stream: {plain2_s:7.2f} s  {mb / plain2_s:8.1f} MB/s")
     print(f"exo shard download:  {exo_s:7.2f} s  {mb / exo_s:8.1f} MB/s  "
-          f"(ratio {plain_s / exo_s:.2f}x of httpx; includes the sha256 check)")
+          f"(ratio {plain_s / exo_s:.2f}x of httpx, {plain2_s / exo_s:.2f}x of httpx2; "
+          "includes the sha256 check)")
     print(f"progress events added to the log: {events} "
           f"(about {events * 1000 / max(mb, 1):.0f} per GB at this speed)")
 

@@ -39,8 +39,20 @@ class HubRepo:
         h = hashlib.sha1()
         for name in sorted(self.files):
             h.update(name.encode())
-            h.update(hashlib.sha256(self.files[name]).digest())
+            h.update(sha256_hex(self.files[name]).encode())
         return h.hexdigest()
+
+
+# id -> (the bytes, their sha256): hashing a large file once, not on every request.
+_DIGESTS: dict[int, tuple[bytes, str]] = {}
+
+
+def sha256_hex(data: bytes) -> str:
+    known = _DIGESTS.get(id(data))
+    if known is None or known[0] is not data:
+        known = (data, hashlib.sha256(data).hexdigest())
+        _DIGESTS[id(data)] = known
+    return known[1]
 
 
 @dataclass
@@ -90,7 +102,7 @@ def _sibling(name: str, data: bytes) -> dict[str, Any]:
         "blobId": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
     }
     if len(data) >= _LFS_MIN:
-        entry["lfs"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+        entry["lfs"] = {"size": len(data), "sha256": sha256_hex(data),
                         "pointerSize": 134}
     return entry
 
@@ -175,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             end = len(data)
         hub.requests.append(HubRequest(self.command, repo_id, file, start, rng))
-        etag = hashlib.sha256(data).hexdigest() if len(data) >= _LFS_MIN else _sibling(file, data)["blobId"]
+        etag = sha256_hex(data) if len(data) >= _LFS_MIN else _sibling(file, data)["blobId"]
         body = data[start:end]
         cut = not head and file in hub.cut_once
         corrupt = not head and file in hub.corrupt_once
