@@ -17,7 +17,6 @@ from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
     Event,
-    NodeDownloadProgress,
     RunnerStatusUpdated,
     TaskAcknowledged,
     TaskStatusUpdated,
@@ -35,22 +34,13 @@ from exo.shared.types.tasks import (
     Task,
     TextGeneration,
 )
-from exo.shared.types.worker.downloads import (
-    DownloadCompleted,
-    DownloadFailed,
-    DownloadOngoing,
-    DownloadPending,
-    DownloadProgress,
-)
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady
 from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
-from exo.worker.download.hub import HubSettings, delete_hub_model
-from exo.worker.download.local import locate_model, locate_progress
-from exo.worker.download.shard_download import ShardDownload, layer_range
+from exo.worker.download.coordinator import DownloadCoordinator
 from exo.worker.plan import plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
@@ -83,9 +73,6 @@ class Worker:
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
-    _hub_downloads: dict[ModelId, ShardDownload] = field(
-        default_factory=dict[ModelId, ShardDownload]
-    )
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -98,6 +85,11 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self.downloads = DownloadCoordinator(
+                    self.node_id, self.runner_settings, self.local_events.send,
+                    self.commands.send, self.download_backoff, lambda: self.state,
+                    self._wakeup.set, tg,
+                )
                 tg.start_soon(self._forward_runner_events)
                 await self._plan_loop()
         finally:
@@ -181,101 +173,16 @@ class Worker:
         self._tg.start_soon(runner.run)
 
     async def _download(self, task: DownloadModel) -> None:
-        card = task.shard_metadata.model_card
-        settings = self.runner_settings
-        if card.hub is not None and locate_model(
-            card, settings.models_dir, None, settings.extra_model_dirs
-        ) is None:  # (found in a models folder: nothing to download)
-            await self._hub_download(task)
-            return
-        self.download_backoff.record_attempt(card.model_id, time.monotonic())
-        progress = await anyio.to_thread.run_sync(
-            locate_progress, card, self.runner_settings.models_dir,
-            self.runner_settings.hub_cache_dir, self.runner_settings.extra_model_dirs,
-        )
-        if isinstance(progress, DownloadCompleted):
-            self.download_backoff.reset(card.model_id)
-        await self.local_events.send(
-            NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
-        )
-        if isinstance(progress, DownloadFailed) and progress.terminal:
-            await self.commands.send(
-                DeleteInstance(instance_id=task.instance_id, reason=progress.error_message)
-            )
+        model_id = task.shard_metadata.model_card.model_id
+        if model_id not in self.downloads.running:
+            await self.downloads.download(task)
+            if model_id in self.downloads.running:
+                return  # started in the background; its progress comes through the state
         # Wait for the event to come back through the log before planning on it.
         await self._wakeup.wait(1.0)
 
-    async def _hub_download(self, task: DownloadModel) -> None:
-        """Start the shard's download in the background (once per model at a time); its
-        progress and outcome come back through the state."""
-        card = task.shard_metadata.model_card
-        if card.model_id in self._hub_downloads:
-            await self._wakeup.wait(1.0)
-            return
-        self.download_backoff.record_attempt(card.model_id, time.monotonic())
-        start, end = layer_range(task.shard_metadata)
-        self._start_hub_download(card, start, end, task.instance_id)
-
-    def _start_hub_download(
-        self, card: ModelCard, start: int, end: int, instance_id: InstanceId | None
-    ) -> None:
-        download = ShardDownload(
-            card, start, end, HubSettings.from_env(self.runner_settings.hub_cache_dir)
-        )
-        self._hub_downloads[card.model_id] = download
-
-        async def run() -> None:
-            try:
-                await self._report(card, DownloadOngoing(downloaded_bytes=0, total_bytes=0))
-                outcome = await download.run(lambda p: self._report(card, p))
-                if isinstance(outcome, DownloadCompleted):
-                    self.download_backoff.reset(card.model_id)
-                if download.cancelled_by_user:
-                    outcome = DownloadPending()
-                await self._report(card, outcome)
-                failed_for_good = isinstance(outcome, DownloadFailed) and outcome.terminal
-                if failed_for_good and instance_id in self.state.instances:
-                    # Retrying cannot help: fail the instance (and its requests) now.
-                    assert isinstance(outcome, DownloadFailed) and instance_id is not None
-                    await self.commands.send(
-                        DeleteInstance(instance_id=instance_id, reason=outcome.error_message)
-                    )
-            finally:
-                self._hub_downloads.pop(card.model_id, None)
-                self._wakeup.set()
-
-        self._tg.start_soon(run)
-
-    async def _report(self, card: ModelCard, progress: DownloadProgress) -> None:
-        await self.local_events.send(
-            NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
-        )
-
     def download_action(self, action: DownloadActionKind, card: ModelCard) -> None:
-        """A user asked this node to start, cancel or delete a model's download."""
-        match action:
-            case "start":
-                if card.hub is not None and card.model_id not in self._hub_downloads:
-                    self._start_hub_download(card, 0, card.n_layers, None)
-            case "cancel":
-                self.cancel_download(card.model_id)
-            case "delete":
-                self.cancel_download(card.model_id)
-                cache = self.runner_settings.hub_cache_dir
-                if cache is not None:
-
-                    async def delete() -> None:
-                        await anyio.to_thread.run_sync(delete_hub_model, card, cache)
-
-                    self._tg.start_soon(delete)
-
-    def cancel_download(self, model_id: ModelId) -> bool:
-        download = self._hub_downloads.get(model_id)
-        if download is None:
-            return False
-        download.cancelled_by_user = True
-        download.cancelled.set()
-        return True
+        self.downloads.action(action, card)
 
     def _stop_runner(self, runner_id: RunnerId) -> None:
         runner = self.runners.get(runner_id)
