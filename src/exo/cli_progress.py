@@ -15,9 +15,11 @@ from exo.shared.types.state import State
 from exo.shared.types.worker.downloads import DownloadFailed, DownloadOngoing
 from exo.shared.types.worker.runners import (
     RunnerFailed,
+    RunnerLoaded,
     RunnerLoading,
     RunnerReady,
     RunnerRunning,
+    RunnerWarmingUp,
 )
 
 _BAR = 30
@@ -61,6 +63,8 @@ def _runner_line(model_id: ModelId, statuses: Sequence[object]) -> str | None:
         done = sum(s.layers_loaded for s in loading)
         total = sum(s.total_layers for s in loading) or 1
         return f"loading {model_id} {_bar(done, total)} {done}/{total} layers"
+    if statuses and all(isinstance(s, (RunnerLoaded, RunnerWarmingUp, RunnerReady)) for s in statuses):
+        return f"warming up {model_id} ..."
     return None
 
 

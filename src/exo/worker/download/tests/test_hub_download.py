@@ -171,8 +171,12 @@ def test_missing_and_gated_repos_are_clear_terminal_errors(
 
 def test_offline_without_the_files_is_a_clear_error(hub: FakeHub, settings: HubSettings) -> None:
     card = card_from_hub(SAFETENSORS_REPO, settings)
+    offline = dataclasses.replace(settings, offline=True)
     with pytest.raises(DownloadError, match="HF_HUB_OFFLINE") as e:
-        _download(card, dataclasses.replace(settings, offline=True))
+        _download(card, offline)
+    assert e.value.status == 404
+    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE") as e:
+        card_from_hub(GGUF_REPO, offline)
     assert e.value.status == 404
     assert hub.weight_gets(SAFETENSORS_REPO) == []
 

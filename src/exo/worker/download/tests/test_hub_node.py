@@ -1,5 +1,6 @@
 """A real node process fetching models from the local stand-in hub (HF_ENDPOINT)."""
 
+import itertools
 import threading
 import time
 from collections.abc import Generator
@@ -174,3 +175,21 @@ def test_downloads_start_cancel_and_delete_on_request(
     assert not list((cache).rglob("blobs/*"))  # the disk is freed, not just the link
     r = httpx.delete(f"{node.url}/download/nosuchnode/{model}", timeout=30)
     assert r.status_code == 404 and "nosuchnode" in r.json()["detail"]
+
+
+def test_the_cli_serves_a_hub_model_and_shows_its_download(
+    smol_hub: FakeHub, tmp_path: Path
+) -> None:
+    env = {"HF_ENDPOINT": smol_hub.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    model = f"{SMOL_REPO}:Q4_1"
+    with running_node(tmp_path, "--model", model, env=env) as proc:
+        assert _ask(proc, model).strip()
+        log = proc.log()
+    assert f"ready: {model}" in log
+    # Not a terminal: sparse lines, one per stage (and per 10% of a download or load).
+    lines = [line for line in log.splitlines() if model in line and not line.startswith("20")]
+    assert [ln for ln in lines if ln.startswith("downloading")]
+    assert len([ln for ln in lines if ln.startswith("downloading")]) <= 11
+    assert len([ln for ln in lines if ln.startswith("loading")]) <= 11
+    assert all(a != b for a, b in itertools.pairwise(lines))
+    assert "\r" not in log
