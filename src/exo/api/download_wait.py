@@ -13,7 +13,7 @@ from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
-from exo.shared.types.worker.downloads import DownloadFailed
+from exo.shared.types.worker.downloads import DownloadFailed, DownloadOngoing
 
 TRANSIENT_LIMIT_S = 30.0
 _NO_RETRY = {"x-should-retry": "false"}
@@ -25,6 +25,7 @@ class DownloadWatch:
     transient_limit_s: float = TRANSIENT_LIMIT_S
     nodes: set[NodeId] = field(default_factory=set[NodeId])
     _transient_since: float | None = None
+    _bytes_seen: int = 0
 
     def observe(self, state: State, now: float) -> ApiError | None:
         """The error to answer with, if the model's downloads say the wait is hopeless."""
@@ -32,15 +33,21 @@ class DownloadWatch:
             if instance.shard_assignments.model_id == self.model_id:
                 self.nodes |= set(instance.shard_assignments.node_to_runner)
         transient: DownloadFailed | None = None
+        downloaded = 0
         for node_id in self.nodes:
             progress = state.downloads.get(node_id, {}).get(self.model_id)
             if isinstance(progress, DownloadFailed):
                 if progress.terminal:
                     return terminal_error(self.model_id, progress)
                 transient = progress
-        if transient is None:
+            elif isinstance(progress, DownloadOngoing):
+                downloaded += progress.downloaded_bytes
+        if downloaded > self._bytes_seen:  # bytes are flowing again: the clock restarts
+            self._bytes_seen = downloaded
             self._transient_since = None
+        if transient is None:
             return None
+        # A retry that starts and fails again without a byte does not restart the clock.
         if self._transient_since is None:
             self._transient_since = now
         if now - self._transient_since >= self.transient_limit_s:

@@ -37,13 +37,25 @@ def test_a_transient_failure_ends_the_wait_after_the_limit_with_retry_after() ->
     watch = DownloadWatch(MODEL_1, transient_limit_s=30)
     assert watch.observe(state, 100.0) is None
     assert watch.observe(state, 129.0) is None
-    # Downloading again resets the clock.
-    ongoing = NodeDownloadProgress(node_id=NODE_B, model_id=MODEL_1,
-                                   progress=DownloadOngoing(downloaded_bytes=1, total_bytes=2))
-    assert watch.observe(fold(state, [ongoing]), 129.5) is None
-    assert watch.observe(state, 131.0) is None
-    error = watch.observe(state, 161.0)
+    # A retry that starts and fails again without a byte does not restart the clock.
+    retry = NodeDownloadProgress(node_id=NODE_B, model_id=MODEL_1,
+                                 progress=DownloadOngoing(downloaded_bytes=0, total_bytes=0))
+    assert watch.observe(fold(state, [retry]), 129.5) is None
+    error = watch.observe(state, 130.5)
     assert error is not None and error.status == 503 and error.headers["Retry-After"]
+
+
+def test_bytes_flowing_again_restart_the_transient_clock() -> None:
+    state = fold(make_state(), [InstanceCreated(instance=pair_instance()), _failed(None)])
+    watch = DownloadWatch(MODEL_1, transient_limit_s=30)
+    assert watch.observe(state, 100.0) is None
+    moving = NodeDownloadProgress(node_id=NODE_B, model_id=MODEL_1,
+                                  progress=DownloadOngoing(downloaded_bytes=5, total_bytes=9))
+    assert watch.observe(fold(state, [moving]), 120.0) is None
+    # Failing again starts a new 30 s from that failure.
+    assert watch.observe(state, 131.0) is None
+    assert watch.observe(state, 160.0) is None
+    assert watch.observe(state, 161.5) is not None
 
 
 def test_a_new_instance_forgets_failed_downloads_of_its_model_on_its_nodes() -> None:
