@@ -190,6 +190,7 @@ def test_no_disk_space_fails_before_any_byte(hub: FakeHub, settings: HubSettings
     assert hub.weight_gets(SAFETENSORS_REPO) == []
 
 
+@pytest.mark.slow  # the retries with backoff take about 25 s
 def test_an_unreachable_hub_is_a_transient_error(hub: FakeHub, settings: HubSettings) -> None:
     card = card_from_hub(SAFETENSORS_REPO, settings)
     unreachable = dataclasses.replace(settings, endpoint=f"http://127.0.0.1:{free_port()}")
