@@ -12,17 +12,16 @@ import anyio
 from loguru import logger
 
 from exo.api.main import ApiSettings
+from exo.cli_progress import ProgressPrinter, progress_line
 from exo.cluster.config import DEFAULT_DISCOVERY_PORT, DEFAULT_NODE_TIMEOUT_S, ClusterConfig
 from exo.main import Node, NodeConfig
 from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.models.local import card_from_path
-from exo.shared.types.worker.runners import (
-    RunnerFailed,
-    RunnerLoading,
-    RunnerReady,
-    RunnerRunning,
-)
+from exo.shared.models.model_cards import ModelCard
+from exo.worker.download.cards import card_from_hub, parse_model_name
+from exo.worker.download.hub import DownloadError, HubSettings
+from exo.worker.download.model_dirs import models_dirs_from_env, parse_memory, scan_models_dir
 
 DEFAULT_LISTEN = "tcp/0.0.0.0:7447"
 PUBLIC_SECRET = "exo-public-cluster"
@@ -55,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="allow browser requests from this origin (repeatable; default: none)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="CPU threads for this node's runner (default: all cores)")
+    p.add_argument("--models-dir", action="append", default=[], type=Path, metavar="DIR",
+                   help="a folder of models to serve (GGUF files, Hugging Face folders or a "
+                   "Hugging Face cache; read only; repeatable; or EXO_MODELS_DIRS, "
+                   "separated by ':')")
+    p.add_argument("--memory-limit", default=os.environ.get("EXO_MEMORY_LIMIT"), metavar="SIZE",
+                   help="the most memory placement may use on this node, in bytes or with a "
+                   "unit (8GB, 512MB): one machine can act as a small one")
     p.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                    help="DEBUG, INFO, WARNING or ERROR, any case (default: %(default)s)")
@@ -87,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="a node silent this long is gone; a dead process is noticed at "
                          "once (default: %(default)s)")
     return p
+
+
+def _models_from_dirs(dirs: Sequence[Path]) -> list[ModelCard]:
+    cards: list[ModelCard] = []
+    for folder in dirs:
+        try:
+            found = scan_models_dir(folder)
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"exo: --models-dir: {e}") from e
+        logger.info(f"{folder}: {len(found)} model(s): {', '.join(c.model_id for c in found)}")
+        cards.extend(found)
+    return cards
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
@@ -152,7 +170,13 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("exo: --threads must be at least 1")
     logger.remove()
     logger.add(sys.stderr, level=args.log_level, backtrace=False, diagnose=False)
-    models = []
+    models = _models_from_dirs([*args.models_dir, *models_dirs_from_env()])
+    memory_limit = None
+    if args.memory_limit:
+        try:
+            memory_limit = parse_memory(args.memory_limit)
+        except ValueError as e:
+            raise SystemExit(f"exo: --memory-limit: {e}") from e
     if args.model != "none" and (Path(args.model).suffix == ".gguf" or Path(args.model).is_dir()):
         try:
             card = card_from_path(Path(args.model))
@@ -171,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
         ),
         runner_threads=args.threads,
         cluster=cluster_config(args),
+        memory_limit=memory_limit,
+        models_dirs=[*args.models_dir, *models_dirs_from_env()],
     )
     problem = None
     with contextlib.suppress(KeyboardInterrupt):
@@ -208,10 +234,7 @@ def _system_exit(group: BaseExceptionGroup[BaseException]) -> SystemExit | None:
 
 async def _serve(config: NodeConfig, model: str | None) -> None:
     node = Node(config)
-    if model is not None and node.registry.resolve(model) is None:
-        known = ", ".join(c.model_id for c in node.model_cards())
-        raise SystemExit(f"exo: unknown model {model!r} (known: {known}; or 'none' to start "
-                         "without one)")
+    card = None if model is None else await _resolve_card(node, model)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_stop_on_signal, tg.cancel_scope, node)
         tg.start_soon(node.run)
@@ -222,8 +245,24 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
         if node.cluster is not None:
             print(f"exo: cluster endpoints {' '.join(node.cluster.listen_endpoints)}",
                   file=sys.stderr)
-        if model is not None:
-            await _load_model(node, model)
+        if card is not None:
+            await _load_model(node, card)
+
+
+async def _resolve_card(node: Node, name: str) -> ModelCard:
+    """The card of `--model`: known here, or built from the hub; else exit with why."""
+    card = node.registry.resolve(name)
+    if card is None and parse_model_name(name) is not None:
+        try:
+            card = await anyio.to_thread.run_sync(card_from_hub, name, HubSettings.from_env())
+        except DownloadError as e:
+            raise SystemExit(f"exo: {e.message}") from None
+        node.registry.add(card)
+    if card is None:
+        known = ", ".join(c.model_id for c in node.model_cards())
+        raise SystemExit(f"exo: unknown model {name!r} (known: {known}; a hub repo: org/repo or "
+                         "org/repo:QUANT; or 'none' to start without one)")
+    return card
 
 
 async def _stop_on_signal(scope: anyio.CancelScope, node: Node) -> None:
@@ -247,38 +286,23 @@ async def _cancel_on_next(signals: AsyncIterator[int], scope: anyio.CancelScope)
         return
 
 
-async def _load_model(node: Node, name: str) -> None:
-    """Place the model and show its loading progress until it serves."""
+async def _load_model(node: Node, card: ModelCard) -> None:
+    """Place the model and show its download and loading progress until it serves."""
     from exo.shared.types.commands import PlaceInstance
 
-    card = node.registry.resolve(name)
-    if card is None:
-        known = ", ".join(c.model_id for c in node.model_cards())
-        print(f"exo: unknown model {name!r} (known: {known})", file=sys.stderr)
-        return
     # Placement needs to know this node's memory: wait for its first report.
     await node.wait_for_state(lambda s: node.node_id in s.nodes, timeout=60)
     await node.wait_ready()
     if not any(  # the cluster (or this node's log) may have an instance of it already
         inst.shard_assignments.model_id == card.model_id for inst in node.state().instances.values()
     ):
-        await node.send_command(PlaceInstance(model_id=card.model_id))
-    shown = ""
+        await node.send_command(PlaceInstance(
+            model_id=card.model_id, model_card=card if card.hub is not None else None))
+    printer = ProgressPrinter(sys.stderr, sys.stderr.isatty())
     while True:
-        state = await node.wait_for_state(lambda s: True, timeout=3600)
-        statuses = [
-            state.runners.get(rid)
-            for inst in state.instances.values()
-            if inst.shard_assignments.model_id == card.model_id
-            for rid in inst.shard_assignments.runner_to_shard
-        ]
-        line = _progress_line(card.model_id, statuses)
-        if line != shown:
-            end = "\n" if line.startswith(("ready", "failed")) else ""
-            print(f"\r\x1b[2K{line}" if sys.stderr.isatty() else line, end=end or "\n",
-                  file=sys.stderr, flush=True)
-            shown = line
-        if line.startswith("ready"):
+        line = progress_line(card.model_id, node.state())
+        printer.show(line)
+        if line.startswith("ready") or (line.startswith("failed") and "retrying" not in line):
             return
         await _next_change(node)
 
@@ -286,22 +310,6 @@ async def _load_model(node: Node, name: str) -> None:
 async def _next_change(node: Node) -> None:
     current = node.state().last_event_applied_idx
     await node.wait_for_state(lambda s: s.last_event_applied_idx != current, timeout=3600)
-
-
-def _progress_line(model_id: str, statuses: Sequence[object]) -> str:
-    if statuses and all(isinstance(s, (RunnerReady, RunnerRunning)) for s in statuses):
-        return f"ready: {model_id}"
-    for s in statuses:
-        if isinstance(s, RunnerFailed):
-            return f"failed: {model_id}: {s.error_message} (retrying)"
-    loading = [s for s in statuses if isinstance(s, RunnerLoading)]
-    if loading:
-        done = sum(s.layers_loaded for s in loading)
-        total = sum(s.total_layers for s in loading) or 1
-        width = 30
-        filled = width * done // total
-        return f"loading {model_id} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} layers"
-    return f"starting {model_id} ..."
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from exo.cluster.link import ClusterLink
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
-from exo.node_info import gather_node_info, significantly_different
+from exo.node_info import cap_memory, gather_node_info, significantly_different
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import ModelRegistry
@@ -32,6 +32,7 @@ from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceDeleted,
@@ -47,6 +48,7 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerShutdown
 from exo.utils.channels import Receiver, Sender, channel
+from exo.worker.download.hub import HubSettings
 from exo.worker.main import Worker
 from exo.worker.runner.runner_supervisor import PhaseTimeouts
 from exo.worker.runner.settings import RunnerSettings
@@ -65,6 +67,10 @@ class NodeConfig:
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
     cluster: ClusterConfig | None = None
     """None: a node alone, its own master (nothing on the network but its API)."""
+    memory_limit: int | None = None
+    """The most memory (bytes) placement may use on this node."""
+    models_dirs: list[Path] = field(default_factory=list[Path])
+    """Read-only model folders (Hugging Face caches among them) searched for models."""
 
 
 def load_node_id(data_dir: Path) -> NodeId:
@@ -128,6 +134,8 @@ class Node:
             runner_settings=RunnerSettings(
                 cache_dir=config.data_dir / "cache",
                 models_dir=config.data_dir / "models",
+                hub_cache_dir=HubSettings.from_env().cache_dir,
+                extra_model_dirs=tuple(config.models_dirs),
                 threads=config.runner_threads,
                 device=config.device,
                 dtype=config.dtype,
@@ -262,6 +270,9 @@ class Node:
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
         self._state = apply(self._state, indexed)
         self._track_requests(indexed.event)
+        event = indexed.event
+        if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:
+            self.worker.download_action(event.action, event.model_card)
         self._publish_state()
 
     def _publish_state(self) -> None:
@@ -340,6 +351,8 @@ class Node:
         last: NodeInfo | None = None
         while True:
             info = await anyio.to_thread.run_sync(gather_node_info, self.api_port)
+            if self.config.memory_limit is not None:
+                info = cap_memory(info, self.config.memory_limit)
             if last is None or significantly_different(last, info):
                 self._last_info = info
                 await self._local_tx.send(NodeGatheredInfo(node_id=self._node_id, info=info))

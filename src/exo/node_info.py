@@ -72,3 +72,20 @@ def significantly_different(a: NodeInfo, b: NodeInfo, threshold_bytes: int = 256
         return True
     diff = abs(a.available_for_models.in_bytes - b.available_for_models.in_bytes)
     return diff > threshold_bytes
+
+
+def cap_memory(info: NodeInfo, limit: int) -> NodeInfo:
+    """The node as placement should see it under ``--memory-limit``: no more than
+    ``limit`` bytes for models (GPU memory shared out evenly when there are GPUs)."""
+    per_gpu = limit // max(len(info.gpus), 1)
+    return info.model_copy(
+        update={
+            "memory_total": Memory(in_bytes=min(info.memory_total.in_bytes, limit)),
+            "memory_available": Memory(in_bytes=min(info.memory_available.in_bytes, limit)),
+            "gpus": [
+                g.model_copy(update={"memory_available": Memory(
+                    in_bytes=min(g.memory_available.in_bytes, per_gpu))})
+                for g in info.gpus
+            ],
+        }
+    )

@@ -165,7 +165,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/v1/messages", response_model=None)
     async def messages(body: MessagesRequest, request: Request) -> Response:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         params = messages_task_params(body, card)
         if body.stream:
 

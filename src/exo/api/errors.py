@@ -39,13 +39,20 @@ class ApiError(Exception):
     """A request that cannot be served, with the HTTP status that says why."""
 
     def __init__(
-        self, status: int, message: str, *, param: str | None = None, code: str | None = None
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.headers = headers or {}
 
 
 def error_body(
@@ -79,8 +86,8 @@ def error_body(
 
 def error_response(family: ApiFamily, error: ApiError) -> JSONResponse:
     body = error_body(family, error.status, error.message, param=error.param, code=error.code)
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse(body, status_code=error.status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+    return JSONResponse(body, status_code=error.status, headers={**headers, **error.headers})
 
 
 async def send_error(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:

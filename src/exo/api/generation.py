@@ -14,10 +14,12 @@ import anyio
 from anyio import ClosedResourceError, EndOfStream
 from loguru import logger
 
+from exo.api.download_wait import DownloadWatch
 from exo.api.errors import ApiError
 from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
 from exo.api.handle import NodeHandle
 from exo.api.settings import ApiSettings
+from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
 from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
@@ -26,8 +28,11 @@ from exo.shared.types.state import State
 from exo.shared.types.tasks import TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.instances import Instance
+from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
+from exo.worker.download.cards import card_from_hub, parse_model_name
+from exo.worker.download.hub import DownloadError, HubSettings
 from exo.worker.plan import instance_is_serving
 
 Clock = Callable[[], int]
@@ -126,12 +131,47 @@ class GenerationService:
         self._waiting = 0
         self._placement_locks: dict[ModelId, anyio.Lock] = {}
         self._active: dict[CommandId, Generation] = {}
+        self._hub_cards: dict[ModelId, ModelCard] = {}
         self._clock = clock
 
     # ------------------------------------------------------------ models
 
     def model_cards(self) -> list[ModelCard]:
-        return self.handle.model_cards()
+        known = self.handle.model_cards()
+        ids = {c.model_id for c in known}
+        return known + [c for c in self._hub_cards.values() if c.model_id not in ids]
+
+    def add_card(self, card: ModelCard) -> None:
+        self._hub_cards[card.model_id] = card
+
+    async def resolve_model_async(self, name: str) -> ModelCard:
+        """A known card, or one built from the hub for an ``org/repo[:QUANT]`` name."""
+        try:
+            return self.resolve_model(name)
+        except ApiError:
+            in_catalogue = catalogue.hub_name(name)
+            if in_catalogue is None and parse_model_name(name) is None:
+                raise
+        if in_catalogue is None:
+            return await self.fetch_card(name)
+        card = await self.fetch_card(in_catalogue)
+        card = card.model_copy(update={"aliases": [*card.aliases, name.strip().lower()]})
+        self.add_card(card)
+        return card
+
+    async def fetch_card(self, name: str) -> ModelCard:
+        settings = HubSettings.from_env()
+        try:
+            card = await anyio.to_thread.run_sync(card_from_hub, name, settings)
+        except DownloadError as e:
+            if e.status is None:
+                raise ApiError(503, e.message, code="hub_unavailable",
+                               headers={"Retry-After": "10"}) from e
+            code = "model_access_denied" if e.status == 403 else "model_not_found"
+            raise ApiError(e.status, e.message, param="model", code=code,
+                           headers={"x-should-retry": "false"}) from e
+        self.add_card(card)
+        return card
 
     def resolve_model(self, name: str) -> ModelCard:
         cards = self.model_cards()
@@ -236,7 +276,9 @@ class GenerationService:
                 await self._place_and_wait(card)
 
     async def _place_and_wait(self, card: ModelCard) -> None:
-        command = PlaceInstance(model_id=card.model_id)
+        command = PlaceInstance(
+            model_id=card.model_id, model_card=card if card.hub is not None else None
+        )
         receiver = self.handle.open_response(command.command_id)
         try:
             await self.send(command)
@@ -249,10 +291,21 @@ class GenerationService:
         instance goes away before it serves."""
         model_id = card.model_id
         seen = [bool(instances_of(self.handle.state(), model_id))]
-        failure: list[str] = []
+        failure: list[ApiError] = []
+        downloads = DownloadWatch(model_id)
+        runner_error: list[str] = []
 
         def settled(state: State) -> bool:
             if serving_instance(state, model_id) is not None:
+                return True
+            for instance in instances_of(state, model_id):
+                for rid in instance.shard_assignments.runner_to_shard:
+                    status = state.runners.get(rid)
+                    if isinstance(status, RunnerFailed):
+                        runner_error[:] = [status.error_message]
+            error = downloads.observe(state, time.monotonic())
+            if error is not None:
+                failure.append(error)
                 return True
             if instances_of(state, model_id):
                 seen[0] = True
@@ -262,25 +315,39 @@ class GenerationService:
         async def watch_placement(receiver: Receiver[Chunk], scope: anyio.CancelScope) -> None:
             async for chunk in receiver:
                 if isinstance(chunk, ErrorChunk):
-                    failure.append(f"placing {model_id} failed: {chunk.error_message}")
+                    failure.append(ApiError(
+                        503, f"placing {model_id} failed: {chunk.error_message}",
+                        code="model_unavailable",
+                    ))
                     scope.cancel()
                     return
 
         timeout = self._placement_timeout_s
+        deadline = time.monotonic() + timeout
         async with anyio.create_task_group() as tg:
             if placement is not None:
                 tg.start_soon(watch_placement, placement, tg.cancel_scope)
-            try:
-                await self.handle.wait_for_state(settled, timeout)
-            except TimeoutError:
-                failure.append(f"no instance of {model_id} became ready within {timeout:g} s")
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    failure.append(ApiError(
+                        503, f"no instance of {model_id} became ready within {timeout:g} s",
+                        code="model_unavailable",
+                    ))
+                    break
+                try:  # wake up at least every second: a transient failure times out
+                    await self.handle.wait_for_state(settled, min(left, 1.0))
+                    break
+                except TimeoutError:
+                    continue
             tg.cancel_scope.cancel()
         if failure:
-            raise ApiError(503, failure[0], code="model_unavailable")
+            raise failure[0]
         if serving_instance(self.handle.state(), model_id) is None:
+            cause = f": the last runner error was: {runner_error[0]}" if runner_error else ""
             raise ApiError(
                 503,
-                f"the instance of {model_id} was removed before it became ready",
+                f"the instance of {model_id} was removed before it became ready{cause}",
                 code="model_unavailable",
             )
 

@@ -3,18 +3,29 @@
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
+from huggingface_hub import HfApi
 from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.task_params import ApiModel
-from exo.master.placement import PlacementPreview, placement_previews
-from exo.shared.types.commands import DeleteInstance, PlaceInstance
+from exo.master.placement import PlacementPreview, model_holders, placement_previews
+from exo.shared.models import catalogue
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.commands import (
+    DeleteInstance,
+    DownloadAction,
+    DownloadActionKind,
+    PlaceInstance,
+)
+from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
 from exo.shared.types.worker.instances import InstanceId, Sharding
 from exo.utils import metrics
+from exo.worker.download.hub import HubSettings
 from exo.worker.plan import instance_is_serving
 
 
@@ -22,6 +33,40 @@ class PlaceInstanceRequest(ApiModel):
     model: str
     sharding: Sharding = "pipeline"
     min_nodes: int = Field(default=1, ge=1)
+
+
+class DownloadRequest(ApiModel):
+    model: str = Field(min_length=1)
+    node_id: str | None = None
+
+
+class AddModelRequest(ApiModel):
+    model: str = Field(min_length=1, description="org/repo or org/repo:QUANT")
+
+
+def downloads_of(state: State, card: ModelCard) -> dict[str, Any]:
+    """Per node: the model's download progress (completed: where its files are)."""
+    return {
+        node_id: progress.model_dump(mode="json")
+        for node_id, models in state.downloads.items()
+        if (progress := models.get(card.model_id)) is not None
+    }
+
+
+async def search_hub(query: str, limit: int) -> list[dict[str, Any]]:
+    settings = HubSettings.from_env()
+    if settings.offline:
+        raise ApiError(503, "the hub cannot be searched: HF_HUB_OFFLINE=1", code="hub_offline")
+
+    def search() -> list[dict[str, Any]]:
+        api = HfApi(endpoint=settings.endpoint, token=settings.token or False)
+        return [{"id": m.id} for m in api.list_models(search=query, limit=limit)]
+
+    try:
+        return await anyio.to_thread.run_sync(search)
+    except Exception as e:
+        raise ApiError(503, f"the hub could not be searched: {e}", code="hub_unavailable",
+                       headers={"Retry-After": "10"}) from e
 
 
 def choose_preview(
@@ -79,13 +124,60 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.get("/models")
     async def models() -> list[dict[str, Any]]:
-        return [card.model_dump(mode="json") for card in service.model_cards()]
+        current = handle.state()
+        return [
+            {**card.model_dump(mode="json"), "downloads": downloads_of(current, card)}
+            for card in service.model_cards()
+        ]
+
+    @api.post("/models/add")
+    async def add_model(body: AddModelRequest) -> dict[str, Any]:
+        card = await service.fetch_card(catalogue.hub_name(body.model) or body.model)
+        return card.model_dump(mode="json")
+
+    @api.get("/models/catalogue")
+    async def models_catalogue() -> list[dict[str, Any]]:
+        return [entry.model_dump(mode="json") for entry in catalogue.listing()]
+
+    @api.get("/models/search")
+    async def search_models(
+        q: str = Query(min_length=1), limit: int = Query(default=20, ge=1, le=100)
+    ) -> list[dict[str, Any]]:
+        return await search_hub(q, limit)
+
+    async def download_action(action: DownloadActionKind, model: str, node: str | None) -> dict[str, Any]:
+        card = await service.resolve_model_async(model)
+        if card.hub is None:
+            raise ApiError(400, f"{card.model_id} is not a hub model: it has nothing to download",
+                           param="model")
+        node_id = NodeId(node) if node else handle.node_id
+        if node_id not in handle.state().nodes:
+            raise ApiError(404, f"no node {node_id} in the cluster", param="node_id")
+        command = DownloadAction(action=action, node_id=node_id, model_card=card)
+        await service.send(command)
+        return {"message": f"download {action}", "model": card.model_id, "node_id": node_id,
+                "command_id": command.command_id}
+
+    @api.post("/download/start")
+    async def download_start(body: DownloadRequest) -> dict[str, Any]:
+        return await download_action("start", body.model, body.node_id)
+
+    @api.post("/download/cancel")
+    async def download_cancel(body: DownloadRequest) -> dict[str, Any]:
+        return await download_action("cancel", body.model, body.node_id)
+
+    @api.delete("/download/{node_id}/{model:path}")
+    async def download_delete(node_id: str, model: str) -> dict[str, Any]:
+        return await download_action("delete", model, node_id)
 
     @api.get("/instance/previews")
     async def previews(model: str = Query(min_length=1)) -> dict[str, Any]:
         card = service.resolve_model(model)
         current = handle.state()
-        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        found = placement_previews(
+            card, current.nodes, current.topology, current.instances,
+            model_holders(current, card.model_id),
+        )
         return {
             "model": card.model_id,
             "previews": [p.model_dump(mode="json") for p in found],
@@ -93,14 +185,18 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/place_instance")
     async def place_instance(body: PlaceInstanceRequest) -> dict[str, Any]:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         current = handle.state()
-        found = placement_previews(card, current.nodes, current.topology, current.instances)
+        found = placement_previews(
+            card, current.nodes, current.topology, current.instances,
+            model_holders(current, card.model_id),
+        )
         chosen = choose_preview(found, body.sharding, body.min_nodes)
         if isinstance(chosen, str):
             raise ApiError(409, f"cannot place {card.model_id}: {chosen}")
         command = PlaceInstance(
-            model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes
+            model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
+            model_card=card if card.hub is not None else None,
         )
         await service.send(command)
         return {

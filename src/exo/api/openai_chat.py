@@ -217,7 +217,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         params = chat_task_params(body, card)
         created = int(time.time())
         if body.stream:

@@ -258,7 +258,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/v1/responses", response_model=None)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         params = responses_task_params(body, card)
         created = time.time()
         if body.stream:

@@ -13,7 +13,13 @@ import anyio
 from loguru import logger
 
 from exo.master.event_log import EventLog, MemoryEventLog
-from exo.master.placement import PlacementError, group_host, place_again, place_instance
+from exo.master.placement import (
+    PlacementError,
+    group_host,
+    model_holders,
+    place_again,
+    place_instance,
+)
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import ErrorChunk
@@ -22,12 +28,14 @@ from exo.shared.types.commands import (
     Command,
     CreateInstance,
     DeleteInstance,
+    DownloadAction,
     GenerateText,
     PlaceInstance,
 )
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -137,6 +145,9 @@ class Master:
                 await self._place(command, origin)
             case CreateInstance():
                 await self.emit(InstanceCreated(instance=command.instance))
+            case DownloadAction():
+                await self.emit(DownloadActionRequested(
+                    node_id=command.node_id, action=command.action, model_card=command.model_card))
             case DeleteInstance():
                 if command.instance_id in self.state.instances:
                     await self.emit(
@@ -157,7 +168,7 @@ class Master:
                         )
 
     async def _place(self, command: PlaceInstance, origin: NodeId | None) -> None:
-        card = self.resolve_card(command.model_id)
+        card = command.model_card or self.resolve_card(command.model_id)
         if card is None:
             self._error(command.command_id, origin, f"unknown model {command.model_id!r}")
             return
@@ -169,6 +180,7 @@ class Master:
             self.state.topology,
             self.state.instances,
             InstanceId(),
+            holders=model_holders(self.state, card.model_id),
         )
         if isinstance(placed, PlacementError):
             self._error(command.command_id, origin, placed.reason)

@@ -28,16 +28,20 @@ Rules
   shares a network with every other node of the instance.
 """
 
-import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, assert_never
 
-from exo.shared.models.model_cards import ModelCard
+from exo.master.group_host import group_host
+from exo.master.layer_split import split_layers
+from exo.master.placement_memory import SHARD_OVERHEAD_BYTES, node_free_memory, shard_memory
+from exo.master.placement_text import fmt, largest, plural
+from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import FrozenModel, NodeId
-from exo.shared.types.memory import Memory
 from exo.shared.types.profiling import NodeInfo
+from exo.shared.types.state import State
 from exo.shared.types.topology import Topology
+from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import Instance, InstanceId, ShardAssignments, Sharding
 from exo.shared.types.worker.runners import RunnerId
 from exo.shared.types.worker.shards import (
@@ -45,9 +49,6 @@ from exo.shared.types.worker.shards import (
     ShardMetadata,
     TensorShardMetadata,
 )
-
-# What a runner needs besides its weights: activations, KV cache, runtime.
-SHARD_OVERHEAD_BYTES = 64 * 1024 * 1024
 
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
 
@@ -70,40 +71,12 @@ class PlacementPreview(FrozenModel):
     instance: Instance | None = None
     # Bytes each chosen node would use for its shard (overhead included).
     memory_per_node: dict[NodeId, int] = {}
+    # Bytes of weights each chosen node lacks and would download first (about).
+    download_bytes: dict[NodeId, int] = {}
     reason: str | None = None
 
 
 # ---------------------------------------------------------------- public functions
-
-
-def shard_memory(shard: ShardMetadata) -> int:
-    """Bytes a runner holding this shard needs, overhead included."""
-    storage = shard.model_card.storage_size.in_bytes
-    match shard:
-        case PipelineShardMetadata():
-            layers = shard.end_layer - shard.start_layer
-            return _ceil_div(storage * layers, max(shard.n_layers, 1)) + SHARD_OVERHEAD_BYTES
-        case TensorShardMetadata():
-            return _ceil_div(storage, max(shard.world_size, 1)) + SHARD_OVERHEAD_BYTES
-        case _:  # pyright: ignore[reportUnnecessaryComparison]
-            assert_never(shard)
-
-
-def node_free_memory(
-    nodes: Mapping[NodeId, NodeInfo], instances: Mapping[InstanceId, Instance]
-) -> dict[NodeId, int]:
-    """Bytes free for a new shard on each node (never below zero)."""
-    reserved = dict.fromkeys(nodes, 0)
-    for instance in instances.values():
-        assignments = instance.shard_assignments
-        for node_id, runner_id in assignments.node_to_runner.items():
-            shard = assignments.runner_to_shard.get(runner_id)
-            if node_id in reserved and shard is not None:
-                reserved[node_id] += shard_memory(shard)
-    return {
-        node_id: max(info.available_for_models.in_bytes - reserved[node_id], 0)
-        for node_id, info in nodes.items()
-    }
 
 
 def place_instance(
@@ -114,8 +87,10 @@ def place_instance(
     topology: Topology,
     instances: Mapping[InstanceId, Instance],
     instance_id: InstanceId,
+    holders: frozenset[NodeId] = frozenset(),
 ) -> Instance | PlacementError:
-    """Place one instance on the fewest nodes that can hold it."""
+    """Place one instance on the fewest nodes that can hold it; among those, on nodes
+    that already hold the model's files (``holders``) when enough of them fit."""
     first = max(min_nodes, 1)
     refusal = _refuse_shape(model_card, sharding, first, len(nodes))
     if refusal is not None:
@@ -124,12 +99,20 @@ def place_instance(
     cluster = _Cluster.of(nodes, topology, instances)
     refusals: list[_Refusal] = []
     for k in range(first, last + 1):
-        layout = _layout(model_card, sharding, k, cluster)
+        layout = _holders_layout(model_card, sharding, k, cluster, holders)
         if isinstance(layout, _Refusal):
             refusals.append(layout)
             continue
         return _instance(model_card, sharding, layout, instance_id)
     return PlacementError(reason=_summarise(sharding, first, last, refusals))
+
+
+def model_holders(state: State, model_id: ModelId) -> frozenset[NodeId]:
+    """Nodes that already hold a model's files (placement prefers them)."""
+    return frozenset(
+        n for n, models in state.downloads.items()
+        if isinstance(models.get(model_id), DownloadCompleted)
+    )
 
 
 def place_again(
@@ -153,57 +136,40 @@ def place_again(
     return PlacementError(reason=reasons[-1] if reasons else "no nodes are available")
 
 
-def group_host(instance: Instance, nodes: Mapping[NodeId, NodeInfo]) -> str:
-    """Where the runners of ``instance`` meet: rank 0's node, at an address every other
-    node of the instance can be expected to reach."""
-    assignments = instance.shard_assignments
-    ranks = {
-        node_id: shard.device_rank
-        for node_id, runner_id in assignments.node_to_runner.items()
-        if (shard := assignments.runner_to_shard.get(runner_id)) is not None
-    }
-    if len(ranks) < 2:
-        return _LOOPBACK
-    leader = min(ranks, key=lambda node_id: (ranks[node_id], node_id))
-    infos = [nodes.get(node_id) for node_id in sorted(ranks)]
-    known = [info for info in infos if info is not None]
-    if len(known) == len(infos) and len({info.hostname for info in known}) == 1:
-        return _LOOPBACK
-    leader_info = nodes.get(leader)
-    if leader_info is None:
-        return _LOOPBACK
-    own = [a for a in _interfaces(leader_info.addresses) if not a.ip.is_loopback]
-    others = [
-        _interfaces(info.addresses)
-        for node_id, info in nodes.items()
-        if node_id in ranks and node_id != leader
-    ]
-    for candidate in own:
-        if all(any(a.ip in candidate.network for a in theirs) for theirs in others):
-            return str(candidate.ip)
-    return str(own[0].ip) if own else _LOOPBACK
-
-
 def placement_previews(
     model_card: ModelCard,
     nodes: Mapping[NodeId, NodeInfo],
     topology: Topology,
     instances: Mapping[InstanceId, Instance],
+    holders: frozenset[NodeId] = frozenset(),
 ) -> list[PlacementPreview]:
-    """Every sharding on every node count from 1 to the cluster size: valid or why not."""
+    """Every sharding on every node count from 1 to the cluster size: valid or why not,
+    and which nodes would download how much."""
     cluster = _Cluster.of(nodes, topology, instances)
     previews: list[PlacementPreview] = []
     for sharding in SHARDINGS:
         for k in range(1, len(nodes) + 1):
-            previews.append(_preview(model_card, sharding, k, cluster))
+            previews.append(_preview(model_card, sharding, k, cluster, holders))
     return previews
 
 
-def _preview(card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster") -> PlacementPreview:
+def _holders_layout(
+    card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster", holders: frozenset[NodeId]
+) -> "_Layout | _Refusal":
+    if len(holders & set(cluster.free)) >= k:
+        layout = _layout(card, sharding, k, cluster.only(holders))
+        if not isinstance(layout, _Refusal):
+            return layout
+    return _layout(card, sharding, k, cluster)
+
+
+def _preview(
+    card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster", holders: frozenset[NodeId]
+) -> PlacementPreview:
     refusal = _refuse_shape(card, sharding, k, len(cluster.free))
     if refusal is not None:
         return PlacementPreview(sharding=sharding, node_count=k, valid=False, reason=refusal)
-    layout = _layout(card, sharding, k, cluster)
+    layout = _holders_layout(card, sharding, k, cluster, holders)
     if isinstance(layout, _Refusal):
         return PlacementPreview(sharding=sharding, node_count=k, valid=False, reason=layout.text)
     instance = _instance(card, sharding, layout, InstanceId(f"preview-{sharding}-{k}"))
@@ -213,22 +179,12 @@ def _preview(card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster") -
         valid=True,
         instance=instance,
         memory_per_node={node_id: shard_memory(shard) for node_id, shard in layout},
+        download_bytes={
+            node_id: shard_memory(shard) - SHARD_OVERHEAD_BYTES
+            for node_id, shard in layout
+            if node_id not in holders
+        },
     )
-
-
-_LOOPBACK = "127.0.0.1"
-
-
-def _interfaces(
-    addresses: Sequence[str],
-) -> list[ipaddress.IPv4Interface | ipaddress.IPv6Interface]:
-    found: list[ipaddress.IPv4Interface | ipaddress.IPv6Interface] = []
-    for text in addresses:
-        try:
-            found.append(ipaddress.ip_interface(text))
-        except ValueError:
-            continue
-    return found
 
 
 # ---------------------------------------------------------------- the cluster as seen here
@@ -263,12 +219,19 @@ class _Cluster:
             neighbours={node_id: frozenset(linked) for node_id, linked in neighbours.items()},
         )
 
+    def only(self, keep: frozenset[NodeId]) -> "_Cluster":
+        """The same cluster seen through a subset of its nodes."""
+        return _Cluster(
+            free={n: f for n, f in self.free.items() if n in keep},
+            neighbours={n: linked & keep for n, linked in self.neighbours.items() if n in keep},
+        )
+
     @property
     def exhausted(self) -> bool:
         return self.steps_left <= 0
 
     def describe(self, group: Sequence[NodeId]) -> str:
-        return ", ".join(f"node {n}: {_fmt(self.free[n])}" for n in sorted(group))
+        return ", ".join(f"node {n}: {fmt(self.free[n])}" for n in sorted(group))
 
 
 # A successful layout: (node, shard) in rank order.
@@ -299,12 +262,12 @@ def _refuse_shape(card: ModelCard, sharding: Sharding, k: int, node_count: int) 
     if node_count == 0:
         return "no nodes are available"
     if k > node_count:
-        return f"{k} nodes are needed but the cluster has {_count(node_count, 'node')}"
+        return f"{k} nodes are needed but the cluster has {plural(node_count, 'node')}"
     if card.n_layers < 1:
         return f"{card.model_id} has no layers"
     if sharding == "pipeline" and k > card.n_layers:
         return (
-            f"{card.model_id} has only {_count(card.n_layers, 'layer')}: "
+            f"{card.model_id} has only {plural(card.n_layers, 'layer')}: "
             f"cannot give each of {k} nodes a layer"
         )
     return None
@@ -319,7 +282,7 @@ def _summarise(sharding: Sharding, first: int, last: int, refusals: list[_Refusa
     memory = [r for r in refusals if r.kind == "memory"]
     if memory and memory[-1] is not refusals[-1]:
         parts.append(memory[-1])
-    said = "; ".join(f"on {_count(r.node_count, 'node')}: {r.text}" for r in parts)
+    said = "; ".join(f"on {plural(r.node_count, 'node')}: {r.text}" for r in parts)
     return f"no {sharding} placement on {first} to {last} nodes; {said}"
 
 
@@ -334,7 +297,7 @@ def _pipeline_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _R
     if group is None:
         return _pipeline_shortfall(card, k, cluster, caps)
     ranked = sorted(group)
-    layers = _split_layers(n, [cluster.free[x] for x in ranked], [caps[x] for x in ranked])
+    layers = split_layers(n, [cluster.free[x] for x in ranked], [caps[x] for x in ranked])
     layout: _Layout = []
     start = 0
     for rank, (node_id, count) in enumerate(zip(ranked, layers, strict=True)):
@@ -363,29 +326,6 @@ def _layer_capacity(card: ModelCard, free: int) -> int:
     return min(room * card.n_layers // storage, card.n_layers)
 
 
-def _split_layers(n: int, weights: Sequence[int], caps: Sequence[int]) -> list[int]:
-    """``n`` layers in proportion to ``weights`` (largest remainder), each in 1..cap.
-
-    Requires ``len(weights) <= n <= sum(caps)`` and every cap >= 1."""
-    total = sum(weights)
-    if total <= 0:
-        weights, total = [1] * len(weights), len(weights)
-    layers = [min(max(n * w // total, 1), c) for w, c in zip(weights, caps, strict=True)]
-    ids = range(len(layers))
-
-    def above_quota(i: int) -> int:
-        # layers[i] - n * w / total, scaled by total to stay in integers.
-        return layers[i] * total - n * weights[i]
-
-    while sum(layers) > n:
-        i = max((i for i in ids if layers[i] > 1), key=lambda i: (above_quota(i), -i))
-        layers[i] -= 1
-    while sum(layers) < n:
-        i = max((i for i in ids if layers[i] < caps[i]), key=lambda i: (-above_quota(i), -i))
-        layers[i] += 1
-    return layers
-
-
 def _pipeline_shortfall(
     card: ModelCard, k: int, cluster: _Cluster, caps: Mapping[NodeId, int]
 ) -> _Refusal:
@@ -395,14 +335,14 @@ def _pipeline_shortfall(
     storage = card.storage_size.in_bytes
     need = storage + k * SHARD_OVERHEAD_BYTES
     have = sum(cluster.free[x] for x in group)
-    where = f"{_largest(k)} ({cluster.describe(group)})"
+    where = f"{largest(k)} ({cluster.describe(group)})"
     if have < need:
         return _Refusal(
             "memory",
             k,
-            f"not enough memory: {card.model_id} needs {_fmt(need)} on "
-            f"{_count(k, 'node')} ({_fmt(storage)} of weights + {_fmt(SHARD_OVERHEAD_BYTES)} "
-            f"per node), {_largest(k)} has {_fmt(have)} free ({cluster.describe(group)})",
+            f"not enough memory: {card.model_id} needs {fmt(need)} on "
+            f"{plural(k, 'node')} ({fmt(storage)} of weights + {fmt(SHARD_OVERHEAD_BYTES)} "
+            f"per node), {largest(k)} has {fmt(have)} free ({cluster.describe(group)})",
         )
     small = [x for x in sorted(group) if caps[x] < 1]
     if small:
@@ -410,9 +350,9 @@ def _pipeline_shortfall(
         return _Refusal(
             "memory",
             k,
-            f"not enough memory: one layer of {card.model_id} needs {_fmt(one_layer)} "
+            f"not enough memory: one layer of {card.model_id} needs {fmt(one_layer)} "
             f"(overhead included), and in {where} "
-            f"{_count(len(small), 'node')} cannot hold one: {', '.join(small)}",
+            f"{plural(len(small), 'node')} cannot hold one: {', '.join(small)}",
         )
     return _Refusal(
         "memory",
@@ -427,8 +367,8 @@ def _pipeline_shortfall(
 
 def _tensor_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Refusal:
     indivisible = [
-        f"{_count(count, noun)} {'is' if count == 1 else 'are'} not divisible by "
-        f"{_count(k, 'node')}"
+        f"{plural(count, noun)} {'is' if count == 1 else 'are'} not divisible by "
+        f"{plural(k, 'node')}"
         for count, noun in ((card.num_heads, "head"), (card.num_kv_heads, "kv head"))
         if count % k
     ]
@@ -454,10 +394,10 @@ def _tensor_shortfall(card: ModelCard, k: int, cluster: _Cluster, need: int) -> 
     return _Refusal(
         "memory",
         k,
-        f"not enough memory: {card.model_id} needs {_fmt(need)} on each of "
-        f"{_count(k, 'node')} (1/{k} of {_fmt(card.storage_size.in_bytes)} + "
-        f"{_fmt(SHARD_OVERHEAD_BYTES)} overhead), and in {_largest(k)} "
-        f"({cluster.describe(group)}) {_count(len(short), 'node')} "
+        f"not enough memory: {card.model_id} needs {fmt(need)} on each of "
+        f"{plural(k, 'node')} (1/{k} of {fmt(card.storage_size.in_bytes)} + "
+        f"{fmt(SHARD_OVERHEAD_BYTES)} overhead), and in {largest(k)} "
+        f"({cluster.describe(group)}) {plural(len(short), 'node')} "
         f"{'has' if len(short) == 1 else 'have'} less: {', '.join(short)}",
     )
 
@@ -538,30 +478,25 @@ def _instance(
 def _no_group_text(k: int, cluster: _Cluster) -> str:
     if cluster.exhausted:
         return (
-            f"gave up searching {_count(len(cluster.free), 'node')} for {k} that are all "
+            f"gave up searching {plural(len(cluster.free), 'node')} for {k} that are all "
             "connected to each other and fit: too many partly linked nodes"
         )
     return f"no {k} nodes are all connected to each other"
 
 
-def _largest(k: int) -> str:
-    return (
-        "the node with the most free memory" if k == 1 else f"the largest connected {k}-node group"
-    )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _fmt(n_bytes: int) -> str:
-    mb = Memory.from_bytes(n_bytes).in_mb
-    if mb >= 10 * 1024:
-        return f"{mb / 1024:.1f} GB"
-    if mb >= 10 or mb == int(mb):
-        return f"{mb:.0f} MB"
-    return f"{mb:.1f} MB"
-
-
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+__all__ = [
+    "SHARD_OVERHEAD_BYTES",
+    "PlacementError",
+    "PlacementPreview",
+    "group_host",
+    "model_holders",
+    "node_free_memory",
+    "place_again",
+    "place_instance",
+    "placement_previews",
+    "shard_memory",
+]

@@ -6,6 +6,7 @@ from typing import TypeVar, assert_never
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -22,6 +23,7 @@ from exo.shared.types.events import (
 )
 from exo.shared.types.state import State
 from exo.shared.types.tasks import FINISHED_TASK_STATUSES, Task, TaskId, TaskStatus
+from exo.shared.types.worker.downloads import DownloadFailed
 from exo.shared.types.worker.instances import Instance, InstanceId
 from exo.shared.types.worker.runners import RunnerId, RunnerShutdown, RunnerStatus
 
@@ -65,6 +67,8 @@ def event_apply(event: Event, state: State) -> State:
             return apply_node_timed_out(event, state)
         case NodeDownloadProgress():
             return apply_node_download_progress(event, state)
+        case DownloadActionRequested():
+            return apply_download_action(event, state)
         case TopologyEdgeCreated():
             return apply_topology_edge_created(event, state)
         case TopologyEdgeDeleted():
@@ -101,9 +105,20 @@ def _set_task_status(state: State, task_id: TaskId, status: TaskStatus) -> State
 
 
 def apply_instance_created(event: InstanceCreated, state: State) -> State:
+    """A new instance starts its downloads afresh: failures of earlier attempts on its
+    nodes are forgotten (so that they do not fail the new instance's requests)."""
     instance = event.instance
+    model_id = instance.shard_assignments.model_id
+    downloads = dict(state.downloads)
+    for node_id in instance.shard_assignments.node_to_runner:
+        mine = downloads.get(node_id, {})
+        if isinstance(mine.get(model_id), DownloadFailed):
+            downloads[node_id] = {k: v for k, v in mine.items() if k != model_id}
     return state.model_copy(
-        update={"instances": {**state.instances, instance.instance_id: instance}}
+        update={
+            "instances": {**state.instances, instance.instance_id: instance},
+            "downloads": downloads,
+        }
     )
 
 
@@ -169,6 +184,19 @@ def apply_node_timed_out(event: NodeTimedOut, state: State) -> State:
 
 def _has_node(instance: Instance, node_id: NodeId) -> bool:
     return node_id in instance.shard_assignments.node_to_runner
+
+
+def apply_download_action(event: DownloadActionRequested, state: State) -> State:
+    """A deleted download is gone from the state; starts and cancels are reported by
+    the node as it acts."""
+    if event.action != "delete":
+        return state
+    model_id = event.model_card.model_id
+    mine = state.downloads.get(event.node_id, {})
+    if model_id not in mine:
+        return state
+    rest = {k: v for k, v in mine.items() if k != model_id}
+    return state.model_copy(update={"downloads": {**state.downloads, event.node_id: rest}})
 
 
 def apply_node_download_progress(event: NodeDownloadProgress, state: State) -> State:

@@ -11,13 +11,12 @@ from exo.shared.constants import (
     EXO_INSTANCE_BACKOFF_BASE_S,
     EXO_INSTANCE_BACKOFF_MAX_S,
 )
-from exo.shared.models.model_cards import ModelId
-from exo.shared.types.commands import Command, DeleteInstance
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.commands import Command, DeleteInstance, DownloadActionKind
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
     Event,
-    NodeDownloadProgress,
     RunnerStatusUpdated,
     TaskAcknowledged,
     TaskStatusUpdated,
@@ -35,7 +34,6 @@ from exo.shared.types.tasks import (
     Task,
     TextGeneration,
 )
-from exo.shared.types.worker.downloads import DownloadCompleted
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import (
     RunnerFailed,
@@ -47,7 +45,7 @@ from exo.utils.backoff import KeyedBackoff
 from exo.utils.channels import Receiver, Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
-from exo.worker.download.local import locate_model
+from exo.worker.download.coordinator import DownloadCoordinator
 from exo.worker.plan import LocalRunner, RunnerView, plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
@@ -104,6 +102,11 @@ class Worker:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
+                self.downloads = DownloadCoordinator(
+                    self.node_id, self.runner_settings, self.local_events.send,
+                    self.commands.send, self.download_backoff, lambda: self.state,
+                    self._wakeup.set, tg,
+                )
                 tg.start_soon(self._forward_runner_events)
                 await self._plan_loop()
         finally:
@@ -152,6 +155,10 @@ class Worker:
             self.instance_backoff.next_at(iid) - now
             for iid in self.state.instances
             if self.instance_backoff.next_at(iid) > now
+        ] + [
+            self.download_backoff.next_at(inst.shard_assignments.model_id) - now
+            for inst in self.state.instances.values()
+            if self.download_backoff.next_at(inst.shard_assignments.model_id) > now
         ]
         return max(min(waits), 0.01) if waits else None
 
@@ -210,18 +217,16 @@ class Worker:
         self._tg.start_soon(runner.run)
 
     async def _download(self, task: DownloadModel) -> None:
-        card = task.shard_metadata.model_card
-        self.download_backoff.record_attempt(card.model_id, time.monotonic())
-        progress = await anyio.to_thread.run_sync(
-            locate_model, card, self.runner_settings.models_dir
-        )
-        if isinstance(progress, DownloadCompleted):
-            self.download_backoff.reset(card.model_id)
-        await self.local_events.send(
-            NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
-        )
+        model_id = task.shard_metadata.model_card.model_id
+        if model_id not in self.downloads.running:
+            await self.downloads.download(task)
+            if model_id in self.downloads.running:
+                return  # started in the background; its progress comes through the state
         # Wait for the event to come back through the log before planning on it.
         await self._wakeup.wait(1.0)
+
+    def download_action(self, action: DownloadActionKind, card: ModelCard) -> None:
+        self.downloads.action(action, card)
 
     def _stop_runner(self, runner_id: RunnerId) -> None:
         runner = self.runners.get(runner_id)

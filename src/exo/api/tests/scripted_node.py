@@ -27,6 +27,7 @@ from exo.shared.types.commands import (
     Command,
     CreateInstance,
     DeleteInstance,
+    DownloadAction,
     GenerateText,
     PlaceInstance,
 )
@@ -151,7 +152,7 @@ class ScriptedNode:
                     target.cancelled.set()
             case DeleteInstance():
                 self._delete(command.instance_id)
-            case CreateInstance():
+            case CreateInstance() | DownloadAction():
                 pass
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:

@@ -28,6 +28,29 @@ class ModelId(str):
 ModelTask = Literal["text_generation"]
 
 
+class HubFile(FrozenModel):
+    """One file of a hub repo, as the hub reports it."""
+
+    path: str
+    size: int
+    sha256: str | None = None
+    """The LFS sha256 (weights); None for small files kept in git."""
+
+
+class HubSource(FrozenModel):
+    """Where a model comes from on the Hugging Face hub, pinned to one commit so that
+    every node of an instance downloads the same revision."""
+
+    repo_id: str
+    revision: str
+    files: list[HubFile]
+    """The files a node may need: weights (for GGUF, the chosen quant only), config,
+    tokenizer and chat template."""
+    gguf_quant: str | None = None
+    size_estimated: bool = False
+    """True when the byte sizes are estimates (built offline), not the hub's."""
+
+
 class ModelCard(FrozenModel):
     model_id: ModelId
     n_layers: int
@@ -42,6 +65,8 @@ class ModelCard(FrozenModel):
     # Empty for models a node would have to download.
     source: str = ""
     aliases: list[str] = []
+    # Set for models fetched from the Hugging Face hub.
+    hub: HubSource | None = None
 
     def layer_bytes(self) -> int:
         """Approximate bytes one transformer layer takes (weights only)."""

@@ -6,7 +6,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from exo.shared.models.model_cards import ModelId
+from exo.shared.models.model_cards import HubFile, HubSource, ModelId
 from exo.shared.tests.builders import (
     COMMAND_1,
     COMMAND_2,
@@ -38,12 +38,14 @@ from exo.shared.types.commands import (
     Command,
     CreateInstance,
     DeleteInstance,
+    DownloadAction,
     GenerateText,
     PlaceInstance,
 )
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -138,8 +140,13 @@ DOWNLOADS: list[DownloadProgress] = [
     DownloadPending(),
     DownloadOngoing(downloaded_bytes=1024, total_bytes=4096),
     DownloadCompleted(path="/models/m"),
-    DownloadFailed(error_message="disk full"),
+    DownloadFailed(error_message="disk full", status=507),
+    DownloadOngoing(downloaded_bytes=1, total_bytes=2, bytes_per_s=3.5, eta_s=0.5),
 ]
+
+HUB_CARD = model_card(MODEL_2).model_copy(update={"hub": HubSource(
+    repo_id="org/repo-GGUF", revision="a" * 40, gguf_quant="Q4_K_M",
+    files=[HubFile(path="m-Q4_K_M.gguf", size=10, sha256="b" * 64)])})
 
 FULL_PARAMS = TextGenerationTaskParams(
     model=MODEL_1,
@@ -219,6 +226,7 @@ EVENTS: list[Event] = [
     NodeGatheredInfo(node_id=NODE_A, info=FULL_NODE_INFO),
     NodeTimedOut(node_id=NODE_B),
     NodeDownloadProgress(node_id=NODE_A, model_id=MODEL_1, progress=DOWNLOADS[1]),
+    DownloadActionRequested(node_id=NODE_A, action="delete", model_card=HUB_CARD),
     TopologyEdgeCreated(connection=_A_TO_B),
     TopologyEdgeDeleted(connection=_A_TO_B),
     ChunkGenerated(command_id=COMMAND_1, chunk=CHUNKS[0]),
@@ -230,6 +238,8 @@ COMMANDS: list[Command] = [
     DeleteInstance(instance_id=INSTANCE_1, reason="user asked"),
     GenerateText(task_params=FULL_PARAMS, origin_node_id=NODE_A),
     CancelCommand(cancelled_command_id=COMMAND_1),
+    PlaceInstance(model_id=HUB_CARD.model_id, model_card=HUB_CARD),
+    DownloadAction(action="start", node_id=NODE_B, model_card=HUB_CARD),
 ]
 
 

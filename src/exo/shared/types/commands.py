@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from exo.shared.models.model_cards import ModelId
+from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import CommandId, FrozenModel, NodeId
 from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.instances import Instance, InstanceId, Sharding
@@ -16,6 +16,9 @@ class PlaceInstance(FrozenModel):
     model_id: ModelId
     sharding: Sharding = "pipeline"
     min_nodes: int = Field(default=1, ge=1)
+    model_card: ModelCard | None = None
+    """A card the master may not know (built from the hub by the node that took the
+    request); placed as given."""
 
 
 class CreateInstance(FrozenModel):
@@ -44,7 +47,25 @@ class CancelCommand(FrozenModel):
     cancelled_command_id: CommandId
 
 
+DownloadActionKind = Literal["start", "cancel", "delete"]
+
+
+class DownloadAction(FrozenModel):
+    """Start, cancel or delete (free the disk of) a model's download on one node."""
+
+    kind: Literal["DownloadAction"] = "DownloadAction"
+    command_id: CommandId = Field(default_factory=CommandId)
+    action: DownloadActionKind
+    node_id: NodeId
+    model_card: ModelCard
+
+
 Command = Annotated[
-    PlaceInstance | CreateInstance | DeleteInstance | GenerateText | CancelCommand,
+    PlaceInstance
+    | CreateInstance
+    | DeleteInstance
+    | GenerateText
+    | CancelCommand
+    | DownloadAction,
     Field(discriminator="kind"),
 ]

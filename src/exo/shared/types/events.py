@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from exo.shared.models.model_cards import ModelId
+from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import CommandId, FrozenModel, NodeId
 from exo.shared.types.profiling import NodeInfo
@@ -86,6 +86,16 @@ class ChunkGenerated(FrozenModel):
     chunk: Chunk
 
 
+class DownloadActionRequested(FrozenModel):
+    """A node is asked to start, cancel or delete a model's download (the node acts; a
+    deletion also forgets the node's download entry)."""
+
+    kind: Literal["DownloadActionRequested"] = "DownloadActionRequested"
+    node_id: NodeId
+    action: Literal["start", "cancel", "delete"]
+    model_card: ModelCard
+
+
 Event = Annotated[
     TaskCreated
     | TaskAcknowledged
@@ -96,6 +106,7 @@ Event = Annotated[
     | NodeGatheredInfo
     | NodeTimedOut
     | NodeDownloadProgress
+    | DownloadActionRequested
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
     | ChunkGenerated,

@@ -1,6 +1,7 @@
-"""Finding a model's files on this node. Models with a local source need no download;
-nothing here requires the Hugging Face hub."""
+"""Finding a model's files on this node: a local source, the models folder, or the
+Hugging Face cache (for hub models). Nothing here requires the hub."""
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from exo.shared.models.model_cards import ModelCard
@@ -9,18 +10,44 @@ from exo.shared.types.worker.downloads import (
     DownloadFailed,
     DownloadProgress,
 )
+from exo.worker.download.hub import locate_hub_model
 
 
-def locate_model(card: ModelCard, models_dir: Path) -> DownloadProgress:
+def locate_model(
+    card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
+    extra_dirs: Sequence[Path] = (),
+) -> Path | None:
+    """What the engine loads (a GGUF file or a safetensors folder), if this node has it:
+    hub models in the Hugging Face cache or in a models folder laid out like one."""
+    if card.hub is not None:
+        for cache in [*([hub_cache] if hub_cache is not None else []), *extra_dirs]:
+            found = locate_hub_model(card, cache)
+            if found is not None:
+                return found
+    for path in _candidates(card, models_dir):
+        if path.is_file() or (path.is_dir() and any(path.glob("*.safetensors"))):
+            return path
+    return None
+
+
+def _candidates(card: ModelCard, models_dir: Path) -> list[Path]:
     candidates: list[Path] = []
     if card.source:
         candidates.append(Path(card.source))
     candidates.append(models_dir / card.model_id.replace("/", "--"))
-    for path in candidates:
-        if path.is_file() or (path.is_dir() and any(path.glob("*.safetensors"))):
-            return DownloadCompleted(path=str(path))
-    where = ", ".join(str(p) for p in candidates)
+    return candidates
+
+
+def locate_progress(
+    card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
+    extra_dirs: Sequence[Path] = (),
+) -> DownloadProgress:
+    found = locate_model(card, models_dir, hub_cache, extra_dirs)
+    if found is not None:
+        return DownloadCompleted(path=str(found))
+    where = ", ".join(str(p) for p in _candidates(card, models_dir))
     return DownloadFailed(
         error_message=f"model files for {card.model_id} not found (looked in {where}); "
-        "this node has no download source for it"
+        "this node has no download source for it",
+        status=404,
     )

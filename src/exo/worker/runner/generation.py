@@ -18,7 +18,7 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata
-from exo.worker.download.local import locate_model
+from exo.worker.download.local import locate_progress
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import SamplingParams
@@ -185,7 +185,9 @@ def load_generation(
 ) -> Generation | Follower:
     """Rank 0 (or a single runner) serves requests; other ranks follow rank 0."""
     shard = bound_instance.bound_shard
-    located = locate_model(shard.model_card, settings.models_dir)
+    located = locate_progress(
+        shard.model_card, settings.models_dir, settings.hub_cache_dir, settings.extra_model_dirs
+    )
     if not isinstance(located, DownloadCompleted):
         detail = located.error_message if isinstance(located, DownloadFailed) else "not ready"
         raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")

@@ -8,6 +8,10 @@ from pathlib import Path
 class RunnerSettings:
     cache_dir: Path
     models_dir: Path
+    hub_cache_dir: Path | None = None
+    """The Hugging Face cache (standard layout) where hub models are downloaded."""
+    extra_model_dirs: tuple[Path, ...] = ()
+    """Read-only folders searched too (``--models-dir``; Hugging Face caches among them)."""
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"

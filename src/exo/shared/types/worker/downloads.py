@@ -15,6 +15,8 @@ class DownloadOngoing(FrozenModel):
     kind: Literal["DownloadOngoing"] = "DownloadOngoing"
     downloaded_bytes: int
     total_bytes: int
+    bytes_per_s: float = 0.0
+    eta_s: float | None = None
 
 
 class DownloadCompleted(FrozenModel):
@@ -25,6 +27,13 @@ class DownloadCompleted(FrozenModel):
 class DownloadFailed(FrozenModel):
     kind: Literal["DownloadFailed"] = "DownloadFailed"
     error_message: str
+    status: int | None = None
+    """For a failure that retrying cannot fix, the HTTP status that says why (404 not
+    on the hub, 403 gated or forbidden, 507 no disk space); None for a transient one."""
+
+    @property
+    def terminal(self) -> bool:
+        return self.status is not None
 
 
 DownloadProgress = Annotated[

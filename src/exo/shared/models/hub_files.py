@@ -1,0 +1,95 @@
+"""Which files of a hub repo a node needs. Pure: names and sizes in, names out."""
+
+import re
+from collections.abc import Mapping, Sequence
+
+from exo.shared.models.model_cards import HubFile
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+# Small files the engine reads besides the weights: config, tokenizer, chat template.
+_SUPPORT_SUFFIXES = (".json", ".jinja", ".model", ".txt", ".tiktoken")
+_WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx")
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$")
+
+
+def is_support_file(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return (
+        "/" not in path
+        and name.endswith(_SUPPORT_SUFFIXES)
+        and not name.endswith(_WEIGHT_SUFFIXES)
+        and not name.startswith(".")
+    )
+
+
+def support_files(files: Sequence[HubFile]) -> list[HubFile]:
+    return [f for f in files if is_support_file(f.path)]
+
+
+def safetensors_files_for_layers(
+    weight_map: Mapping[str, str], start_layer: int, end_layer: int, n_layers: int
+) -> set[str]:
+    """The weight files holding layers [start_layer, end_layer): the embeddings go with
+    the first shard, the final norm and output head with the last (and the embeddings too
+    when the head is tied to them)."""
+    first, last = start_layer == 0, end_layer >= n_layers
+    tied = not any(t.startswith("lm_head.") for t in weight_map)
+    needed: set[str] = set()
+    for tensor, file in weight_map.items():
+        match = _LAYER.search(tensor)
+        if match is not None:
+            if start_layer <= int(match.group(1)) < end_layer:
+                needed.add(file)
+        elif "embed" in tensor:
+            if first or (last and tied):
+                needed.add(file)
+        elif last:
+            needed.add(file)
+    return needed
+
+
+def gguf_files(files: Sequence[HubFile]) -> list[HubFile]:
+    return [f for f in files if f.path.endswith(".gguf")]
+
+
+def quant_of(path: str) -> str | None:
+    """The quant named in a GGUF file name (``Model-Q4_K_M.gguf`` -> ``Q4_K_M``)."""
+    name = path.rsplit("/", 1)[-1]
+    split = _SPLIT.match(name)
+    stem = split.group("stem") if split else name.removesuffix(".gguf")
+    match = re.search(r"(?i)[-._]((?:IQ|Q)\d[A-Z0-9_]*|F16|BF16|F32)$", stem)
+    return match.group(1).upper() if match else None
+
+
+def choose_gguf(files: Sequence[HubFile], quant: str | None) -> list[HubFile] | str:
+    """The file(s) of one quant (every part of a split GGUF), or why there are none.
+
+    Without a quant: the only quant of the repo, or Q4_K_M, or the first of Q8_0 / F16."""
+    by_quant: dict[str, list[HubFile]] = {}
+    for f in gguf_files(files):
+        if "mmproj" in f.path.lower():
+            continue
+        q = quant_of(f.path)
+        if q is not None:
+            by_quant.setdefault(q, []).append(f)
+    if not by_quant:
+        return "the repo has no GGUF files"
+    if quant is None:
+        preferred = [q for q in ("Q4_K_M", "Q8_0", "F16") if q in by_quant]
+        if len(by_quant) > 1 and not preferred:
+            return f"name a quant (repo:QUANT); the repo has {', '.join(sorted(by_quant))}"
+        quant = preferred[0] if preferred else next(iter(by_quant))
+    chosen = by_quant.get(quant.upper())
+    if chosen is None:
+        return f"no {quant} file in the repo; it has {', '.join(sorted(by_quant))}"
+    return sorted(chosen, key=lambda f: f.path)
+
+
+def split_parts_complete(files: Sequence[HubFile]) -> bool:
+    """A split GGUF lists every one of its parts."""
+    totals = {int(m.group("total")) for f in files if (m := _SPLIT.match(f.path.rsplit("/", 1)[-1]))}
+    if not totals:
+        return True
+    return len(totals) == 1 and len(files) == totals.pop()

@@ -1,0 +1,149 @@
+"""Model cards built from the hub on demand, without downloading weights.
+
+``org/repo`` (safetensors): the file list with sizes and sha256 from the hub's model
+info, the shape from ``config.json``. ``org/repo:QUANT`` (or a repo holding GGUF files):
+the chosen quant's files, the shape from the GGUF header, read with a Range request on
+the head of the file. The card pins the commit it was built from.
+"""
+
+import json
+import re
+from typing import Any
+
+from huggingface_hub import HfApi, hf_hub_url
+from huggingface_hub.utils import build_hf_headers, get_session
+
+from exo.shared.models.hub_files import (
+    choose_gguf,
+    gguf_files,
+    quant_of,
+    split_parts_complete,
+)
+from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
+from exo.shared.types.memory import Memory
+from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
+from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
+
+_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+_HEAD_START = 1 << 20
+_HEAD_MAX = 64 << 20
+
+
+def parse_model_name(name: str) -> tuple[str, str | None] | None:
+    """``org/repo`` or ``org/repo:QUANT`` -> (repo, quant); None when it is neither."""
+    repo, _, quant = name.strip().partition(":")
+    if not _REPO.match(repo) or (quant and not re.match(r"^[\w.-]+$", quant)):
+        return None
+    return repo, quant or None
+
+
+def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
+    """Build a card from the hub's metadata. Raises DownloadError (404/403 or transient)."""
+    parsed = parse_model_name(name)
+    if parsed is None:
+        raise DownloadError(f"{name!r} is not a hub model name (org/repo or org/repo:QUANT)", 400)
+    repo_id, quant = parsed
+    if settings.offline:
+        raise DownloadError(f"cannot build a card for {repo_id}: HF_HUB_OFFLINE=1", 404)
+    try:
+        api = HfApi(endpoint=settings.endpoint, token=settings.token or False)
+        info = api.model_info(repo_id, files_metadata=True)
+        if info.sha is None or info.siblings is None:
+            raise DownloadError(f"the hub gave no file list for {repo_id}")
+        files = [
+            HubFile(path=s.rfilename, size=int(s.size or 0),
+                    sha256=s.lfs.sha256 if s.lfs is not None else None)
+            for s in info.siblings
+        ]
+        hub = HubSource(repo_id=repo_id, revision=info.sha, files=files)
+        if quant is not None or (gguf_files(files) and not _has_safetensors(files)):
+            return _gguf_card(name, hub, quant, settings)
+        return _safetensors_card(name, hub, settings)
+    except DownloadError:
+        raise
+    except Exception as e:
+        raise explain(e, repo_id, settings) from e
+
+
+def _has_safetensors(files: list[HubFile]) -> bool:
+    return any(f.path.endswith(".safetensors") for f in files)
+
+
+def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> ModelCard:
+    weights = [f for f in hub.files if f.path.endswith(".safetensors") and "/" not in f.path]
+    if not weights or not any(f.path == "config.json" for f in hub.files):
+        raise DownloadError(f"{hub.repo_id} has no safetensors weights with a config.json", 404)
+    raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
+    raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
+    heads = int(raw["num_attention_heads"])
+    return ModelCard(
+        model_id=ModelId(name),
+        n_layers=int(raw["num_hidden_layers"]),
+        hidden_size=int(raw["hidden_size"]),
+        num_heads=heads,
+        num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        storage_size=Memory(in_bytes=sum(f.size for f in weights)),
+        context_length=int(raw.get("max_position_embeddings", 4096)),
+        architecture=str(raw.get("model_type", "unknown")),
+        aliases=[name.lower()],
+        hub=hub,
+    )
+
+
+def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettings) -> ModelCard:
+    chosen = choose_gguf(hub.files, quant)
+    if isinstance(chosen, str):
+        raise DownloadError(f"{hub.repo_id}: {chosen}", 404)
+    if not split_parts_complete(chosen):
+        raise DownloadError(f"{hub.repo_id}: the split GGUF is missing parts", 404)
+    meta = _gguf_metadata(hub, chosen[0].path, settings)
+    arch = str(meta.get("general.architecture", "llama"))
+
+    def key(suffix: str, default: int | None = None) -> int:
+        value = meta.get(f"{arch}.{suffix}", default)
+        if value is None:
+            raise DownloadError(f"{hub.repo_id}: the GGUF header has no {arch}.{suffix}", 404)
+        return int(value)
+
+    heads = key("attention.head_count")
+    pinned = hub.model_copy(update={"files": chosen, "gguf_quant": quant or _quant_name(chosen)})
+    return ModelCard(
+        model_id=ModelId(name),
+        n_layers=key("block_count"),
+        hidden_size=key("embedding_length"),
+        num_heads=heads,
+        num_kv_heads=key("attention.head_count_kv", heads),
+        storage_size=Memory(in_bytes=sum(f.size for f in chosen)),
+        context_length=key("context_length", 4096),
+        architecture=arch,
+        aliases=[name.lower()],
+        hub=pinned,
+    )
+
+
+def _quant_name(files: list[HubFile]) -> str:
+    return quant_of(files[0].path) or "unknown"
+
+
+def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str, Any]:
+    """Read the header with growing Range requests (1 MB, 2 MB, ... up to 64 MB)."""
+    url = hf_hub_url(hub.repo_id, path, revision=hub.revision, endpoint=settings.endpoint)
+    headers = build_hf_headers(token=settings.token or False)
+    size = _HEAD_START
+    client = get_session()
+    while True:
+        r = client.get(url, headers={**headers, "Range": f"bytes=0-{size - 1}"},
+                       follow_redirects=True, timeout=30)
+        if r.status_code in (401, 403):
+            raise DownloadError(f"{hub.repo_id}: access denied by the hub ({r.status_code})", 403)
+        if r.status_code == 404:
+            raise DownloadError(f"{hub.repo_id}: {path} not found on the hub", 404)
+        r.raise_for_status()
+        try:
+            return read_gguf_metadata(r.content)
+        except TruncatedHead:
+            if size >= _HEAD_MAX or len(r.content) < size:
+                raise DownloadError(f"{hub.repo_id}: {path} has no complete GGUF header") from None
+            size *= 2
+        except ValueError as e:
+            raise DownloadError(f"{hub.repo_id}: {path}: {e}", 404) from e

@@ -1,0 +1,128 @@
+"""The worker's downloads: a DownloadModel task, or a user's start / cancel / delete,
+turned into files on disk and ``NodeDownloadProgress`` events.
+
+Hub models download in the background (one download per model at a time) so the
+worker keeps planning; models with a local source are only located. A failure that
+retrying cannot fix deletes the instance that waited for it, so its requests end now.
+"""
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup
+
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.commands import Command, DeleteInstance, DownloadActionKind
+from exo.shared.types.common import NodeId
+from exo.shared.types.events import Event, NodeDownloadProgress
+from exo.shared.types.state import State
+from exo.shared.types.tasks import DownloadModel
+from exo.shared.types.worker.downloads import (
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadPending,
+    DownloadProgress,
+)
+from exo.shared.types.worker.instances import InstanceId
+from exo.utils.backoff import KeyedBackoff
+from exo.worker.download.hub import HubSettings, delete_hub_model
+from exo.worker.download.local import locate_model, locate_progress
+from exo.worker.download.shard_download import ShardDownload, layer_range
+from exo.worker.runner.settings import RunnerSettings
+
+
+@dataclass(eq=False)
+class DownloadCoordinator:
+    node_id: NodeId
+    settings: RunnerSettings
+    send_event: Callable[[Event], Awaitable[None]]
+    send_command: Callable[[Command], Awaitable[None]]
+    backoff: KeyedBackoff[ModelId]
+    state: Callable[[], State]
+    wakeup: Callable[[], None]
+    task_group: TaskGroup
+    running: dict[ModelId, ShardDownload] = field(default_factory=dict[ModelId, ShardDownload])
+
+    async def download(self, task: DownloadModel) -> None:
+        card = task.shard_metadata.model_card
+        s = self.settings
+        if card.hub is not None and locate_model(card, s.models_dir, None, s.extra_model_dirs) is None:
+            if card.model_id not in self.running:
+                self.backoff.record_attempt(card.model_id, time.monotonic())
+                start, end = layer_range(task.shard_metadata)
+                self._start(card, start, end, task.instance_id)
+            return
+        self.backoff.record_attempt(card.model_id, time.monotonic())
+        progress = await anyio.to_thread.run_sync(
+            locate_progress, card, s.models_dir, s.hub_cache_dir, s.extra_model_dirs
+        )
+        if isinstance(progress, DownloadCompleted):
+            self.backoff.reset(card.model_id)
+        await self._report(card, progress)
+        await self._fail_instance(task.instance_id, progress)
+
+    def action(self, action: DownloadActionKind, card: ModelCard) -> None:
+        """A user asked this node to start, cancel or delete a model's download."""
+        match action:
+            case "start":
+                if card.hub is not None and card.model_id not in self.running:
+                    self._start(card, 0, card.n_layers, None)
+            case "cancel":
+                self.cancel(card.model_id)
+            case "delete":
+                self.cancel(card.model_id)
+                cache = self.settings.hub_cache_dir
+                if cache is not None:
+
+                    async def delete() -> None:
+                        await anyio.to_thread.run_sync(delete_hub_model, card, cache)
+
+                    self.task_group.start_soon(delete)
+
+    def cancel(self, model_id: ModelId) -> bool:
+        download = self.running.get(model_id)
+        if download is None:
+            return False
+        download.cancelled_by_user = True
+        download.cancelled.set()
+        return True
+
+    def _start(self, card: ModelCard, start: int, end: int, instance_id: InstanceId | None) -> None:
+        download = ShardDownload(card, start, end, HubSettings.from_env(self.settings.hub_cache_dir))
+        self.running[card.model_id] = download
+
+        async def run() -> None:
+            try:
+                await self._report(card, DownloadOngoing(downloaded_bytes=0, total_bytes=0))
+                outcome = await download.run(lambda p: self._report(card, p))
+                if isinstance(outcome, DownloadCompleted):
+                    self.backoff.reset(card.model_id)
+                if download.cancelled_by_user:
+                    outcome = DownloadPending()
+                await self._report(card, outcome)
+                if instance_id is not None:
+                    await self._fail_instance(instance_id, outcome)
+            finally:
+                self.running.pop(card.model_id, None)
+                self.wakeup()
+
+        self.task_group.start_soon(run)
+
+    async def _fail_instance(self, instance_id: InstanceId, outcome: DownloadProgress) -> None:
+        """Retrying cannot help: fail the instance (and its waiting requests) now."""
+        if (
+            isinstance(outcome, DownloadFailed)
+            and outcome.terminal
+            and instance_id in self.state().instances
+        ):
+            await self.send_command(
+                DeleteInstance(instance_id=instance_id, reason=outcome.error_message)
+            )
+
+    async def _report(self, card: ModelCard, progress: DownloadProgress) -> None:
+        await self.send_event(
+            NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
+        )

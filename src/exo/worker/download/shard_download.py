@@ -1,0 +1,109 @@
+"""One shard's download from the hub, run by the worker in a thread, its progress reported
+as ``NodeDownloadProgress`` events (at most one every ``interval_s`` per download)."""
+
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from loguru import logger
+
+from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.worker.downloads import (
+    DownloadCompleted,
+    DownloadFailed,
+    DownloadOngoing,
+    DownloadProgress,
+)
+from exo.shared.types.worker.shards import PipelineShardMetadata, ShardMetadata
+from exo.worker.download.hub import (
+    DownloadCancelled,
+    DownloadError,
+    HubSettings,
+    download_files,
+    shard_files,
+)
+
+Report = Callable[[DownloadProgress], Awaitable[None]]
+
+
+def layer_range(shard: ShardMetadata) -> tuple[int, int]:
+    if isinstance(shard, PipelineShardMetadata):
+        return shard.start_layer, shard.end_layer
+    return 0, shard.model_card.n_layers
+
+
+@dataclass
+class ShardDownload:
+    card: ModelCard
+    start_layer: int
+    end_layer: int
+    settings: HubSettings
+    interval_s: float = 0.5
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled_by_user: bool = False
+    done_bytes: int = 0
+    total_bytes: int = 0
+
+    def _count(self, n: int) -> None:
+        self.done_bytes += n
+
+    def _fetch(self) -> Path:
+        files = shard_files(self.card, self.start_layer, self.end_layer, self.settings)
+        self.total_bytes = sum(f.size for f in files)
+        return download_files(self.card, files, self.settings, self._count, self.cancelled)
+
+    async def run(self, report: Report) -> DownloadProgress:
+        """Download, reporting progress; the final state (Completed or Failed) is
+        returned, not reported."""
+        result: list[Path | BaseException] = []
+
+        async def fetch(scope: anyio.CancelScope) -> None:
+            try:
+                result.append(await anyio.to_thread.run_sync(self._fetch, abandon_on_cancel=True))
+            except Exception as e:
+                result.append(e)
+            scope.cancel()
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(fetch, tg.cancel_scope)
+                await self._report_progress(report)
+        finally:
+            self.cancelled.set()  # stops the thread at its next chunk if we were cancelled
+        outcome = result[0] if result else DownloadCancelled()
+        match outcome:
+            case Path():
+                return DownloadCompleted(path=str(outcome))
+            case DownloadError():
+                logger.warning(f"download of {self.card.model_id} failed: {outcome.message}")
+                return DownloadFailed(error_message=outcome.message, status=outcome.status)
+            case DownloadCancelled():
+                return DownloadFailed(error_message=f"download of {self.card.model_id} cancelled")
+            case _:
+                logger.opt(exception=outcome).error(f"download of {self.card.model_id} crashed")
+                return DownloadFailed(error_message=f"{self.card.model_id}: {outcome!r}")
+
+    async def _report_progress(self, report: Report) -> None:
+        last_bytes, last_t = 0, time.monotonic()
+        speed = 0.0
+        while True:
+            await anyio.sleep(self.interval_s)
+            now, done = time.monotonic(), self.done_bytes
+            if self.total_bytes == 0:
+                continue
+            instant = (done - last_bytes) / max(now - last_t, 1e-6)
+            speed = instant if speed == 0 else 0.7 * speed + 0.3 * instant
+            remaining = max(self.total_bytes - done, 0)
+            if done != last_bytes:
+                await report(
+                    DownloadOngoing(
+                        downloaded_bytes=min(done, self.total_bytes),
+                        total_bytes=self.total_bytes,
+                        bytes_per_s=speed,
+                        eta_s=remaining / speed if speed > 0 else None,
+                    )
+                )
+            last_bytes, last_t = done, now
