@@ -12,6 +12,7 @@ from exo.api.errors import install_error_handlers
 from exo.api.generation import GenerationService
 from exo.api.handle import NodeHandle
 from exo.api.middleware import ApiKeyMiddleware, MetricsMiddleware
+from exo.api.request_guard import RequestGuard
 from exo.api.settings import ApiSettings
 from exo.api.streaming import COMMAND_ID_HEADER
 
@@ -41,5 +42,7 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
             allow_headers=["*"],
             expose_headers=[COMMAND_ID_HEADER],
         )
+    # Outside CORS: a foreign Host or Origin is refused before anything else answers.
+    app.add_middleware(RequestGuard, api_host=settings.host, cors_origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware)
     return app

@@ -3,9 +3,9 @@ way to build ``TextGenerationTaskParams`` with errors that name the client's par
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelCard
@@ -19,6 +19,15 @@ class ApiModel(BaseModel):
     """A client's request: lax types (JSON numbers), unknown fields ignored, no NaN."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, value: object) -> object:
+        """Clients send ``null`` for optional fields they do not set: the default."""
+        if isinstance(value, dict):
+            items = _as_dict(cast(dict[Any, Any], value)).items()
+            return {k: v for k, v in items if v is not None}
+        return value
 
 
 def _stop_list(value: object) -> object:
