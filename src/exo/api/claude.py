@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from starlette.responses import Response
 
 from exo.api.errors import claude_error_type
-from exo.api.generation import Generation, GenerationService
+from exo.api.generation import GenerationService
 from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
@@ -55,6 +55,12 @@ class MessagesRequest(ApiModel):
         if tools:
             raise ValueError("tool use is not supported by this server")
         return tools
+
+
+class CountTokensRequest(MessagesRequest):
+    """``/v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
+
+    max_tokens: int = Field(default=1, ge=1)
 
 
 def messages_task_params(request: MessagesRequest, card: ModelCard) -> TextGenerationTaskParams:
@@ -120,7 +126,7 @@ class MessagesStreamEncoder:
         self._id = message_id(command_id)
         self._model = model
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         message = {
             "id": self._id,
             "type": "message",
@@ -129,7 +135,7 @@ class MessagesStreamEncoder:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
         }
         return [
             _event("message_start", message=message),
@@ -137,7 +143,7 @@ class MessagesStreamEncoder:
             _event("ping"),
         ]
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
                 delta = {"type": "text_delta", "text": event.text}
@@ -153,7 +159,8 @@ class MessagesStreamEncoder:
                     _event("message_stop"),
                 ]
             case Failed():
-                return [sse(claude_error(event.message), event="error")]
+                status = 500 if event.code is None else 400
+                return [sse(claude_error(event.message, status), event="error")]
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -169,8 +176,8 @@ def router(service: GenerationService) -> APIRouter:
         params = messages_task_params(body, card)
         if body.stream:
 
-            def encoder(generation: Generation) -> MessagesStreamEncoder:
-                return MessagesStreamEncoder(generation.command_id, card.model_id)
+            def encoder(command_id: CommandId) -> MessagesStreamEncoder:
+                return MessagesStreamEncoder(command_id, card.model_id)
 
             return GenerationStream(service, params, card, encoder, "text/event-stream")
         result = await complete(service, request, params, card)
@@ -178,5 +185,18 @@ def router(service: GenerationService) -> APIRouter:
             return client_gone()
         command_id, text, finished = result
         return JSONResponse(whole_message(command_id, card.model_id, text, finished))
+
+    @api.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+        # The model's own tokenizer and template count, in the runner that serves it.
+        card = service.resolve_model(body.model)
+        params = messages_task_params(body, card).model_copy(
+            update={"count_only": True, "stream": False}
+        )
+        result = await complete(service, request, params, card)
+        if result is None:
+            return client_gone()
+        _, _, finished = result
+        return JSONResponse({"input_tokens": finished.usage.prompt_tokens})
 
     return api

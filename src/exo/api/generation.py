@@ -18,6 +18,7 @@ from exo.api.errors import ApiError
 from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
 from exo.api.handle import NodeHandle
 from exo.api.settings import ApiSettings
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
 from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
@@ -60,6 +61,24 @@ def serving_instance(state: State, model_id: ModelId) -> Instance | None:
     return None
 
 
+def served_card(card: ModelCard) -> ModelCard:
+    """The card as this cluster serves it: its context is what a runner holds."""
+    if card.context_length <= EXO_MAX_CONTEXT_TOKENS:
+        return card
+    return card.model_copy(update={"context_length": EXO_MAX_CONTEXT_TOKENS})
+
+
+def failure_error(failed: Failed) -> ApiError:
+    """The HTTP error for a generation that failed before its answer began."""
+    match failed.code:
+        case "context_length_exceeded":
+            return ApiError(400, failed.message, param="messages", code=failed.code)
+        case "invalid_request":
+            return ApiError(400, failed.message, code=failed.code)
+        case None:
+            return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
+
+
 class Generation:
     """One running generation: its command id and the events of its answer."""
 
@@ -82,6 +101,11 @@ class Generation:
     @property
     def command_done(self) -> bool:
         return self._translator.command_done
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's length in tokens, once the runner said it."""
+        return self._translator.prompt_tokens
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """Text deltas, then one Finished or Failed."""
@@ -121,6 +145,7 @@ class GenerationService:
     ) -> None:
         self.handle = handle
         self._placement_timeout_s = settings.placement_timeout_s
+        self.keep_alive_interval_s = settings.keep_alive_interval_s
         self._max_queued = settings.max_queued_requests
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0
@@ -131,7 +156,7 @@ class GenerationService:
     # ------------------------------------------------------------ models
 
     def model_cards(self) -> list[ModelCard]:
-        return self.handle.model_cards()
+        return [served_card(card) for card in self.handle.model_cards()]
 
     def resolve_model(self, name: str) -> ModelCard:
         cards = self.model_cards()
@@ -150,13 +175,20 @@ class GenerationService:
 
     @asynccontextmanager
     async def generate(
-        self, params: TextGenerationTaskParams, card: ModelCard
+        self,
+        params: TextGenerationTaskParams,
+        card: ModelCard,
+        command_id: CommandId | None = None,
     ) -> AsyncGenerator[Generation, None]:
         """Run a generation; raises ApiError (before yielding) when it cannot start."""
         accepted = self._clock()
         await self.ensure_serving(card)
         async with self._slot():
-            command = GenerateText(task_params=params, origin_node_id=self.handle.node_id)
+            command = GenerateText(
+                command_id=command_id or CommandId(),
+                task_params=params,
+                origin_node_id=self.handle.node_id,
+            )
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
             generation = Generation(
@@ -291,7 +323,7 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
     async for event in generation.events():
         match event:
             case Failed():
-                raise ApiError(502, f"generation failed: {event.message}", code="generation_failed")
+                raise failure_error(event)
             case Finished():
                 return "".join(parts), event
             case _:

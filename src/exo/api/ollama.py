@@ -2,6 +2,7 @@
 default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 import hashlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -11,7 +12,7 @@ from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import Generation, GenerationService, serving_instance
+from exo.api.generation import GenerationService, serving_instance
 from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
@@ -23,6 +24,7 @@ from exo.api.task_params import (
     build_task_params,
 )
 from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
 
 # The Ollama API version we speak (clients check it).
@@ -54,6 +56,7 @@ class OllamaOptions(ApiModel):
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    num_ctx: int | None = Field(default=None, ge=1)
 
     @field_validator("num_predict")
     @classmethod
@@ -153,6 +156,7 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         request.options.sampling(),
         stream=request.stream,
         names={**_OPTION_NAMES, "input": "messages"},
+        num_ctx=request.options.num_ctx,
     )
 
 
@@ -168,6 +172,7 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         stream=request.stream,
         names={**_OPTION_NAMES, "input": "prompt"},
         raw_prompt=request.prompt if request.raw else None,
+        num_ctx=request.options.num_ctx,
     )
 
 
@@ -231,16 +236,17 @@ def load_answer(kind: Kind, model: str, created_at: str) -> dict[str, Any]:
 
 
 class OllamaStreamEncoder:
-    def __init__(self, kind: Kind, model: str, created_at: str) -> None:
+    def __init__(self, kind: Kind, model: str, now: Callable[[], str]) -> None:
         self._kind: Kind = kind
         self._model = model
-        self._created_at = created_at
+        self._now = now
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         return []
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
-        head = {"model": self._model, "created_at": self._created_at}
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
+        # Each object carries the time it was made, as Ollama's do.
+        head = {"model": self._model, "created_at": self._now()}
         match event:
             case TextDelta():
                 return [ndjson({**head, **_content(self._kind, event.text), "done": False})]
@@ -340,12 +346,13 @@ def router(service: GenerationService) -> APIRouter:
         return timestamp(datetime.now(UTC))
 
     def streamed(kind: Kind, params: TextGenerationTaskParams, card: ModelCard) -> Response:
-        created_at = now()
+        def encoder(_: CommandId) -> OllamaStreamEncoder:
+            return OllamaStreamEncoder(kind, card.model_id, now)
 
-        def encoder(_: Generation) -> OllamaStreamEncoder:
-            return OllamaStreamEncoder(kind, card.model_id, created_at)
-
-        return GenerationStream(service, params, card, encoder, "application/x-ndjson")
+        # NDJSON has no comments: no keep-alive lines.
+        return GenerationStream(
+            service, params, card, encoder, "application/x-ndjson", keep_alive=False
+        )
 
     async def whole(
         kind: Kind, request: Request, params: TextGenerationTaskParams, card: ModelCard

@@ -2,6 +2,7 @@
 ``POST /v1/cancel/{command_id}``."""
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -10,7 +11,7 @@ from pydantic import BeforeValidator, Field, field_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import Generation, GenerationService
+from exo.api.generation import GenerationService
 from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
@@ -46,6 +47,9 @@ class ResponseFormat(ApiModel):
     type: Literal["text"]
 
 
+MAX_CHOICES = 16
+
+
 class ChatCompletionRequest(ApiModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -59,7 +63,8 @@ class ChatCompletionRequest(ApiModel):
     stop: StopList = []
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    n: int = Field(default=1, ge=1, le=1)
+    # Choices are generated one after another (each a generation of its own).
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     tools: list[object] | None = None
     response_format: ResponseFormat | None = None
     # Extensions many OpenAI-compatible servers accept.
@@ -128,9 +133,9 @@ def completion_id(command_id: CommandId) -> str:
 
 
 def chat_completion(
-    command_id: CommandId, model: str, created: int, text: str, finished: Finished
+    command_id: CommandId, model: str, created: int, choices: Sequence[tuple[str, Finished]]
 ) -> dict[str, Any]:
-    """A whole ``chat.completion``."""
+    """A whole ``chat.completion`` of one or more choices."""
     return {
         "id": completion_id(command_id),
         "object": "chat.completion",
@@ -138,14 +143,23 @@ def chat_completion(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": finish_reason(finished.reason),
             }
+            for index, (text, finished) in enumerate(choices)
         ],
-        "usage": usage_json(finished.usage),
+        "usage": usage_json(total_usage([finished for _, finished in choices])),
     }
+
+
+def choice_params(params: TextGenerationTaskParams, n: int) -> list[TextGenerationTaskParams]:
+    """n generations of one request; with a seed, choice i uses seed + i (they differ,
+    and the whole answer is reproducible)."""
+    if params.seed is None:
+        return [params] * n
+    return [params.model_copy(update={"seed": params.seed + i}) for i in range(n)]
 
 
 def openai_error(message: str, code: str = "generation_failed") -> dict[str, Any]:
@@ -153,44 +167,70 @@ def openai_error(message: str, code: str = "generation_failed") -> dict[str, Any
 
 
 class ChatStreamEncoder:
-    """``chat.completion.chunk`` events, then ``[DONE]``."""
+    """``chat.completion.chunk`` events of ``n`` choices (one after another), then
+    ``[DONE]``."""
 
-    def __init__(self, command_id: CommandId, model: str, created: int, include_usage: bool):
+    def __init__(
+        self, command_id: CommandId, model: str, created: int, include_usage: bool, n: int = 1
+    ):
         self._id = completion_id(command_id)
         self._model = model
         self._created = created
         self._include_usage = include_usage
+        self._n = n
+        self._finished: list[Finished] = []
+        # Choices whose role delta was sent (begin sends choice 0's).
+        self._open: set[int] = {0}
 
-    def _chunk(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, str], finish: str | None, index: int = 0) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self._id,
             "object": "chat.completion.chunk",
             "created": self._created,
             "model": self._model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            ],
         }
         if self._include_usage:
             chunk["usage"] = None
         return chunk
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         return [sse(self._chunk({"role": "assistant", "content": ""}, None))]
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                return [sse(self._chunk({"content": event.text}, None))]
+                opening: list[bytes] = []
+                if index not in self._open:
+                    self._open.add(index)
+                    opening.append(
+                        sse(self._chunk({"role": "assistant", "content": ""}, None, index))
+                    )
+                return [*opening, sse(self._chunk({"content": event.text}, None, index))]
             case Finished():
-                out = [sse(self._chunk({}, finish_reason(event.reason)))]
+                self._finished.append(event)
+                out = [sse(self._chunk({}, finish_reason(event.reason), index))]
+                if len(self._finished) < self._n:
+                    return out
                 if self._include_usage:
                     usage_chunk = self._chunk({}, None)
                     usage_chunk["choices"] = []
-                    usage_chunk["usage"] = usage_json(event.usage)
+                    usage_chunk["usage"] = usage_json(total_usage(self._finished))
                     out.append(sse(usage_chunk))
                 out.append(sse("[DONE]"))
                 return out
             case Failed():
-                return [sse(openai_error(event.message))]
+                return [sse(openai_error(event.message, event.code or "generation_failed"))]
+
+
+def total_usage(finished: Sequence[Finished]) -> Usage:
+    """n choices of one prompt: the prompt counts once, every completion counts."""
+    return Usage(
+        prompt_tokens=finished[0].usage.prompt_tokens,
+        completion_tokens=sum(f.usage.completion_tokens for f in finished),
+    )
 
 
 def model_entry(card: ModelCard, created: int) -> dict[str, Any]:
@@ -223,17 +263,23 @@ def router(service: GenerationService) -> APIRouter:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-            def encoder(generation: Generation) -> ChatStreamEncoder:
-                return ChatStreamEncoder(
-                    generation.command_id, card.model_id, created, include_usage
-                )
+            def encoder(command_id: CommandId) -> ChatStreamEncoder:
+                return ChatStreamEncoder(command_id, card.model_id, created, include_usage, body.n)
 
-            return GenerationStream(service, params, card, encoder, "text/event-stream")
-        result = await complete(service, request, params, card)
-        if result is None:
-            return client_gone()
-        command_id, text, finished = result
-        return JSONResponse(chat_completion(command_id, card.model_id, created, text, finished))
+            return GenerationStream(
+                service, choice_params(params, body.n), card, encoder, "text/event-stream"
+            )
+        choices: list[tuple[str, Finished]] = []
+        first_id: CommandId | None = None
+        for choice in choice_params(params, body.n):
+            result = await complete(service, request, choice, card)
+            if result is None:
+                return client_gone()
+            command_id, text, finished = result
+            first_id = first_id or command_id
+            choices.append((text, finished))
+        assert first_id is not None
+        return JSONResponse(chat_completion(first_id, card.model_id, created, choices))
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

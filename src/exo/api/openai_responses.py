@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BeforeValidator, Field, field_validator
 from starlette.responses import Response
 
-from exo.api.generation import Generation, GenerationService
+from exo.api.generation import GenerationService
 from exo.api.generation_events import Failed, Finished, GenerationEvent, TextDelta
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
@@ -201,7 +201,7 @@ class ResponsesStreamEncoder:
     def _part_fields(self) -> dict[str, Any]:
         return {"item_id": self._item_id, "output_index": 0, "content_index": 0}
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         in_progress = self._shape.render("in_progress", [])
         return [
             self._event("response.created", response=in_progress),
@@ -216,7 +216,7 @@ class ResponsesStreamEncoder:
             ),
         ]
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
                 self._text.append(event.text)
@@ -263,9 +263,10 @@ def router(service: GenerationService) -> APIRouter:
         created = time.time()
         if body.stream:
 
-            def encoder(generation: Generation) -> ResponsesStreamEncoder:
-                shape = ResponseShape(generation.command_id, body, card.model_id, created)
-                return ResponsesStreamEncoder(shape)
+            def encoder(command_id: CommandId) -> ResponsesStreamEncoder:
+                return ResponsesStreamEncoder(
+                    ResponseShape(command_id, body, card.model_id, created)
+                )
 
             return GenerationStream(service, params, card, encoder, "text/event-stream")
         result = await complete(service, request, params, card)

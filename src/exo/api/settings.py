@@ -22,6 +22,8 @@ class ApiSettings(BaseModel):
     # Generations served at once; more wait in a queue of at most max_queued_requests.
     max_concurrent_requests: int = Field(default=EXO_MAX_CONCURRENT_REQUESTS, ge=1)
     max_queued_requests: int = Field(default=256, ge=0)
+    # While a streamed request waits (a queue, a model load), an SSE comment this often.
+    keep_alive_interval_s: float = Field(default=10.0, gt=0)
 
     @field_validator("api_key")
     @classmethod

@@ -101,6 +101,7 @@ def build_task_params(
     stream: bool,
     names: Mapping[str, str] | None = None,
     raw_prompt: str | None = None,
+    num_ctx: int | None = None,
 ) -> TextGenerationTaskParams:
     """The task for a request. ``names`` maps our field names to the client's (for
     errors); ``max_tokens`` is capped at the model's context length."""
@@ -126,6 +127,7 @@ def build_task_params(
             input=list(messages),
             stream=stream,
             raw_prompt=raw_prompt,
+            num_ctx=num_ctx,
             **values,
         )
     except ValidationError as e:

@@ -77,6 +77,8 @@ class Script:
     # Send an ErrorChunk after this many tokens.
     fail_after: int | None = None
     prompt_tokens: int = PROMPT_TOKENS
+    # The runner's context: a prompt this long or longer is refused with a typed error.
+    context_length: int = 2048
 
 
 @dataclass
@@ -265,6 +267,17 @@ class ScriptedNode:
         params = command.task_params
         command_id = command.command_id
         try:
+            if params.count_only:
+                self._deliver(command_id, self._token(params.model, "", -1, "stop", 0))
+                return
+            if script.prompt_tokens >= min(script.context_length, params.num_ctx or 1 << 30):
+                error = ErrorChunk(
+                    model=params.model,
+                    error_message=f"prompt is {script.prompt_tokens} tokens",
+                    error_code="context_length_exceeded",
+                )
+                self._deliver(command_id, error)
+                return
             limit = params.max_tokens
             n = len(script.tokens)
             total = limit if script.endless else min(n, limit or n)
@@ -299,7 +312,13 @@ class ScriptedNode:
         if reason is not None:
             usage = Usage(prompt_tokens=self.script.prompt_tokens, completion_tokens=completion)
         return TokenChunk(
-            model=model, text=text, token_id=idx, idx=idx, finish_reason=reason, usage=usage
+            model=model,
+            text=text,
+            token_id=idx,
+            idx=max(idx, 0),
+            finish_reason=reason,
+            usage=usage,
+            prompt_tokens=self.script.prompt_tokens if idx <= 0 else None,
         )
 
 

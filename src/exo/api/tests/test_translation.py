@@ -100,7 +100,7 @@ def test_chat_caps_max_tokens_at_the_context_and_reads_top_p_zero_as_greedy() ->
     [
         ({"temperature": 2.5}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"messages": []}, "messages"),
@@ -125,7 +125,7 @@ def test_chat_rejects_bad_values_naming_the_parameter(body: dict[str, Any], para
 
 def test_chat_stream_encoder_emits_role_deltas_finish_usage_and_done() -> None:
     encoder = openai_chat.ChatStreamEncoder(CID, "model", 123, include_usage=True)
-    pieces = encoder.begin() + encoder.encode(TextDelta("hi")) + encoder.encode(finished("length"))
+    pieces = encoder.begin(4) + encoder.encode(TextDelta("hi")) + encoder.encode(finished("length"))
     events = [data for _, data in sse_events(pieces)]
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert events[1]["choices"][0]["delta"] == {"content": "hi"}
@@ -143,7 +143,7 @@ def test_chat_stream_error_is_an_openai_error_object() -> None:
 
 
 def test_chat_completion_object() -> None:
-    body = openai_chat.chat_completion(CID, "model", 5, "text", finished("stop_sequence", "x"))
+    body = openai_chat.chat_completion(CID, "model", 5, [("text", finished("stop_sequence", "x"))])
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "text"}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
@@ -188,7 +188,7 @@ def test_responses_stream_sequence_is_ordered_and_numbered() -> None:
     request = openai_responses.ResponsesRequest.model_validate({"model": "m", "input": "x"})
     shape = openai_responses.ResponseShape(CID, request, "model", 1.0)
     encoder = openai_responses.ResponsesStreamEncoder(shape)
-    pieces = encoder.begin() + encoder.encode(TextDelta("a")) + encoder.encode(finished())
+    pieces = encoder.begin(4) + encoder.encode(TextDelta("a")) + encoder.encode(finished())
     events = sse_events(pieces)
     assert [name for name, _ in events] == [
         "response.created",
@@ -275,7 +275,7 @@ def test_claude_rejects_bad_values(body: dict[str, Any], param: str) -> None:
 def test_claude_stream_events_and_stop_reasons() -> None:
     encoder = claude.MessagesStreamEncoder(CID, "model")
     pieces = (
-        encoder.begin()
+        encoder.begin(4)
         + encoder.encode(TextDelta("a"))
         + encoder.encode(finished("stop_sequence", "X"))
     )
@@ -344,7 +344,7 @@ def test_ollama_rejects_bad_options(options: dict[str, Any]) -> None:
 
 
 def test_ollama_final_object_has_counts_and_durations() -> None:
-    encoder = ollama.OllamaStreamEncoder("generate", "model", "2024-01-01T00:00:00Z")
+    encoder = ollama.OllamaStreamEncoder("generate", "model", lambda: "2024-01-01T00:00:00Z")
     [line] = encoder.encode(finished("length"))
     final = json.loads(line)
     assert final["done"] is True and final["done_reason"] == "length"

@@ -31,3 +31,7 @@ class TextGenerationTaskParams(FrozenModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     # A raw prompt bypasses the chat template (Ollama /api/generate with raw=true).
     raw_prompt: str | None = None
+    # The context for this request (Ollama num_ctx), at most the runner's own.
+    num_ctx: int | None = Field(default=None, ge=1)
+    # Count the prompt's tokens and generate nothing (Claude count_tokens).
+    count_only: bool = False

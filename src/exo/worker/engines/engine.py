@@ -12,6 +12,7 @@ from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.llama import LlamaModel
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
@@ -19,7 +20,8 @@ from exo.worker.engines.weights import ProgressCallback, ShardWeights
 
 # Default positions per request. The KV cache holds max_batch x max_seq positions of every layer:
 # for SmolLM2-135M (float32) that is 46 KB per position, 94 MB per 2048-position slot.
-DEFAULT_MAX_SEQ = 2048
+# The API advertises the same figure (served model cards), so both come from one constant.
+DEFAULT_MAX_SEQ = EXO_MAX_CONTEXT_TOKENS
 
 
 def load_config(path: Path) -> LlamaConfig:

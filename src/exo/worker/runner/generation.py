@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from loguru import logger
 
-from exo.shared.types.chunks import ErrorChunk, FinishReason, TokenChunk, Usage
+from exo.shared.types.chunks import ErrorChunk, ErrorCode, FinishReason, TokenChunk, Usage
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
@@ -67,11 +67,19 @@ class Generation:
                     [{"role": m.role, "content": m.content} for m in params.input]
                 )
             prompt_ids = tokenizer.encode(prompt)
-            limit = self.max_seq
-            if len(prompt_ids) >= limit:
-                raise ValueError(
-                    f"prompt is {len(prompt_ids)} tokens; this runner's context is {limit}"
-                )
+        except Exception as e:  # this request is refused; the others go on
+            logger.warning(f"request {task.task_id} refused: {e}")
+            return self._failed(task, f"{type(e).__name__}: {e}")
+        limit = min(self.max_seq, params.num_ctx or self.max_seq)
+        if params.count_only:
+            return self._counted(task, len(prompt_ids))
+        if len(prompt_ids) >= limit:
+            message = (
+                f"this model's maximum context length is {limit} tokens, "
+                f"but the prompt is {len(prompt_ids)} tokens"
+            )
+            return self._failed(task, message, "context_length_exceeded")
+        try:
             max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
             self.batch.add(
                 task.task_id,
@@ -98,6 +106,22 @@ class Generation:
             prompt_tokens=len(prompt_ids),
         )
         return []
+
+    def _counted(self, task: TextGeneration, prompt_tokens: int) -> list[Event]:
+        """The answer to a count-only request: one empty final chunk with the count."""
+        chunk = TokenChunk(
+            model=task.task_params.model,
+            text="",
+            token_id=-1,
+            idx=0,
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
+            prompt_tokens=prompt_tokens,
+        )
+        return [
+            ChunkGenerated(command_id=task.command_id, chunk=chunk),
+            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Complete),
+        ]
 
     def step(self) -> list[Event]:
         events: list[Event] = []
@@ -160,6 +184,8 @@ class Generation:
             )
             if finish is not None
             else None,
+            prompt_tokens=request.prompt_tokens if request.chunks_sent == 0 else None,
+            stop_sequence=request.stops.matched if finish == "stop" else None,
         )
         request.chunks_sent += 1
         events: list[Event] = [ChunkGenerated(command_id=task.command_id, chunk=chunk)]
@@ -169,11 +195,15 @@ class Generation:
             events.append(TaskStatusUpdated(task_id=task.task_id, task_status=status))
         return events
 
-    def _failed(self, task: TextGeneration, message: str) -> list[Event]:
+    def _failed(
+        self, task: TextGeneration, message: str, code: ErrorCode | None = None
+    ) -> list[Event]:
         return [
             ChunkGenerated(
                 command_id=task.command_id,
-                chunk=ErrorChunk(model=task.task_params.model, error_message=message),
+                chunk=ErrorChunk(
+                    model=task.task_params.model, error_message=message, error_code=code
+                ),
             ),
             TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Failed,
                               error_message=message),
