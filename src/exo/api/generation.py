@@ -9,15 +9,24 @@ runner has not finished it (the client went away, or the answer ended early).
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import anyio
 from anyio import ClosedResourceError, EndOfStream
 from loguru import logger
 
 from exo.api.errors import ApiError
-from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
+from exo.api.generation_events import (
+    ChunkTranslator,
+    Failed,
+    Finished,
+    GenerationEvent,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.handle import NodeHandle
 from exo.api.settings import ApiSettings
+from exo.api.tool_calls import ToolCallParser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
@@ -90,6 +99,7 @@ class Generation:
         stops: Sequence[str],
         accepted_ns: int,
         clock: Clock,
+        parse_tools: bool = False,
     ) -> None:
         self.command_id = command_id
         self.model_id = model_id
@@ -97,6 +107,7 @@ class Generation:
         self._clock = clock
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
+        self._tools = ToolCallParser() if parse_tools else None
 
     @property
     def command_done(self) -> bool:
@@ -119,11 +130,30 @@ class Generation:
             now = self._clock()
             self._observe(chunk, now)
             for event in self._translator.feed(chunk, now):
-                if isinstance(event, Finished):
-                    metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
-                        event.usage.completion_tokens
-                    )
-                yield event
+                for out in self._parse(event):
+                    if isinstance(out, Finished):
+                        metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
+                            out.usage.completion_tokens
+                        )
+                    yield out
+
+    def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
+        """Function calls out of the text, when the request offered tools."""
+        parser = self._tools
+        if parser is None:
+            return [event]
+        match event:
+            case TextDelta():
+                return list(parser.feed(event.text))
+            case Finished():
+                rest: list[GenerationEvent] = list(parser.finish())
+                calls = tuple(parser.calls)
+                if not calls:
+                    return [*rest, event]
+                reason = "tool_calls" if event.reason in ("stop", "stop_sequence") else event.reason
+                return [*rest, replace(event, reason=reason, tool_calls=calls)]
+            case ToolCallEvent() | Failed():
+                return [event]
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -192,7 +222,13 @@ class GenerationService:
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
             generation = Generation(
-                command_id, card.model_id, receiver, params.stop, accepted, self._clock
+                command.command_id,
+                card.model_id,
+                receiver,
+                params.stop,
+                accepted,
+                self._clock,
+                parse_tools=bool(params.tools) and params.tool_choice != "none",
             )
             self._active[command_id] = generation
             sent = False
@@ -326,6 +362,8 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
                 raise failure_error(event)
             case Finished():
                 return "".join(parts), event
-            case _:
+            case ToolCallEvent():
+                pass  # in Finished.tool_calls
+            case TextDelta():
                 parts.append(event.text)
     raise ApiError(502, "generation ended without an answer", code="generation_failed")

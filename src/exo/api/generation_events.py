@@ -15,7 +15,7 @@ from typing import Literal
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, Usage
 
-FinishKind = Literal["stop", "length", "stop_sequence", "cancelled"]
+FinishKind = Literal["stop", "length", "stop_sequence", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,24 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ToolCallEvent:
+    """A complete function call the model made."""
+
+    index: int
+    id: str
+    name: str
+    # A JSON object's text.
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Finished:
     reason: FinishKind
     usage: Usage
     timings: Timings
     stop_sequence: str | None = None
+    # Every call of the answer (reason "tool_calls" when there are some).
+    tool_calls: tuple[ToolCallEvent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,7 +61,7 @@ class Failed:
     code: ErrorCode | None = None
 
 
-GenerationEvent = TextDelta | Finished | Failed
+GenerationEvent = TextDelta | ToolCallEvent | Finished | Failed
 
 
 class StopScanner:

@@ -2,7 +2,7 @@
 default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -13,7 +13,14 @@ from starlette.responses import Response
 
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService, serving_instance
-from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    FinishKind,
+    GenerationEvent,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
     INT64_MIN,
@@ -23,9 +30,16 @@ from exo.api.task_params import (
     StopList,
     build_task_params,
 )
+from exo.api.tool_models import (
+    CalledFunction,
+    FunctionTool,
+    arguments_text,
+    json_object,
+    openai_tools,
+)
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.common import CommandId
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams, ToolCall
 
 # The Ollama API version we speak (clients check it).
 OLLAMA_VERSION = "0.12.0"
@@ -93,12 +107,36 @@ def _no_images(value: list[str] | None) -> list[str] | None:
     return value
 
 
+class OllamaCall(ApiModel):
+    function: CalledFunction
+
+
 class OllamaMessage(ApiModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
+    tool_calls: list[OllamaCall] = []
+    tool_name: str | None = None
+    tool_call_id: str | None = None
 
     _images = field_validator("images")(_no_images)
+
+    def message(self, index: int) -> InputMessage:
+        calls = [
+            ToolCall(
+                id=f"call_{index}_{i}",
+                name=c.function.name,
+                arguments=arguments_text(c.function.arguments),
+            )
+            for i, c in enumerate(self.tool_calls)
+        ]
+        return InputMessage(
+            role=self.role,
+            content=self.content,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=self.tool_name,
+        )
 
 
 class ChatRequest(ApiModel):
@@ -107,16 +145,9 @@ class ChatRequest(ApiModel):
     stream: bool = True
     options: OllamaOptions = OllamaOptions()
     format: object = None
-    tools: list[object] | None = None
+    tools: list[FunctionTool] | None = None
 
     _format = field_validator("format")(_no_structured_format)
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server")
-        return tools
 
 
 class GenerateRequest(ApiModel):
@@ -149,7 +180,8 @@ class ShowRequest(ApiModel):
 
 
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:
-    messages = [InputMessage(role=m.role, content=m.content) for m in request.messages]
+    messages = [m.message(i) for i, m in enumerate(request.messages)]
+    tools = openai_tools(request.tools, None)
     return build_task_params(
         card,
         messages,
@@ -157,6 +189,7 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         stream=request.stream,
         names={**_OPTION_NAMES, "input": "messages"},
         num_ctx=request.options.num_ctx,
+        tools=tools.specs,
     )
 
 
@@ -180,8 +213,18 @@ def done_reason(reason: FinishKind) -> str:
     match reason:
         case "length":
             return "length"
-        case "stop" | "stop_sequence" | "cancelled":
+        case "stop" | "stop_sequence" | "cancelled" | "tool_calls":
             return "stop"
+
+
+def ollama_call(call: ToolCallEvent) -> dict[str, Any]:
+    return {
+        "function": {
+            "index": call.index,
+            "name": call.name,
+            "arguments": json_object(call.arguments),
+        }
+    }
 
 
 def final_fields(finished: Finished) -> dict[str, Any]:
@@ -207,9 +250,12 @@ def timestamp(now: datetime) -> str:
 Kind = Literal["chat", "generate"]
 
 
-def _content(kind: Kind, text: str) -> dict[str, Any]:
+def _content(kind: Kind, text: str, calls: Sequence[ToolCallEvent] = ()) -> dict[str, Any]:
     if kind == "chat":
-        return {"message": {"role": "assistant", "content": text}}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [ollama_call(c) for c in calls]
+        return {"message": message}
     return {"response": text}
 
 
@@ -219,7 +265,7 @@ def whole_answer(
     return {
         "model": model,
         "created_at": created_at,
-        **_content(kind, text),
+        **_content(kind, text, finished.tool_calls),
         **final_fields(finished),
     }
 
@@ -250,6 +296,8 @@ class OllamaStreamEncoder:
         match event:
             case TextDelta():
                 return [ndjson({**head, **_content(self._kind, event.text), "done": False})]
+            case ToolCallEvent():
+                return [ndjson({**head, **_content(self._kind, "", [event]), "done": False})]
             case Finished():
                 return [ndjson({**head, **_content(self._kind, ""), **final_fields(event)})]
             case Failed():

@@ -7,12 +7,19 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
-from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    FinishKind,
+    GenerationEvent,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
     INT64_MIN,
@@ -23,6 +30,7 @@ from exo.api.task_params import (
     build_task_params,
     text_content,
 )
+from exo.api.tool_models import CallIn, FunctionTool, OpenAIToolChoice, openai_tools
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -36,6 +44,18 @@ def _chat_text(value: object) -> object:
 class ChatMessage(ApiModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_chat_text)] = ""
+    tool_calls: list[CallIn] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def message(self) -> InputMessage:
+        return InputMessage(
+            role=_ROLES[self.role],
+            content=self.content,
+            tool_calls=[c.call(i) for i, c in enumerate(self.tool_calls)],
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+        )
 
 
 class StreamOptions(ApiModel):
@@ -65,19 +85,14 @@ class ChatCompletionRequest(ApiModel):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # Choices are generated one after another (each a generation of its own).
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
-    tools: list[object] | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: OpenAIToolChoice | None = None
+    parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     # Extensions many OpenAI-compatible servers accept.
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server")
-        return tools
 
 
 _ROLES: dict[str, Role] = {
@@ -90,7 +105,8 @@ _ROLES: dict[str, Role] = {
 
 
 def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
-    messages = [InputMessage(role=_ROLES[m.role], content=m.content) for m in request.messages]
+    messages = [m.message() for m in request.messages]
+    tools = openai_tools(request.tools, request.tool_choice)
     sampling = Sampling(
         max_tokens=request.max_completion_tokens or request.max_tokens,
         temperature=request.temperature,
@@ -109,6 +125,9 @@ def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGen
         sampling,
         stream=request.stream,
         names={"max_tokens": "max_tokens", "input": "messages"},
+        tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
     )
 
 
@@ -118,6 +137,28 @@ def finish_reason(reason: FinishKind) -> str:
             return "length"
         case "stop" | "stop_sequence" | "cancelled":
             return "stop"
+        case "tool_calls":
+            return "tool_calls"
+
+
+def tool_call_json(call: ToolCallEvent, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+    )
+    return out
+
+
+def assistant_message(text: str, finished: Finished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if finished.tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [tool_call_json(c) for c in finished.tool_calls]
+    return message
 
 
 def usage_json(usage: Usage) -> dict[str, int]:
@@ -144,7 +185,7 @@ def chat_completion(
         "choices": [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": text},
+                "message": assistant_message(text, finished),
                 "logprobs": None,
                 "finish_reason": finish_reason(finished.reason),
             }
@@ -182,7 +223,7 @@ class ChatStreamEncoder:
         # Choices whose role delta was sent (begin sends choice 0's).
         self._open: set[int] = {0}
 
-    def _chunk(self, delta: dict[str, str], finish: str | None, index: int = 0) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self._id,
             "object": "chat.completion.chunk",
@@ -209,6 +250,9 @@ class ChatStreamEncoder:
                         sse(self._chunk({"role": "assistant", "content": ""}, None, index))
                     )
                 return [*opening, sse(self._chunk({"content": event.text}, None, index))]
+            case ToolCallEvent():
+                delta: dict[str, Any] = {"tool_calls": [tool_call_json(event, event.index)]}
+                return [sse(self._chunk(delta, None, index))]
             case Finished():
                 self._finished.append(event)
                 out = [sse(self._chunk({}, finish_reason(event.reason), index))]

@@ -12,13 +12,20 @@ from pydantic import BeforeValidator, Field, field_validator
 from starlette.responses import Response
 
 from exo.api.generation import GenerationService
-from exo.api.generation_events import Failed, Finished, GenerationEvent, TextDelta
+from exo.api.generation_events import Failed, Finished, GenerationEvent, TextDelta, ToolCallEvent
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
+from exo.api.tool_models import Tools, schema_text
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
-from exo.shared.types.text_generation import InputMessage, Role, TextGenerationTaskParams
+from exo.shared.types.text_generation import (
+    InputMessage,
+    Role,
+    TextGenerationTaskParams,
+    ToolCall,
+    ToolSpec,
+)
 
 ResponseStatus = Literal["completed", "incomplete", "failed", "cancelled", "in_progress"]
 
@@ -33,27 +40,76 @@ class InputItem(ApiModel):
     content: Annotated[str, BeforeValidator(_input_text)]
 
 
+class FunctionCallItem(ApiModel):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+class FunctionCallOutputItem(ApiModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: Annotated[str, BeforeValidator(_input_text)] = ""
+
+
+class ReasoningItem(ApiModel):
+    """Earlier reasoning: not shown to the model again."""
+
+    type: Literal["reasoning"]
+
+
+Item = Annotated[
+    InputItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+    Field(discriminator="type"),
+]
+
+
+def _typed(item: object) -> object:
+    if isinstance(item, dict) and "type" not in item:
+        return {**item, "type": "message"}  # pyright: ignore[reportUnknownVariableType]
+    return item
+
+
 def _input_items(value: object) -> object:
-    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    if isinstance(value, list):
+        return [_typed(item) for item in value]  # pyright: ignore[reportUnknownVariableType]
+    return value
+
+
+class ResponsesTool(ApiModel):
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(
+            name=self.name,
+            description=self.description or "",
+            parameters=schema_text(self.parameters),
+        )
+
+
+class ResponsesNamedChoice(ApiModel):
+    type: Literal["function"]
+    name: str
 
 
 class ResponsesRequest(ApiModel):
     model: str
-    input: Annotated[list[InputItem], BeforeValidator(_input_items)] = Field(min_length=1)
+    input: Annotated[list[Item], BeforeValidator(_input_items)] = Field(min_length=1)
     instructions: str | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stream: bool = False
-    tools: list[object] | None = None
+    tools: list[ResponsesTool] | None = None
+    tool_choice: Literal["auto", "none", "required"] | ResponsesNamedChoice | None = None
+    parallel_tool_calls: bool = True
     previous_response_id: str | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server")
-        return tools
 
     @field_validator("previous_response_id")
     @classmethod
@@ -61,6 +117,16 @@ class ResponsesRequest(ApiModel):
         if value:
             raise ValueError("responses are not stored: send the whole conversation as input")
         return value
+
+    def tool_set(self) -> Tools:
+        specs = tuple(t.spec() for t in self.tools or ())
+        match self.tool_choice:
+            case None:
+                return Tools(specs)
+            case ResponsesNamedChoice():
+                return Tools(specs, "required", self.tool_choice.name).checked("tool_choice")
+            case _:
+                return Tools(specs, self.tool_choice).checked("tool_choice")
 
 
 _ROLES: dict[str, Role] = {
@@ -71,11 +137,43 @@ _ROLES: dict[str, Role] = {
 }
 
 
+def input_messages(items: list[Item]) -> list[InputMessage]:
+    """Input items as messages: a run of function calls joins the assistant turn before
+    it; each call's output is a tool message."""
+    out: list[InputMessage] = []
+    names: dict[str, str] = {}
+    for item in items:
+        match item:
+            case InputItem():
+                out.append(InputMessage(role=_ROLES[item.role], content=item.content))
+            case FunctionCallItem():
+                names[item.call_id] = item.name
+                call = ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)
+                if out and out[-1].role == "assistant":
+                    last = out[-1]
+                    out[-1] = last.model_copy(update={"tool_calls": [*last.tool_calls, call]})
+                else:
+                    out.append(InputMessage(role="assistant", content="", tool_calls=[call]))
+            case FunctionCallOutputItem():
+                out.append(
+                    InputMessage(
+                        role="tool",
+                        content=item.output,
+                        tool_call_id=item.call_id,
+                        name=names.get(item.call_id),
+                    )
+                )
+            case ReasoningItem():
+                pass
+    return out
+
+
 def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages: list[InputMessage] = []
     if request.instructions:
         messages.append(InputMessage(role="system", content=request.instructions))
-    messages.extend(InputMessage(role=_ROLES[i.role], content=i.content) for i in request.input)
+    messages.extend(input_messages(request.input))
+    tools = request.tool_set()
     sampling = Sampling(
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,
@@ -87,6 +185,9 @@ def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGen
         sampling,
         stream=request.stream,
         names={"max_tokens": "max_output_tokens", "input": "input"},
+        tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
     )
 
 
@@ -125,12 +226,19 @@ def message_item(command_id: CommandId, text: str | None, status: str) -> dict[s
 
 def ending_status(finished: Finished) -> ResponseStatus:
     match finished.reason:
-        case "stop" | "stop_sequence":
+        case "stop" | "stop_sequence" | "tool_calls":
             return "completed"
         case "length":
             return "incomplete"
         case "cancelled":
             return "cancelled"
+
+
+def _choice_json(request: ResponsesRequest) -> object:
+    choice = request.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
 
 
 class ResponseShape:
@@ -164,9 +272,9 @@ class ResponseShape:
             "max_output_tokens": request.max_output_tokens,
             "temperature": request.temperature,
             "top_p": request.top_p,
-            "parallel_tool_calls": False,
-            "tool_choice": "auto",
-            "tools": [],
+            "parallel_tool_calls": request.parallel_tool_calls,
+            "tool_choice": _choice_json(request),
+            "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
             "text": {"format": {"type": "text"}},
             "metadata": {},
             "previous_response_id": None,
@@ -179,19 +287,38 @@ class ResponseShape:
         }
 
 
+def function_call_item(call: ToolCallEvent, arguments: str | None = None) -> dict[str, Any]:
+    return {
+        "id": f"fc_{call.id}",
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments if arguments is None else arguments,
+        "status": "completed" if arguments is None else "in_progress",
+    }
+
+
 def whole_response(shape: ResponseShape, text: str, finished: Finished) -> dict[str, Any]:
     status = ending_status(finished)
     item_status = "completed" if status == "completed" else "incomplete"
-    output = [message_item(shape.command_id, text, item_status)]
+    output: list[dict[str, Any]] = []
+    if text or not finished.tool_calls:
+        output.append(message_item(shape.command_id, text, item_status))
+    output.extend(function_call_item(call) for call in finished.tool_calls)
     return shape.render(status, output, finished.usage)
 
 
 class ResponsesStreamEncoder:
+    """Output items in order: a message while text comes, a function call per call."""
+
     def __init__(self, shape: ResponseShape) -> None:
         self._shape = shape
         self._sequence = 0
         self._text: list[str] = []
-        self._item_id = message_id(shape.command_id)
+        self._items: list[dict[str, Any]] = []
+        self._message_id = message_id(shape.command_id)
+        # The output index of the message being written, if one is.
+        self._open: int | None = None
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -199,58 +326,100 @@ class ResponsesStreamEncoder:
         return sse(payload, event=kind)
 
     def _part_fields(self) -> dict[str, Any]:
-        return {"item_id": self._item_id, "output_index": 0, "content_index": 0}
+        return {"item_id": self._message_id, "output_index": self._open, "content_index": 0}
 
     def begin(self, prompt_tokens: int) -> list[bytes]:
         in_progress = self._shape.render("in_progress", [])
         return [
             self._event("response.created", response=in_progress),
             self._event("response.in_progress", response=in_progress),
-            self._event(
-                "response.output_item.added",
-                output_index=0,
-                item=message_item(self._shape.command_id, None, "in_progress"),
-            ),
+            *self._open_message(),
+        ]
+
+    def _open_message(self) -> list[bytes]:
+        self._open = len(self._items)
+        if self._open > 0:
+            self._message_id = f"{message_id(self._shape.command_id)}_{self._open}"
+        item = message_item(self._shape.command_id, None, "in_progress")
+        item["id"] = self._message_id
+        return [
+            self._event("response.output_item.added", output_index=self._open, item=item),
             self._event(
                 "response.content_part.added", part=output_text_part(""), **self._part_fields()
             ),
         ]
 
-    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
-        match event:
-            case TextDelta():
-                self._text.append(event.text)
-                return [
-                    self._event(
-                        "response.output_text.delta",
-                        delta=event.text,
-                        logprobs=[],
-                        **self._part_fields(),
-                    )
-                ]
-            case Finished():
-                return self._finish(event)
-            case Failed():
-                text = "".join(self._text)
-                item = message_item(self._shape.command_id, text, "incomplete")
-                failed = self._shape.render("failed", [item], error=event.message)
-                return [self._event("response.failed", response=failed)]
-
-    def _finish(self, finished: Finished) -> list[bytes]:
+    def _close_message(self, status: str) -> list[bytes]:
+        if self._open is None:
+            return []
         text = "".join(self._text)
-        status = ending_status(finished)
-        item_status = "completed" if status == "completed" else "incomplete"
-        item = message_item(self._shape.command_id, text, item_status)
-        final = self._shape.render(status, [item], finished.usage)
-        final_kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [
+        self._text = []
+        item = message_item(self._shape.command_id, text, status)
+        item["id"] = self._message_id
+        out = [
             self._event("response.output_text.done", text=text, logprobs=[], **self._part_fields()),
             self._event(
                 "response.content_part.done", part=output_text_part(text), **self._part_fields()
             ),
-            self._event("response.output_item.done", output_index=0, item=item),
-            self._event(final_kind, response=final),
+            self._event("response.output_item.done", output_index=self._open, item=item),
         ]
+        self._items.append(item)
+        self._open = None
+        return out
+
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
+        match event:
+            case TextDelta():
+                opening = self._open_message() if self._open is None else []
+                self._text.append(event.text)
+                delta = self._event(
+                    "response.output_text.delta",
+                    delta=event.text,
+                    logprobs=[],
+                    **self._part_fields(),
+                )
+                return [*opening, delta]
+            case ToolCallEvent():
+                return self._call(event)
+            case Finished():
+                return self._finish(event)
+            case Failed():
+                items = [*self._items]
+                if self._open is not None:
+                    items.append(
+                        message_item(self._shape.command_id, "".join(self._text), "incomplete")
+                    )
+                failed = self._shape.render("failed", items, error=event.message)
+                return [self._event("response.failed", response=failed)]
+
+    def _call(self, call: ToolCallEvent) -> list[bytes]:
+        out = self._close_message("completed")
+        at = len(self._items)
+        item = function_call_item(call)
+        fields = {"item_id": item["id"], "output_index": at}
+        self._items.append(item)
+        return [
+            *out,
+            self._event(
+                "response.output_item.added", output_index=at, item=function_call_item(call, "")
+            ),
+            self._event("response.function_call_arguments.delta", delta=call.arguments, **fields),
+            self._event(
+                "response.function_call_arguments.done",
+                arguments=call.arguments,
+                name=call.name,
+                **fields,
+            ),
+            self._event("response.output_item.done", output_index=at, item=item),
+        ]
+
+    def _finish(self, finished: Finished) -> list[bytes]:
+        status = ending_status(finished)
+        item_status = "completed" if status == "completed" else "incomplete"
+        out = self._close_message(item_status)
+        final = self._shape.render(status, self._items, finished.usage)
+        final_kind = "response.completed" if status == "completed" else "response.incomplete"
+        return [*out, self._event(final_kind, response=final)]
 
 
 def router(service: GenerationService) -> APIRouter:

@@ -9,7 +9,12 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, mo
 
 from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+from exo.shared.types.text_generation import (
+    InputMessage,
+    TextGenerationTaskParams,
+    ToolChoice,
+    ToolSpec,
+)
 
 INT64_MIN = -(2**63)
 UINT64_MAX = 2**64 - 1
@@ -102,6 +107,10 @@ def build_task_params(
     names: Mapping[str, str] | None = None,
     raw_prompt: str | None = None,
     num_ctx: int | None = None,
+    tools: Sequence[ToolSpec] = (),
+    tool_choice: ToolChoice = "auto",
+    forced_tool: str | None = None,
+    template_kwargs: Mapping[str, str | bool] | None = None,
 ) -> TextGenerationTaskParams:
     """The task for a request. ``names`` maps our field names to the client's (for
     errors); ``max_tokens`` is capped at the model's context length."""
@@ -128,6 +137,10 @@ def build_task_params(
             stream=stream,
             raw_prompt=raw_prompt,
             num_ctx=num_ctx,
+            tools=list(tools),
+            tool_choice=tool_choice,
+            forced_tool=forced_tool,
+            template_kwargs=dict(template_kwargs or {}),
             **values,
         )
     except ValidationError as e:

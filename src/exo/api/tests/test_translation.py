@@ -108,7 +108,7 @@ def test_chat_caps_max_tokens_at_the_context_and_reads_top_p_zero_as_greedy() ->
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages.0.content",
         ),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"stop": 5}, "stop"),
         ({"response_format": {"type": "json_object"}}, "response_format.type"),
     ],
@@ -255,7 +255,7 @@ def test_claude_system_blocks_stop_sequences_and_sampling() -> None:
         ({"max_tokens": None}, "max_tokens"),
         ({"temperature": 1.5}, "temperature"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0"),
     ],
 )
 def test_claude_rejects_bad_values(body: dict[str, Any], param: str) -> None:
@@ -282,8 +282,8 @@ def test_claude_stream_events_and_stop_reasons() -> None:
     events = sse_events(pieces)
     assert [name for name, _ in events] == [
         "message_start",
-        "content_block_start",
         "ping",
+        "content_block_start",
         "content_block_delta",
         "content_block_stop",
         "message_delta",
@@ -392,3 +392,16 @@ def test_build_task_params_names_the_clients_parameter() -> None:
     assert info.value.param == "options.repeat_penalty"
     with pytest.raises(ApiError):
         build_task_params(CARD, [], Sampling(), stream=False)
+
+
+def test_claude_images_are_a_400_naming_vision() -> None:
+    request = claude.MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        }
+    )
+    with pytest.raises(ApiError) as info:
+        claude.messages_task_params(request, CARD)
+    assert info.value.status == 400 and "vision" in info.value.message

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import torch
 
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.llama import LlamaModel
-from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer

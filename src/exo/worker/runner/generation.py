@@ -4,7 +4,7 @@ The runner calls ``submit`` for each request, ``step`` between its input checks,
 ``cancel``; each returns the events to send (chunks and task statuses)."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -19,6 +19,7 @@ from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata
 from exo.worker.download.local import locate_model
+from exo.worker.engines.chat_prompt import chat_prompt
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import SamplingParams
@@ -35,6 +36,8 @@ class _Request:
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
     prompt_tokens: int
+    # Text the prompt ends with that is part of the answer (a forced call's opening).
+    prefix: str = ""
     completion_tokens: int = 0
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -60,11 +63,23 @@ class Generation:
         params = task.task_params
         tokenizer = self.engine.tokenizer
         try:
+            prefix = ""
             if params.raw_prompt is not None:
                 prompt = params.raw_prompt
             else:
-                prompt = tokenizer.render_chat(
-                    [{"role": m.role, "content": m.content} for m in params.input]
+                chat = chat_prompt(
+                    params.input,
+                    params.tools,
+                    params.tool_choice,
+                    params.forced_tool,
+                    tokenizer.meta.chat_template,
+                )
+                prefix = chat.prefix
+                prompt = (
+                    tokenizer.render_chat(
+                        chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
+                    )
+                    + prefix
                 )
             prompt_ids = tokenizer.encode(prompt)
         except Exception as e:  # this request is refused; the others go on
@@ -99,11 +114,18 @@ class Generation:
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
+        decode = tokenizer.decode
+        if params.tools and params.tool_choice != "none":
+            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]).
+            def decode(ids: Sequence[int]) -> str:
+                return tokenizer.decode(ids, skip_special_tokens=False)
+
         self.requests[task.task_id] = _Request(
             task=task,
-            detokenizer=IncrementalDetokenizer(tokenizer.decode, prompt_ids),
+            detokenizer=IncrementalDetokenizer(decode, prompt_ids),
             stops=StopMatcher(params.stop),
             prompt_tokens=len(prompt_ids),
+            prefix=prefix,
         )
         return []
 
@@ -142,7 +164,11 @@ class Generation:
                 finish = "stop"
                 self.batch.cancel(out.request_id)
             elif finish is not None:
-                emitted += request.stops.push(request.detokenizer.flush()) if not request.stops.stopped else ""
+                emitted += (
+                    request.stops.push(request.detokenizer.flush())
+                    if not request.stops.stopped
+                    else ""
+                )
                 emitted += request.stops.flush()
             events.extend(self._chunk(request, emitted, out.token_id, finish))
         return events
@@ -171,6 +197,8 @@ class Generation:
     ) -> list[Event]:
         if not text and finish is None:
             return []  # half a character: wait for the rest
+        if request.chunks_sent == 0 and request.prefix:
+            text = request.prefix + text
         task = request.task
         chunk = TokenChunk(
             model=task.task_params.model,
@@ -205,8 +233,9 @@ class Generation:
                     model=task.task_params.model, error_message=message, error_code=code
                 ),
             ),
-            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Failed,
-                              error_message=message),
+            TaskStatusUpdated(
+                task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
+            ),
         ]
 
 
@@ -221,18 +250,24 @@ def load_generation(
         raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")
     if shard.world_size > 1:
         model, engine = load_local_model(
-            Path(located.path), shard, dtype=getattr(torch, settings.dtype),
-            device=settings.device, threads=settings.threads, cache_dir=settings.cache_dir,
+            Path(located.path),
+            shard,
+            dtype=getattr(torch, settings.dtype),
+            device=settings.device,
+            threads=settings.threads,
+            cache_dir=settings.cache_dir,
             progress=progress,
         )
         kind: Kind = "pipeline" if isinstance(shard, PipelineShardMetadata) else "tensor"
         if engine is None:
             max_seq = min(model.config.context_length, DEFAULT_MAX_SEQ)
-            return Follower(model, kind, shard.device_rank, shard.world_size,
-                            settings.max_batch, max_seq)
+            return Follower(
+                model, kind, shard.device_rank, shard.world_size, settings.max_batch, max_seq
+            )
         leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
-        engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
-                        tokenizer=engine.tokenizer)
+        engine = Engine(
+            config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer
+        )
         return Generation(engine, settings.max_batch, leader)
     # A single runner holds the whole model: a pipeline shard of every layer, or the one
     # slice of a tensor instance of one node.

@@ -1,0 +1,115 @@
+"""Function tools as the request formats describe them, and what they become in a task."""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from exo.api.errors import ApiError
+from exo.api.task_params import ApiModel
+from exo.shared.types.text_generation import ToolCall, ToolChoice, ToolSpec
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's tools: the functions, whether a call is required, and which one."""
+
+    specs: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = "auto"
+    forced: str | None = None
+
+    def checked(self, param: str) -> "Tools":
+        if self.forced is not None and self.forced not in {t.name for t in self.specs}:
+            raise ApiError(400, f"{param}: no tool named {self.forced!r} in tools", param=param)
+        if self.choice == "required" and not self.specs:
+            raise ApiError(
+                400, f"{param}: a tool call is required but no tools are given", param=param
+            )
+        return self
+
+
+def schema_text(schema: dict[str, Any] | None) -> str:
+    return json.dumps(schema if schema else {"type": "object", "properties": {}})
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A call's arguments as an object (the parser only emits JSON objects)."""
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    return {}
+
+
+def arguments_text(value: object) -> str:
+    """Arguments as a JSON object's text (clients send text or an object)."""
+    if isinstance(value, str):
+        return value or "{}"
+    return json.dumps(value if value is not None else {}, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- OpenAI / Ollama shape
+
+
+class FunctionDef(ApiModel):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+class FunctionTool(ApiModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+    def spec(self) -> ToolSpec:
+        f = self.function
+        return ToolSpec(
+            name=f.name, description=f.description, parameters=schema_text(f.parameters)
+        )
+
+
+class NamedFunction(ApiModel):
+    name: str
+
+
+class NamedToolChoice(ApiModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+OpenAIToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+def openai_tools(tools: Sequence[FunctionTool] | None, choice: OpenAIToolChoice | None) -> Tools:
+    specs = tuple(t.spec() for t in tools or ())
+    match choice:
+        case None:
+            return Tools(specs).checked("tool_choice")
+        case NamedToolChoice():
+            return Tools(specs, "required", choice.function.name).checked("tool_choice")
+        case _:
+            return Tools(specs, choice).checked("tool_choice")
+
+
+class CalledFunction(ApiModel):
+    name: str
+    arguments: object = None
+
+
+class CallIn(ApiModel):
+    """An earlier call in a conversation's history."""
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def call(self, index: int) -> ToolCall:
+        return ToolCall(
+            id=self.id or f"call_{index}",
+            name=self.function.name,
+            arguments=arguments_text(self.function.arguments),
+        )
