@@ -35,6 +35,7 @@ from exo.api.tool_models import (
     FunctionTool,
     arguments_text,
     json_object,
+    ollama_format,
     openai_tools,
 )
 from exo.shared.models.model_cards import ModelCard
@@ -95,12 +96,6 @@ class OllamaOptions(ApiModel):
         )
 
 
-def _no_structured_format(value: object) -> object:
-    if value not in (None, ""):
-        raise ValueError("structured output (format) is not supported by this server")
-    return value
-
-
 def _no_images(value: list[str] | None) -> list[str] | None:
     if value:
         raise ValueError("images are not supported by this server")
@@ -147,8 +142,6 @@ class ChatRequest(ApiModel):
     format: object = None
     tools: list[FunctionTool] | None = None
 
-    _format = field_validator("format")(_no_structured_format)
-
 
 class GenerateRequest(ApiModel):
     model: str
@@ -160,7 +153,6 @@ class GenerateRequest(ApiModel):
     format: object = None
     images: list[str] | None = None
 
-    _format = field_validator("format")(_no_structured_format)
     _images = field_validator("images")(_no_images)
 
 
@@ -190,6 +182,7 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         names={**_OPTION_NAMES, "input": "messages"},
         num_ctx=request.options.num_ctx,
         tools=tools.specs,
+        json_schema=ollama_format(request.format),
     )
 
 
@@ -206,6 +199,7 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         names={**_OPTION_NAMES, "input": "prompt"},
         raw_prompt=request.prompt if request.raw else None,
         num_ctx=request.options.num_ctx,
+        json_schema=ollama_format(request.format),
     )
 
 

@@ -30,7 +30,13 @@ from exo.api.task_params import (
     build_task_params,
     text_content,
 )
-from exo.api.tool_models import CallIn, FunctionTool, OpenAIToolChoice, openai_tools
+from exo.api.tool_models import (
+    CallIn,
+    FunctionTool,
+    OpenAIToolChoice,
+    ResponseFormat,
+    openai_tools,
+)
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -60,11 +66,6 @@ class ChatMessage(ApiModel):
 
 class StreamOptions(ApiModel):
     include_usage: bool = False
-
-
-class ResponseFormat(ApiModel):
-    # Structured output (json_object, json_schema) is not supported.
-    type: Literal["text"]
 
 
 MAX_CHOICES = 16
@@ -128,6 +129,11 @@ def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGen
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        json_schema=(
+            request.response_format.schema_text("response_format")
+            if request.response_format is not None
+            else None
+        ),
     )
 
 

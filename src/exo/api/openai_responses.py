@@ -15,7 +15,7 @@ from exo.api.generation import GenerationService
 from exo.api.generation_events import Failed, Finished, GenerationEvent, TextDelta, ToolCallEvent
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import Tools, schema_text
+from exo.api.tool_models import TextFormat, Tools, schema_text
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -98,6 +98,10 @@ class ResponsesNamedChoice(ApiModel):
     name: str
 
 
+class TextOptions(ApiModel):
+    format: TextFormat | None = None
+
+
 class ResponsesRequest(ApiModel):
     model: str
     input: Annotated[list[Item], BeforeValidator(_input_items)] = Field(min_length=1)
@@ -109,6 +113,7 @@ class ResponsesRequest(ApiModel):
     tools: list[ResponsesTool] | None = None
     tool_choice: Literal["auto", "none", "required"] | ResponsesNamedChoice | None = None
     parallel_tool_calls: bool = True
+    text: TextOptions | None = None
     previous_response_id: str | None = None
 
     @field_validator("previous_response_id")
@@ -188,6 +193,11 @@ def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGen
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        json_schema=(
+            request.text.format.schema_text()
+            if request.text is not None and request.text.format is not None
+            else None
+        ),
     )
 
 
@@ -234,6 +244,12 @@ def ending_status(finished: Finished) -> ResponseStatus:
             return "cancelled"
 
 
+def _format_json(request: ResponsesRequest) -> dict[str, Any]:
+    if request.text is None or request.text.format is None:
+        return {"type": "text"}
+    return request.text.format.model_dump(by_alias=True, exclude_none=True)
+
+
 def _choice_json(request: ResponsesRequest) -> object:
     choice = request.tool_choice
     if choice is None:
@@ -275,7 +291,7 @@ class ResponseShape:
             "parallel_tool_calls": request.parallel_tool_calls,
             "tool_choice": _choice_json(request),
             "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
-            "text": {"format": {"type": "text"}},
+            "text": {"format": _format_json(request)},
             "metadata": {},
             "previous_response_id": None,
             "store": False,

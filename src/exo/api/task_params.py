@@ -111,6 +111,7 @@ def build_task_params(
     tool_choice: ToolChoice = "auto",
     forced_tool: str | None = None,
     template_kwargs: Mapping[str, str | bool] | None = None,
+    json_schema: str | None = None,
 ) -> TextGenerationTaskParams:
     """The task for a request. ``names`` maps our field names to the client's (for
     errors); ``max_tokens`` is capped at the model's context length."""
@@ -141,6 +142,7 @@ def build_task_params(
             tool_choice=tool_choice,
             forced_tool=forced_tool,
             template_kwargs=dict(template_kwargs or {}),
+            json_schema=json_schema,
             **values,
         )
     except ValidationError as e:

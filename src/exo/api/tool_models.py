@@ -113,3 +113,61 @@ class CallIn(ApiModel):
             name=self.function.name,
             arguments=arguments_text(self.function.arguments),
         )
+
+
+# ---------------------------------------------------------------- structured output
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class JsonSchemaSpec(ApiModel):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(ApiModel):
+    """OpenAI chat ``response_format``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def schema_text(self, param: str) -> str | None:
+        match self.type:
+            case "text":
+                return None
+            case "json_object":
+                return JSON_OBJECT_SCHEMA
+            case "json_schema":
+                if self.json_schema is None:
+                    raise ApiError(400, f"{param}.json_schema is required", param=param)
+                return json.dumps(self.json_schema.schema_ or {})
+
+
+class TextFormat(ApiModel):
+    """Responses ``text.format``: the schema sits beside the type."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    def schema_text(self) -> str | None:
+        match self.type:
+            case "text":
+                return None
+            case "json_object":
+                return JSON_OBJECT_SCHEMA
+            case "json_schema":
+                return json.dumps(self.schema_ or {})
+
+
+def ollama_format(value: object) -> str | None:
+    """Ollama ``format``: "json", a JSON schema, or nothing."""
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return JSON_OBJECT_SCHEMA
+    if isinstance(value, dict):
+        return json.dumps(value)
+    raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")

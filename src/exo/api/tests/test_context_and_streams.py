@@ -55,9 +55,7 @@ def test_context_length_exceeded_is_an_openai_400(too_long: ServedApp) -> None:
 def test_context_length_exceeded_is_a_claude_and_ollama_400(too_long: ServedApp) -> None:
     for stream in (False, True):
         with pytest.raises(anthropic.BadRequestError) as info:
-            claude(too_long).messages.create(
-                model="m1", max_tokens=5, messages=USER, stream=stream
-            )
+            claude(too_long).messages.create(model="m1", max_tokens=5, messages=USER, stream=stream)
         body: Any = info.value.body
         assert body["error"]["type"] == "invalid_request_error"
     for stream in (False, True):
@@ -88,9 +86,7 @@ def test_claude_stream_starts_with_the_real_input_tokens(server: ServedApp) -> N
 
 
 def test_count_tokens(server: ServedApp, node: ScriptedNode) -> None:
-    counted = claude(server).messages.count_tokens(
-        model="m1", messages=USER, system="be brief"
-    )
+    counted = claude(server).messages.count_tokens(model="m1", messages=USER, system="be brief")
     assert counted.input_tokens == PROMPT_TOKENS
     params = node.generations[-1].task_params
     assert params.count_only and params.input[0].content == "be brief"

@@ -12,8 +12,8 @@ from exo.api.tool_calls import ParsedEvent, ToolCallParser, parse_calls
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
 from exo.worker.engines.chat_prompt import chat_prompt, forced_prefix, tool_format
 
-WEATHER = ("get_weather", {"city": "Paris", "days": 2})
-TIME = ("get_time", {"zone": "CET"})
+WEATHER: tuple[str, dict[str, object]] = ("get_weather", {"city": "Paris", "days": 2})
+TIME: tuple[str, dict[str, object]] = ("get_time", {"zone": "CET"})
 
 # (model output, text expected, calls expected)
 CASES: dict[str, tuple[str, str, list[tuple[str, dict[str, object]]]]] = {
@@ -51,7 +51,11 @@ CASES: dict[str, tuple[str, str, list[tuple[str, dict[str, object]]]]] = {
         "",
         [TIME],
     ),
-    "plain_text": ("The weather is <b>fine</b> {not json}.", "The weather is <b>fine</b> {not json}.", []),
+    "plain_text": (
+        "The weather is <b>fine</b> {not json}.",
+        "The weather is <b>fine</b> {not json}.",
+        [],
+    ),
     "malformed_call": (
         'Sure <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> ok',
         'Sure <tool_call>{"name": "get_weather", "arguments": {"city": </tool_call> ok',

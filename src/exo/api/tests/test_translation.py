@@ -110,7 +110,7 @@ def test_chat_caps_max_tokens_at_the_context_and_reads_top_p_zero_as_greedy() ->
         ),
         ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"stop": 5}, "stop"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ],
 )
 def test_chat_rejects_bad_values_naming_the_parameter(body: dict[str, Any], param: str) -> None:

@@ -65,5 +65,7 @@ class TextGenerationTaskParams(FrozenModel):
     tool_choice: ToolChoice = "auto"
     # With tool_choice "required": this function (a named tool_choice).
     forced_tool: str | None = None
+    # Structured output: the answer is JSON following this schema (its JSON text).
+    json_schema: str | None = None
     # Extra variables for the chat template (enable_thinking, reasoning_effort...).
     template_kwargs: dict[str, str | bool] = {}

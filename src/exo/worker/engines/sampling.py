@@ -11,12 +11,23 @@ Order, for one request's logits z [V]:
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+class TokenConstraint(Protocol):
+    """Which tokens may come next (a grammar): masks logits, then follows the choice."""
+
+    def mask(self, logits: Tensor) -> Tensor:
+        """logits [V] with every token the grammar forbids at -inf."""
+        ...
+
+    def accept(self, token: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,8 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    # Structured output: one request's grammar state (not shared between requests).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -122,13 +135,20 @@ class RequestSampler:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy without penalties: the batch can take one argmax for all such rows."""
-        return self.params.greedy and not self.params.has_penalties
+        return (
+            self.params.greedy and not self.params.has_penalties and self.params.constraint is None
+        )
 
     def __call__(self, logits: Tensor) -> int:
         """The next token for logits [V]; records it for the penalties."""
         if self.seen is not None and self.counts is not None:
             logits = apply_penalties(logits, self.params, self.seen, self.counts)
+        constraint = self.params.constraint
+        if constraint is not None:
+            logits = constraint.mask(logits)
         token = sample_token(logits, self.params, self.generator)
+        if constraint is not None:
+            constraint.accept(token)
         self.record(token)
         return token
 

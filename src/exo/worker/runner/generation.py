@@ -15,12 +15,20 @@ from loguru import logger
 from exo.shared.types.chunks import ErrorChunk, ErrorCode, FinishReason, TokenChunk, Usage
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
+from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata
 from exo.worker.download.local import locate_model
-from exo.worker.engines.chat_prompt import chat_prompt
+from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
+from exo.worker.engines.grammar import (
+    GrammarCompiler,
+    GrammarConstraint,
+    GrammarError,
+    schema_grammar,
+    tool_call_grammar,
+)
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
@@ -51,6 +59,7 @@ class Generation:
         self.batch = engine.batch_generator(max_batch, self.max_seq)
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch
+        self._grammars: GrammarCompiler | None = None
 
     @property
     def active(self) -> int:
@@ -64,6 +73,7 @@ class Generation:
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""
+            constraint = None
             if params.raw_prompt is not None:
                 prompt = params.raw_prompt
             else:
@@ -74,7 +84,9 @@ class Generation:
                     params.forced_tool,
                     tokenizer.meta.chat_template,
                 )
-                prefix = chat.prefix
+                constraint = self._constraint(params, chat.format)
+                # A grammar writes the whole call; without one, the prompt opens it.
+                prefix = "" if constraint is not None else chat.prefix
                 prompt = (
                     tokenizer.render_chat(
                         chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
@@ -82,6 +94,8 @@ class Generation:
                     + prefix
                 )
             prompt_ids = tokenizer.encode(prompt)
+        except GrammarError as e:
+            return self._failed(task, str(e), "invalid_request")
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
@@ -109,6 +123,7 @@ class Generation:
                     repetition_penalty=params.repetition_penalty,
                     presence_penalty=params.presence_penalty,
                     frequency_penalty=params.frequency_penalty,
+                    constraint=constraint,
                 ),
             )
         except Exception as e:  # this request is refused; the others go on
@@ -128,6 +143,20 @@ class Generation:
             prefix=prefix,
         )
         return []
+
+    def _constraint(
+        self, params: TextGenerationTaskParams, fmt: ToolFormat
+    ) -> GrammarConstraint | None:
+        """The grammar a request's output must follow: its JSON schema, or a call."""
+        if params.json_schema is not None:
+            grammar = schema_grammar(json_object(params.json_schema))
+        elif params.tools and params.tool_choice == "required":
+            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool)
+        else:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.engine.tokenizer, self.engine.config.vocab)
+        return self._grammars.constraint(grammar)
 
     def _counted(self, task: TextGeneration, prompt_tokens: int) -> list[Event]:
         """The answer to a count-only request: one empty final chunk with the count."""
