@@ -33,6 +33,7 @@ from exo.api.task_params import (
 from exo.api.tool_models import (
     CalledFunction,
     FunctionTool,
+    OpenAIToolChoice,
     arguments_text,
     json_object,
     ollama_format,
@@ -141,6 +142,8 @@ class ChatRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     tools: list[FunctionTool] | None = None
+    # An extension (Ollama has none): OpenAI's tool_choice, to force a call.
+    tool_choice: OpenAIToolChoice | None = None
 
 
 class GenerateRequest(ApiModel):
@@ -173,7 +176,7 @@ class ShowRequest(ApiModel):
 
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages = [m.message(i) for i, m in enumerate(request.messages)]
-    tools = openai_tools(request.tools, None)
+    tools = openai_tools(request.tools, request.tool_choice)
     return build_task_params(
         card,
         messages,
@@ -182,6 +185,8 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         names={**_OPTION_NAMES, "input": "messages"},
         num_ctx=request.options.num_ctx,
         tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
         json_schema=ollama_format(request.format),
     )
 

@@ -35,12 +35,20 @@ def _styled(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "x-guidance": {**_STYLE, **schema.get("x-guidance", {})}}
 
 
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """Arguments without properties the schema does not name, unless it allows them (a
+    small model otherwise invents properties until it runs out of tokens)."""
+    if schema.get("type") == "object" and "additionalProperties" not in schema:
+        return {**schema, "additionalProperties": False}
+    return schema
+
+
 def call_schema(tools: Sequence[ToolSpec], forced: str | None, key: str) -> dict[str, Any]:
     """One call object of any of ``tools`` (or of ``forced``)."""
     options = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, key: json_object(t.parameters)},
+            "properties": {"name": {"const": t.name}, key: _closed(json_object(t.parameters))},
             "required": ["name", key],
             "additionalProperties": False,
         }
