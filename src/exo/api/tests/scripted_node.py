@@ -79,6 +79,8 @@ class Script:
     prompt_tokens: int = PROMPT_TOKENS
     # The runner's context: a prompt this long or longer is refused with a typed error.
     context_length: int = 2048
+    # The answer when the request offers tools and the last message is not a tool result.
+    tool_tokens: Sequence[str] | None = None
 
 
 @dataclass
@@ -278,8 +280,11 @@ class ScriptedNode:
                 )
                 self._deliver(command_id, error)
                 return
+            tokens = script.tokens
+            if script.tool_tokens is not None and params.tools and params.input[-1].role != "tool":
+                tokens = script.tool_tokens
             limit = params.max_tokens
-            n = len(script.tokens)
+            n = len(tokens)
             total = limit if script.endless else min(n, limit or n)
             # Ending on the limit before the script's natural end is "length".
             cut = limit is not None and (script.endless or limit < n)
@@ -298,7 +303,7 @@ class ScriptedNode:
                 reason: FinishReason | None = None
                 if total is not None and i == total - 1:
                     reason = "length" if cut else "stop"
-                chunk = self._token(params.model, script.tokens[i % n], i, reason, i + 1)
+                chunk = self._token(params.model, tokens[i % n], i, reason, i + 1)
                 self._deliver(command_id, chunk)
                 i += 1
                 await anyio.sleep(0)
