@@ -17,12 +17,13 @@ from exo.api.generation_events import (
     Finished,
     FinishKind,
     GenerationEvent,
+    ReasoningDelta,
     TextDelta,
     ToolCallEvent,
 )
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import Tools, arguments_text, json_object, schema_text
+from exo.api.tool_models import Tools, arguments_text, json_object, schema_text, thinking_kwargs
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -61,8 +62,15 @@ class ImageBlock(ApiModel):
     type: Literal["image", "document"]
 
 
+class ThinkingBlock(ApiModel):
+    """Earlier thinking: not shown to the model again."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock, Field(discriminator="type")
+    TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | ThinkingBlock,
+    Field(discriminator="type"),
 ]
 
 
@@ -100,6 +108,8 @@ class ClaudeMessage(ApiModel):
                             name=names.get(block.tool_use_id),
                         )
                     )
+                case ThinkingBlock():
+                    pass
                 case ImageBlock():
                     raise ApiError(
                         400,
@@ -146,6 +156,11 @@ def claude_tools(tools: list[ClaudeTool] | None, choice: ClaudeToolChoice | None
             return Tools(specs, "required", choice.name or "").checked("tool_choice")
 
 
+class ThinkingConfig(ApiModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
 class MessagesRequest(ApiModel):
     model: str
     max_tokens: int = Field(ge=1)
@@ -158,6 +173,7 @@ class MessagesRequest(ApiModel):
     top_k: int | None = Field(default=None, ge=0)
     tools: list[ClaudeTool] | None = None
     tool_choice: ClaudeToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class CountTokensRequest(MessagesRequest):
@@ -190,6 +206,9 @@ def messages_task_params(request: MessagesRequest, card: ModelCard) -> TextGener
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(
+            None if request.thinking is None else request.thinking.type != "disabled"
+        ),
     )
 
 
@@ -227,6 +246,11 @@ def whole_message(
         "role": "assistant",
         "model": model,
         "content": [
+            *(
+                [{"type": "thinking", "thinking": finished.reasoning, "signature": ""}]
+                if finished.reasoning
+                else []
+            ),
             *([{"type": "text", "text": text}] if text or not finished.tool_calls else []),
             *(tool_use_block(call) for call in finished.tool_calls),
         ],
@@ -245,13 +269,14 @@ def claude_error(message: str, status: int = 500) -> dict[str, Any]:
 
 
 class MessagesStreamEncoder:
-    """Content blocks open as they come: text, then a block per tool use."""
+    """Content blocks open as they come: thinking, text, a block per tool use."""
 
     def __init__(self, command_id: CommandId, model: str) -> None:
         self._id = message_id(command_id)
         self._model = model
         self._blocks = 0
-        self._text_open = False
+        # The kind of the block being written ("text" or "thinking"), if one is open.
+        self._open: str | None = None
 
     def begin(self, prompt_tokens: int) -> list[bytes]:
         message = {
@@ -266,29 +291,35 @@ class MessagesStreamEncoder:
         }
         return [_event("message_start", message=message), _event("ping")]
 
-    def _close_text(self) -> list[bytes]:
-        if not self._text_open:
+    def _close(self) -> list[bytes]:
+        if self._open is None:
             return []
-        self._text_open = False
+        self._open = None
         self._blocks += 1
         return [_event("content_block_stop", index=self._blocks - 1)]
+
+    def _write(self, kind: str, delta: dict[str, str]) -> list[bytes]:
+        """A delta into an open block of ``kind`` (closing another, opening this)."""
+        out: list[bytes] = []
+        if self._open != kind:
+            out.extend(self._close())
+            self._open = kind
+            block = {"type": "text", "text": ""}
+            if kind == "thinking":
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+            out.append(_event("content_block_start", index=self._blocks, content_block=block))
+        return [*out, _event("content_block_delta", index=self._blocks, delta=delta)]
 
     def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                out: list[bytes] = []
-                if not self._text_open:
-                    self._text_open = True
-                    block = {"type": "text", "text": ""}
-                    out.append(
-                        _event("content_block_start", index=self._blocks, content_block=block)
-                    )
-                delta = {"type": "text_delta", "text": event.text}
-                return [*out, _event("content_block_delta", index=self._blocks, delta=delta)]
+                return self._write("text", {"type": "text_delta", "text": event.text})
+            case ReasoningDelta():
+                return self._write("thinking", {"type": "thinking_delta", "thinking": event.text})
             case ToolCallEvent():
-                at = self._blocks + 1 if self._text_open else self._blocks
-                out = self._close_text()
-                self._blocks = at + 1
+                out = self._close()
+                at = self._blocks
+                self._blocks += 1
                 delta = {"type": "input_json_delta", "partial_json": event.arguments}
                 return [
                     *out,
@@ -304,7 +335,7 @@ class MessagesStreamEncoder:
                     "stop_sequence": event.stop_sequence,
                 }
                 return [
-                    *self._close_text(),
+                    *self._close(),
                     _event("message_delta", delta=delta, usage=usage_json(event.usage)),
                     _event("message_stop"),
                 ]

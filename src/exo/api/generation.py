@@ -21,10 +21,12 @@ from exo.api.generation_events import (
     Failed,
     Finished,
     GenerationEvent,
+    ReasoningDelta,
     TextDelta,
     ToolCallEvent,
 )
 from exo.api.handle import NodeHandle
+from exo.api.reasoning import ReasoningSplitter
 from exo.api.settings import ApiSettings
 from exo.api.tool_calls import ToolCallParser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
@@ -108,6 +110,7 @@ class Generation:
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
         self._tools = ToolCallParser() if parse_tools else None
+        self._thinking = ReasoningSplitter()
 
     @property
     def command_done(self) -> bool:
@@ -138,22 +141,35 @@ class Generation:
                     yield out
 
     def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
-        """Function calls out of the text, when the request offered tools."""
-        parser = self._tools
-        if parser is None:
-            return [event]
+        """Thinking apart from the answer, then function calls out of the answer (when
+        the request offered tools)."""
         match event:
             case TextDelta():
-                return list(parser.feed(event.text))
+                return self._calls(self._thinking.feed(event.text))
             case Finished():
-                rest: list[GenerationEvent] = list(parser.finish())
-                calls = tuple(parser.calls)
-                if not calls:
-                    return [*rest, event]
-                reason = "tool_calls" if event.reason in ("stop", "stop_sequence") else event.reason
-                return [*rest, replace(event, reason=reason, tool_calls=calls)]
-            case ToolCallEvent() | Failed():
+                rest = self._calls(self._thinking.finish())
+                reasoning = "".join(self._thinking.reasoning)
+                parser = self._tools
+                if parser is not None:
+                    rest.extend(parser.finish())
+                calls = tuple(parser.calls) if parser is not None else ()
+                reason = event.reason
+                if calls and reason in ("stop", "stop_sequence"):
+                    reason = "tool_calls"
+                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning)
+                return [*rest, done]
+            case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
+
+    def _calls(self, events: list[TextDelta | ReasoningDelta]) -> list[GenerationEvent]:
+        parser = self._tools
+        out: list[GenerationEvent] = []
+        for event in events:
+            if parser is not None and isinstance(event, TextDelta):
+                out.extend(parser.feed(event.text))
+            else:
+                out.append(event)
+        return out
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -362,8 +378,8 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
                 raise failure_error(event)
             case Finished():
                 return "".join(parts), event
-            case ToolCallEvent():
-                pass  # in Finished.tool_calls
+            case ToolCallEvent() | ReasoningDelta():
+                pass  # in Finished.tool_calls and Finished.reasoning
             case TextDelta():
                 parts.append(event.text)
     raise ApiError(502, "generation ended without an answer", code="generation_failed")

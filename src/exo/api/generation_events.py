@@ -34,6 +34,13 @@ class TextDelta:
 
 
 @dataclass(frozen=True)
+class ReasoningDelta:
+    """Thinking text (``<think>...</think>``), apart from the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class ToolCallEvent:
     """A complete function call the model made."""
 
@@ -52,6 +59,8 @@ class Finished:
     stop_sequence: str | None = None
     # Every call of the answer (reason "tool_calls" when there are some).
     tool_calls: tuple[ToolCallEvent, ...] = ()
+    # The whole thinking text, if the model thought.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,7 +70,7 @@ class Failed:
     code: ErrorCode | None = None
 
 
-GenerationEvent = TextDelta | ToolCallEvent | Finished | Failed
+GenerationEvent = TextDelta | ReasoningDelta | ToolCallEvent | Finished | Failed
 
 
 class StopScanner:

@@ -18,6 +18,7 @@ from exo.api.generation_events import (
     Finished,
     FinishKind,
     GenerationEvent,
+    ReasoningDelta,
     TextDelta,
     ToolCallEvent,
 )
@@ -38,6 +39,7 @@ from exo.api.tool_models import (
     json_object,
     ollama_format,
     openai_tools,
+    thinking_kwargs,
 )
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.common import CommandId
@@ -142,6 +144,7 @@ class ChatRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     tools: list[FunctionTool] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
     # An extension (Ollama has none): OpenAI's tool_choice, to force a call.
     tool_choice: OpenAIToolChoice | None = None
 
@@ -155,6 +158,7 @@ class GenerateRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     images: list[str] | None = None
+    think: bool | Literal["low", "medium", "high"] | None = None
 
     _images = field_validator("images")(_no_images)
 
@@ -187,6 +191,7 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(request.think),
         json_schema=ollama_format(request.format),
     )
 
@@ -204,6 +209,7 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         names={**_OPTION_NAMES, "input": "prompt"},
         raw_prompt=request.prompt if request.raw else None,
         num_ctx=request.options.num_ctx,
+        template_kwargs=thinking_kwargs(request.think),
         json_schema=ollama_format(request.format),
     )
 
@@ -249,13 +255,17 @@ def timestamp(now: datetime) -> str:
 Kind = Literal["chat", "generate"]
 
 
-def _content(kind: Kind, text: str, calls: Sequence[ToolCallEvent] = ()) -> dict[str, Any]:
+def _content(
+    kind: Kind, text: str, calls: Sequence[ToolCallEvent] = (), thinking: str = ""
+) -> dict[str, Any]:
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
         if calls:
             message["tool_calls"] = [ollama_call(c) for c in calls]
         return {"message": message}
-    return {"response": text}
+    return {"response": text, **({"thinking": thinking} if thinking else {})}
 
 
 def whole_answer(
@@ -264,7 +274,7 @@ def whole_answer(
     return {
         "model": model,
         "created_at": created_at,
-        **_content(kind, text, finished.tool_calls),
+        **_content(kind, text, finished.tool_calls, finished.reasoning),
         **final_fields(finished),
     }
 
@@ -297,6 +307,9 @@ class OllamaStreamEncoder:
                 return [ndjson({**head, **_content(self._kind, event.text), "done": False})]
             case ToolCallEvent():
                 return [ndjson({**head, **_content(self._kind, "", [event]), "done": False})]
+            case ReasoningDelta():
+                thought = _content(self._kind, "", thinking=event.text)
+                return [ndjson({**head, **thought, "done": False})]
             case Finished():
                 return [ndjson({**head, **_content(self._kind, ""), **final_fields(event)})]
             case Failed():

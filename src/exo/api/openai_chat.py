@@ -17,6 +17,7 @@ from exo.api.generation_events import (
     Finished,
     FinishKind,
     GenerationEvent,
+    ReasoningDelta,
     TextDelta,
     ToolCallEvent,
 )
@@ -36,6 +37,7 @@ from exo.api.tool_models import (
     OpenAIToolChoice,
     ResponseFormat,
     openai_tools,
+    thinking_kwargs,
 )
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
@@ -90,7 +92,9 @@ class ChatCompletionRequest(ApiModel):
     tool_choice: OpenAIToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # Extensions many OpenAI-compatible servers accept.
+    chat_template_kwargs: dict[str, str | bool] | None = None
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
@@ -129,6 +133,7 @@ def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGen
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(request.reasoning_effort, request.chat_template_kwargs),
         json_schema=(
             request.response_format.schema_text("response_format")
             if request.response_format is not None
@@ -161,6 +166,8 @@ def tool_call_json(call: ToolCallEvent, index: int | None = None) -> dict[str, A
 
 def assistant_message(text: str, finished: Finished) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
+    if finished.reasoning:
+        message["reasoning_content"] = finished.reasoning
     if finished.tool_calls:
         message["content"] = text or None
         message["tool_calls"] = [tool_call_json(c) for c in finished.tool_calls]
@@ -246,19 +253,26 @@ class ChatStreamEncoder:
     def begin(self, prompt_tokens: int) -> list[bytes]:
         return [sse(self._chunk({"role": "assistant", "content": ""}, None))]
 
+    def _opening(self, index: int) -> list[bytes]:
+        """The role delta of a choice that speaks for the first time."""
+        if index in self._open:
+            return []
+        self._open.add(index)
+        return [sse(self._chunk({"role": "assistant", "content": ""}, None, index))]
+
     def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                opening: list[bytes] = []
-                if index not in self._open:
-                    self._open.add(index)
-                    opening.append(
-                        sse(self._chunk({"role": "assistant", "content": ""}, None, index))
-                    )
-                return [*opening, sse(self._chunk({"content": event.text}, None, index))]
+                return [
+                    *self._opening(index),
+                    sse(self._chunk({"content": event.text}, None, index)),
+                ]
+            case ReasoningDelta():
+                delta = {"reasoning_content": event.text}
+                return [*self._opening(index), sse(self._chunk(delta, None, index))]
             case ToolCallEvent():
-                delta: dict[str, Any] = {"tool_calls": [tool_call_json(event, event.index)]}
-                return [sse(self._chunk(delta, None, index))]
+                calls = {"tool_calls": [tool_call_json(event, event.index)]}
+                return [sse(self._chunk(calls, None, index))]
             case Finished():
                 self._finished.append(event)
                 out = [sse(self._chunk({}, finish_reason(event.reason), index))]

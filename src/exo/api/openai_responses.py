@@ -12,10 +12,17 @@ from pydantic import BeforeValidator, Field, field_validator
 from starlette.responses import Response
 
 from exo.api.generation import GenerationService
-from exo.api.generation_events import Failed, Finished, GenerationEvent, TextDelta, ToolCallEvent
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import TextFormat, Tools, schema_text
+from exo.api.tool_models import TextFormat, Tools, schema_text, thinking_kwargs
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -98,6 +105,10 @@ class ResponsesNamedChoice(ApiModel):
     name: str
 
 
+class ReasoningOptions(ApiModel):
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+
 class TextOptions(ApiModel):
     format: TextFormat | None = None
 
@@ -114,6 +125,7 @@ class ResponsesRequest(ApiModel):
     tool_choice: Literal["auto", "none", "required"] | ResponsesNamedChoice | None = None
     parallel_tool_calls: bool = True
     text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
     previous_response_id: str | None = None
 
     @field_validator("previous_response_id")
@@ -193,6 +205,9 @@ def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGen
         tools=tools.specs,
         tool_choice=tools.choice,
         forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(
+            None if request.reasoning is None else request.reasoning.effort
+        ),
         json_schema=(
             request.text.format.schema_text()
             if request.text is not None and request.text.format is not None
@@ -314,10 +329,21 @@ def function_call_item(call: ToolCallEvent, arguments: str | None = None) -> dic
     }
 
 
+def reasoning_item(command_id: CommandId, text: str) -> dict[str, Any]:
+    return {
+        "id": f"rs_{command_id}",
+        "type": "reasoning",
+        "summary": [],
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
+    }
+
+
 def whole_response(shape: ResponseShape, text: str, finished: Finished) -> dict[str, Any]:
     status = ending_status(finished)
     item_status = "completed" if status == "completed" else "incomplete"
     output: list[dict[str, Any]] = []
+    if finished.reasoning:
+        output.append(reasoning_item(shape.command_id, finished.reasoning))
     if text or not finished.tool_calls:
         output.append(message_item(shape.command_id, text, item_status))
     output.extend(function_call_item(call) for call in finished.tool_calls)
@@ -335,6 +361,9 @@ class ResponsesStreamEncoder:
         self._message_id = message_id(shape.command_id)
         # The output index of the message being written, if one is.
         self._open: int | None = None
+        # The output index of the reasoning item being written, if one is.
+        self._thought: int | None = None
+        self._thinking: list[str] = []
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
@@ -349,7 +378,36 @@ class ResponsesStreamEncoder:
         return [
             self._event("response.created", response=in_progress),
             self._event("response.in_progress", response=in_progress),
-            *self._open_message(),
+        ]
+
+    def _reasoning(self, text: str) -> list[bytes]:
+        out: list[bytes] = []
+        if self._thought is None:
+            out.extend(self._close_message("completed"))
+            self._thought = len(self._items)
+            self._items.append(reasoning_item(self._shape.command_id, ""))
+            item = self._items[self._thought]
+            out.append(
+                self._event("response.output_item.added", output_index=self._thought, item=item)
+            )
+        self._thinking.append(text)
+        fields = {"item_id": self._items[self._thought]["id"], "output_index": self._thought}
+        out.append(
+            self._event("response.reasoning_text.delta", delta=text, content_index=0, **fields)
+        )
+        return out
+
+    def _close_reasoning(self) -> list[bytes]:
+        if self._thought is None:
+            return []
+        at, self._thought = self._thought, None
+        text = "".join(self._thinking)
+        item = reasoning_item(self._shape.command_id, text)
+        self._items[at] = item
+        fields = {"item_id": item["id"], "output_index": at}
+        return [
+            self._event("response.reasoning_text.done", text=text, content_index=0, **fields),
+            self._event("response.output_item.done", output_index=at, item=item),
         ]
 
     def _open_message(self) -> list[bytes]:
@@ -385,8 +443,12 @@ class ResponsesStreamEncoder:
 
     def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
+            case ReasoningDelta():
+                return self._reasoning(event.text)
             case TextDelta():
-                opening = self._open_message() if self._open is None else []
+                opening = (
+                    [*self._close_reasoning(), *self._open_message()] if self._open is None else []
+                )
                 self._text.append(event.text)
                 delta = self._event(
                     "response.output_text.delta",
@@ -409,7 +471,7 @@ class ResponsesStreamEncoder:
                 return [self._event("response.failed", response=failed)]
 
     def _call(self, call: ToolCallEvent) -> list[bytes]:
-        out = self._close_message("completed")
+        out = [*self._close_reasoning(), *self._close_message("completed")]
         at = len(self._items)
         item = function_call_item(call)
         fields = {"item_id": item["id"], "output_index": at}
@@ -432,7 +494,9 @@ class ResponsesStreamEncoder:
     def _finish(self, finished: Finished) -> list[bytes]:
         status = ending_status(finished)
         item_status = "completed" if status == "completed" else "incomplete"
-        out = self._close_message(item_status)
+        out = [*self._close_reasoning(), *self._close_message(item_status)]
+        if not self._items:  # an empty answer is still a message
+            out = [*self._open_message(), *self._close_message(item_status)]
         final = self._shape.render(status, self._items, finished.usage)
         final_kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*out, self._event(final_kind, response=final)]

@@ -171,3 +171,20 @@ def ollama_format(value: object) -> str | None:
     if isinstance(value, dict):
         return json.dumps(value)
     raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")
+
+
+# ---------------------------------------------------------------- thinking
+
+
+def thinking_kwargs(
+    effort: str | bool | None, extra: dict[str, str | bool] | None = None
+) -> dict[str, str | bool]:
+    """Chat template variables for a request's thinking switch: ``enable_thinking``
+    (Qwen3 and others) and ``reasoning_effort``; ``extra`` (chat_template_kwargs) wins."""
+    out: dict[str, str | bool] = {}
+    if isinstance(effort, bool):
+        out["enable_thinking"] = effort
+    elif effort is not None:
+        out["enable_thinking"] = effort != "none"
+        out["reasoning_effort"] = effort
+    return {**out, **(extra or {})}

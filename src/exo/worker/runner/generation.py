@@ -93,6 +93,11 @@ class Generation:
                     )
                     + prefix
                 )
+            if not prefix and prompt.rstrip().endswith("<think>"):
+                # The template opened the thought: the answer's text starts inside it.
+                shown = "<think>"
+            else:
+                shown = prefix
             prompt_ids = tokenizer.encode(prompt)
         except GrammarError as e:
             return self._failed(task, str(e), "invalid_request")
@@ -140,7 +145,7 @@ class Generation:
             detokenizer=IncrementalDetokenizer(decode, prompt_ids),
             stops=StopMatcher(params.stop),
             prompt_tokens=len(prompt_ids),
-            prefix=prefix,
+            prefix=shown,
         )
         return []
 
