@@ -22,7 +22,7 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
-from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
+from exo.api.task_params import NO_VISION, ApiModel, Sampling, build_task_params, text_content
 from exo.api.tool_models import Tools, arguments_text, json_object, schema_text, thinking_kwargs
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
@@ -112,10 +112,7 @@ class ClaudeMessage(ApiModel):
                     pass
                 case ImageBlock():
                     raise ApiError(
-                        400,
-                        f"messages: {block.type} blocks need a vision model; "
-                        "this model reads text only",
-                        param="messages",
+                        400, f"messages: a {block.type} block: {NO_VISION}", param="messages"
                     )
         if texts or calls or not out:
             out.append(InputMessage(role=self.role, content="\n".join(texts), tool_calls=calls))

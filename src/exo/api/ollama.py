@@ -25,6 +25,7 @@ from exo.api.generation_events import (
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
     INT64_MIN,
+    NO_VISION,
     UINT64_MAX,
     ApiModel,
     Sampling,
@@ -101,7 +102,7 @@ class OllamaOptions(ApiModel):
 
 def _no_images(value: list[str] | None) -> list[str] | None:
     if value:
-        raise ValueError("images are not supported by this server")
+        raise ValueError(NO_VISION)
     return value
 
 

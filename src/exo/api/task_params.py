@@ -47,6 +47,10 @@ def _stop_list(value: object) -> object:
 StopList = Annotated[list[str], BeforeValidator(_stop_list)]
 
 
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_file", "file"})
+NO_VISION = "images need a vision model, and the models served here read text only"
+
+
 def text_content(value: object, part_types: Sequence[str]) -> str:
     """Text from a string or a list of text parts (``{"type": "text", "text": ...}``);
     a ValueError naming the first part that is not text."""
@@ -62,6 +66,8 @@ def text_content(value: object, part_types: Sequence[str]) -> str:
             raise ValueError(f"part {i} must be an object")
         fields_ = _as_dict(part)
         kind = fields_.get("type")
+        if kind in IMAGE_PARTS:
+            raise ValueError(f"part {i} is an image: {NO_VISION}")
         if kind not in part_types:
             allowed = " or ".join(repr(t) for t in part_types)
             raise ValueError(
