@@ -1,7 +1,6 @@
 """Ollama: ``/api/chat`` and ``/api/generate`` (newline-delimited JSON streams, on by
 default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
-import hashlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -12,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService, serving_instance
+from exo.api.generation import GenerationService, instances_of, serving_instance
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -22,6 +21,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
+from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
     INT64_MIN,
@@ -43,6 +43,7 @@ from exo.api.tool_models import (
     thinking_kwargs,
 )
 from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.commands import DeleteInstance
 from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams, ToolCall
 
@@ -145,6 +146,7 @@ class ChatRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     tools: list[FunctionTool] | None = None
+    keep_alive: object = None
     think: bool | Literal["low", "medium", "high"] | None = None
     # An extension (Ollama has none): OpenAI's tool_choice, to force a call.
     tool_choice: OpenAIToolChoice | None = None
@@ -159,6 +161,7 @@ class GenerateRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     images: list[str] | None = None
+    keep_alive: object = None
     think: bool | Literal["low", "medium", "high"] | None = None
 
     _images = field_validator("images")(_no_images)
@@ -317,78 +320,6 @@ class OllamaStreamEncoder:
                 return [ndjson({"error": event.message})]
 
 
-# ---------------------------------------------------------------- model listings
-
-
-def digest(card: ModelCard) -> str:
-    return hashlib.sha256(card.model_id.encode()).hexdigest()
-
-
-def parameter_size(card: ModelCard) -> str:
-    """Roughly: the weights are held in 16 bits."""
-    params = card.storage_size.in_bytes / 2
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if params >= scale:
-            return f"{params / scale:.1f}{unit}"
-    return str(int(params))
-
-
-def details(card: ModelCard) -> dict[str, Any]:
-    return {
-        "parent_model": "",
-        "format": "gguf" if card.source.endswith(".gguf") else "safetensors",
-        "family": card.architecture,
-        "families": [card.architecture],
-        "parameter_size": parameter_size(card),
-        "quantization_level": "BF16",
-    }
-
-
-def tag_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
-    return {
-        "name": card.model_id,
-        "model": card.model_id,
-        "modified_at": modified_at,
-        "size": card.storage_size.in_bytes,
-        "digest": digest(card),
-        "details": details(card),
-    }
-
-
-def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
-    arch = card.architecture
-    return {
-        "modelfile": f"FROM {card.model_id}\n",
-        "parameters": "",
-        "template": "",
-        "details": details(card),
-        "model_info": {
-            "general.architecture": arch,
-            "general.basename": card.model_id,
-            f"{arch}.context_length": card.context_length,
-            f"{arch}.block_count": card.n_layers,
-            f"{arch}.embedding_length": card.hidden_size,
-            f"{arch}.attention.head_count": card.num_heads,
-            f"{arch}.attention.head_count_kv": card.num_kv_heads,
-        },
-        "capabilities": ["completion"],
-        "modified_at": modified_at,
-    }
-
-
-def ps_entry(card: ModelCard, expires_at: str) -> dict[str, Any]:
-    return {
-        "name": card.model_id,
-        "model": card.model_id,
-        "size": card.storage_size.in_bytes,
-        "digest": digest(card),
-        "details": details(card),
-        "expires_at": expires_at,
-        "size_vram": 0,
-        "context_length": card.context_length,
-    }
-
-
 def resolve(service: GenerationService, name: str) -> ModelCard:
     """Ollama names carry a tag (``model:latest``); our models have none."""
     try:
@@ -405,6 +336,19 @@ def router(service: GenerationService) -> APIRouter:
 
     def now() -> str:
         return timestamp(datetime.now(UTC))
+
+    async def load_or_unload(kind: Kind, card: ModelCard, keep_alive: object) -> dict[str, Any]:
+        """An empty request loads the model; with ``keep_alive: 0`` it unloads it."""
+        if keep_alive in (0, "0", "0s", "0m"):
+            for instance in instances_of(service.handle.state(), card.model_id):
+                await service.send(
+                    DeleteInstance(
+                        instance_id=instance.instance_id, reason="unloaded (keep_alive 0)"
+                    )
+                )
+            return {**load_answer(kind, card.model_id, now()), "done_reason": "unload"}
+        await service.ensure_serving(card)
+        return load_answer(kind, card.model_id, now())
 
     def streamed(kind: Kind, params: TextGenerationTaskParams, card: ModelCard) -> Response:
         def encoder(_: CommandId) -> OllamaStreamEncoder:
@@ -428,8 +372,7 @@ def router(service: GenerationService) -> APIRouter:
     async def chat(body: ChatRequest, request: Request) -> Response:
         card = resolve(service, body.model)
         if not body.messages:
-            await service.ensure_serving(card)
-            return JSONResponse(load_answer("chat", card.model_id, now()))
+            return JSONResponse(await load_or_unload("chat", card, body.keep_alive))
         params = chat_task_params(body, card)
         if body.stream:
             return streamed("chat", params, card)
@@ -439,8 +382,7 @@ def router(service: GenerationService) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request) -> Response:
         card = resolve(service, body.model)
         if not body.prompt and not body.system:
-            await service.ensure_serving(card)
-            return JSONResponse(load_answer("generate", card.model_id, now()))
+            return JSONResponse(await load_or_unload("generate", card, body.keep_alive))
         params = generate_task_params(body, card)
         if body.stream:
             return streamed("generate", params, card)

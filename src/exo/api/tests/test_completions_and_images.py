@@ -70,3 +70,33 @@ def test_images_are_a_400_naming_vision(shared_server: ServedApp) -> None:
         },
     )
     assert r.status_code == 400 and "vision" in r.json()["error"]["message"]
+
+
+def test_ollama_quantization_and_unload(server: ServedApp, node: ScriptedNode) -> None:
+    client = ollama.Client(host=server.url, timeout=10)
+    shown = client.show("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert shown.details is not None and shown.details.quantization_level == "Q4_1"
+    client.generate(model="m1", prompt="hi")  # places and serves m1
+    assert any(
+        i.shard_assignments.model_id == "test-org/model-1" for i in node.state().instances.values()
+    )
+    r = httpx.post(f"{server.url}/api/generate", json={"model": "m1", "keep_alive": 0}, timeout=10)
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+    assert not any(
+        i.shard_assignments.model_id == "test-org/model-1" for i in node.state().instances.values()
+    )
+
+
+def test_quantization_level_from_file_names() -> None:
+    from exo.api.ollama_models import quantization_level
+    from exo.api.tests.scripted_node import small_card
+
+    card = small_card("x")
+    for source, level in (
+        ("/m/Qwen3-8B-Q4_K_M.gguf", "Q4_K_M"),
+        ("/m/model.IQ2_XS.gguf", "IQ2_XS"),
+        ("/m/model-f16.gguf", "F16"),
+        ("/m/model.gguf", "unknown"),
+        ("/m/folder", "BF16"),
+    ):
+        assert quantization_level(card.model_copy(update={"source": source})) == level
