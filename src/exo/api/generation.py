@@ -31,7 +31,7 @@ from exo.api.settings import ApiSettings
 from exo.api.tool_calls import ToolCallParser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk, TokenLogprob
 from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
 from exo.shared.types.common import CommandId
 from exo.shared.types.state import State
@@ -111,6 +111,9 @@ class Generation:
         self._last_token_ns: int | None = None
         self._tools = ToolCallParser() if parse_tools else None
         self._thinking = ReasoningSplitter()
+        # Log-probabilities of every token so far; the first ``_logprobs_sent`` went out.
+        self._logprobs: list[TokenLogprob] = []
+        self._logprobs_sent = 0
 
     @property
     def command_done(self) -> bool:
@@ -132,13 +135,27 @@ class Generation:
                 return
             now = self._clock()
             self._observe(chunk, now)
+            if isinstance(chunk, TokenChunk) and chunk.logprobs:
+                self._logprobs.extend(chunk.logprobs)
             for event in self._translator.feed(chunk, now):
-                for out in self._parse(event):
+                for out in map(self._with_logprobs, self._parse(event)):
                     if isinstance(out, Finished):
                         metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
                             out.usage.completion_tokens
                         )
                     yield out
+
+    def _with_logprobs(self, event: GenerationEvent) -> GenerationEvent:
+        """Text carries the log-probabilities that came since the last text; the end, all."""
+        match event:
+            case TextDelta() if len(self._logprobs) > self._logprobs_sent:
+                fresh = tuple(self._logprobs[self._logprobs_sent :])
+                self._logprobs_sent = len(self._logprobs)
+                return replace(event, logprobs=fresh)
+            case Finished() if self._logprobs:
+                return replace(event, logprobs=tuple(self._logprobs))
+            case _:
+                return event
 
     def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
         """Thinking apart from the answer, then function calls out of the answer (when

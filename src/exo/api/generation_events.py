@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, Usage
+from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, TokenLogprob, Usage
 
 FinishKind = Literal["stop", "length", "stop_sequence", "cancelled", "tool_calls"]
 
@@ -31,6 +31,8 @@ class Timings:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The tokens of this text, when the request asked for log-probabilities.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class Finished:
     tool_calls: tuple[ToolCallEvent, ...] = ()
     # The whole thinking text, if the model thought.
     reasoning: str = ""
+    # Every output token's log-probability, when the request asked for them.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from exo.api.tool_models import (
     FunctionTool,
     OpenAIToolChoice,
     ResponseFormat,
+    logprob_json,
     openai_tools,
     thinking_kwargs,
 )
@@ -93,6 +94,8 @@ class ChatCompletionRequest(ApiModel):
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # Extensions many OpenAI-compatible servers accept.
     chat_template_kwargs: dict[str, str | bool] | None = None
     top_k: int | None = Field(default=None, ge=0)
@@ -134,6 +137,8 @@ def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGen
         tool_choice=tools.choice,
         forced_tool=tools.forced,
         template_kwargs=thinking_kwargs(request.reasoning_effort, request.chat_template_kwargs),
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs or 0,
         json_schema=(
             request.response_format.schema_text("response_format")
             if request.response_format is not None
@@ -199,7 +204,11 @@ def chat_completion(
             {
                 "index": index,
                 "message": assistant_message(text, finished),
-                "logprobs": None,
+                "logprobs": (
+                    {"content": [logprob_json(e) for e in finished.logprobs]}
+                    if finished.logprobs
+                    else None
+                ),
                 "finish_reason": finish_reason(finished.reason),
             }
             for index, (text, finished) in enumerate(choices)
@@ -263,10 +272,12 @@ class ChatStreamEncoder:
     def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                return [
-                    *self._opening(index),
-                    sse(self._chunk({"content": event.text}, None, index)),
-                ]
+                chunk = self._chunk({"content": event.text}, None, index)
+                if event.logprobs:
+                    chunk["choices"][0]["logprobs"] = {
+                        "content": [logprob_json(e) for e in event.logprobs]
+                    }
+                return [*self._opening(index), sse(chunk)]
             case ReasoningDelta():
                 delta = {"reasoning_content": event.text}
                 return [*self._opening(index), sse(self._chunk(delta, None, index))]

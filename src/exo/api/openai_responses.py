@@ -4,6 +4,7 @@ output_text.delta..., output_text.done, content_part.done, output_item.done, the
 completed / incomplete / failed)."""
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -22,9 +23,9 @@ from exo.api.generation_events import (
 )
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import TextFormat, Tools, schema_text, thinking_kwargs
+from exo.api.tool_models import TextFormat, Tools, logprob_json, schema_text, thinking_kwargs
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.chunks import Usage
+from exo.shared.types.chunks import TokenLogprob, Usage
 from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import (
     InputMessage,
@@ -126,6 +127,8 @@ class ResponsesRequest(ApiModel):
     parallel_tool_calls: bool = True
     text: TextOptions | None = None
     reasoning: ReasoningOptions | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    include: list[str] = []
     previous_response_id: str | None = None
 
     @field_validator("previous_response_id")
@@ -208,6 +211,8 @@ def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGen
         template_kwargs=thinking_kwargs(
             None if request.reasoning is None else request.reasoning.effort
         ),
+        logprobs="message.output_text.logprobs" in request.include,
+        top_logprobs=request.top_logprobs or 0,
         json_schema=(
             request.text.format.schema_text()
             if request.text is not None and request.text.format is not None
@@ -234,18 +239,25 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def output_text_part(text: str, logprobs: Sequence[TokenLogprob] = ()) -> dict[str, Any]:
+    return {
+        "type": "output_text",
+        "text": text,
+        "annotations": [],
+        "logprobs": [logprob_json(e) for e in logprobs],
+    }
 
 
-def message_item(command_id: CommandId, text: str | None, status: str) -> dict[str, Any]:
+def message_item(
+    command_id: CommandId, text: str | None, status: str, logprobs: Sequence[TokenLogprob] = ()
+) -> dict[str, Any]:
     """The assistant message; ``text`` None: no content part yet."""
     return {
         "id": message_id(command_id),
         "type": "message",
         "role": "assistant",
         "status": status,
-        "content": [] if text is None else [output_text_part(text)],
+        "content": [] if text is None else [output_text_part(text, logprobs)],
     }
 
 
@@ -345,7 +357,7 @@ def whole_response(shape: ResponseShape, text: str, finished: Finished) -> dict[
     if finished.reasoning:
         output.append(reasoning_item(shape.command_id, finished.reasoning))
     if text or not finished.tool_calls:
-        output.append(message_item(shape.command_id, text, item_status))
+        output.append(message_item(shape.command_id, text, item_status, finished.logprobs))
     output.extend(function_call_item(call) for call in finished.tool_calls)
     return shape.render(status, output, finished.usage)
 
@@ -453,7 +465,7 @@ class ResponsesStreamEncoder:
                 delta = self._event(
                     "response.output_text.delta",
                     delta=event.text,
-                    logprobs=[],
+                    logprobs=[logprob_json(e) for e in event.logprobs],
                     **self._part_fields(),
                 )
                 return [*opening, delta]

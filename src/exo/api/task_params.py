@@ -118,6 +118,8 @@ def build_task_params(
     forced_tool: str | None = None,
     template_kwargs: Mapping[str, str | bool] | None = None,
     json_schema: str | None = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> TextGenerationTaskParams:
     """The task for a request. ``names`` maps our field names to the client's (for
     errors); ``max_tokens`` is capped at the model's context length."""
@@ -149,6 +151,8 @@ def build_task_params(
             forced_tool=forced_tool,
             template_kwargs=dict(template_kwargs or {}),
             json_schema=json_schema,
+            logprobs=logprobs or top_logprobs > 0,
+            top_logprobs=top_logprobs,
             **values,
         )
     except ValidationError as e:

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.task_params import ApiModel
+from exo.shared.types.chunks import TokenLogprob
 from exo.shared.types.text_generation import ToolCall, ToolChoice, ToolSpec
 
 
@@ -188,3 +189,20 @@ def thinking_kwargs(
         out["enable_thinking"] = effort != "none"
         out["reasoning_effort"] = effort
     return {**out, **(extra or {})}
+
+
+# ---------------------------------------------------------------- log-probabilities
+
+
+def logprob_json(entry: TokenLogprob, with_top: bool = True) -> dict[str, Any]:
+    """OpenAI's shape of one token's log-probability."""
+    out: dict[str, Any] = {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+    }
+    if with_top:
+        out["top_logprobs"] = [
+            logprob_json(TokenLogprob(token=t.token, logprob=t.logprob), False) for t in entry.top
+        ]
+    return out

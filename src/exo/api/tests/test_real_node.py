@@ -79,3 +79,44 @@ def test_claude_counts_and_stop_sequences(node: NodeProcess) -> None:
     assert stopped.stop_sequence == stop
     assert stopped.content[0].type == "text"
     assert stopped.content[0].text == text[: text.index(stop)]
+
+
+def test_logprobs_whole_and_streamed(node: NodeProcess) -> None:
+    reply = oa(node).chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3
+    )
+    choice = reply.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    entries = choice.logprobs.content
+    assert "".join(e.token for e in entries) == choice.message.content
+    for e in entries:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3
+        # Greedy: the chosen token is the most likely one.
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-4)
+    streamed = oa(node).chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=8, temperature=0, logprobs=True, stream=True
+    )
+    tokens = [
+        e.token
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs and chunk.choices[0].logprobs.content
+        for e in chunk.choices[0].logprobs.content
+    ]
+    assert tokens == [e.token for e in entries]
+
+
+def test_seed_is_reproducible(node: NodeProcess) -> None:
+    def sample(seed: int) -> str:
+        reply = oa(node).chat.completions.create(
+            model=MODEL, messages=USER, max_tokens=16, temperature=1.0, seed=seed
+        )
+        return reply.choices[0].message.content or ""
+
+    first = sample(1234)
+    assert sample(1234) == first
+    # n choices with a seed are the choices of seed, seed + 1, ...
+    both = oa(node).chat.completions.create(
+        model=MODEL, messages=USER, max_tokens=16, temperature=1.0, seed=1234, n=2
+    )
+    assert both.choices[0].message.content == first
+    assert both.choices[1].message.content == sample(1235)

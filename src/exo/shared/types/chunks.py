@@ -21,6 +21,19 @@ class Usage(FrozenModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TopLogprob(FrozenModel):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(FrozenModel):
+    """One generated token's text and log-probability, and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = []
+
+
 class TokenChunk(FrozenModel):
     kind: Literal["TokenChunk"] = "TokenChunk"
     model: ModelId
@@ -34,6 +47,8 @@ class TokenChunk(FrozenModel):
     prompt_tokens: int | None = None
     # The stop string that ended the output (finish_reason "stop"), if one did.
     stop_sequence: str | None = None
+    # When the request asked for them: the tokens of this chunk's text.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class ErrorChunk(FrozenModel):

@@ -65,6 +65,9 @@ class TextGenerationTaskParams(FrozenModel):
     tool_choice: ToolChoice = "auto"
     # With tool_choice "required": this function (a named tool_choice).
     forced_tool: str | None = None
+    # Log-probabilities of the output tokens, with this many alternatives each.
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=20)
     # Structured output: the answer is JSON following this schema (its JSON text).
     json_schema: str | None = None
     # Extra variables for the chat template (enable_thinking, reasoning_effort...).

@@ -12,7 +12,15 @@ from typing import cast
 import torch
 from loguru import logger
 
-from exo.shared.types.chunks import ErrorChunk, ErrorCode, FinishReason, TokenChunk, Usage
+from exo.shared.types.chunks import (
+    ErrorChunk,
+    ErrorCode,
+    FinishReason,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
@@ -30,7 +38,7 @@ from exo.worker.engines.grammar import (
     tool_call_grammar,
 )
 from exo.worker.engines.llama import LlamaModel
-from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.sampling import SamplingParams, TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.settings import RunnerSettings
@@ -46,6 +54,9 @@ class _Request:
     prompt_tokens: int
     # Text the prompt ends with that is part of the answer (a forced call's opening).
     prefix: str = ""
+    # Filled by the sampler when the request wants log-probabilities.
+    logprob_sink: list[TokenLogprobs] | None = None
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list[TokenLogprob])
     completion_tokens: int = 0
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -93,11 +104,9 @@ class Generation:
                     )
                     + prefix
                 )
-            if not prefix and prompt.rstrip().endswith("<think>"):
-                # The template opened the thought: the answer's text starts inside it.
-                shown = "<think>"
-            else:
-                shown = prefix
+            # A template that opens the thought: the answer's text starts inside it.
+            opened = not prefix and prompt.rstrip().endswith("<think>")
+            shown = "<think>" if opened else prefix
             prompt_ids = tokenizer.encode(prompt)
         except GrammarError as e:
             return self._failed(task, str(e), "invalid_request")
@@ -113,6 +122,7 @@ class Generation:
                 f"but the prompt is {len(prompt_ids)} tokens"
             )
             return self._failed(task, message, "context_length_exceeded")
+        sink: list[TokenLogprobs] | None = [] if params.logprobs else None
         try:
             max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
             self.batch.add(
@@ -129,6 +139,8 @@ class Generation:
                     presence_penalty=params.presence_penalty,
                     frequency_penalty=params.frequency_penalty,
                     constraint=constraint,
+                    top_logprobs=params.top_logprobs,
+                    logprob_sink=sink,
                 ),
             )
         except Exception as e:  # this request is refused; the others go on
@@ -146,6 +158,7 @@ class Generation:
             stops=StopMatcher(params.stop),
             prompt_tokens=len(prompt_ids),
             prefix=shown,
+            logprob_sink=sink,
         )
         return []
 
@@ -191,6 +204,7 @@ class Generation:
                 continue
             request.completion_tokens += 1
             finish: FinishReason | None = out.finish_reason
+            self._take_logprobs(request, drop_last=finish == "stop")
             # A stop token ends the text; it is not part of it.
             text = "" if finish == "stop" else request.detokenizer.push(out.token_id)
             emitted = request.stops.push(text)
@@ -206,6 +220,20 @@ class Generation:
                 emitted += request.stops.flush()
             events.extend(self._chunk(request, emitted, out.token_id, finish))
         return events
+
+    def _take_logprobs(self, request: _Request, drop_last: bool) -> None:
+        """The sampler's new entries as chunk log-probabilities (a stop token is not text)."""
+        sink = request.logprob_sink
+        if not sink:
+            return
+        entries = sink[:-1] if drop_last else list(sink)
+        sink.clear()
+        decode = self.engine.tokenizer.decode
+        for e in entries:
+            top = [TopLogprob(token=decode([t]), logprob=lp) for t, lp in e.top]
+            request.pending_logprobs.append(
+                TokenLogprob(token=decode([e.token]), logprob=e.logprob, top=top)
+            )
 
     def cancel(self, task_id: TaskId) -> list[Event]:
         request = self.requests.get(task_id)
@@ -248,7 +276,9 @@ class Generation:
             else None,
             prompt_tokens=request.prompt_tokens if request.chunks_sent == 0 else None,
             stop_sequence=request.stops.matched if finish == "stop" else None,
+            logprobs=list(request.pending_logprobs) if request.logprob_sink is not None else None,
         )
+        request.pending_logprobs.clear()
         request.chunks_sent += 1
         events: list[Event] = [ChunkGenerated(command_id=task.command_id, chunk=chunk)]
         if finish is not None:
