@@ -209,6 +209,7 @@ class GenerationService:
         self.handle = handle
         self._placement_timeout_s = settings.placement_timeout_s
         self.keep_alive_interval_s = settings.keep_alive_interval_s
+        self.settings = settings
         self._max_queued = settings.max_queued_requests
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0

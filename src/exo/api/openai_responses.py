@@ -4,13 +4,14 @@ output_text.delta..., output_text.done, content_part.done, output_item.done, the
 completed / incomplete / failed)."""
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
+from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
@@ -21,10 +22,12 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.openai_responses_request import ResponsesRequest, responses_task_params
+from exo.api.response_store import ResponseStore
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.tool_models import logprob_json
 from exo.shared.types.chunks import TokenLogprob, Usage
 from exo.shared.types.common import CommandId
+from exo.shared.types.text_generation import InputMessage
 
 ResponseStatus = Literal["completed", "incomplete", "failed", "cancelled", "in_progress"]
 
@@ -128,8 +131,8 @@ class ResponseShape:
             "tools": [t.model_dump(exclude_none=True) for t in request.tools or ()],
             "text": {"format": _format_json(request)},
             "metadata": {},
-            "previous_response_id": None,
-            "store": False,
+            "previous_response_id": request.previous_response_id,
+            "store": request.store,
             "error": None if error is None else {"code": "server_error", "message": error},
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if status == "incomplete" else None
@@ -171,10 +174,14 @@ def whole_response(shape: ResponseShape, text: str, finished: Finished) -> dict[
 
 
 class ResponsesStreamEncoder:
-    """Output items in order: a message while text comes, a function call per call."""
+    """Output items in order: a message while text comes, a function call per call.
+    ``on_final`` receives the finished response object (to store it)."""
 
-    def __init__(self, shape: ResponseShape) -> None:
+    def __init__(
+        self, shape: ResponseShape, on_final: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
         self._shape = shape
+        self._on_final = on_final
         self._sequence = 0
         self._text: list[str] = []
         self._items: list[dict[str, Any]] = []
@@ -318,24 +325,52 @@ class ResponsesStreamEncoder:
         if not self._items:  # an empty answer is still a message
             out = [*self._open_message(), *self._close_message(item_status)]
         final = self._shape.render(status, self._items, finished.usage)
+        if self._on_final is not None:
+            self._on_final(final)
         final_kind = "response.completed" if status == "completed" else "response.incomplete"
         return [*out, self._event(final_kind, response=final)]
 
 
 def router(service: GenerationService) -> APIRouter:
     api = APIRouter()
+    settings = service.settings
+    store = ResponseStore(settings.data_dir, settings.max_stored_responses)
+
+    def stored(response_id: str) -> dict[str, Any]:
+        body = store.get(response_id)
+        if body is None:
+            raise ApiError(404, f"no stored response with id {response_id}", code="not_found")
+        return body
 
     @api.post("/v1/responses", response_model=None)
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         card = service.resolve_model(body.model)
-        params = responses_task_params(body, card)
+        history: list[InputMessage] = []
+        if body.previous_response_id:
+            found = store.conversation(body.previous_response_id)
+            if found is None:
+                raise ApiError(
+                    404,
+                    f"previous_response_id: no stored response {body.previous_response_id}",
+                    param="previous_response_id",
+                    code="not_found",
+                )
+            history = found
+        params = responses_task_params(body, card, history)
+        # What a later request continues from: this one's conversation, without the system
+        # instructions.
+        conversation = [m for m in params.input if m.role != "system"]
+
+        def keep(response: dict[str, Any]) -> None:
+            if body.store:
+                store.put(response, conversation)
+
         created = time.time()
         if body.stream:
 
             def encoder(command_id: CommandId) -> ResponsesStreamEncoder:
-                return ResponsesStreamEncoder(
-                    ResponseShape(command_id, body, card.model_id, created)
-                )
+                shape = ResponseShape(command_id, body, card.model_id, created)
+                return ResponsesStreamEncoder(shape, keep)
 
             return GenerationStream(service, params, card, encoder, "text/event-stream")
         result = await complete(service, request, params, card)
@@ -343,6 +378,18 @@ def router(service: GenerationService) -> APIRouter:
             return client_gone()
         command_id, text, finished = result
         shape = ResponseShape(command_id, body, card.model_id, created)
-        return JSONResponse(whole_response(shape, text, finished))
+        response = whole_response(shape, text, finished)
+        keep(response)
+        return JSONResponse(response)
+
+    @api.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str) -> dict[str, Any]:
+        return stored(response_id)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete(response_id: str) -> dict[str, Any]:
+        if not store.delete(response_id):
+            raise ApiError(404, f"no stored response with id {response_id}", code="not_found")
+        return {"id": response_id, "object": "response", "deleted": True}
 
     return api

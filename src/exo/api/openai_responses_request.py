@@ -1,9 +1,10 @@
 """OpenAI Responses requests: input items (messages, function calls and their outputs),
 tools, text format and reasoning options, and the task they become."""
 
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field
 
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
 from exo.api.tool_models import TextFormat, Tools, schema_text, thinking_kwargs
@@ -109,13 +110,7 @@ class ResponsesRequest(ApiModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     include: list[str] = []
     previous_response_id: str | None = None
-
-    @field_validator("previous_response_id")
-    @classmethod
-    def _no_previous(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("responses are not stored: send the whole conversation as input")
-        return value
+    store: bool = True
 
     def tool_set(self) -> Tools:
         specs = tuple(t.spec() for t in self.tools or ())
@@ -167,10 +162,15 @@ def input_messages(items: list[Item]) -> list[InputMessage]:
     return out
 
 
-def responses_task_params(request: ResponsesRequest, card: ModelCard) -> TextGenerationTaskParams:
+def responses_task_params(
+    request: ResponsesRequest, card: ModelCard, history: Sequence[InputMessage] = ()
+) -> TextGenerationTaskParams:
+    """``history``: the conversation of ``previous_response_id`` (its instructions are
+    not carried over)."""
     messages: list[InputMessage] = []
     if request.instructions:
         messages.append(InputMessage(role="system", content=request.instructions))
+    messages.extend(history)
     messages.extend(input_messages(request.input))
     tools = request.tool_set()
     sampling = Sampling(
