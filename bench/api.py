@@ -1,7 +1,8 @@
 """Engine called directly vs the same engine behind a real node's HTTP API (streaming),
-and aggregate throughput with 8 concurrent streams. Prints its figures.
+aggregate throughput with 8 concurrent streams, and constrained decoding (a JSON schema)
+against free decoding, per token, in the same run. Prints its figures.
 
-    python bench/api.py [--tokens 128] [--threads 1]
+    python bench/api.py [--tokens 128] [--threads 1] [--only-constrained]
 """
 
 import argparse
@@ -48,10 +49,20 @@ def direct(tokens: int, threads: int, cache: Path) -> dict[str, float]:
             "decode_tps": (n - 1) / (end - first), "tokens": n}
 
 
-def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = None) -> dict[str, float]:
+# A schema that lets the model write at length: the story is one long string.
+STORY_SCHEMA = {
+    "type": "object",
+    "properties": {"title": {"type": "string", "maxLength": 40}, "story": {"type": "string"}},
+    "required": ["title", "story"],
+    "additionalProperties": False,
+}
+
+
+def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = None,
+                extra: dict[str, object] | None = None) -> dict[str, float]:
     body = {"model": EMBEDDED_MODEL_ID, "messages": [{"role": "user", "content": PROMPT}],
             "temperature": 0, "max_tokens": tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
+            "stream_options": {"include_usage": True}, **(extra or {})}
     start = time.perf_counter()
     first = None
     n = 0
@@ -77,11 +88,35 @@ def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = 
     return result
 
 
+def constrained_vs_free(url: str, tokens: int, rounds: int = 3) -> None:
+    """Per-token decode time with a JSON schema against without, alternating requests."""
+    schema = {"response_format": {"type": "json_schema",
+                                  "json_schema": {"name": "story", "schema": STORY_SCHEMA}}}
+    stream_once(url, 8, extra=schema)  # first constrained request: grammar tokenizer, caches
+    free: list[float] = []
+    constrained: list[float] = []
+    for _ in range(rounds):
+        f = stream_once(url, tokens)
+        c = stream_once(url, tokens, extra=schema)
+        free.append(1 / f["decode_tps"])
+        constrained.append(1 / c["decode_tps"])
+    f_ms, c_ms = statistics.median(free) * 1000, statistics.median(constrained) * 1000
+    print(f"constrained (JSON schema) vs free decoding: {c_ms:.1f} vs {f_ms:.1f} ms/token, "
+          f"ratio {c_ms / f_ms:.3f}  (target <= 1.15; median of {rounds} alternating pairs)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--only-constrained", action="store_true",
+                    help="only the constrained vs free decoding comparison")
     args = ap.parse_args()
+    if args.only_constrained:
+        with tempfile.TemporaryDirectory() as tmp, \
+                running_node(Path(tmp), "--threads", str(args.threads)) as node:
+            constrained_vs_free(node.url, args.tokens)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         a = direct(args.tokens, args.threads, Path(tmp) / "cache")
         print(f"(a) engine direct : decode {a['decode_tps']:.1f} tok/s, prefill {a['prefill_tps']:.0f} tok/s, "
@@ -107,6 +142,7 @@ def main() -> None:
                   f"TTFT median {statistics.median(r['ttft_s'] for r in results) * 1000:.0f} ms, "
                   f"max {max(r['ttft_s'] for r in results) * 1000:.0f} ms")
             print(f"    aggregate / one stream = {aggregate / b['decode_tps']:.2f}  (target >= 3)")
+            constrained_vs_free(node.url, args.tokens)
 
 
 if __name__ == "__main__":

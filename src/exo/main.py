@@ -327,7 +327,9 @@ class Node:
         )
 
     async def run(self) -> None:
-        app = create_app(self, self.config.api)
+        # Stored Responses live in the node's data directory.
+        api_settings = self.config.api.model_copy(update={"data_dir": self.config.data_dir})
+        app = create_app(self, api_settings)
         sock = _bind(self.config.api.host, self.config.api.port)
         self.api_port = sock.getsockname()[1]
         server = _ApiServer(

@@ -7,34 +7,155 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
-from exo.api.errors import claude_error_type
-from exo.api.generation import Generation, GenerationService
-from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.errors import ApiError, claude_error_type
+from exo.api.generation import GenerationService
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    FinishKind,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
-from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
+from exo.api.task_params import NO_VISION, ApiModel, Sampling, build_task_params, text_content
+from exo.api.tool_models import Tools, arguments_text, json_object, schema_text, thinking_kwargs
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
-
-
-def _block_text(value: object) -> object:
-    return text_content(value, ("text",))
+from exo.shared.types.text_generation import (
+    InputMessage,
+    TextGenerationTaskParams,
+    ToolCall,
+    ToolSpec,
+)
 
 
 def _system_text(value: object) -> object:
     return None if value is None else text_content(value, ("text",))
 
 
-BlockText = Annotated[str, BeforeValidator(_block_text)]
+class TextBlock(ApiModel):
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(ApiModel):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: object = None
+
+
+class ToolResultBlock(ApiModel):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: Annotated[str, BeforeValidator(_system_text)] = ""
+    is_error: bool = False
+
+
+class ImageBlock(ApiModel):
+    type: Literal["image", "document"]
+
+
+class ThinkingBlock(ApiModel):
+    """Earlier thinking: not shown to the model again."""
+
+    type: Literal["thinking", "redacted_thinking"]
+
+
+Block = Annotated[
+    TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | ThinkingBlock,
+    Field(discriminator="type"),
+]
+
+
+def _blocks(value: object) -> object:
+    return [{"type": "text", "text": value}] if isinstance(value, str) else value
 
 
 class ClaudeMessage(ApiModel):
     role: Literal["user", "assistant"]
-    content: BlockText
+    content: Annotated[list[Block], BeforeValidator(_blocks)]
+
+    def messages(self, names: dict[str, str]) -> list[InputMessage]:
+        """Tool results become tool messages (before the turn's text); tool uses, the
+        assistant's calls. ``names`` maps call ids to function names, across turns."""
+        out: list[InputMessage] = []
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in self.content:
+            match block:
+                case TextBlock():
+                    texts.append(block.text)
+                case ToolUseBlock():
+                    names[block.id] = block.name
+                    calls.append(
+                        ToolCall(
+                            id=block.id, name=block.name, arguments=arguments_text(block.input)
+                        )
+                    )
+                case ToolResultBlock():
+                    out.append(
+                        InputMessage(
+                            role="tool",
+                            content=block.content,
+                            tool_call_id=block.tool_use_id,
+                            name=names.get(block.tool_use_id),
+                        )
+                    )
+                case ThinkingBlock():
+                    pass
+                case ImageBlock():
+                    raise ApiError(
+                        400, f"messages: a {block.type} block: {NO_VISION}", param="messages"
+                    )
+        if texts or calls or not out:
+            out.append(InputMessage(role=self.role, content="\n".join(texts), tool_calls=calls))
+        return out
+
+
+class ClaudeTool(ApiModel):
+    name: str = Field(min_length=1)
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None
+
+    def spec(self) -> ToolSpec:
+        if self.type not in (None, "custom"):
+            raise ApiError(400, f"tools: server tool {self.type!r} is not supported", param="tools")
+        return ToolSpec(
+            name=self.name, description=self.description, parameters=schema_text(self.input_schema)
+        )
+
+
+class ClaudeToolChoice(ApiModel):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+def claude_tools(tools: list[ClaudeTool] | None, choice: ClaudeToolChoice | None) -> Tools:
+    specs = tuple(t.spec() for t in tools or ())
+    if choice is None:
+        return Tools(specs)
+    match choice.type:
+        case "auto":
+            return Tools(specs)
+        case "none":
+            return Tools(specs, "none")
+        case "any":
+            return Tools(specs, "required").checked("tool_choice")
+        case "tool":
+            return Tools(specs, "required", choice.name or "").checked("tool_choice")
+
+
+class ThinkingConfig(ApiModel):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
 
 
 class MessagesRequest(ApiModel):
@@ -47,21 +168,25 @@ class MessagesRequest(ApiModel):
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)
-    tools: list[object] | None = None
+    tools: list[ClaudeTool] | None = None
+    tool_choice: ClaudeToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool use is not supported by this server")
-        return tools
+
+class CountTokensRequest(MessagesRequest):
+    """``/v1/messages/count_tokens``: a Messages request without ``max_tokens``."""
+
+    max_tokens: int = Field(default=1, ge=1)
 
 
 def messages_task_params(request: MessagesRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages: list[InputMessage] = []
     if request.system:
         messages.append(InputMessage(role="system", content=request.system))
-    messages.extend(InputMessage(role=m.role, content=m.content) for m in request.messages)
+    names: dict[str, str] = {}
+    for m in request.messages:
+        messages.extend(m.messages(names))
+    tools = claude_tools(request.tools, request.tool_choice)
     sampling = Sampling(
         max_tokens=request.max_tokens,
         temperature=request.temperature,
@@ -75,6 +200,12 @@ def messages_task_params(request: MessagesRequest, card: ModelCard) -> TextGener
         sampling,
         stream=request.stream,
         names={"stop": "stop_sequences", "input": "messages"},
+        tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(
+            None if request.thinking is None else request.thinking.type != "disabled"
+        ),
     )
 
 
@@ -86,6 +217,17 @@ def stop_reason(reason: FinishKind) -> str:
             return "max_tokens"
         case "stop_sequence":
             return "stop_sequence"
+        case "tool_calls":
+            return "tool_use"
+
+
+def tool_use_block(call: ToolCallEvent, with_input: bool = True) -> dict[str, Any]:
+    return {
+        "type": "tool_use",
+        "id": call.id,
+        "name": call.name,
+        "input": json_object(call.arguments) if with_input else {},
+    }
 
 
 def message_id(command_id: CommandId) -> str:
@@ -100,7 +242,15 @@ def whole_message(
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": [
+            *(
+                [{"type": "thinking", "thinking": finished.reasoning, "signature": ""}]
+                if finished.reasoning
+                else []
+            ),
+            *([{"type": "text", "text": text}] if text or not finished.tool_calls else []),
+            *(tool_use_block(call) for call in finished.tool_calls),
+        ],
         "stop_reason": stop_reason(finished.reason),
         "stop_sequence": finished.stop_sequence,
         "usage": usage_json(finished.usage),
@@ -116,11 +266,16 @@ def claude_error(message: str, status: int = 500) -> dict[str, Any]:
 
 
 class MessagesStreamEncoder:
+    """Content blocks open as they come: thinking, text, a block per tool use."""
+
     def __init__(self, command_id: CommandId, model: str) -> None:
         self._id = message_id(command_id)
         self._model = model
+        self._blocks = 0
+        # The kind of the block being written ("text" or "thinking"), if one is open.
+        self._open: str | None = None
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         message = {
             "id": self._id,
             "type": "message",
@@ -129,31 +284,61 @@ class MessagesStreamEncoder:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
         }
-        return [
-            _event("message_start", message=message),
-            _event("content_block_start", index=0, content_block={"type": "text", "text": ""}),
-            _event("ping"),
-        ]
+        return [_event("message_start", message=message), _event("ping")]
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        self._open = None
+        self._blocks += 1
+        return [_event("content_block_stop", index=self._blocks - 1)]
+
+    def _write(self, kind: str, delta: dict[str, str]) -> list[bytes]:
+        """A delta into an open block of ``kind`` (closing another, opening this)."""
+        out: list[bytes] = []
+        if self._open != kind:
+            out.extend(self._close())
+            self._open = kind
+            block = {"type": "text", "text": ""}
+            if kind == "thinking":
+                block = {"type": "thinking", "thinking": "", "signature": ""}
+            out.append(_event("content_block_start", index=self._blocks, content_block=block))
+        return [*out, _event("content_block_delta", index=self._blocks, delta=delta)]
+
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                delta = {"type": "text_delta", "text": event.text}
-                return [_event("content_block_delta", index=0, delta=delta)]
+                return self._write("text", {"type": "text_delta", "text": event.text})
+            case ReasoningDelta():
+                return self._write("thinking", {"type": "thinking_delta", "thinking": event.text})
+            case ToolCallEvent():
+                out = self._close()
+                at = self._blocks
+                self._blocks += 1
+                delta = {"type": "input_json_delta", "partial_json": event.arguments}
+                return [
+                    *out,
+                    _event(
+                        "content_block_start", index=at, content_block=tool_use_block(event, False)
+                    ),
+                    _event("content_block_delta", index=at, delta=delta),
+                    _event("content_block_stop", index=at),
+                ]
             case Finished():
                 delta = {
                     "stop_reason": stop_reason(event.reason),
                     "stop_sequence": event.stop_sequence,
                 }
                 return [
-                    _event("content_block_stop", index=0),
+                    *self._close(),
                     _event("message_delta", delta=delta, usage=usage_json(event.usage)),
                     _event("message_stop"),
                 ]
             case Failed():
-                return [sse(claude_error(event.message), event="error")]
+                status = 500 if event.code is None else 400
+                return [sse(claude_error(event.message, status), event="error")]
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -169,8 +354,8 @@ def router(service: GenerationService) -> APIRouter:
         params = messages_task_params(body, card)
         if body.stream:
 
-            def encoder(generation: Generation) -> MessagesStreamEncoder:
-                return MessagesStreamEncoder(generation.command_id, card.model_id)
+            def encoder(command_id: CommandId) -> MessagesStreamEncoder:
+                return MessagesStreamEncoder(command_id, card.model_id)
 
             return GenerationStream(service, params, card, encoder, "text/event-stream")
         result = await complete(service, request, params, card)
@@ -178,5 +363,18 @@ def router(service: GenerationService) -> APIRouter:
             return client_gone()
         command_id, text, finished = result
         return JSONResponse(whole_message(command_id, card.model_id, text, finished))
+
+    @api.post("/v1/messages/count_tokens", response_model=None)
+    async def count_tokens(body: CountTokensRequest, request: Request) -> Response:
+        # The model's own tokenizer and template count, in the runner that serves it.
+        card = service.resolve_model(body.model)
+        params = messages_task_params(body, card).model_copy(
+            update={"count_only": True, "stream": False}
+        )
+        result = await complete(service, request, params, card)
+        if result is None:
+            return client_gone()
+        _, _, finished = result
+        return JSONResponse({"input_tokens": finished.usage.prompt_tokens})
 
     return api

@@ -9,6 +9,7 @@ runner has not finished it (the client went away, or the answer ended early).
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import anyio
 from anyio import ClosedResourceError, EndOfStream
@@ -16,12 +17,23 @@ from loguru import logger
 
 from exo.api.download_wait import DownloadWatch
 from exo.api.errors import ApiError
-from exo.api.generation_events import ChunkTranslator, Failed, Finished, GenerationEvent
+from exo.api.generation_events import (
+    ChunkTranslator,
+    Failed,
+    Finished,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.handle import NodeHandle
+from exo.api.reasoning import ReasoningSplitter
 from exo.api.settings import ApiSettings
+from exo.api.tool_calls import ToolCallParser
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
+from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk, TokenLogprob
 from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
 from exo.shared.types.common import CommandId
 from exo.shared.types.state import State
@@ -65,6 +77,24 @@ def serving_instance(state: State, model_id: ModelId) -> Instance | None:
     return None
 
 
+def served_card(card: ModelCard) -> ModelCard:
+    """The card as this cluster serves it: its context is what a runner holds."""
+    if card.context_length <= EXO_MAX_CONTEXT_TOKENS:
+        return card
+    return card.model_copy(update={"context_length": EXO_MAX_CONTEXT_TOKENS})
+
+
+def failure_error(failed: Failed) -> ApiError:
+    """The HTTP error for a generation that failed before its answer began."""
+    match failed.code:
+        case "context_length_exceeded":
+            return ApiError(400, failed.message, param="messages", code=failed.code)
+        case "invalid_request":
+            return ApiError(400, failed.message, code=failed.code)
+        case None:
+            return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
+
+
 class Generation:
     """One running generation: its command id and the events of its answer."""
 
@@ -76,6 +106,7 @@ class Generation:
         stops: Sequence[str],
         accepted_ns: int,
         clock: Clock,
+        parse_tools: bool = False,
     ) -> None:
         self.command_id = command_id
         self.model_id = model_id
@@ -83,10 +114,20 @@ class Generation:
         self._clock = clock
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
+        self._tools = ToolCallParser() if parse_tools else None
+        self._thinking = ReasoningSplitter()
+        # Log-probabilities of every token so far; the first ``_logprobs_sent`` went out.
+        self._logprobs: list[TokenLogprob] = []
+        self._logprobs_sent = 0
 
     @property
     def command_done(self) -> bool:
         return self._translator.command_done
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """The prompt's length in tokens, once the runner said it."""
+        return self._translator.prompt_tokens
 
     async def events(self) -> AsyncIterator[GenerationEvent]:
         """Text deltas, then one Finished or Failed."""
@@ -99,12 +140,58 @@ class Generation:
                 return
             now = self._clock()
             self._observe(chunk, now)
+            if isinstance(chunk, TokenChunk) and chunk.logprobs:
+                self._logprobs.extend(chunk.logprobs)
             for event in self._translator.feed(chunk, now):
-                if isinstance(event, Finished):
-                    metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
-                        event.usage.completion_tokens
-                    )
-                yield event
+                for out in map(self._with_logprobs, self._parse(event)):
+                    if isinstance(out, Finished):
+                        metrics.TOKENS_GENERATED.labels(model=self.model_id).inc(
+                            out.usage.completion_tokens
+                        )
+                    yield out
+
+    def _with_logprobs(self, event: GenerationEvent) -> GenerationEvent:
+        """Text carries the log-probabilities that came since the last text; the end, all."""
+        match event:
+            case TextDelta() if len(self._logprobs) > self._logprobs_sent:
+                fresh = tuple(self._logprobs[self._logprobs_sent :])
+                self._logprobs_sent = len(self._logprobs)
+                return replace(event, logprobs=fresh)
+            case Finished() if self._logprobs:
+                return replace(event, logprobs=tuple(self._logprobs))
+            case _:
+                return event
+
+    def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
+        """Thinking apart from the answer, then function calls out of the answer (when
+        the request offered tools)."""
+        match event:
+            case TextDelta():
+                return self._calls(self._thinking.feed(event.text))
+            case Finished():
+                rest = self._calls(self._thinking.finish())
+                reasoning = "".join(self._thinking.reasoning)
+                parser = self._tools
+                if parser is not None:
+                    rest.extend(parser.finish())
+                calls = tuple(parser.calls) if parser is not None else ()
+                reason = event.reason
+                if calls and reason in ("stop", "stop_sequence"):
+                    reason = "tool_calls"
+                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning)
+                return [*rest, done]
+            case ReasoningDelta() | ToolCallEvent() | Failed():
+                return [event]
+
+    def _calls(self, events: list[TextDelta | ReasoningDelta]) -> list[GenerationEvent]:
+        parser = self._tools
+        out: list[GenerationEvent] = []
+        for event in events:
+            if parser is not None and isinstance(event, TextDelta):
+                out.extend(parser.feed(event.text))
+            else:
+                out.append(event)
+        return out
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -126,6 +213,8 @@ class GenerationService:
     ) -> None:
         self.handle = handle
         self._placement_timeout_s = settings.placement_timeout_s
+        self.keep_alive_interval_s = settings.keep_alive_interval_s
+        self.settings = settings
         self._max_queued = settings.max_queued_requests
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0
@@ -137,9 +226,11 @@ class GenerationService:
     # ------------------------------------------------------------ models
 
     def model_cards(self) -> list[ModelCard]:
-        known = self.handle.model_cards()
+        known = [served_card(card) for card in self.handle.model_cards()]
         ids = {c.model_id for c in known}
-        return known + [c for c in self._hub_cards.values() if c.model_id not in ids]
+        return known + [
+            served_card(c) for c in self._hub_cards.values() if c.model_id not in ids
+        ]
 
     def add_card(self, card: ModelCard) -> None:
         self._hub_cards[card.model_id] = card
@@ -190,17 +281,30 @@ class GenerationService:
 
     @asynccontextmanager
     async def generate(
-        self, params: TextGenerationTaskParams, card: ModelCard
+        self,
+        params: TextGenerationTaskParams,
+        card: ModelCard,
+        command_id: CommandId | None = None,
     ) -> AsyncGenerator[Generation, None]:
         """Run a generation; raises ApiError (before yielding) when it cannot start."""
         accepted = self._clock()
         await self.ensure_serving(card)
         async with self._slot():
-            command = GenerateText(task_params=params, origin_node_id=self.handle.node_id)
+            command = GenerateText(
+                command_id=command_id or CommandId(),
+                task_params=params,
+                origin_node_id=self.handle.node_id,
+            )
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
             generation = Generation(
-                command_id, card.model_id, receiver, params.stop, accepted, self._clock
+                command.command_id,
+                card.model_id,
+                receiver,
+                params.stop,
+                accepted,
+                self._clock,
+                parse_tools=bool(params.tools) and params.tool_choice != "none",
             )
             self._active[command_id] = generation
             sent = False
@@ -358,9 +462,11 @@ async def collect(generation: Generation) -> tuple[str, Finished]:
     async for event in generation.events():
         match event:
             case Failed():
-                raise ApiError(502, f"generation failed: {event.message}", code="generation_failed")
+                raise failure_error(event)
             case Finished():
                 return "".join(parts), event
-            case _:
+            case ToolCallEvent() | ReasoningDelta():
+                pass  # in Finished.tool_calls and Finished.reasoning
+            case TextDelta():
                 parts.append(event.text)
     raise ApiError(502, "generation ended without an answer", code="generation_failed")

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk, Usage
+from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, TokenLogprob, Usage
 
-FinishKind = Literal["stop", "length", "stop_sequence", "cancelled"]
+FinishKind = Literal["stop", "length", "stop_sequence", "cancelled", "tool_calls"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,26 @@ class Timings:
 @dataclass(frozen=True)
 class TextDelta:
     text: str
+    # The tokens of this text, when the request asked for log-probabilities.
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class ReasoningDelta:
+    """Thinking text (``<think>...</think>``), apart from the answer."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """A complete function call the model made."""
+
+    index: int
+    id: str
+    name: str
+    # A JSON object's text.
+    arguments: str
 
 
 @dataclass(frozen=True)
@@ -39,14 +59,22 @@ class Finished:
     usage: Usage
     timings: Timings
     stop_sequence: str | None = None
+    # Every call of the answer (reason "tool_calls" when there are some).
+    tool_calls: tuple[ToolCallEvent, ...] = ()
+    # The whole thinking text, if the model thought.
+    reasoning: str = ""
+    # Every output token's log-probability, when the request asked for them.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
 class Failed:
     message: str
+    # The request was at fault (a client error, 4xx) when set.
+    code: ErrorCode | None = None
 
 
-GenerationEvent = TextDelta | Finished | Failed
+GenerationEvent = TextDelta | ReasoningDelta | ToolCallEvent | Finished | Failed
 
 
 class StopScanner:
@@ -96,6 +124,8 @@ class ChunkTranslator:
         self.sent_ns = sent_ns
         self._first_token_ns: int | None = None
         self.tokens = 0
+        # The prompt's length, once the runner said it (on its first chunk).
+        self.prompt_tokens: int | None = None
         # The client's answer is complete (a stop sequence may end it before the runner).
         self.done = False
         # The runner said its last word: nothing to cancel.
@@ -109,7 +139,7 @@ class ChunkTranslator:
         match chunk:
             case ErrorChunk():
                 self.done = True
-                return [Failed(chunk.error_message or "generation failed")]
+                return [Failed(chunk.error_message or "generation failed", chunk.error_code)]
             case TokenChunk():
                 return self._token(chunk, now_ns)
 
@@ -122,7 +152,10 @@ class ChunkTranslator:
         return [Failed("the response stream ended before the generation finished")]
 
     def _token(self, chunk: TokenChunk, now_ns: int) -> list[GenerationEvent]:
-        self.tokens += 1
+        if chunk.prompt_tokens is not None:
+            self.prompt_tokens = chunk.prompt_tokens
+        if chunk.token_id >= 0:
+            self.tokens += 1
         if self._first_token_ns is None:
             self._first_token_ns = now_ns
         if chunk.finish_reason == "error":
@@ -132,6 +165,12 @@ class ChunkTranslator:
         events: list[GenerationEvent] = [TextDelta(text)] if text else []
         if stop is not None:
             events.append(self._finish("stop_sequence", chunk.usage, now_ns, stop))
+        elif chunk.stop_sequence is not None:
+            # The runner cut the text at a stop string (it may apply its own).
+            rest = self._scanner.flush()
+            if rest:
+                events.append(TextDelta(rest))
+            events.append(self._finish("stop_sequence", chunk.usage, now_ns, chunk.stop_sequence))
         elif chunk.finish_reason is not None:
             rest = self._scanner.flush()
             if rest:
@@ -144,7 +183,7 @@ class ChunkTranslator:
     ) -> Finished:
         self.done = True
         timings = Timings(self._accepted_ns, self.sent_ns, self._first_token_ns, now_ns)
-        # Without the runner's count (a stop sequence ended the answer early) the prompt
-        # length is unknown here.
-        usage = usage or Usage(prompt_tokens=0, completion_tokens=self.tokens)
+        # Without the runner's final count (a stop sequence ended the answer early), the
+        # prompt length it gave on its first chunk.
+        usage = usage or Usage(prompt_tokens=self.prompt_tokens or 0, completion_tokens=self.tokens)
         return Finished(reason=reason, usage=usage, timings=timings, stop_sequence=stop)

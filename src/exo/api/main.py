@@ -7,11 +7,20 @@ uvicorn. Everything the API does to the cluster goes through the ``NodeHandle``.
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from exo.api import claude, dashboard, management, ollama, openai_chat, openai_responses
+from exo.api import (
+    claude,
+    dashboard,
+    management,
+    ollama,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from exo.api.errors import install_error_handlers
 from exo.api.generation import GenerationService
 from exo.api.handle import NodeHandle
 from exo.api.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from exo.api.request_guard import RequestGuard
 from exo.api.settings import ApiSettings
 from exo.api.streaming import COMMAND_ID_HEADER
 
@@ -27,7 +36,9 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
         openapi_url=None,
     )
     install_error_handlers(app)
-    for module in (openai_chat, openai_responses, claude, ollama, management, dashboard):
+    for module in (
+        openai_chat, openai_completions, openai_responses, claude, ollama, management, dashboard
+    ):
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before
     # the key check (browsers send no credentials there).
@@ -42,5 +53,7 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
             expose_headers=[COMMAND_ID_HEADER],
         )
     app.add_middleware(BodySizeLimitMiddleware)
+    # Outside CORS: a foreign Host or Origin is refused before anything else answers.
+    app.add_middleware(RequestGuard, api_host=settings.host, cors_origins=settings.cors_origins)
     app.add_middleware(MetricsMiddleware)
     return app

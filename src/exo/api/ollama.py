@@ -1,7 +1,7 @@
 """Ollama: ``/api/chat`` and ``/api/generate`` (newline-delimited JSON streams, on by
 default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
-import hashlib
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -11,19 +11,41 @@ from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import Generation, GenerationService, serving_instance
-from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.generation import GenerationService, instances_of, serving_instance
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    FinishKind,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
+from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
     INT64_MIN,
+    NO_VISION,
     UINT64_MAX,
     ApiModel,
     Sampling,
     StopList,
     build_task_params,
 )
+from exo.api.tool_models import (
+    CalledFunction,
+    FunctionTool,
+    OpenAIToolChoice,
+    arguments_text,
+    json_object,
+    ollama_format,
+    openai_tools,
+    thinking_kwargs,
+)
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+from exo.shared.types.commands import DeleteInstance
+from exo.shared.types.common import CommandId
+from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams, ToolCall
 
 # The Ollama API version we speak (clients check it).
 OLLAMA_VERSION = "0.12.0"
@@ -54,6 +76,7 @@ class OllamaOptions(ApiModel):
     repeat_penalty: float | None = Field(default=None, gt=0.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    num_ctx: int | None = Field(default=None, ge=1)
 
     @field_validator("num_predict")
     @classmethod
@@ -78,24 +101,42 @@ class OllamaOptions(ApiModel):
         )
 
 
-def _no_structured_format(value: object) -> object:
-    if value not in (None, ""):
-        raise ValueError("structured output (format) is not supported by this server")
-    return value
-
-
 def _no_images(value: list[str] | None) -> list[str] | None:
     if value:
-        raise ValueError("images are not supported by this server")
+        raise ValueError(NO_VISION)
     return value
+
+
+class OllamaCall(ApiModel):
+    function: CalledFunction
 
 
 class OllamaMessage(ApiModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     images: list[str] | None = None
+    tool_calls: list[OllamaCall] = []
+    tool_name: str | None = None
+    tool_call_id: str | None = None
 
     _images = field_validator("images")(_no_images)
+
+    def message(self, index: int) -> InputMessage:
+        calls = [
+            ToolCall(
+                id=f"call_{index}_{i}",
+                name=c.function.name,
+                arguments=arguments_text(c.function.arguments),
+            )
+            for i, c in enumerate(self.tool_calls)
+        ]
+        return InputMessage(
+            role=self.role,
+            content=self.content,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=self.tool_name,
+        )
 
 
 class ChatRequest(ApiModel):
@@ -104,16 +145,11 @@ class ChatRequest(ApiModel):
     stream: bool = True
     options: OllamaOptions = OllamaOptions()
     format: object = None
-    tools: list[object] | None = None
-
-    _format = field_validator("format")(_no_structured_format)
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server")
-        return tools
+    tools: list[FunctionTool] | None = None
+    keep_alive: object = None
+    think: bool | Literal["low", "medium", "high"] | None = None
+    # An extension (Ollama has none): OpenAI's tool_choice, to force a call.
+    tool_choice: OpenAIToolChoice | None = None
 
 
 class GenerateRequest(ApiModel):
@@ -125,8 +161,9 @@ class GenerateRequest(ApiModel):
     options: OllamaOptions = OllamaOptions()
     format: object = None
     images: list[str] | None = None
+    keep_alive: object = None
+    think: bool | Literal["low", "medium", "high"] | None = None
 
-    _format = field_validator("format")(_no_structured_format)
     _images = field_validator("images")(_no_images)
 
 
@@ -146,13 +183,20 @@ class ShowRequest(ApiModel):
 
 
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:
-    messages = [InputMessage(role=m.role, content=m.content) for m in request.messages]
+    messages = [m.message(i) for i, m in enumerate(request.messages)]
+    tools = openai_tools(request.tools, request.tool_choice)
     return build_task_params(
         card,
         messages,
         request.options.sampling(),
         stream=request.stream,
         names={**_OPTION_NAMES, "input": "messages"},
+        num_ctx=request.options.num_ctx,
+        tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(request.think),
+        json_schema=ollama_format(request.format),
     )
 
 
@@ -168,6 +212,9 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         stream=request.stream,
         names={**_OPTION_NAMES, "input": "prompt"},
         raw_prompt=request.prompt if request.raw else None,
+        num_ctx=request.options.num_ctx,
+        template_kwargs=thinking_kwargs(request.think),
+        json_schema=ollama_format(request.format),
     )
 
 
@@ -175,8 +222,18 @@ def done_reason(reason: FinishKind) -> str:
     match reason:
         case "length":
             return "length"
-        case "stop" | "stop_sequence" | "cancelled":
+        case "stop" | "stop_sequence" | "cancelled" | "tool_calls":
             return "stop"
+
+
+def ollama_call(call: ToolCallEvent) -> dict[str, Any]:
+    return {
+        "function": {
+            "index": call.index,
+            "name": call.name,
+            "arguments": json_object(call.arguments),
+        }
+    }
 
 
 def final_fields(finished: Finished) -> dict[str, Any]:
@@ -202,10 +259,17 @@ def timestamp(now: datetime) -> str:
 Kind = Literal["chat", "generate"]
 
 
-def _content(kind: Kind, text: str) -> dict[str, Any]:
+def _content(
+    kind: Kind, text: str, calls: Sequence[ToolCallEvent] = (), thinking: str = ""
+) -> dict[str, Any]:
     if kind == "chat":
-        return {"message": {"role": "assistant", "content": text}}
-    return {"response": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if thinking:
+            message["thinking"] = thinking
+        if calls:
+            message["tool_calls"] = [ollama_call(c) for c in calls]
+        return {"message": message}
+    return {"response": text, **({"thinking": thinking} if thinking else {})}
 
 
 def whole_answer(
@@ -214,7 +278,7 @@ def whole_answer(
     return {
         "model": model,
         "created_at": created_at,
-        **_content(kind, text),
+        **_content(kind, text, finished.tool_calls, finished.reasoning),
         **final_fields(finished),
     }
 
@@ -231,95 +295,29 @@ def load_answer(kind: Kind, model: str, created_at: str) -> dict[str, Any]:
 
 
 class OllamaStreamEncoder:
-    def __init__(self, kind: Kind, model: str, created_at: str) -> None:
+    def __init__(self, kind: Kind, model: str, now: Callable[[], str]) -> None:
         self._kind: Kind = kind
         self._model = model
-        self._created_at = created_at
+        self._now = now
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         return []
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
-        head = {"model": self._model, "created_at": self._created_at}
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
+        # Each object carries the time it was made, as Ollama's do.
+        head = {"model": self._model, "created_at": self._now()}
         match event:
             case TextDelta():
                 return [ndjson({**head, **_content(self._kind, event.text), "done": False})]
+            case ToolCallEvent():
+                return [ndjson({**head, **_content(self._kind, "", [event]), "done": False})]
+            case ReasoningDelta():
+                thought = _content(self._kind, "", thinking=event.text)
+                return [ndjson({**head, **thought, "done": False})]
             case Finished():
                 return [ndjson({**head, **_content(self._kind, ""), **final_fields(event)})]
             case Failed():
                 return [ndjson({"error": event.message})]
-
-
-# ---------------------------------------------------------------- model listings
-
-
-def digest(card: ModelCard) -> str:
-    return hashlib.sha256(card.model_id.encode()).hexdigest()
-
-
-def parameter_size(card: ModelCard) -> str:
-    """Roughly: the weights are held in 16 bits."""
-    params = card.storage_size.in_bytes / 2
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if params >= scale:
-            return f"{params / scale:.1f}{unit}"
-    return str(int(params))
-
-
-def details(card: ModelCard) -> dict[str, Any]:
-    return {
-        "parent_model": "",
-        "format": "gguf" if card.source.endswith(".gguf") else "safetensors",
-        "family": card.architecture,
-        "families": [card.architecture],
-        "parameter_size": parameter_size(card),
-        "quantization_level": "BF16",
-    }
-
-
-def tag_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
-    return {
-        "name": card.model_id,
-        "model": card.model_id,
-        "modified_at": modified_at,
-        "size": card.storage_size.in_bytes,
-        "digest": digest(card),
-        "details": details(card),
-    }
-
-
-def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
-    arch = card.architecture
-    return {
-        "modelfile": f"FROM {card.model_id}\n",
-        "parameters": "",
-        "template": "",
-        "details": details(card),
-        "model_info": {
-            "general.architecture": arch,
-            "general.basename": card.model_id,
-            f"{arch}.context_length": card.context_length,
-            f"{arch}.block_count": card.n_layers,
-            f"{arch}.embedding_length": card.hidden_size,
-            f"{arch}.attention.head_count": card.num_heads,
-            f"{arch}.attention.head_count_kv": card.num_kv_heads,
-        },
-        "capabilities": ["completion"],
-        "modified_at": modified_at,
-    }
-
-
-def ps_entry(card: ModelCard, expires_at: str) -> dict[str, Any]:
-    return {
-        "name": card.model_id,
-        "model": card.model_id,
-        "size": card.storage_size.in_bytes,
-        "digest": digest(card),
-        "details": details(card),
-        "expires_at": expires_at,
-        "size_vram": 0,
-        "context_length": card.context_length,
-    }
 
 
 def resolve(service: GenerationService, name: str) -> ModelCard:
@@ -339,13 +337,27 @@ def router(service: GenerationService) -> APIRouter:
     def now() -> str:
         return timestamp(datetime.now(UTC))
 
+    async def load_or_unload(kind: Kind, card: ModelCard, keep_alive: object) -> dict[str, Any]:
+        """An empty request loads the model; with ``keep_alive: 0`` it unloads it."""
+        if keep_alive in (0, "0", "0s", "0m"):
+            for instance in instances_of(service.handle.state(), card.model_id):
+                await service.send(
+                    DeleteInstance(
+                        instance_id=instance.instance_id, reason="unloaded (keep_alive 0)"
+                    )
+                )
+            return {**load_answer(kind, card.model_id, now()), "done_reason": "unload"}
+        await service.ensure_serving(card)
+        return load_answer(kind, card.model_id, now())
+
     def streamed(kind: Kind, params: TextGenerationTaskParams, card: ModelCard) -> Response:
-        created_at = now()
+        def encoder(_: CommandId) -> OllamaStreamEncoder:
+            return OllamaStreamEncoder(kind, card.model_id, now)
 
-        def encoder(_: Generation) -> OllamaStreamEncoder:
-            return OllamaStreamEncoder(kind, card.model_id, created_at)
-
-        return GenerationStream(service, params, card, encoder, "application/x-ndjson")
+        # NDJSON has no comments: no keep-alive lines.
+        return GenerationStream(
+            service, params, card, encoder, "application/x-ndjson", keep_alive=False
+        )
 
     async def whole(
         kind: Kind, request: Request, params: TextGenerationTaskParams, card: ModelCard
@@ -360,8 +372,7 @@ def router(service: GenerationService) -> APIRouter:
     async def chat(body: ChatRequest, request: Request) -> Response:
         card = resolve(service, body.model)
         if not body.messages:
-            await service.ensure_serving(card)
-            return JSONResponse(load_answer("chat", card.model_id, now()))
+            return JSONResponse(await load_or_unload("chat", card, body.keep_alive))
         params = chat_task_params(body, card)
         if body.stream:
             return streamed("chat", params, card)
@@ -371,8 +382,7 @@ def router(service: GenerationService) -> APIRouter:
     async def generate(body: GenerateRequest, request: Request) -> Response:
         card = resolve(service, body.model)
         if not body.prompt and not body.system:
-            await service.ensure_serving(card)
-            return JSONResponse(load_answer("generate", card.model_id, now()))
+            return JSONResponse(await load_or_unload("generate", card, body.keep_alive))
         params = generate_task_params(body, card)
         if body.stream:
             return streamed("generate", params, card)

@@ -2,16 +2,25 @@
 ``POST /v1/cancel/{command_id}``."""
 
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import Generation, GenerationService
-from exo.api.generation_events import Failed, Finished, FinishKind, GenerationEvent, TextDelta
+from exo.api.generation import GenerationService
+from exo.api.generation_events import (
+    Failed,
+    Finished,
+    FinishKind,
+    GenerationEvent,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEvent,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
     INT64_MIN,
@@ -21,6 +30,15 @@ from exo.api.task_params import (
     StopList,
     build_task_params,
     text_content,
+)
+from exo.api.tool_models import (
+    CallIn,
+    FunctionTool,
+    OpenAIToolChoice,
+    ResponseFormat,
+    logprob_json,
+    openai_tools,
+    thinking_kwargs,
 )
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
@@ -35,15 +53,25 @@ def _chat_text(value: object) -> object:
 class ChatMessage(ApiModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[str, BeforeValidator(_chat_text)] = ""
+    tool_calls: list[CallIn] = []
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def message(self) -> InputMessage:
+        return InputMessage(
+            role=_ROLES[self.role],
+            content=self.content,
+            tool_calls=[c.call(i) for i, c in enumerate(self.tool_calls)],
+            tool_call_id=self.tool_call_id,
+            name=self.name,
+        )
 
 
 class StreamOptions(ApiModel):
     include_usage: bool = False
 
 
-class ResponseFormat(ApiModel):
-    # Structured output (json_object, json_schema) is not supported.
-    type: Literal["text"]
+MAX_CHOICES = 16
 
 
 class ChatCompletionRequest(ApiModel):
@@ -59,20 +87,20 @@ class ChatCompletionRequest(ApiModel):
     stop: StopList = []
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    n: int = Field(default=1, ge=1, le=1)
-    tools: list[object] | None = None
+    # Choices are generated one after another (each a generation of its own).
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    tools: list[FunctionTool] | None = None
+    tool_choice: OpenAIToolChoice | None = None
+    parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # Extensions many OpenAI-compatible servers accept.
+    chat_template_kwargs: dict[str, str | bool] | None = None
     top_k: int | None = Field(default=None, ge=0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0)
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, tools: list[object] | None) -> list[object] | None:
-        if tools:
-            raise ValueError("tool calling is not supported by this server")
-        return tools
 
 
 _ROLES: dict[str, Role] = {
@@ -85,7 +113,8 @@ _ROLES: dict[str, Role] = {
 
 
 def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
-    messages = [InputMessage(role=_ROLES[m.role], content=m.content) for m in request.messages]
+    messages = [m.message() for m in request.messages]
+    tools = openai_tools(request.tools, request.tool_choice)
     sampling = Sampling(
         max_tokens=request.max_completion_tokens or request.max_tokens,
         temperature=request.temperature,
@@ -104,6 +133,17 @@ def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGen
         sampling,
         stream=request.stream,
         names={"max_tokens": "max_tokens", "input": "messages"},
+        tools=tools.specs,
+        tool_choice=tools.choice,
+        forced_tool=tools.forced,
+        template_kwargs=thinking_kwargs(request.reasoning_effort, request.chat_template_kwargs),
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs or 0,
+        json_schema=(
+            request.response_format.schema_text("response_format")
+            if request.response_format is not None
+            else None
+        ),
     )
 
 
@@ -113,6 +153,30 @@ def finish_reason(reason: FinishKind) -> str:
             return "length"
         case "stop" | "stop_sequence" | "cancelled":
             return "stop"
+        case "tool_calls":
+            return "tool_calls"
+
+
+def tool_call_json(call: ToolCallEvent, index: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }
+    )
+    return out
+
+
+def assistant_message(text: str, finished: Finished) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if finished.reasoning:
+        message["reasoning_content"] = finished.reasoning
+    if finished.tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [tool_call_json(c) for c in finished.tool_calls]
+    return message
 
 
 def usage_json(usage: Usage) -> dict[str, int]:
@@ -128,9 +192,9 @@ def completion_id(command_id: CommandId) -> str:
 
 
 def chat_completion(
-    command_id: CommandId, model: str, created: int, text: str, finished: Finished
+    command_id: CommandId, model: str, created: int, choices: Sequence[tuple[str, Finished]]
 ) -> dict[str, Any]:
-    """A whole ``chat.completion``."""
+    """A whole ``chat.completion`` of one or more choices."""
     return {
         "id": completion_id(command_id),
         "object": "chat.completion",
@@ -138,14 +202,27 @@ def chat_completion(
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
+                "index": index,
+                "message": assistant_message(text, finished),
+                "logprobs": (
+                    {"content": [logprob_json(e) for e in finished.logprobs]}
+                    if finished.logprobs
+                    else None
+                ),
                 "finish_reason": finish_reason(finished.reason),
             }
+            for index, (text, finished) in enumerate(choices)
         ],
-        "usage": usage_json(finished.usage),
+        "usage": usage_json(total_usage([finished for _, finished in choices])),
     }
+
+
+def choice_params(params: TextGenerationTaskParams, n: int) -> list[TextGenerationTaskParams]:
+    """n generations of one request; with a seed, choice i uses seed + i (they differ,
+    and the whole answer is reproducible)."""
+    if params.seed is None:
+        return [params] * n
+    return [params.model_copy(update={"seed": params.seed + i}) for i in range(n)]
 
 
 def openai_error(message: str, code: str = "generation_failed") -> dict[str, Any]:
@@ -153,44 +230,82 @@ def openai_error(message: str, code: str = "generation_failed") -> dict[str, Any
 
 
 class ChatStreamEncoder:
-    """``chat.completion.chunk`` events, then ``[DONE]``."""
+    """``chat.completion.chunk`` events of ``n`` choices (one after another), then
+    ``[DONE]``."""
 
-    def __init__(self, command_id: CommandId, model: str, created: int, include_usage: bool):
+    def __init__(
+        self, command_id: CommandId, model: str, created: int, include_usage: bool, n: int = 1
+    ):
         self._id = completion_id(command_id)
         self._model = model
         self._created = created
         self._include_usage = include_usage
+        self._n = n
+        self._finished: list[Finished] = []
+        # Choices whose role delta was sent (begin sends choice 0's).
+        self._open: set[int] = {0}
 
-    def _chunk(self, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    def _chunk(self, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
         chunk: dict[str, Any] = {
             "id": self._id,
             "object": "chat.completion.chunk",
             "created": self._created,
             "model": self._model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [
+                {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            ],
         }
         if self._include_usage:
             chunk["usage"] = None
         return chunk
 
-    def begin(self) -> list[bytes]:
+    def begin(self, prompt_tokens: int) -> list[bytes]:
         return [sse(self._chunk({"role": "assistant", "content": ""}, None))]
 
-    def encode(self, event: GenerationEvent) -> list[bytes]:
+    def _opening(self, index: int) -> list[bytes]:
+        """The role delta of a choice that speaks for the first time."""
+        if index in self._open:
+            return []
+        self._open.add(index)
+        return [sse(self._chunk({"role": "assistant", "content": ""}, None, index))]
+
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
         match event:
             case TextDelta():
-                return [sse(self._chunk({"content": event.text}, None))]
+                chunk = self._chunk({"content": event.text}, None, index)
+                if event.logprobs:
+                    chunk["choices"][0]["logprobs"] = {
+                        "content": [logprob_json(e) for e in event.logprobs]
+                    }
+                return [*self._opening(index), sse(chunk)]
+            case ReasoningDelta():
+                delta = {"reasoning_content": event.text}
+                return [*self._opening(index), sse(self._chunk(delta, None, index))]
+            case ToolCallEvent():
+                calls = {"tool_calls": [tool_call_json(event, event.index)]}
+                return [sse(self._chunk(calls, None, index))]
             case Finished():
-                out = [sse(self._chunk({}, finish_reason(event.reason)))]
+                self._finished.append(event)
+                out = [sse(self._chunk({}, finish_reason(event.reason), index))]
+                if len(self._finished) < self._n:
+                    return out
                 if self._include_usage:
                     usage_chunk = self._chunk({}, None)
                     usage_chunk["choices"] = []
-                    usage_chunk["usage"] = usage_json(event.usage)
+                    usage_chunk["usage"] = usage_json(total_usage(self._finished))
                     out.append(sse(usage_chunk))
                 out.append(sse("[DONE]"))
                 return out
             case Failed():
-                return [sse(openai_error(event.message))]
+                return [sse(openai_error(event.message, event.code or "generation_failed"))]
+
+
+def total_usage(finished: Sequence[Finished]) -> Usage:
+    """n choices of one prompt: the prompt counts once, every completion counts."""
+    return Usage(
+        prompt_tokens=finished[0].usage.prompt_tokens,
+        completion_tokens=sum(f.usage.completion_tokens for f in finished),
+    )
 
 
 def model_entry(card: ModelCard, created: int) -> dict[str, Any]:
@@ -223,17 +338,23 @@ def router(service: GenerationService) -> APIRouter:
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
 
-            def encoder(generation: Generation) -> ChatStreamEncoder:
-                return ChatStreamEncoder(
-                    generation.command_id, card.model_id, created, include_usage
-                )
+            def encoder(command_id: CommandId) -> ChatStreamEncoder:
+                return ChatStreamEncoder(command_id, card.model_id, created, include_usage, body.n)
 
-            return GenerationStream(service, params, card, encoder, "text/event-stream")
-        result = await complete(service, request, params, card)
-        if result is None:
-            return client_gone()
-        command_id, text, finished = result
-        return JSONResponse(chat_completion(command_id, card.model_id, created, text, finished))
+            return GenerationStream(
+                service, choice_params(params, body.n), card, encoder, "text/event-stream"
+            )
+        choices: list[tuple[str, Finished]] = []
+        first_id: CommandId | None = None
+        for choice in choice_params(params, body.n):
+            result = await complete(service, request, choice, card)
+            if result is None:
+                return client_gone()
+            command_id, text, finished = result
+            first_id = first_id or command_id
+            choices.append((text, finished))
+        assert first_id is not None
+        return JSONResponse(chat_completion(first_id, card.model_id, created, choices))
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """The HTTP API's settings."""
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from exo.shared.constants import EXO_DEFAULT_API_PORT, EXO_MAX_CONCURRENT_REQUESTS
@@ -22,6 +24,11 @@ class ApiSettings(BaseModel):
     # Generations served at once; more wait in a queue of at most max_queued_requests.
     max_concurrent_requests: int = Field(default=EXO_MAX_CONCURRENT_REQUESTS, ge=1)
     max_queued_requests: int = Field(default=256, ge=0)
+    # While a streamed request waits (a queue, a model load), an SSE comment this often.
+    keep_alive_interval_s: float = Field(default=10.0, gt=0)
+    # Where stored Responses live (None: in memory).
+    data_dir: Path | None = None
+    max_stored_responses: int = Field(default=1000, ge=1)
 
     @field_validator("api_key")
     @classmethod

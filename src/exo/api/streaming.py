@@ -7,7 +7,7 @@ mid-stream -- cancels the generation.
 """
 
 import json
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from exo.api.errors import ApiError, send_error
-from exo.api.generation import Generation, GenerationService, collect
+from exo.api.generation import GenerationService, collect, failure_error
 from exo.api.generation_events import Failed, Finished, GenerationEvent
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.common import CommandId
@@ -48,9 +48,17 @@ def ndjson(value: Mapping[str, Any]) -> bytes:
 class StreamEncoder(Protocol):
     """Renders a generation's events in one API's streaming format."""
 
-    def begin(self) -> list[bytes]: ...
+    def begin(self, prompt_tokens: int) -> list[bytes]:
+        """The opening events, once the prompt's length is known."""
+        ...
 
-    def encode(self, event: GenerationEvent) -> list[bytes]: ...
+    def encode(self, event: GenerationEvent, index: int = 0) -> list[bytes]:
+        """An event of choice ``index`` (only OpenAI chat has several, with ``n``)."""
+        ...
+
+
+# An SSE comment line: clients ignore it, proxies and idle timeouts see traffic.
+KEEP_ALIVE = b": keep-alive\n\n"
 
 
 @dataclass
@@ -107,21 +115,61 @@ def client_gone() -> Response:
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
+class _Output:
+    """The response's bytes: headers sent once, on the first write or keep-alive."""
+
+    def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        self._send = send
+        self._headers = headers
+        self._lock = anyio.Lock()
+        self.started = False
+        self.last_write = anyio.current_time()
+
+    async def write(self, pieces: list[bytes]) -> None:
+        async with self._lock:
+            await self._start()
+            if pieces:
+                await _write(self._send, pieces)
+            self.last_write = anyio.current_time()
+
+    async def _start(self) -> None:
+        if not self.started:
+            self.started = True
+            await self._send(
+                {"type": "http.response.start", "status": 200, "headers": self._headers}
+            )
+
+    async def keep_alive(self, interval_s: float) -> None:
+        """While nothing else is written: a comment every ``interval_s`` seconds."""
+        while True:
+            await anyio.sleep(max(self.last_write + interval_s - anyio.current_time(), 0.0))
+            if anyio.current_time() - self.last_write >= interval_s:
+                await self.write([KEEP_ALIVE])
+
+
 class GenerationStream(Response):
-    """A streamed generation; ``make_encoder`` renders it once it has started."""
+    """A streamed generation; ``make_encoder`` renders it.
+
+    The status line waits for the generation's first event, so a request the runner
+    refuses (a prompt over the context) is still a plain HTTP error; with ``keep_alive``
+    (SSE), a wait longer than the keep-alive interval (a queue, a model load) starts the
+    stream with comments instead.
+    """
 
     def __init__(
         self,
         service: GenerationService,
-        params: TextGenerationTaskParams,
+        params: TextGenerationTaskParams | Sequence[TextGenerationTaskParams],
         card: ModelCard,
-        make_encoder: Callable[[Generation], StreamEncoder],
+        make_encoder: Callable[[CommandId], StreamEncoder],
         media_type: str,
+        keep_alive: bool = True,
     ) -> None:
         self._service = service
-        self._params = params
+        self._params = [params] if isinstance(params, TextGenerationTaskParams) else list(params)
         self._card = card
         self._make_encoder = make_encoder
+        self._keep_alive = keep_alive
         self.status_code = 200
         self.media_type = media_type
         self.background = None
@@ -132,29 +180,53 @@ class GenerationStream(Response):
             await self._run(scope, receive, send)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
-        encoder: StreamEncoder | None = None
-        try:
-            async with self._service.generate(self._params, self._card) as generation:
-                encoder = self._make_encoder(generation)
-                headers = [
-                    *self.raw_headers,
-                    (COMMAND_ID_HEADER.encode(), generation.command_id.encode()),
-                ]
-                await send({"type": "http.response.start", "status": 200, "headers": headers})
-                await _write(send, encoder.begin())
-                async for event in generation.events():
-                    await _write(send, encoder.encode(event))
-        except ApiError as error:
-            if encoder is None:
-                await send_error(scope, receive, send, error)
-                return
-            await _write(send, encoder.encode(Failed(error.message)))
-        except Exception as e:
-            logger.opt(exception=e).error("generation stream failed")
-            if encoder is None:
-                await send_error(scope, receive, send, ApiError(500, f"internal error: {e}"))
-                return
-            await _write(send, encoder.encode(Failed(f"internal error: {type(e).__name__}")))
+        command_id = CommandId()
+        encoder = self._make_encoder(command_id)
+        headers = [*self.raw_headers, (COMMAND_ID_HEADER.encode(), command_id.encode())]
+        out = _Output(send, headers)
+        begun = False
+        async with anyio.create_task_group() as tg:
+            if self._keep_alive:
+                tg.start_soon(out.keep_alive, self._service.keep_alive_interval_s)
+            failure: Failed | None = None
+            try:
+                for index, params in enumerate(self._params):
+                    # Choices run one after another: n of them never wait for n slots.
+                    cid = command_id if index == 0 else CommandId()
+                    last: GenerationEvent | None = None
+                    async with self._service.generate(params, self._card, cid) as generation:
+                        async for event in generation.events():
+                            last = event
+                            if isinstance(event, Failed) and not out.started:
+                                failure = event
+                                break
+                            pieces: list[bytes] = []
+                            if not begun:
+                                begun = True
+                                pieces.extend(encoder.begin(generation.prompt_tokens or 0))
+                            await out.write([*pieces, *encoder.encode(event, index)])
+                    if failure is not None or not isinstance(last, Finished):
+                        break
+            except ApiError as error:
+                failure = Failed(error.message)
+                if not out.started:
+                    tg.cancel_scope.cancel()
+                    await send_error(scope, receive, send, error)
+                    return
+            except Exception as e:
+                logger.opt(exception=e).error("generation stream failed")
+                failure = Failed(f"internal error: {type(e).__name__}")
+                if not out.started:
+                    tg.cancel_scope.cancel()
+                    await send_error(scope, receive, send, ApiError(500, failure.message))
+                    return
+            tg.cancel_scope.cancel()
+            if failure is not None:
+                if not out.started:
+                    await send_error(scope, receive, send, failure_error(failure))
+                    return
+                opening = [] if begun else encoder.begin(0)
+                await out.write([*opening, *encoder.encode(failure, 0)])
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

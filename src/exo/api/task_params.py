@@ -3,13 +3,18 @@ way to build ``TextGenerationTaskParams`` with errors that name the client's par
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
 
 from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
+from exo.shared.types.text_generation import (
+    InputMessage,
+    TextGenerationTaskParams,
+    ToolChoice,
+    ToolSpec,
+)
 
 INT64_MIN = -(2**63)
 UINT64_MAX = 2**64 - 1
@@ -19,6 +24,15 @@ class ApiModel(BaseModel):
     """A client's request: lax types (JSON numbers), unknown fields ignored, no NaN."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, value: object) -> object:
+        """Clients send ``null`` for optional fields they do not set: the default."""
+        if isinstance(value, dict):
+            items = _as_dict(cast(dict[Any, Any], value)).items()
+            return {k: v for k, v in items if v is not None}
+        return value
 
 
 def _stop_list(value: object) -> object:
@@ -31,6 +45,10 @@ def _stop_list(value: object) -> object:
 
 # ``stop``: a string or a list of strings (null: none).
 StopList = Annotated[list[str], BeforeValidator(_stop_list)]
+
+
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_file", "file"})
+NO_VISION = "images need a vision model, and the models served here read text only"
 
 
 def text_content(value: object, part_types: Sequence[str]) -> str:
@@ -48,6 +66,8 @@ def text_content(value: object, part_types: Sequence[str]) -> str:
             raise ValueError(f"part {i} must be an object")
         fields_ = _as_dict(part)
         kind = fields_.get("type")
+        if kind in IMAGE_PARTS:
+            raise ValueError(f"part {i} is an image: {NO_VISION}")
         if kind not in part_types:
             allowed = " or ".join(repr(t) for t in part_types)
             raise ValueError(
@@ -92,6 +112,14 @@ def build_task_params(
     stream: bool,
     names: Mapping[str, str] | None = None,
     raw_prompt: str | None = None,
+    num_ctx: int | None = None,
+    tools: Sequence[ToolSpec] = (),
+    tool_choice: ToolChoice = "auto",
+    forced_tool: str | None = None,
+    template_kwargs: Mapping[str, str | bool] | None = None,
+    json_schema: str | None = None,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
 ) -> TextGenerationTaskParams:
     """The task for a request. ``names`` maps our field names to the client's (for
     errors); ``max_tokens`` is capped at the model's context length."""
@@ -118,6 +146,14 @@ def build_task_params(
             input=list(messages),
             stream=stream,
             raw_prompt=raw_prompt,
+            num_ctx=num_ctx,
+            tools=list(tools),
+            tool_choice=tool_choice,
+            forced_tool=forced_tool,
+            template_kwargs=dict(template_kwargs or {}),
+            json_schema=json_schema,
+            logprobs=logprobs or top_logprobs > 0,
+            top_logprobs=top_logprobs,
             **values,
         )
     except ValidationError as e:

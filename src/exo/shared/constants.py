@@ -18,3 +18,7 @@ EXO_RUNNER_STEP_TIMEOUT_S = float(os.getenv("EXO_RUNNER_STEP_TIMEOUT_S", "60"))
 EXO_RUNNER_SHUTDOWN_GRACE_S = float(os.getenv("EXO_RUNNER_SHUTDOWN_GRACE_S", "5"))
 
 EXO_MAX_CONCURRENT_REQUESTS = int(os.getenv("EXO_MAX_CONCURRENT_REQUESTS", "8"))
+
+# The context (prompt + output tokens) a runner serves; a model card advertising more is
+# served with this much.
+EXO_MAX_CONTEXT_TOKENS = int(os.getenv("EXO_MAX_CONTEXT_TOKENS", "2048"))

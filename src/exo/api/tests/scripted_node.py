@@ -78,6 +78,10 @@ class Script:
     # Send an ErrorChunk after this many tokens.
     fail_after: int | None = None
     prompt_tokens: int = PROMPT_TOKENS
+    # The runner's context: a prompt this long or longer is refused with a typed error.
+    context_length: int = 2048
+    # The answer when the request offers tools and the last message is not a tool result.
+    tool_tokens: Sequence[str] | None = None
 
 
 @dataclass
@@ -269,8 +273,22 @@ class ScriptedNode:
         params = command.task_params
         command_id = command.command_id
         try:
+            if params.count_only:
+                self._deliver(command_id, self._token(params.model, "", -1, "stop", 0))
+                return
+            if script.prompt_tokens >= min(script.context_length, params.num_ctx or 1 << 30):
+                error = ErrorChunk(
+                    model=params.model,
+                    error_message=f"prompt is {script.prompt_tokens} tokens",
+                    error_code="context_length_exceeded",
+                )
+                self._deliver(command_id, error)
+                return
+            tokens = script.tokens
+            if script.tool_tokens is not None and params.tools and params.input[-1].role != "tool":
+                tokens = script.tool_tokens
             limit = params.max_tokens
-            n = len(script.tokens)
+            n = len(tokens)
             total = limit if script.endless else min(n, limit or n)
             # Ending on the limit before the script's natural end is "length".
             cut = limit is not None and (script.endless or limit < n)
@@ -289,7 +307,7 @@ class ScriptedNode:
                 reason: FinishReason | None = None
                 if total is not None and i == total - 1:
                     reason = "length" if cut else "stop"
-                chunk = self._token(params.model, script.tokens[i % n], i, reason, i + 1)
+                chunk = self._token(params.model, tokens[i % n], i, reason, i + 1)
                 self._deliver(command_id, chunk)
                 i += 1
                 await anyio.sleep(0)
@@ -303,7 +321,13 @@ class ScriptedNode:
         if reason is not None:
             usage = Usage(prompt_tokens=self.script.prompt_tokens, completion_tokens=completion)
         return TokenChunk(
-            model=model, text=text, token_id=idx, idx=idx, finish_reason=reason, usage=usage
+            model=model,
+            text=text,
+            token_id=idx,
+            idx=max(idx, 0),
+            finish_reason=reason,
+            usage=usage,
+            prompt_tokens=self.script.prompt_tokens if idx <= 0 else None,
         )
 
 

@@ -18,25 +18,31 @@ ENDPOINTS: dict[str, list[str]] = {
     "/v1/chat/completions": [
         "model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
         "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n", "tools",
-        "presence_penalty", "frequency_penalty", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "tool_choice",
+        "response_format", "logprobs", "top_logprobs", "reasoning_effort", "parallel_tool_calls",
     ],
+    "/v1/completions": ["model", "prompt", "max_tokens", "stream", "echo", "stop", "seed"],
     "/v1/responses": [
         "model", "input", "instructions", "max_output_tokens", "temperature", "top_p",
-        "stream", "tools", "previous_response_id",
+        "stream", "tools", "previous_response_id", "tool_choice", "text", "reasoning",
+        "top_logprobs", "include", "store",
     ],
     "/v1/messages": [
         "model", "max_tokens", "messages", "system", "stop_sequences", "stream",
-        "temperature", "top_p", "top_k", "tools",
+        "temperature", "top_p", "top_k", "tools", "tool_choice", "thinking",
     ],
-    "/api/chat": ["model", "messages", "stream", "options", "format", "tools"],
-    "/api/generate": ["model", "prompt", "system", "raw", "stream", "options", "format", "images"],
+    "/v1/messages/count_tokens": ["model", "messages", "system", "tools"],
+    "/api/chat": ["model", "messages", "stream", "options", "format", "tools", "think",
+                  "keep_alive", "tool_choice"],
+    "/api/generate": ["model", "prompt", "system", "raw", "stream", "options", "format", "images",
+                      "think", "keep_alive"],
     "/api/show": ["model", "name"],
     "/place_instance": ["model", "sharding", "min_nodes"],
     "/v1/cancel/some-command": [],
 }  # fmt: skip
 
 OPTION_KEYS = ["temperature", "top_p", "top_k", "min_p", "seed", "num_predict", "stop",
-               "repeat_penalty", "presence_penalty", "frequency_penalty"]  # fmt: skip
+               "repeat_penalty", "presence_penalty", "frequency_penalty", "num_ctx"]  # fmt: skip
 
 scalars = (
     st.none()

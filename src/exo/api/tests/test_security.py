@@ -70,8 +70,10 @@ def test_right_key_works_either_way_and_health_is_open(locked: ServedApp) -> Non
 def test_cors_is_off_by_default(server: ServedApp) -> None:
     origin = {"origin": "http://example.test"}
     r = httpx.get(f"{server.url}/v1/models", headers=origin)
-    assert r.status_code == 200
+    # A cross-site request to a node that allows no origin is refused.
+    assert r.status_code == 403
     assert "access-control-allow-origin" not in r.headers
+    assert httpx.get(f"{server.url}/v1/models").status_code == 200
     preflight = httpx.options(
         f"{server.url}/v1/chat/completions",
         headers={**origin, "access-control-request-method": "POST"},
@@ -101,3 +103,4 @@ def test_cors_allows_configured_origins_only(serve: ServeFn, node: ScriptedNode)
         headers={"origin": "http://evil.test", "authorization": f"Bearer {KEY}"},
     )
     assert "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403

@@ -100,7 +100,7 @@ def test_chat_caps_max_tokens_at_the_context_and_reads_top_p_zero_as_greedy() ->
     [
         ({"temperature": 2.5}, "temperature"),
         ({"top_p": 1.5}, "top_p"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"presence_penalty": 3}, "presence_penalty"),
         ({"messages": []}, "messages"),
@@ -108,9 +108,9 @@ def test_chat_caps_max_tokens_at_the_context_and_reads_top_p_zero_as_greedy() ->
             {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages.0.content",
         ),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
         ({"stop": 5}, "stop"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
     ],
 )
 def test_chat_rejects_bad_values_naming_the_parameter(body: dict[str, Any], param: str) -> None:
@@ -125,7 +125,7 @@ def test_chat_rejects_bad_values_naming_the_parameter(body: dict[str, Any], para
 
 def test_chat_stream_encoder_emits_role_deltas_finish_usage_and_done() -> None:
     encoder = openai_chat.ChatStreamEncoder(CID, "model", 123, include_usage=True)
-    pieces = encoder.begin() + encoder.encode(TextDelta("hi")) + encoder.encode(finished("length"))
+    pieces = encoder.begin(4) + encoder.encode(TextDelta("hi")) + encoder.encode(finished("length"))
     events = [data for _, data in sse_events(pieces)]
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert events[1]["choices"][0]["delta"] == {"content": "hi"}
@@ -143,7 +143,7 @@ def test_chat_stream_error_is_an_openai_error_object() -> None:
 
 
 def test_chat_completion_object() -> None:
-    body = openai_chat.chat_completion(CID, "model", 5, "text", finished("stop_sequence", "x"))
+    body = openai_chat.chat_completion(CID, "model", 5, [("text", finished("stop_sequence", "x"))])
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "text"}
     assert body["choices"][0]["finish_reason"] == "stop"
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
@@ -188,7 +188,7 @@ def test_responses_stream_sequence_is_ordered_and_numbered() -> None:
     request = openai_responses.ResponsesRequest.model_validate({"model": "m", "input": "x"})
     shape = openai_responses.ResponseShape(CID, request, "model", 1.0)
     encoder = openai_responses.ResponsesStreamEncoder(shape)
-    pieces = encoder.begin() + encoder.encode(TextDelta("a")) + encoder.encode(finished())
+    pieces = encoder.begin(4) + encoder.encode(TextDelta("a")) + encoder.encode(finished())
     events = sse_events(pieces)
     assert [name for name, _ in events] == [
         "response.created",
@@ -255,7 +255,7 @@ def test_claude_system_blocks_stop_sequences_and_sampling() -> None:
         ({"max_tokens": None}, "max_tokens"),
         ({"temperature": 1.5}, "temperature"),
         ({"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": [{"type": "video"}]}]}, "messages.0.content.0"),
     ],
 )
 def test_claude_rejects_bad_values(body: dict[str, Any], param: str) -> None:
@@ -275,15 +275,15 @@ def test_claude_rejects_bad_values(body: dict[str, Any], param: str) -> None:
 def test_claude_stream_events_and_stop_reasons() -> None:
     encoder = claude.MessagesStreamEncoder(CID, "model")
     pieces = (
-        encoder.begin()
+        encoder.begin(4)
         + encoder.encode(TextDelta("a"))
         + encoder.encode(finished("stop_sequence", "X"))
     )
     events = sse_events(pieces)
     assert [name for name, _ in events] == [
         "message_start",
-        "content_block_start",
         "ping",
+        "content_block_start",
         "content_block_delta",
         "content_block_stop",
         "message_delta",
@@ -344,7 +344,7 @@ def test_ollama_rejects_bad_options(options: dict[str, Any]) -> None:
 
 
 def test_ollama_final_object_has_counts_and_durations() -> None:
-    encoder = ollama.OllamaStreamEncoder("generate", "model", "2024-01-01T00:00:00Z")
+    encoder = ollama.OllamaStreamEncoder("generate", "model", lambda: "2024-01-01T00:00:00Z")
     [line] = encoder.encode(finished("length"))
     final = json.loads(line)
     assert final["done"] is True and final["done_reason"] == "length"
@@ -392,3 +392,16 @@ def test_build_task_params_names_the_clients_parameter() -> None:
     assert info.value.param == "options.repeat_penalty"
     with pytest.raises(ApiError):
         build_task_params(CARD, [], Sampling(), stream=False)
+
+
+def test_claude_images_are_a_400_naming_vision() -> None:
+    request = claude.MessagesRequest.model_validate(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+        }
+    )
+    with pytest.raises(ApiError) as info:
+        claude.messages_task_params(request, CARD)
+    assert info.value.status == 400 and "vision" in info.value.message

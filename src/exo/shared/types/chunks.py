@@ -8,6 +8,8 @@ from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import FrozenModel
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# Errors an API maps to a client error (4xx) rather than a server error.
+ErrorCode = Literal["context_length_exceeded", "invalid_request"]
 
 
 class Usage(FrozenModel):
@@ -19,6 +21,19 @@ class Usage(FrozenModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+class TopLogprob(FrozenModel):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(FrozenModel):
+    """One generated token's text and log-probability, and the most likely alternatives."""
+
+    token: str
+    logprob: float
+    top: list[TopLogprob] = []
+
+
 class TokenChunk(FrozenModel):
     kind: Literal["TokenChunk"] = "TokenChunk"
     model: ModelId
@@ -28,6 +43,12 @@ class TokenChunk(FrozenModel):
     finish_reason: FinishReason | None = None
     # Present on the last chunk of a request.
     usage: Usage | None = None
+    # The prompt's length in tokens, on the first chunk of a request.
+    prompt_tokens: int | None = None
+    # The stop string that ended the output (finish_reason "stop"), if one did.
+    stop_sequence: str | None = None
+    # When the request asked for them: the tokens of this chunk's text.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class ErrorChunk(FrozenModel):
@@ -35,6 +56,8 @@ class ErrorChunk(FrozenModel):
     model: ModelId
     error_message: str
     finish_reason: FinishReason = "error"
+    # Set when the request itself was at fault (the prompt is too long...).
+    error_code: ErrorCode | None = None
 
 
 Chunk = Annotated[TokenChunk | ErrorChunk, Field(discriminator="kind")]

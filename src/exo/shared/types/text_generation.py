@@ -10,9 +10,34 @@ from exo.shared.types.common import FrozenModel
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+class ToolCall(FrozenModel):
+    """A function call the model made: ``arguments`` is a JSON object's text."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class ToolSpec(FrozenModel):
+    """A function the model may call: ``parameters`` is a JSON schema's text."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: str = '{"type": "object", "properties": {}}'
+
+
+# auto: the model decides; none: no call; required: some call; a name: that function.
+ToolChoice = Literal["auto", "none", "required"]
+
+
 class InputMessage(FrozenModel):
     role: Role
     content: str
+    # An assistant turn's calls.
+    tool_calls: list[ToolCall] = []
+    # A tool result: the call it answers and the function's name.
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 class TextGenerationTaskParams(FrozenModel):
@@ -31,3 +56,19 @@ class TextGenerationTaskParams(FrozenModel):
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     # A raw prompt bypasses the chat template (Ollama /api/generate with raw=true).
     raw_prompt: str | None = None
+    # The context for this request (Ollama num_ctx), at most the runner's own.
+    num_ctx: int | None = Field(default=None, ge=1)
+    # Count the prompt's tokens and generate nothing (Claude count_tokens).
+    count_only: bool = False
+    # Functions the model may call, and whether it must.
+    tools: list[ToolSpec] = []
+    tool_choice: ToolChoice = "auto"
+    # With tool_choice "required": this function (a named tool_choice).
+    forced_tool: str | None = None
+    # Log-probabilities of the output tokens, with this many alternatives each.
+    logprobs: bool = False
+    top_logprobs: int = Field(default=0, ge=0, le=20)
+    # Structured output: the answer is JSON following this schema (its JSON text).
+    json_schema: str | None = None
+    # Extra variables for the chat template (enable_thinking, reasoning_effort...).
+    template_kwargs: dict[str, str | bool] = {}

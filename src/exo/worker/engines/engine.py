@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import load_kernels
@@ -22,8 +23,9 @@ from exo.worker.engines.weights import ProgressCallback, ShardWeights, TensorPar
 
 # Default positions per request. The KV cache grows in pages as tokens are cached, up to
 # max_batch x max_seq positions of every layer: for SmolLM2-135M (float32) 46 KB per position,
-# 94 MB for a full 2048-position slot.
-DEFAULT_MAX_SEQ = 2048
+# 94 MB for a full 2048-position slot. The API advertises the same figure (served model cards),
+# so both come from one constant.
+DEFAULT_MAX_SEQ = EXO_MAX_CONTEXT_TOKENS
 
 
 def load_config(path: Path) -> LlamaConfig:

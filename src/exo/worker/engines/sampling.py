@@ -11,12 +11,23 @@ Order, for one request's logits z [V]:
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+class TokenConstraint(Protocol):
+    """Which tokens may come next (a grammar): masks logits, then follows the choice."""
+
+    def mask(self, logits: Tensor) -> Tensor:
+        """logits [V] with every token the grammar forbids at -inf."""
+        ...
+
+    def accept(self, token: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,12 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()
+    # Structured output: one request's grammar state (not shared between requests).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
+    # Log-probabilities: each sampled token's, with this many alternatives, are appended
+    # to ``logprob_sink`` (the caller's list, read as tokens come out).
+    top_logprobs: int | None = None
+    logprob_sink: list["TokenLogprobs"] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -58,6 +75,15 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's log-probability under the model, and the most likely tokens'."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -102,6 +128,17 @@ def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Genera
     return int(candidates[choice]) if candidates is not None else choice
 
 
+def token_logprobs(logits: Tensor, token: int, top: int) -> TokenLogprobs:
+    """Log-probabilities of the model's own distribution (before penalties, temperature
+    and constraints), as OpenAI reports them."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    best: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(lp, min(top, lp.shape[-1]))
+        best = tuple((int(i), float(v)) for i, v in zip(ids.tolist(), values.tolist(), strict=True))
+    return TokenLogprobs(token=token, logprob=float(lp[token]), top=best)
+
+
 class RequestSampler:
     """The sampling state of one request: its generator and the token counts its penalties use."""
 
@@ -122,13 +159,24 @@ class RequestSampler:
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy without penalties: the batch can take one argmax for all such rows."""
-        return self.params.greedy and not self.params.has_penalties
+        p = self.params
+        return p.greedy and not p.has_penalties and p.constraint is None and p.logprob_sink is None
 
     def __call__(self, logits: Tensor) -> int:
         """The next token for logits [V]; records it for the penalties."""
+        raw = logits
         if self.seen is not None and self.counts is not None:
             logits = apply_penalties(logits, self.params, self.seen, self.counts)
+        constraint = self.params.constraint
+        if constraint is not None:
+            logits = constraint.mask(logits)
         token = sample_token(logits, self.params, self.generator)
+        if constraint is not None:
+            constraint.accept(token)
+        if self.params.logprob_sink is not None:
+            self.params.logprob_sink.append(
+                token_logprobs(raw, token, self.params.top_logprobs or 0)
+            )
         self.record(token)
         return token
 

@@ -51,17 +51,20 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        # The stop string that matched.
+        self.matched: str | None = None
 
     def push(self, text: str) -> str:
         """The part of `text` (plus held text) that is safe to emit; sets `stopped` on a match."""
         if self.stopped:
             return ""
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s, i in ((s, buf.find(s)) for s in self._stops) if i >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
             self._held = ""
-            return buf[: min(hits)]
+            return buf[:at]
         keep = self._longest_stop_prefix_suffix(buf)
         self._held = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]

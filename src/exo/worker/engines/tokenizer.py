@@ -52,6 +52,13 @@ class TokenizerMeta:
     add_bos: bool = False
 
 
+# Template variables a request's template_kwargs cannot replace.
+_RESERVED = frozenset(
+    {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception",
+     "strftime_now"}
+)
+
+
 class ChatTemplateError(ValueError):
     """The model's chat template refused the conversation (its `raise_exception`)."""
 
@@ -107,14 +114,22 @@ class EngineTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
     ) -> str:
-        """The prompt text for a conversation, with the model's own template."""
+        """The prompt text for a conversation, with the model's own template; ``tools``
+        (JSON schemas) and ``template_kwargs`` (``enable_thinking``...) are variables."""
         if self._template is None:
             raise ChatTemplateError("this model has no chat template")
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
         try:
             return self._template.render(
+                **extra,
                 messages=[dict(m) for m in messages],
+                tools=[dict(t) for t in tools] if tools is not None else None,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.meta.bos_token or "",
                 eos_token=self.meta.eos_token or "",

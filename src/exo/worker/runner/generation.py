@@ -4,7 +4,7 @@ The runner calls ``submit`` for each request, ``step`` between its input checks,
 ``cancel``; each returns the events to send (chunks and task statuses)."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -12,16 +12,33 @@ from typing import cast
 import torch
 from loguru import logger
 
-from exo.shared.types.chunks import ErrorChunk, FinishReason, TokenChunk, Usage
+from exo.shared.types.chunks import (
+    ErrorChunk,
+    ErrorCode,
+    FinishReason,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
+from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata
 from exo.worker.download.local import locate_progress
+from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
+from exo.worker.engines.grammar import (
+    GrammarCompiler,
+    GrammarConstraint,
+    GrammarError,
+    schema_grammar,
+    tool_call_grammar,
+)
 from exo.worker.engines.llama import LlamaModel
-from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.sampling import SamplingParams, TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.settings import RunnerSettings
@@ -35,6 +52,11 @@ class _Request:
     detokenizer: IncrementalDetokenizer
     stops: StopMatcher
     prompt_tokens: int
+    # Text the prompt ends with that is part of the answer (a forced call's opening).
+    prefix: str = ""
+    # Filled by the sampler when the request wants log-probabilities.
+    logprob_sink: list[TokenLogprobs] | None = None
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list[TokenLogprob])
     completion_tokens: int = 0
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
@@ -48,6 +70,7 @@ class Generation:
         self.batch = engine.batch_generator(max_batch, self.max_seq)
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch
+        self._grammars: GrammarCompiler | None = None
 
     @property
     def active(self) -> int:
@@ -60,18 +83,47 @@ class Generation:
         params = task.task_params
         tokenizer = self.engine.tokenizer
         try:
+            prefix = ""
+            constraint = None
             if params.raw_prompt is not None:
                 prompt = params.raw_prompt
             else:
-                prompt = tokenizer.render_chat(
-                    [{"role": m.role, "content": m.content} for m in params.input]
+                chat = chat_prompt(
+                    params.input,
+                    params.tools,
+                    params.tool_choice,
+                    params.forced_tool,
+                    tokenizer.meta.chat_template,
                 )
+                constraint = self._constraint(params, chat.format)
+                # A grammar writes the whole call; without one, the prompt opens it.
+                prefix = "" if constraint is not None else chat.prefix
+                prompt = (
+                    tokenizer.render_chat(
+                        chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
+                    )
+                    + prefix
+                )
+            # A template that opens the thought: the answer's text starts inside it.
+            opened = not prefix and prompt.rstrip().endswith("<think>")
+            shown = "<think>" if opened else prefix
             prompt_ids = tokenizer.encode(prompt)
-            limit = self.max_seq
-            if len(prompt_ids) >= limit:
-                raise ValueError(
-                    f"prompt is {len(prompt_ids)} tokens; this runner's context is {limit}"
-                )
+        except GrammarError as e:
+            return self._failed(task, str(e), "invalid_request")
+        except Exception as e:  # this request is refused; the others go on
+            logger.warning(f"request {task.task_id} refused: {e}")
+            return self._failed(task, f"{type(e).__name__}: {e}")
+        limit = min(self.max_seq, params.num_ctx or self.max_seq)
+        if params.count_only:
+            return self._counted(task, len(prompt_ids))
+        if len(prompt_ids) >= limit:
+            message = (
+                f"this model's maximum context length is {limit} tokens, "
+                f"but the prompt is {len(prompt_ids)} tokens"
+            )
+            return self._failed(task, message, "context_length_exceeded")
+        sink: list[TokenLogprobs] | None = [] if params.logprobs else None
+        try:
             max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
             self.batch.add(
                 task.task_id,
@@ -86,18 +138,59 @@ class Generation:
                     repetition_penalty=params.repetition_penalty,
                     presence_penalty=params.presence_penalty,
                     frequency_penalty=params.frequency_penalty,
+                    constraint=constraint,
+                    top_logprobs=params.top_logprobs,
+                    logprob_sink=sink,
                 ),
             )
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
+        decode = tokenizer.decode
+        if params.tools and params.tool_choice != "none":
+            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]).
+            def decode(ids: Sequence[int]) -> str:
+                return tokenizer.decode(ids, skip_special_tokens=False)
+
         self.requests[task.task_id] = _Request(
             task=task,
-            detokenizer=IncrementalDetokenizer(tokenizer.decode, prompt_ids),
+            detokenizer=IncrementalDetokenizer(decode, prompt_ids),
             stops=StopMatcher(params.stop),
             prompt_tokens=len(prompt_ids),
+            prefix=shown,
+            logprob_sink=sink,
         )
         return []
+
+    def _constraint(
+        self, params: TextGenerationTaskParams, fmt: ToolFormat
+    ) -> GrammarConstraint | None:
+        """The grammar a request's output must follow: its JSON schema, or a call."""
+        if params.json_schema is not None:
+            grammar = schema_grammar(json_object(params.json_schema))
+        elif params.tools and params.tool_choice == "required":
+            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool)
+        else:
+            return None
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.engine.tokenizer, self.engine.config.vocab)
+        return self._grammars.constraint(grammar)
+
+    def _counted(self, task: TextGeneration, prompt_tokens: int) -> list[Event]:
+        """The answer to a count-only request: one empty final chunk with the count."""
+        chunk = TokenChunk(
+            model=task.task_params.model,
+            text="",
+            token_id=-1,
+            idx=0,
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=0),
+            prompt_tokens=prompt_tokens,
+        )
+        return [
+            ChunkGenerated(command_id=task.command_id, chunk=chunk),
+            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Complete),
+        ]
 
     def step(self) -> list[Event]:
         events: list[Event] = []
@@ -111,6 +204,7 @@ class Generation:
                 continue
             request.completion_tokens += 1
             finish: FinishReason | None = out.finish_reason
+            self._take_logprobs(request, drop_last=finish == "stop")
             # A stop token ends the text; it is not part of it.
             text = "" if finish == "stop" else request.detokenizer.push(out.token_id)
             emitted = request.stops.push(text)
@@ -118,10 +212,28 @@ class Generation:
                 finish = "stop"
                 self.batch.cancel(out.request_id)
             elif finish is not None:
-                emitted += request.stops.push(request.detokenizer.flush()) if not request.stops.stopped else ""
+                emitted += (
+                    request.stops.push(request.detokenizer.flush())
+                    if not request.stops.stopped
+                    else ""
+                )
                 emitted += request.stops.flush()
             events.extend(self._chunk(request, emitted, out.token_id, finish))
         return events
+
+    def _take_logprobs(self, request: _Request, drop_last: bool) -> None:
+        """The sampler's new entries as chunk log-probabilities (a stop token is not text)."""
+        sink = request.logprob_sink
+        if not sink:
+            return
+        entries = sink[:-1] if drop_last else list(sink)
+        sink.clear()
+        decode = self.engine.tokenizer.decode
+        for e in entries:
+            top = [TopLogprob(token=decode([t]), logprob=lp) for t, lp in e.top]
+            request.pending_logprobs.append(
+                TokenLogprob(token=decode([e.token]), logprob=e.logprob, top=top)
+            )
 
     def cancel(self, task_id: TaskId) -> list[Event]:
         request = self.requests.get(task_id)
@@ -147,6 +259,8 @@ class Generation:
     ) -> list[Event]:
         if not text and finish is None:
             return []  # half a character: wait for the rest
+        if request.chunks_sent == 0 and request.prefix:
+            text = request.prefix + text
         task = request.task
         chunk = TokenChunk(
             model=task.task_params.model,
@@ -160,7 +274,11 @@ class Generation:
             )
             if finish is not None
             else None,
+            prompt_tokens=request.prompt_tokens if request.chunks_sent == 0 else None,
+            stop_sequence=request.stops.matched if finish == "stop" else None,
+            logprobs=list(request.pending_logprobs) if request.logprob_sink is not None else None,
         )
+        request.pending_logprobs.clear()
         request.chunks_sent += 1
         events: list[Event] = [ChunkGenerated(command_id=task.command_id, chunk=chunk)]
         if finish is not None:
@@ -169,14 +287,19 @@ class Generation:
             events.append(TaskStatusUpdated(task_id=task.task_id, task_status=status))
         return events
 
-    def _failed(self, task: TextGeneration, message: str) -> list[Event]:
+    def _failed(
+        self, task: TextGeneration, message: str, code: ErrorCode | None = None
+    ) -> list[Event]:
         return [
             ChunkGenerated(
                 command_id=task.command_id,
-                chunk=ErrorChunk(model=task.task_params.model, error_message=message),
+                chunk=ErrorChunk(
+                    model=task.task_params.model, error_message=message, error_code=code
+                ),
             ),
-            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Failed,
-                              error_message=message),
+            TaskStatusUpdated(
+                task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
+            ),
         ]
 
 
@@ -193,18 +316,24 @@ def load_generation(
         raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")
     if shard.world_size > 1:
         model, engine = load_local_model(
-            Path(located.path), shard, dtype=getattr(torch, settings.dtype),
-            device=settings.device, threads=settings.threads, cache_dir=settings.cache_dir,
+            Path(located.path),
+            shard,
+            dtype=getattr(torch, settings.dtype),
+            device=settings.device,
+            threads=settings.threads,
+            cache_dir=settings.cache_dir,
             progress=progress,
         )
         kind: Kind = "pipeline" if isinstance(shard, PipelineShardMetadata) else "tensor"
         if engine is None:
             max_seq = min(model.config.context_length, DEFAULT_MAX_SEQ)
-            return Follower(model, kind, shard.device_rank, shard.world_size,
-                            settings.max_batch, max_seq)
+            return Follower(
+                model, kind, shard.device_rank, shard.world_size, settings.max_batch, max_seq
+            )
         leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
-        engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
-                        tokenizer=engine.tokenizer)
+        engine = Engine(
+            config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer
+        )
         return Generation(engine, settings.max_batch, leader)
     # A single runner holds the whole model: a pipeline shard of every layer, or the one
     # slice of a tensor instance of one node.

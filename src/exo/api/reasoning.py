@@ -1,0 +1,79 @@
+"""Thinking apart from the answer: ``<think>...</think>`` at the start of the output
+(Qwen3, DeepSeek-R1 distills). When the chat template opens the block itself, the runner
+sends the opening tag as the answer's first text, so the split is the same either way.
+
+``ReasoningSplitter.feed`` takes text as it streams (tags may arrive split anywhere)."""
+
+from exo.api.generation_events import ReasoningDelta, TextDelta
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def _held(buffer: str, tag: str) -> int:
+    """Length of the longest end of ``buffer`` that begins ``tag``."""
+    for size in range(min(len(buffer), len(tag) - 1), 0, -1):
+        if tag.startswith(buffer[-size:]):
+            return size
+    return 0
+
+
+class ReasoningSplitter:
+    def __init__(self) -> None:
+        self._state = "start"  # start -> opened -> thinking -> after -> answer
+        self._buffer = ""
+        self.reasoning: list[str] = []
+
+    def feed(self, text: str) -> list[TextDelta | ReasoningDelta]:
+        self._buffer += text
+        out: list[TextDelta | ReasoningDelta] = []
+        if self._state == "start":
+            stripped = self._buffer.lstrip()
+            if stripped.startswith(OPEN):
+                self._state = "opened"
+                self._buffer = stripped[len(OPEN) :]
+            elif OPEN.startswith(stripped):
+                return []  # perhaps the tag, not yet whole
+            else:
+                self._state = "answer"
+        if self._state == "opened":
+            self._buffer = self._buffer.lstrip("\n")
+            if not self._buffer:
+                return []
+            self._state = "thinking"
+        if self._state == "thinking":
+            at = self._buffer.find(CLOSE)
+            if at < 0:
+                keep = _held(self._buffer, CLOSE)
+                thought, self._buffer = (
+                    self._buffer[: len(self._buffer) - keep],
+                    self._buffer[len(self._buffer) - keep :],
+                )
+                return self._thought(thought)
+            out.extend(self._thought(self._buffer[:at]))
+            self._buffer = self._buffer[at + len(CLOSE) :]
+            self._state = "after"
+        if self._state == "after":
+            # The newlines between the thought and the answer belong to neither.
+            self._buffer = self._buffer.lstrip("\n")
+            if not self._buffer:
+                return out
+            self._state = "answer"
+        if self._state == "answer" and self._buffer:
+            out.append(TextDelta(self._buffer))
+            self._buffer = ""
+        return out
+
+    def finish(self) -> list[TextDelta | ReasoningDelta]:
+        """The end of the output: an unclosed thought is still a thought."""
+        rest, self._buffer = self._buffer, ""
+        if not rest:
+            return []
+        if self._state in ("opened", "thinking"):
+            return self._thought(rest)
+        return [TextDelta(rest)]
+
+    def _thought(self, text: str) -> list[TextDelta | ReasoningDelta]:
+        if not text:
+            return []
+        self.reasoning.append(text)
+        return [ReasoningDelta(text)]

@@ -1,0 +1,208 @@
+"""Function tools as the request formats describe them, and what they become in a task."""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from exo.api.errors import ApiError
+from exo.api.task_params import ApiModel
+from exo.shared.types.chunks import TokenLogprob
+from exo.shared.types.text_generation import ToolCall, ToolChoice, ToolSpec
+
+
+@dataclass(frozen=True)
+class Tools:
+    """A request's tools: the functions, whether a call is required, and which one."""
+
+    specs: tuple[ToolSpec, ...] = ()
+    choice: ToolChoice = "auto"
+    forced: str | None = None
+
+    def checked(self, param: str) -> "Tools":
+        if self.forced is not None and self.forced not in {t.name for t in self.specs}:
+            raise ApiError(400, f"{param}: no tool named {self.forced!r} in tools", param=param)
+        if self.choice == "required" and not self.specs:
+            raise ApiError(
+                400, f"{param}: a tool call is required but no tools are given", param=param
+            )
+        return self
+
+
+def schema_text(schema: dict[str, Any] | None) -> str:
+    return json.dumps(schema if schema else {"type": "object", "properties": {}})
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A call's arguments as an object (the parser only emits JSON objects)."""
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    return {}
+
+
+def arguments_text(value: object) -> str:
+    """Arguments as a JSON object's text (clients send text or an object)."""
+    if isinstance(value, str):
+        return value or "{}"
+    return json.dumps(value if value is not None else {}, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------- OpenAI / Ollama shape
+
+
+class FunctionDef(ApiModel):
+    name: str = Field(min_length=1)
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+
+
+class FunctionTool(ApiModel):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+    def spec(self) -> ToolSpec:
+        f = self.function
+        return ToolSpec(
+            name=f.name, description=f.description, parameters=schema_text(f.parameters)
+        )
+
+
+class NamedFunction(ApiModel):
+    name: str
+
+
+class NamedToolChoice(ApiModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+OpenAIToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+def openai_tools(tools: Sequence[FunctionTool] | None, choice: OpenAIToolChoice | None) -> Tools:
+    specs = tuple(t.spec() for t in tools or ())
+    match choice:
+        case None:
+            return Tools(specs).checked("tool_choice")
+        case NamedToolChoice():
+            return Tools(specs, "required", choice.function.name).checked("tool_choice")
+        case _:
+            return Tools(specs, choice).checked("tool_choice")
+
+
+class CalledFunction(ApiModel):
+    name: str
+    arguments: object = None
+
+
+class CallIn(ApiModel):
+    """An earlier call in a conversation's history."""
+
+    id: str = ""
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+    def call(self, index: int) -> ToolCall:
+        return ToolCall(
+            id=self.id or f"call_{index}",
+            name=self.function.name,
+            arguments=arguments_text(self.function.arguments),
+        )
+
+
+# ---------------------------------------------------------------- structured output
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+
+
+class JsonSchemaSpec(ApiModel):
+    name: str = "response"
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(ApiModel):
+    """OpenAI chat ``response_format``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    def schema_text(self, param: str) -> str | None:
+        match self.type:
+            case "text":
+                return None
+            case "json_object":
+                return JSON_OBJECT_SCHEMA
+            case "json_schema":
+                if self.json_schema is None:
+                    raise ApiError(400, f"{param}.json_schema is required", param=param)
+                return json.dumps(self.json_schema.schema_ or {})
+
+
+class TextFormat(ApiModel):
+    """Responses ``text.format``: the schema sits beside the type."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    def schema_text(self) -> str | None:
+        match self.type:
+            case "text":
+                return None
+            case "json_object":
+                return JSON_OBJECT_SCHEMA
+            case "json_schema":
+                return json.dumps(self.schema_ or {})
+
+
+def ollama_format(value: object) -> str | None:
+    """Ollama ``format``: "json", a JSON schema, or nothing."""
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return JSON_OBJECT_SCHEMA
+    if isinstance(value, dict):
+        return json.dumps(value)
+    raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")
+
+
+# ---------------------------------------------------------------- thinking
+
+
+def thinking_kwargs(
+    effort: str | bool | None, extra: dict[str, str | bool] | None = None
+) -> dict[str, str | bool]:
+    """Chat template variables for a request's thinking switch: ``enable_thinking``
+    (Qwen3 and others) and ``reasoning_effort``; ``extra`` (chat_template_kwargs) wins."""
+    out: dict[str, str | bool] = {}
+    if isinstance(effort, bool):
+        out["enable_thinking"] = effort
+    elif effort is not None:
+        out["enable_thinking"] = effort != "none"
+        out["reasoning_effort"] = effort
+    return {**out, **(extra or {})}
+
+
+# ---------------------------------------------------------------- log-probabilities
+
+
+def logprob_json(entry: TokenLogprob, with_top: bool = True) -> dict[str, Any]:
+    """OpenAI's shape of one token's log-probability."""
+    out: dict[str, Any] = {
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode()),
+    }
+    if with_top:
+        out["top_logprobs"] = [
+            logprob_json(TokenLogprob(token=t.token, logprob=t.logprob), False) for t in entry.top
+        ]
+    return out

@@ -1,0 +1,144 @@
+"""From a request's messages and tools to what a model's chat template renders.
+
+Templates that know tools (Qwen/Hermes, Llama 3.1+, Mistral) get them the Hugging Face
+way: ``tools`` as JSON schemas, assistant ``tool_calls`` with argument objects, ``tool``
+messages. A template that knows none (the embedded SmolLM2-135M's) gets them as a system
+prompt in SmolLM2's own format, ``<tool_call>[{"name": ..., "arguments": ...}]</tool_call>``,
+with earlier calls and results written the same way.
+
+``tool_choice`` required (or a named function) starts the answer with the opening of a
+call in the model's format (the *prefix*): the model continues a call, it does not decide
+whether to make one.
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
+
+ToolFormat = Literal["hermes", "llama3", "mistral", "smollm"]
+
+
+def tool_format(template: str | None) -> ToolFormat:
+    """The call format a chat template teaches its model."""
+    text = template or ""
+    if "<tool_call>" in text:
+        return "hermes"
+    if "<|python_tag|>" in text or "ipython" in text:
+        return "llama3"
+    if "[TOOL_CALLS]" in text or "[AVAILABLE_TOOLS]" in text:
+        return "mistral"
+    return "smollm"
+
+
+def template_knows_tools(template: str | None) -> bool:
+    return template is not None and "tools" in template
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object from text; anything else is kept under ``"value"``."""
+    try:
+        value: object = json.loads(text)
+    except ValueError:
+        return {"value": text}
+    if isinstance(value, dict):
+        return {str(k): v for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    return {"value": value}
+
+
+def tool_schema(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": json_object(tool.parameters),
+        },
+    }
+
+
+def _hf_call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": json_object(call.arguments)},
+    }
+
+
+def _smollm_calls(calls: Sequence[ToolCall]) -> str:
+    body = [{"name": c.name, "arguments": json_object(c.arguments)} for c in calls]
+    return f"<tool_call>{json.dumps(body)}</tool_call>"
+
+
+def _smollm_system(tools: Sequence[ToolSpec]) -> str:
+    schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
+    return (
+        "You can call functions. Their JSON schemas:\n<tools>\n"
+        f"{schemas}\n</tools>\n"
+        "To call functions, answer with only "
+        '<tool_call>[{"name": "<function name>", "arguments": {<arguments>}}]</tool_call>. '
+        "Results come back in <tool_response></tool_response>."
+    )
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    messages: list[dict[str, Any]]
+    # For the template's ``tools`` variable (None: the template is not given tools).
+    tools: list[dict[str, Any]] | None
+    # Appended to the rendered prompt: the start of a forced call.
+    prefix: str
+    format: ToolFormat
+
+
+def forced_prefix(fmt: ToolFormat, name: str | None) -> str:
+    """The opening of a call in ``fmt``; with ``name``, up to its arguments."""
+    key = "parameters" if fmt == "llama3" else "arguments"
+    head = {
+        "hermes": '<tool_call>\n{"name": "',
+        "smollm": '<tool_call>[{"name": "',
+        "llama3": '{"name": "',
+        "mistral": '[TOOL_CALLS][{"name": "',
+    }[fmt]
+    return head if name is None else f'{head}{name}", "{key}": '
+
+
+def chat_prompt(
+    messages: Sequence[InputMessage],
+    tools: Sequence[ToolSpec],
+    tool_choice: str,
+    forced_tool: str | None,
+    template: str | None,
+) -> ChatPrompt:
+    fmt = tool_format(template)
+    offer = bool(tools) and tool_choice != "none"
+    native = template_knows_tools(template)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if native or not (m.tool_calls or m.role == "tool"):
+            entry: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                entry["tool_calls"] = [_hf_call(c) for c in m.tool_calls]
+            if m.role == "tool":
+                entry["tool_call_id"] = m.tool_call_id or ""
+                entry["name"] = m.name or ""
+            out.append(entry)
+        elif m.role == "tool":
+            content = f"<tool_response>\n{m.content}\n</tool_response>"
+            out.append({"role": "user", "content": content})
+        else:
+            text = f"{m.content}\n" if m.content else ""
+            out.append({"role": m.role, "content": text + _smollm_calls(m.tool_calls)})
+    if offer and not native:
+        system = _smollm_system(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    prefix = ""
+    if offer and tool_choice == "required":
+        prefix = forced_prefix(fmt, forced_tool)
+    schemas = [tool_schema(t) for t in tools] if offer and native else None
+    return ChatPrompt(messages=out, tools=schemas, prefix=prefix, format=fmt)
