@@ -15,7 +15,7 @@ from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeig
 
 __all__ = ["LlamaConfig", "gguf_config", "load_gguf_config", "load_gguf_shard"]
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 # llama.cpp's converter permutes q/k of these into the interleaved rotary layout; the others
 # (NEOX rotary in llama.cpp) keep the Hugging Face half-split layout, which we permute on load.
 _INTERLEAVED_IN_FILE = ("llama", "mistral")
@@ -60,6 +60,25 @@ def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | No
     return None  # llama3-style scaling ships as the `rope_freqs.weight` tensor instead
 
 
+def _gemma3_fields(meta: dict[str, MetadataValue], n_layers: int, hidden: int, heads: int,
+                   head_dim: int) -> dict[str, object]:  # fmt: skip
+    """What llama.cpp fixes for Gemma 3 rather than storing it: every 6th layer global, local
+    rotary base 10000, attention scale 1/sqrt(head_dim) (1/sqrt(hidden/heads) for the 27B)."""
+    pattern = _int(meta, "gemma3.attention.sliding_window_pattern", 6)
+    window = meta.get("gemma3.attention.sliding_window")
+    softcap = meta.get("gemma3.final_logit_softcapping")
+    scale_dim = hidden // heads if n_layers == 62 else head_dim
+    return {
+        "activation": "gelu_tanh",
+        "embed_scale": hidden**0.5,
+        "attn_scale": scale_dim**-0.5,
+        "sliding_window": window if isinstance(window, int) else None,
+        "sliding_layers": tuple((i + 1) % pattern != 0 for i in range(n_layers)),
+        "rope_theta_local": _float(meta, "gemma3.rope.freq_base_swa", 10000.0),
+        "final_softcap": float(softcap) if isinstance(softcap, int | float) else None,
+    }
+
+
 def gguf_config(f: GGUFFile) -> LlamaConfig:
     """The model shape described by an open GGUF file's metadata."""
     meta = f.metadata
@@ -70,14 +89,17 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     heads = _int(meta, f"{arch}.attention.head_count")
     template = meta.get("tokenizer.chat_template")
     bos = meta.get("tokenizer.ggml.bos_token_id")
+    n_layers = _int(meta, f"{arch}.block_count")
+    head_dim = _int(meta, f"{arch}.attention.key_length", hidden // heads)
+    extra = _gemma3_fields(meta, n_layers, hidden, heads, head_dim) if arch == "gemma3" else {}
     return LlamaConfig(
         architecture=arch,
-        n_layers=_int(meta, f"{arch}.block_count"),
+        n_layers=n_layers,
         hidden=hidden,
         ffn=_int(meta, f"{arch}.feed_forward_length"),
         heads=heads,
         kv_heads=_int(meta, f"{arch}.attention.head_count_kv", heads),
-        head_dim=_int(meta, f"{arch}.attention.key_length", hidden // heads),
+        head_dim=head_dim,
         rope_theta=_float(meta, f"{arch}.rope.freq_base", 10000.0),
         rms_eps=_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
         vocab=f.tensors["token_embd.weight"].shape[0],
@@ -89,6 +111,7 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
         rope_scaling=_rope_scaling(meta, arch),
+        **extra,  # pyright: ignore[reportArgumentType]
     )
 
 
@@ -121,6 +144,8 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
     )
     wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
     q_norm, k_norm = src.maybe(p + "attn_q_norm.weight"), src.maybe(p + "attn_k_norm.weight")
+    # Gemma 3 norms both sides of attention and MLP ("ffn_norm" is the pre-MLP one everywhere);
+    # llama.cpp's converter stores Gemma's norm gains whole (1 + w), as we use them.
     if config.architecture not in _INTERLEAVED_IN_FILE:
         wq, wk = halves_to_pairs(wq, config.heads), halves_to_pairs(wk, config.kv_heads)
         bq = None if bq is None else halves_to_pairs(bq, config.heads)
@@ -142,6 +167,8 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         bv=bv,
         q_norm=q_norm,
         k_norm=k_norm,
+        post_attn_norm=src.maybe(p + "post_attention_norm.weight"),
+        post_ffn_norm=src.maybe(p + "post_ffw_norm.weight"),
     )
 
 

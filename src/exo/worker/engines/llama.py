@@ -1,20 +1,24 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3), one layer range of it.
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3), a layer range.
 
-    h_0 = E[tokens]                                          embed        (first shard only)
+    h_0 = E[tokens] (* sqrt(D), Gemma)                       embed        (first shard only)
     for each block:
         x   = rmsnorm(h) * g_attn
-        q, k, v = x Wq^T, x Wk^T, x Wv^T     (+ bias, Qwen2; per-head rmsnorm of q, k, Qwen3)
-        q, k = rotate(q, pos), rotate(k, pos)
-        h   = h + allreduce(attention(q, K_cache, V_cache) Wo^T)
+        q, k, v = x Wq^T, x Wk^T, x Wv^T     (+ bias, Qwen2; per-head rmsnorm of q, k, Qwen3/Gemma)
+        q, k = rotate(q, pos), rotate(k, pos)       (sliding layers: their own rotary base)
+        a   = attention(q, K_cache, V_cache) Wo^T   (sliding layers: only the last W keys)
+        h   = h + allreduce(a)                      (Gemma: h + rmsnorm(allreduce(a)) * g_post_attn)
         x   = rmsnorm(h) * g_ffn
-        h   = h + allreduce((silu(x Wg^T) * (x Wu^T)) Wd^T)
+        m   = (act(x Wg^T) * (x Wu^T)) Wd^T         act = silu (gelu-tanh, Gemma)
+        h   = h + allreduce(m)                      (Gemma: h + rmsnorm(allreduce(m)) * g_post_ffn)
     logits = (rmsnorm(h) * g_out) W_head^T                   head         (last shard only)
+    logits = cap * tanh(logits / cap)                        (if the config caps them)
 
 Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
 the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
 `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
 together in one complex multiply; attention is `scaled_dot_product_attention` over a
-preallocated cache. With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
+preallocated cache. A model-specific attention scale is folded into q (its weights, or its
+per-head norm), so every attention runs at the standard 1/sqrt(hd). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
 cache write and attention are one call per layer, so a block is five calls.
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
@@ -23,6 +27,8 @@ Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +80,8 @@ class StepInputs:
 class _StepTensors:
     """`StepInputs` turned into tensors once per step, shared by every layer."""
 
+    use_kernel: bool  # the compiled decode attention runs (it sees every cached position)
+    rope: Tensor  # [P, hd/2] complex: the rotary table of these layers
     rotation: Tensor | None  # [B, T, 1, hd/2] complex: the rotation of each new position
     kv_len: int  # L: cache positions that any row attends to
     mask: Tensor | None  # [B, 1, T, L] bool (True = attend); None = all L (decode) / causal
@@ -94,6 +102,10 @@ class Block:
     heads: int  # H (local to this TP rank)
     kv_heads: int  # KV
     qk_norm: Tensor | None  # [H + KV, hd]  Qwen3's per-head norm weights, q heads then k heads
+    post_attn_norm: Tensor | None  # [D]  Gemma 3: norm of the attention output
+    post_ffn_norm: Tensor | None  # [D]  Gemma 3: norm of the MLP output
+    sliding: bool  # attends to the last `config.sliding_window` positions only
+    gated: int  # F: width of the gate (and up) projection on this rank
 
 
 def _stack_bias(layer: LayerWeights) -> Tensor | None:
@@ -102,39 +114,59 @@ def _stack_bias(layer: LayerWeights) -> Tensor | None:
     return torch.cat([layer.bq, layer.bk, layer.bv])
 
 
+def _q_scale(config: LlamaConfig) -> float:
+    """attn_scale / (1 / sqrt(hd)): what q is multiplied by so attention uses 1 / sqrt(hd)."""
+    return 1.0 if config.attn_scale is None else config.attn_scale * math.sqrt(config.head_dim)
+
+
 def build_block(
     layer: LayerWeights,
     config: LlamaConfig,
+    index: int,
     fmt: WeightFormat,
     dtype: torch.dtype,
     device: torch.device,
     kernels: QKernels | None,
 ) -> Block:
+    """Block `index` (a global layer number) in compute form."""
     hd, eps = config.head_dim, config.rms_eps
     heads, kv_heads = layer.wq.shape[0] // hd, layer.wk.shape[0] // hd
+    wq, bq, q_scale = layer.wq, layer.bq, _q_scale(config)
     qk_norm = None
     if layer.q_norm is not None and layer.k_norm is not None:
-        qk_norm = torch.cat([layer.q_norm.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]).to(
+        # q is normalised per head, so its scale goes into the norm's gain, not into Wq
+        q_gain = layer.q_norm.float() * q_scale
+        qk_norm = torch.cat([q_gain.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]).to(
             device=device, dtype=dtype
         )
+    elif q_scale != 1.0:
+        wq, bq = wq * q_scale, None if bq is None else bq * q_scale
+    gated = layer.w_gate.shape[0]  # F (local to this TP rank)
+
+    def to_dev(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(device=device, dtype=dtype)
 
     def linear(w: Tensor, bias: Tensor | None = None, prologue: Prologue = None) -> Linear:
         return make_linear(
             w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
         )
 
+    bias = _stack_bias(layer)
+    if bias is not None and bq is not None:
+        bias = torch.cat([bq, bias[bq.shape[0] :]])
     return Block(
-        qkv=linear(
-            torch.cat([layer.wq, layer.wk, layer.wv]),
-            _stack_bias(layer),
-            RmsNorm(layer.attn_norm, eps),
-        ),
+        qkv=linear(torch.cat([wq, layer.wk, layer.wv]), bias, RmsNorm(layer.attn_norm, eps)),
         o=linear(layer.wo),
         gate_up=linear(torch.cat([layer.w_gate, layer.w_up]), None, RmsNorm(layer.ffn_norm, eps)),
-        down=linear(layer.w_down, None, SwiGLU()),
+        # SiLU gating is fused into the down projection; GELU-tanh runs in torch before it
+        down=linear(layer.w_down, None, SwiGLU() if config.activation == "silu" else None),
         heads=heads,
         kv_heads=kv_heads,
         qk_norm=qk_norm,
+        post_attn_norm=to_dev(layer.post_attn_norm),
+        post_ffn_norm=to_dev(layer.post_ffn_norm),
+        sliding=config.is_sliding(index),
+        gated=gated,
     )
 
 
@@ -171,7 +203,8 @@ class LlamaModel:
         # The compiled decode attention runs whenever the kernels are loaded (float32 CPU).
         self._kernels = kernels if dtype == torch.float32 and self.device.type == "cpu" else None
         self.blocks = [
-            build_block(w, c, weight_format, dtype, self.device, kernels) for w in weights.layers
+            build_block(w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels)
+            for i, w in enumerate(weights.layers)
         ]
         self.kv_heads = self.blocks[0].kv_heads if self.blocks else c.kv_heads
         self.lm_head: Linear | None = None  # h -> rmsnorm(h) g_out W_head^T
@@ -197,8 +230,12 @@ class LlamaModel:
                 self._embedding_blocks = quantize_q8(weights.embed)
             else:
                 self.embedding = weights.embed.to(device=self.device, dtype=dtype)
-        self._freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
-        self._rope = rope_table(c.context_length, self._freqs, self.device)  # [P, hd/2]
+        # Rotary tables [P, hd/2], one per kind of layer: global (False) and sliding (True).
+        global_freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
+        self._freqs = {False: global_freqs, True: global_freqs}
+        if c.rope_theta_local is not None:
+            self._freqs[True] = rope_frequencies(hd, c.rope_theta_local)
+        self._ropes = {k: rope_table(c.context_length, f, self.device) for k, f in self._freqs.items()}
 
     # --- the three stages ------------------------------------------------------------------
 
@@ -206,23 +243,28 @@ class LlamaModel:
         """tokens [B, T] -> hidden [B, T, D]."""
         tokens = tokens.to(self.device)
         if self._embedding_blocks is not None:
-            return dequantize_blocks(self._embedding_blocks[tokens], 8)
-        if self.embedding is None:
+            hidden = dequantize_blocks(self._embedding_blocks[tokens], 8)
+        elif self.embedding is None:
             raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return F.embedding(tokens, self.embedding)
+        else:
+            hidden = F.embedding(tokens, self.embedding)
+        scale = self.config.embed_scale
+        return hidden if scale is None else hidden * torch.tensor(scale, dtype=hidden.dtype)
 
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
-        t = self._step_tensors(step, cache)
+        per_kind = {s: self._step_tensors(step, cache, s) for s in {b.sliding for b in self.blocks}}
         for i, block in enumerate(self.blocks):
-            hidden = self._block(block, hidden, t, cache.k[i], cache.v[i])
+            hidden = self._block(block, hidden, per_kind[block.sliding], cache.k[i], cache.v[i])
         return hidden
 
     def head(self, hidden: Tensor) -> Tensor:
         """hidden [..., D] -> logits [..., V] (float32)."""
         if self.lm_head is None:
             raise RuntimeError("this shard does not hold the head (end_layer < n_layers)")
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]."""
@@ -230,8 +272,9 @@ class LlamaModel:
         return self.head(hidden[:, -1])
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
-        if max_seq > self._rope.shape[0]:  # beyond the trained context: extend the table
-            self._rope = rope_table(max_seq, self._freqs, self.device)
+        for kind, table in self._ropes.items():
+            if max_seq > table.shape[0]:  # beyond the trained context: extend the table
+                self._ropes[kind] = rope_table(max_seq, self._freqs[kind], self.device)
         return KVCache(
             len(self.blocks),
             max_batch,
@@ -247,14 +290,20 @@ class LlamaModel:
     def _block(
         self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
     ) -> Tensor:
-        h = self._residual(h, b.o, self._attention(b, h, t, k_cache, v_cache))
-        return self._residual(h, b.down, b.gate_up(h))
+        h = self._residual(h, b.o, self._attention(b, h, t, k_cache, v_cache), b.post_attn_norm)
+        x = b.gate_up(h)  # [B, T, 2F]   (norm fused in)
+        if self.config.activation == "gelu_tanh":
+            x = F.gelu(x[..., : b.gated], approximate="tanh") * x[..., b.gated :]  # [B, T, F]
+        return self._residual(h, b.down, x, b.post_ffn_norm)
 
-    def _residual(self, h: Tensor, layer: Linear, x: Tensor) -> Tensor:
-        """h + allreduce(layer(x)); without tensor parallelism the add is fused into the layer."""
-        if self.all_reduce is no_all_reduce:
+    def _residual(self, h: Tensor, layer: Linear, x: Tensor, post_norm: Tensor | None) -> Tensor:
+        """h + [rmsnorm](allreduce(layer(x))); without TP or a post-norm the add is fused."""
+        if self.all_reduce is no_all_reduce and post_norm is None:
             return layer(x, residual=h)
-        return h + self.all_reduce(layer(x))
+        y = self.all_reduce(layer(x))
+        if post_norm is not None:
+            y = F.rms_norm(y, (y.shape[-1],), post_norm, self.eps)
+        return h + y
 
     def _attention(
         self, b: Block, h: Tensor, t: _StepTensors, k_cache: Tensor, v_cache: Tensor
@@ -263,9 +312,9 @@ class LlamaModel:
         bsz, n_new, _ = h.shape
         hd, heads, kvh = self.config.head_dim, b.heads, b.kv_heads
         qkv = b.qkv(h)  # [B, T, (H + 2KV) * hd]   (input norm fused in)
-        if n_new == 1 and self._kernels is not None:  # rotate, cache, attend: one compiled call
+        if t.use_kernel and self._kernels is not None:  # rotate, cache, attend: one compiled call
             return self._kernels.attend_decode(
-                qkv, heads, kvh, hd, self._rope, b.qk_norm, self.eps,
+                qkv, heads, kvh, hd, t.rope, b.qk_norm, self.eps,
                 k_cache, v_cache, t.slot_index, t.pos_index,
             )  # fmt: skip
         qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
@@ -310,29 +359,38 @@ class LlamaModel:
 
     # --- per-step tensors ------------------------------------------------------------------
 
-    def _step_tensors(self, step: StepInputs, cache: KVCache) -> _StepTensors:
+    def _step_tensors(self, step: StepInputs, cache: KVCache, sliding: bool) -> _StepTensors:
+        """The step's tensors for global (sliding=False) or sliding-window layers."""
         bsz, n_new = len(step.slots), step.n_new
         _check_step(step, cache)
         ends = [s + n_new for s in step.starts]
         kv_len = max(ends)
-        if kv_len > self._rope.shape[0]:
+        rope = self._ropes[sliding]
+        if kv_len > rope.shape[0]:
             raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
+        window = self.config.sliding_window if sliding else None
+        sees_all = window is None or kv_len <= window  # no key has left the window yet
         dev = self.device
         starts = torch.tensor(step.starts, device=dev)
         first = step.slots[0]
         contiguous = list(step.slots) == list(range(first, first + bsz))
         slot_index = torch.tensor(step.slots, device=dev)
-        if n_new == 1 and self._kernels is not None:  # the compiled decode needs no more
-            return _StepTensors(None, kv_len, None, False, None, slot_index, starts)
+        if n_new == 1 and self._kernels is not None and sees_all:  # the compiled decode
+            return _StepTensors(True, rope, None, kv_len, None, False, None, slot_index, starts)
         positions = starts[:, None] + torch.arange(n_new, device=dev)  # [B, T]
-        rotation = self._rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
-        is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1
+        rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
+        is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all
         mask = None
-        if not is_causal and not (bsz == 1 and n_new == 1):
-            # key j is visible to the query at position p iff j <= p.
-            mask = torch.arange(kv_len, device=dev) <= positions[:, :, None]  # [B, T, L]
+        if not is_causal and not (bsz == 1 and n_new == 1 and sees_all):
+            # key j is visible to the query at position p iff j <= p (and p - j < window).
+            keys = torch.arange(kv_len, device=dev)
+            mask = keys <= positions[:, :, None]  # [B, T, L]
+            if window is not None:
+                mask = mask & (keys > positions[:, :, None] - window)
             mask = mask.unsqueeze(1)  # [B, 1, T, L]
         return _StepTensors(
+            use_kernel=False,
+            rope=rope,
             rotation=rotation,
             kv_len=kv_len,
             mask=mask,

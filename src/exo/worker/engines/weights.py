@@ -39,6 +39,8 @@ class LayerWeights:
     bv: Tensor | None = None  # [KV*hd]
     q_norm: Tensor | None = None  # [hd]  (Qwen3: RMSNorm over each head before rotation)
     k_norm: Tensor | None = None  # [hd]
+    post_attn_norm: Tensor | None = None  # [D]  (Gemma 3: rmsnorm of the attention output)
+    post_ffn_norm: Tensor | None = None  # [D]  (Gemma 3: rmsnorm of the MLP output)
 
 
 @dataclass(frozen=True)
