@@ -25,10 +25,9 @@ Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -235,7 +234,9 @@ class LlamaModel:
         self._freqs = {False: global_freqs, True: global_freqs}
         if c.rope_theta_local is not None:
             self._freqs[True] = rope_frequencies(hd, c.rope_theta_local)
-        self._ropes = {k: rope_table(c.context_length, f, self.device) for k, f in self._freqs.items()}
+        self._ropes = {
+            k: rope_table(c.context_length, f, self.device) for k, f in self._freqs.items()
+        }
 
     # --- the three stages ------------------------------------------------------------------
 

@@ -105,7 +105,7 @@ def _activation(raw: JsonDict) -> Activation:
 def _sliding(raw: JsonDict, model_type: str, n_layers: int) -> tuple[int | None, tuple[bool, ...]]:
     """(window, per-layer flags): Gemma 3 alternates (`layer_types`), Mistral slides everywhere."""
     window = raw.get("sliding_window")
-    if not isinstance(window, int) or (model_type == "qwen2" and not raw.get("use_sliding_window")):
+    if not isinstance(window, int) or raw.get("use_sliding_window") is False:
         return None, ()
     types = raw.get("layer_types")
     if isinstance(types, list):
