@@ -15,7 +15,7 @@ from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeig
 
 __all__ = ["LlamaConfig", "gguf_config", "load_gguf_config", "load_gguf_shard"]
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 # llama.cpp's converter permutes q/k of these into the interleaved rotary layout; the others
 # (NEOX rotary in llama.cpp) keep the Hugging Face half-split layout, which we permute on load.
 _INTERLEAVED_IN_FILE = ("llama", "mistral")
@@ -92,6 +92,11 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     n_layers = _int(meta, f"{arch}.block_count")
     head_dim = _int(meta, f"{arch}.attention.key_length", hidden // heads)
     extra = _gemma3_fields(meta, n_layers, hidden, heads, head_dim) if arch == "gemma3" else {}
+    if _int(meta, f"{arch}.rope.dimension_count", head_dim) != head_dim:
+        raise ValueError("partial rotary embeddings are not supported")
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch == "phi3" and isinstance(window, int):  # every layer slides
+        extra = {"sliding_window": window, "sliding_layers": (True,) * n_layers}
     return LlamaConfig(
         architecture=arch,
         n_layers=n_layers,
@@ -142,7 +147,16 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         src.maybe(p + "attn_k.bias"),
         src.maybe(p + "attn_v.bias"),
     )
-    wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
+    hd = config.head_dim
+    if p + "attn_qkv.weight" in src.f.tensors:  # Phi-3: q|k|v in one matrix
+        q_rows, kv_rows = config.heads * hd, config.kv_heads * hd
+        wq, wk, wv = src.get(p + "attn_qkv.weight").split([q_rows, kv_rows, kv_rows])
+    else:
+        wq, wk, wv = (src.get(p + f"attn_{x}.weight") for x in "qkv")
+    if p + "ffn_gate.weight" in src.f.tensors:
+        w_gate, w_up = src.get(p + "ffn_gate.weight"), src.get(p + "ffn_up.weight")
+    else:  # Phi-3: gate|up in one matrix
+        w_gate, w_up = src.get(p + "ffn_up.weight").chunk(2)
     q_norm, k_norm = src.maybe(p + "attn_q_norm.weight"), src.maybe(p + "attn_k_norm.weight")
     # Gemma 3 norms both sides of attention and MLP ("ffn_norm" is the pre-MLP one everywhere);
     # llama.cpp's converter stores Gemma's norm gains whole (1 + w), as we use them.
@@ -156,11 +170,11 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         attn_norm=src.get(p + "attn_norm.weight"),
         wq=wq,
         wk=wk,
-        wv=src.get(p + "attn_v.weight"),
+        wv=wv,
         wo=src.get(p + "attn_output.weight"),
         ffn_norm=src.get(p + "ffn_norm.weight"),
-        w_gate=src.get(p + "ffn_gate.weight"),
-        w_up=src.get(p + "ffn_up.weight"),
+        w_gate=w_gate,
+        w_up=w_up,
         w_down=src.get(p + "ffn_down.weight"),
         bq=bq,
         bk=bk,

@@ -15,7 +15,7 @@ from torch import Tensor
 from exo.worker.engines.config import Activation, LlamaConfig, RopeScaling, check_layer_range
 from exo.worker.engines.weights import LayerWeights, ProgressCallback, ShardWeights, halves_to_pairs
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 # Gemma's RMSNorm multiplies by (1 + w): its stored norm weights are offsets from one.
 _NORM_OFFSET = {"gemma3_text": 1.0}
 
@@ -131,6 +131,9 @@ def hf_config(folder: Path) -> LlamaConfig:
     bos = raw.get("bos_token_id")
     qkv_bias = model_type == "qwen2" or bool(raw.get("attention_bias", False))
     gemma = model_type == "gemma3_text"
+    partial = (_rope_params(raw, "full_attention") or {}).get("partial_rotary_factor", 1.0)
+    if float(raw.get("partial_rotary_factor", partial)) != 1.0:
+        raise ValueError("partial rotary embeddings are not supported")
     n_layers = int(raw["num_hidden_layers"])
     window, sliding_layers = _sliding(raw, model_type, n_layers)
     scalar, softcap = raw.get("query_pre_attn_scalar"), raw.get("final_logit_softcapping")
@@ -205,8 +208,20 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
     p = f"model.layers.{i}."
     a = p + "self_attn."
 
+    hd, heads, kvh = config.head_dim, config.heads, config.kv_heads
+    fused = {}  # Phi-3 stores q|k|v and gate|up as one matrix each: split them
+    if src.has(a + "qkv_proj.weight"):
+        q, k, v = src.get(a + "qkv_proj.weight").split([heads * hd, kvh * hd, kvh * hd])
+        fused = {"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v}
+    if src.has(p + "mlp.gate_up_proj.weight"):
+        gate, up = src.get(p + "mlp.gate_up_proj.weight").chunk(2)
+        fused |= {"gate_proj.weight": gate, "up_proj.weight": up}
+
+    def get(prefix: str, name: str) -> Tensor:
+        return fused[name] if name in fused else src.get(prefix + name)
+
     def qk(name: str, n_heads: int) -> Tensor | None:
-        t = src.maybe(a + name)
+        t = fused.get(name, src.maybe(a + name))
         return None if t is None else halves_to_pairs(t, n_heads)
 
     def qk_norm(name: str) -> Tensor | None:
@@ -222,11 +237,11 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         attn_norm=_norm(src, config, p + "input_layernorm.weight"),
         wq=wq,
         wk=wk,
-        wv=src.get(a + "v_proj.weight"),
+        wv=get(a, "v_proj.weight"),
         wo=src.get(a + "o_proj.weight"),
         ffn_norm=_norm(src, config, p + pre_ffn + ".weight"),
-        w_gate=src.get(p + "mlp.gate_proj.weight"),
-        w_up=src.get(p + "mlp.up_proj.weight"),
+        w_gate=get(p + "mlp.", "gate_proj.weight"),
+        w_up=get(p + "mlp.", "up_proj.weight"),
         w_down=src.get(p + "mlp.down_proj.weight"),
         bq=qk("q_proj.bias", config.heads),
         bk=qk("k_proj.bias", config.kv_heads),

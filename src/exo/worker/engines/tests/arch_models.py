@@ -87,6 +87,8 @@ CASES = {
                 },
             },
         ),
+        # fused q|k|v and gate|up matrices, a sliding window on every layer
+        ArchCase("phi3", "phi3", "phi3", {"sliding_window": 6, "pad_token_id": 0}),
         # a scale of its own and a cap on the logits (Hugging Face only: GGUF cannot say it)
         ArchCase(
             "gemma3-scaled",
@@ -104,6 +106,7 @@ def _classes(model_type: str) -> tuple[Any, Any]:
     return {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
         "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
@@ -139,6 +142,8 @@ _LAYER_NAMES = {
     "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.qkv_proj.weight": "attn_qkv.weight",  # Phi-3's fused matrices
+    "mlp.gate_up_proj.weight": "ffn_up.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
@@ -205,10 +210,10 @@ def write_gguf(model: Any, case: ArchCase, path: Path, dtype: GgufType) -> Path:
     w.add_rope_freq_base(params["rope_theta"])
     w.add_bos_token_id(c.bos_token_id)
     w.add_eos_token_id(c.eos_token_id if isinstance(c.eos_token_id, int) else c.eos_token_id[0])
-    if gemma:
+    if gemma or arch == "phi3":
         w.add_sliding_window(c.sliding_window)
-        if c.final_logit_softcapping is not None:
-            w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if getattr(c, "final_logit_softcapping", None) is not None:
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
     if params.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_factors(c))
     for hf_name, tensor in model.state_dict().items():
