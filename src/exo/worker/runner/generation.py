@@ -119,11 +119,7 @@ class Generation:
                 finish = "stop"
                 self.batch.cancel(out.request_id)
             elif finish is not None:
-                emitted += (
-                    request.stops.push(request.detokenizer.flush())
-                    if not request.stops.stopped
-                    else ""
-                )
+                emitted += request.stops.push(request.detokenizer.flush()) if not request.stops.stopped else ""
                 emitted += request.stops.flush()
             events.extend(self._chunk(request, emitted, out.token_id, finish))
         return events
@@ -180,9 +176,8 @@ class Generation:
                 command_id=task.command_id,
                 chunk=ErrorChunk(model=task.task_params.model, error_message=message),
             ),
-            TaskStatusUpdated(
-                task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
-            ),
+            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Failed,
+                              error_message=message),
         ]
 
 
@@ -197,24 +192,18 @@ def load_generation(
         raise FileNotFoundError(f"model files of {shard.model_card.model_id}: {detail}")
     if shard.world_size > 1:
         model, engine = load_local_model(
-            Path(located.path),
-            shard,
-            dtype=getattr(torch, settings.dtype),
-            device=settings.device,
-            threads=settings.threads,
-            cache_dir=settings.cache_dir,
+            Path(located.path), shard, dtype=getattr(torch, settings.dtype),
+            device=settings.device, threads=settings.threads, cache_dir=settings.cache_dir,
             progress=progress,
         )
         kind: Kind = "pipeline" if isinstance(shard, PipelineShardMetadata) else "tensor"
         if engine is None:
             max_seq = min(model.config.context_length, DEFAULT_MAX_SEQ)
-            return Follower(
-                model, kind, shard.device_rank, shard.world_size, settings.max_batch, max_seq
-            )
+            return Follower(model, kind, shard.device_rank, shard.world_size,
+                            settings.max_batch, max_seq)
         leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
-        engine = Engine(
-            config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer
-        )
+        engine = Engine(config=engine.config, model=cast(LlamaModel, leader),
+                        tokenizer=engine.tokenizer)
         return Generation(engine, settings.max_batch, leader)
     # A single runner holds the whole model: a pipeline shard of every layer, or the one
     # slice of a tensor instance of one node.
