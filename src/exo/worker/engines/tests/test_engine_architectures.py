@@ -26,6 +26,7 @@ from .test_engine_tensor_parallel import ThreadedAllReduce
 pytest.importorskip("transformers")
 
 PROMPT = [5, 9, 33, 70, 101, 12, 44, 7, 150, 3, 88, 61]  # longer than the sliding windows
+OTHER_PROMPT = [17, 140, 64, 31, 99, 8, 120]  # batched with PROMPT: rows at other positions
 N_NEW = 6
 SOURCES = ("safetensors", "gguf-F32", "gguf-F16")
 PARAMS = [
@@ -45,13 +46,14 @@ class _Models:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.hf: dict[str, tuple[Any, Path]] = {}
-        self.greedy: dict[str, Greedy] = {}
+        self.greedy: dict[str, tuple[Greedy, Greedy]] = {}  # for PROMPT, OTHER_PROMPT
 
     def reference(self, arch: str) -> tuple[Any, Path]:
         if arch not in self.hf:
             folder = self.tmp / arch
             self.hf[arch] = (build_hf_model(CASES[arch], folder), folder)
-            self.greedy[arch] = _hf_greedy(self.hf[arch][0])
+            model = self.hf[arch][0]
+            self.greedy[arch] = (_hf_greedy(model, PROMPT), _hf_greedy(model, OTHER_PROMPT))
         return self.hf[arch]
 
     def path(self, arch: str, source: str) -> Path:
@@ -69,9 +71,9 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> _Models:
     return _Models(tmp_path_factory.mktemp("arch-models"))
 
 
-def _hf_greedy(hf_model: Any) -> Greedy:
+def _hf_greedy(hf_model: Any, prompt: list[int]) -> Greedy:
     """transformers' greedy tokens and the logits each was chosen from (full recompute)."""
-    ids, tokens, logits = list(PROMPT), list[int](), list[Tensor]()
+    ids, tokens, logits = list(prompt), list[int](), list[Tensor]()
     with torch.inference_mode():
         for _ in range(N_NEW):
             last = hf_model(torch.tensor([ids])).logits[0, -1].float()
@@ -107,10 +109,10 @@ def _assert_matches(got: Greedy, want: Greedy) -> None:
 
 @pytest.fixture
 def case(request: pytest.FixtureRequest, models: _Models) -> tuple[Path, Greedy]:
-    """(the model file or folder, transformers' greedy tokens and logits)."""
+    """(the model file or folder, transformers' greedy tokens and logits for PROMPT)."""
     arch, source = request.param
     path = models.path(arch, source)
-    return path, models.greedy[arch]
+    return path, models.greedy[arch][0]
 
 
 @pytest.mark.parametrize("case", PARAMS, indirect=True)
@@ -169,3 +171,34 @@ def test_two_tensor_ranks_match_transformers(case: tuple[Path, Greedy]) -> None:
     for result in results:
         assert result is not None
         _assert_matches(result, expected)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["torch", "compiled"])
+@pytest.mark.parametrize("arch", ["llama3", "mistral", "gemma3", "phi3"])
+def test_batched_rows_at_different_positions_match_transformers(
+    models: _Models, arch: str, compiled: bool
+) -> None:
+    """Two requests prefilled one by one, then decoded together in one batch (masks per row)."""
+    kernels = load_kernels() if compiled else None
+    if compiled and kernels is None:
+        pytest.skip("no C compiler for the CPU kernels")
+    path = models.path(arch, "safetensors")
+    model = LlamaModel(load_shard_weights(path, 0, load_config(path).n_layers), kernels=kernels)
+    prompts = [PROMPT, OTHER_PROMPT]
+    cache = model.new_cache(2, len(PROMPT) + N_NEW)
+    got: list[Greedy] = [(list[int](), list[Tensor]()), (list[int](), list[Tensor]())]
+    with torch.inference_mode():
+        last = [
+            model.forward(torch.tensor([p]), StepInputs.single(slot, 0, len(p)), cache)[0]
+            for slot, p in enumerate(prompts)
+        ]
+        for i in range(N_NEW):
+            for row, logits in enumerate(last):
+                got[row][1].append(logits)
+                got[row][0].append(int(logits.argmax()))
+            if i + 1 < N_NEW:
+                tokens = torch.tensor([[got[0][0][-1]], [got[1][0][-1]]])
+                step = StepInputs((0, 1), tuple(len(p) + i for p in prompts), 1)
+                last = list(model.forward(tokens, step, cache))
+    for row in range(2):
+        _assert_matches(got[row], models.greedy[arch][row])
