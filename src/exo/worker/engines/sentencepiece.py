@@ -11,8 +11,9 @@ of every piece into two pieces, ranked by the rank of the joined piece. The rank
 follow its merge order. Gemma also stores whitespace-only pieces with real spaces; they are
 respelled with "▁" like every other space.
 
-Text normalisation: a leading "▁" when the file asks for a space prefix (Llama's default), and
-every space replaced by "▁". Decoding undoes both and joins byte pieces back into characters.
+Text normalisation: a leading "▁" when the file asks for a space prefix (Llama's default; not
+doubled when the text starts with a space, except for Phi-3, following transformers), and every
+space replaced by "▁". Decoding undoes both and joins byte pieces back into characters.
 """
 
 from collections.abc import Mapping
@@ -83,13 +84,20 @@ def build_sentencepiece_bpe(meta: Mapping[str, object], architecture: str) -> To
         decoders.ByteFallback(),
         decoders.Fuse(),
     ]
-    if meta.get("tokenizer.ggml.add_space_prefix", True) is True:
-        # "▁" before the text (not before each piece between special tokens), spaces as "▁"
+    if meta.get("tokenizer.ggml.add_space_prefix", True) is not True:
+        tok.normalizer = normalizers.Replace(" ", SPACE)
+    elif architecture == "phi3":  # "▁" before the text even when it starts with a space
+        tok.normalizer = normalizers.Sequence(
+            [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
+        )
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    else:
+        # "▁" before the text unless it starts with one (not before each piece between special
+        # tokens); spaces as "▁"
         tok.pre_tokenizer = pre_tokenizers.Metaspace(
             replacement=SPACE, prepend_scheme="first", split=False
         )
         steps.append(decoders.Strip(content=" ", left=1, right=0))
-    else:
         tok.normalizer = normalizers.Replace(" ", SPACE)
     tok.decoder = decoders.Sequence(steps)
     control = [pieces[i] for i, t in enumerate(types) if t == TOKEN_CONTROL]

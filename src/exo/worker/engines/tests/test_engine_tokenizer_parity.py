@@ -93,7 +93,7 @@ def _byte_level_gguf(tmp: Path, arch: str, pre: str) -> Path:
     )
 
 
-def _sentencepiece_gguf(tmp: Path) -> Path:
+def _sentencepiece_gguf(tmp: Path, arch: str = "llama") -> Path:
     """A Llama-style SentencePiece BPE vocabulary: control tokens, 256 byte pieces, then pieces
     learnt on CORPUS (spaces as ▁, scored by merge order), as llama.cpp's `llama` model."""
     spm = Tokenizer(models.BPE())
@@ -107,7 +107,7 @@ def _sentencepiece_gguf(tmp: Path) -> Path:
     scores = [0.0] * 259 + [-float(i) for i in range(len(learnt))]
     return _write_gguf(
         tmp / "spm.gguf",
-        "llama",
+        arch,
         {
             "tokenizer.ggml.model": "llama",
             "tokenizer.ggml.tokens": tokens,
@@ -125,6 +125,8 @@ def _assert_parity(path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> 
     with monkeypatch.context() as m:
         m.setitem(sys.modules, "transformers", None)  # ours must not need it
         ours = load_gguf_tokenizer(path, cache)
+    for text in ("  two leading spaces", " one", "\n newline first"):
+        assert ours.encode(text) == reference(text, add_special_tokens=False).input_ids, text
     expected = reference(TEXT, add_special_tokens=False).input_ids
     got = ours.encode(TEXT)
     assert got == expected
@@ -143,10 +145,11 @@ def test_byte_level_bpe_matches_transformers(
     assert ours.decode(ours.encode(TEXT)) == TEXT  # byte level: lossless
 
 
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
 def test_sentencepiece_matches_transformers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
 ) -> None:
-    ours = _assert_parity(_sentencepiece_gguf(tmp_path), tmp_path / "cache", monkeypatch)
+    ours = _assert_parity(_sentencepiece_gguf(tmp_path, arch), tmp_path / "cache", monkeypatch)
     ids = ours.encode(TEXT, add_special_tokens=True)
     assert ids[0] == 1  # llama.cpp's default for SentencePiece: a BOS
     assert any(t >= 259 for t in ids) and any(3 <= t < 259 for t in ids)  # pieces and bytes
