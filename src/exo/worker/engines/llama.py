@@ -18,8 +18,10 @@ the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add 
 `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
 together in one complex multiply; attention is `scaled_dot_product_attention` over a
 preallocated cache. A model-specific attention scale is folded into q (its weights, or its
-per-head norm), so every attention runs at the standard 1/sqrt(hd). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation,
-cache write and attention are one call per layer, so a block is five calls.
+per-head norm), so every attention runs at the standard 1/sqrt(hd). With the compiled CPU
+kernels (`cpu_kernels.py`), a decode step's rotation, cache write and attention are one call per
+layer, so a block is five calls (a sliding layer whose window no longer holds every cached
+position runs the torch path with a mask instead).
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
@@ -107,12 +109,6 @@ class Block:
     gated: int  # F: width of the gate (and up) projection on this rank
 
 
-def _stack_bias(layer: LayerWeights) -> Tensor | None:
-    if layer.bq is None or layer.bk is None or layer.bv is None:
-        return None
-    return torch.cat([layer.bq, layer.bk, layer.bv])
-
-
 def _q_scale(config: LlamaConfig) -> float:
     """attn_scale / (1 / sqrt(hd)): what q is multiplied by so attention uses 1 / sqrt(hd)."""
     return 1.0 if config.attn_scale is None else config.attn_scale * math.sqrt(config.head_dim)
@@ -150,9 +146,9 @@ def build_block(
             w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
         )
 
-    bias = _stack_bias(layer)
-    if bias is not None and bq is not None:
-        bias = torch.cat([bq, bias[bq.shape[0] :]])
+    bias = None  # [(H + 2KV) * hd]  (Qwen2)
+    if bq is not None and layer.bk is not None and layer.bv is not None:
+        bias = torch.cat([bq, layer.bk, layer.bv])
     return Block(
         qkv=linear(torch.cat([wq, layer.wk, layer.wv]), bias, RmsNorm(layer.attn_norm, eps)),
         o=linear(layer.wo),
@@ -230,12 +226,23 @@ class LlamaModel:
             else:
                 self.embedding = weights.embed.to(device=self.device, dtype=dtype)
         # Rotary tables [P, hd/2], one per kind of layer: global (False) and sliding (True).
+        # Rotary tables [P, hd/2] of global (False) and sliding (True) layers: the same table
+        # unless sliding layers have a rotary base of their own (Gemma 3).
         global_freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
-        self._freqs = {False: global_freqs, True: global_freqs}
+        local_freqs = global_freqs
         if c.rope_theta_local is not None:
-            self._freqs[True] = rope_frequencies(hd, c.rope_theta_local)
+            local_freqs = rope_frequencies(hd, c.rope_theta_local)
+        self._freqs = {False: global_freqs, True: local_freqs}
+        self._ropes: dict[bool, Tensor] = {}
+        self._build_rope_tables(c.context_length)
+
+    def _build_rope_tables(self, n_positions: int) -> None:
+        table = rope_table(n_positions, self._freqs[False], self.device)
+        local = self._freqs[True]
+        same = local is self._freqs[False]
         self._ropes = {
-            k: rope_table(c.context_length, f, self.device) for k, f in self._freqs.items()
+            False: table,
+            True: table if same else rope_table(n_positions, local, self.device),
         }
 
     # --- the three stages ------------------------------------------------------------------
@@ -273,9 +280,8 @@ class LlamaModel:
         return self.head(hidden[:, -1])
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
-        for kind, table in self._ropes.items():
-            if max_seq > table.shape[0]:  # beyond the trained context: extend the table
-                self._ropes[kind] = rope_table(max_seq, self._freqs[kind], self.device)
+        if max_seq > self._ropes[False].shape[0]:  # beyond the trained context: extend the tables
+            self._build_rope_tables(max_seq)
         return KVCache(
             len(self.blocks),
             max_batch,
