@@ -4,6 +4,7 @@ Only the tensors of the requested layer range are read and dequantised (with
 `gguf.quants.dequantize`); the rest of the file is never touched (it is memory-mapped).
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -60,23 +61,23 @@ def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | No
     return None  # llama3-style scaling ships as the `rope_freqs.weight` tensor instead
 
 
-def _gemma3_fields(meta: dict[str, MetadataValue], n_layers: int, hidden: int, heads: int,
-                   head_dim: int) -> dict[str, object]:  # fmt: skip
+def _with_gemma3(c: LlamaConfig, meta: dict[str, MetadataValue]) -> LlamaConfig:
     """What llama.cpp fixes for Gemma 3 rather than storing it: every 6th layer global, local
     rotary base 10000, attention scale 1/sqrt(head_dim) (1/sqrt(hidden/heads) for the 27B)."""
     pattern = _int(meta, "gemma3.attention.sliding_window_pattern", 6)
     window = meta.get("gemma3.attention.sliding_window")
     softcap = meta.get("gemma3.final_logit_softcapping")
-    scale_dim = hidden // heads if n_layers == 62 else head_dim
-    return {
-        "activation": "gelu_tanh",
-        "embed_scale": hidden**0.5,
-        "attn_scale": scale_dim**-0.5,
-        "sliding_window": window if isinstance(window, int) else None,
-        "sliding_layers": tuple((i + 1) % pattern != 0 for i in range(n_layers)),
-        "rope_theta_local": _float(meta, "gemma3.rope.freq_base_swa", 10000.0),
-        "final_softcap": float(softcap) if isinstance(softcap, int | float) else None,
-    }
+    scale_dim = c.hidden // c.heads if c.n_layers == 62 else c.head_dim
+    return replace(
+        c,
+        activation="gelu_tanh",
+        embed_scale=c.hidden**0.5,
+        attn_scale=scale_dim**-0.5,
+        sliding_window=window if isinstance(window, int) else None,
+        sliding_layers=tuple((i + 1) % pattern != 0 for i in range(c.n_layers)),
+        rope_theta_local=_float(meta, "gemma3.rope.freq_base_swa", 10000.0),
+        final_softcap=float(softcap) if isinstance(softcap, int | float) else None,
+    )
 
 
 def gguf_config(f: GGUFFile) -> LlamaConfig:
@@ -91,13 +92,9 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     bos = meta.get("tokenizer.ggml.bos_token_id")
     n_layers = _int(meta, f"{arch}.block_count")
     head_dim = _int(meta, f"{arch}.attention.key_length", hidden // heads)
-    extra = _gemma3_fields(meta, n_layers, hidden, heads, head_dim) if arch == "gemma3" else {}
     if _int(meta, f"{arch}.rope.dimension_count", head_dim) != head_dim:
         raise ValueError("partial rotary embeddings are not supported")
-    window = meta.get(f"{arch}.attention.sliding_window")
-    if arch == "phi3" and isinstance(window, int):  # every layer slides
-        extra = {"sliding_window": window, "sliding_layers": (True,) * n_layers}
-    return LlamaConfig(
+    config = LlamaConfig(
         architecture=arch,
         n_layers=n_layers,
         hidden=hidden,
@@ -116,8 +113,11 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
         rope_scaling=_rope_scaling(meta, arch),
-        **extra,  # pyright: ignore[reportArgumentType]
     )
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch == "phi3" and isinstance(window, int):  # every layer slides
+        return replace(config, sliding_window=window, sliding_layers=(True,) * n_layers)
+    return _with_gemma3(config, meta) if arch == "gemma3" else config
 
 
 def load_gguf_config(path: Path) -> LlamaConfig:
