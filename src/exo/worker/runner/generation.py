@@ -66,7 +66,8 @@ class Generation:
                 prompt = tokenizer.render_chat(
                     [{"role": m.role, "content": m.content} for m in params.input]
                 )
-            prompt_ids = tokenizer.encode(prompt)
+            # A raw prompt gets the BOS the model asks for; a chat template writes its own.
+            prompt_ids = tokenizer.encode(prompt, add_special_tokens=params.raw_prompt is not None)
             limit = self.max_seq
             if len(prompt_ids) >= limit:
                 raise ValueError(
