@@ -1,7 +1,8 @@
 """Tiny random models of each supported architecture, saved by transformers and as GGUF files.
 
 The weights are rounded to float16 before saving, so the F32 and F16 GGUF files and the
-safetensors folder hold exactly the same model: every copy must give transformers' logits.
+safetensors folder hold exactly the same model: every copy must give transformers' logits
+(a Q8_0 file holds the same model in 8-bit blocks: close, not equal).
 The GGUF files follow llama.cpp's converter: its tensor names, q/k rows of llama-architecture
 files permuted to the interleaved rotary layout, Gemma's norm gains stored whole (1 + w),
 llama3 rope scaling as the `rope_freqs.weight` divisors.
@@ -14,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-GgufType = Literal["F32", "F16"]
+GgufType = Literal["F32", "F16", "Q8_0"]
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 160,
@@ -228,6 +229,10 @@ def write_gguf(model: Any, case: ArchCase, path: Path, dtype: GgufType) -> Path:
             data = _permute(data, heads)
         if dtype == "F16" and data.ndim == 2:
             data = data.astype(np.float16)
+        if dtype == "Q8_0" and data.ndim == 2:  # the file's blocks, as llama-quantize writes
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(data), q8), raw_dtype=q8)
+            continue
         w.add_tensor(name, np.ascontiguousarray(data))
     w.write_header_to_file()
     w.write_kv_data_to_file()
