@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 RopeScalingKind = Literal["linear", "llama3"]
+Activation = Literal["silu", "gelu_tanh"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,12 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    """Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias) and Qwen3 (q/k norm) share this shape."""
+    """Llama 2/3, SmolLM2, Mistral, Qwen2 (qkv bias), Qwen3 (q/k norm) and Gemma 3 share this shape.
+
+    Gemma 3 adds: GELU-tanh gating instead of SiLU, embeddings scaled by sqrt(hidden), norms
+    after attention and MLP too (present as weights), an attention scale of its own, sliding-window
+    layers with their own rotary base, and optionally a tanh cap on the final logits.
+    """
 
     architecture: str
     n_layers: int
@@ -42,7 +48,19 @@ class LlamaConfig:
     chat_template: str | None
     qkv_bias: bool = False
     qk_norm: bool = False
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | None = None  # of the global (full-attention) layers
+    activation: Activation = "silu"
+    embed_scale: float | None = None  # hidden states start as E[tokens] * embed_scale
+    attn_scale: float | None = None  # softmax(q k^T * attn_scale); None: 1 / sqrt(head_dim)
+    sliding_window: int | None = None  # a sliding layer sees the last `sliding_window` keys
+    sliding_layers: tuple[bool, ...] = ()  # per layer: True = sliding window; () = none slide
+    rope_theta_local: float | None = None  # rotary base of sliding layers (None: rope_theta)
+    final_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.sliding_window is not None and bool(
+            self.sliding_layers and self.sliding_layers[layer]
+        )
 
     def __post_init__(self) -> None:
         if self.heads % self.kv_heads != 0:
@@ -51,6 +69,10 @@ class LlamaConfig:
             )
         if self.head_dim % 2 != 0:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.sliding_layers and len(self.sliding_layers) != self.n_layers:
+            raise ValueError(
+                f"{len(self.sliding_layers)} sliding-layer flags for {self.n_layers} layers"
+            )
 
 
 def check_layer_range(config: LlamaConfig, start_layer: int, end_layer: int) -> None:

@@ -21,11 +21,12 @@ from exo.worker.engines.weights import (
     TensorParallel,
     halves_to_pairs,
     slice_layer,
+    split_rows,
 )
 
 __all__ = ["LlamaConfig", "gguf_config", "load_gguf_config", "load_gguf_shard"]
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "phi3")
 # llama.cpp's converter permutes q/k of these into the interleaved rotary layout; the others
 # (NEOX rotary in llama.cpp) keep the Hugging Face half-split layout, which we permute on load.
 _INTERLEAVED_IN_FILE = ("llama", "mistral")
@@ -70,6 +71,25 @@ def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | No
     return None  # llama3-style scaling ships as the `rope_freqs.weight` tensor instead
 
 
+def _with_gemma3(c: LlamaConfig, meta: dict[str, MetadataValue]) -> LlamaConfig:
+    """What llama.cpp fixes for Gemma 3 rather than storing it: every 6th layer global, local
+    rotary base 10000, attention scale 1/sqrt(head_dim) (1/sqrt(hidden/heads) for the 27B)."""
+    pattern = _int(meta, "gemma3.attention.sliding_window_pattern", 6)
+    window = meta.get("gemma3.attention.sliding_window")
+    softcap = meta.get("gemma3.final_logit_softcapping")
+    scale_dim = c.hidden // c.heads if c.n_layers == 62 else c.head_dim
+    return replace(
+        c,
+        activation="gelu_tanh",
+        embed_scale=c.hidden**0.5,
+        attn_scale=scale_dim**-0.5,
+        sliding_window=window if isinstance(window, int) else None,
+        sliding_layers=tuple((i + 1) % pattern != 0 for i in range(c.n_layers)),
+        rope_theta_local=_float(meta, "gemma3.rope.freq_base_swa", 10000.0),
+        final_softcap=float(softcap) if isinstance(softcap, int | float) else None,
+    )
+
+
 def gguf_config(f: GGUFFile) -> LlamaConfig:
     """The model shape described by an open GGUF file's metadata."""
     meta = f.metadata
@@ -80,14 +100,18 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     heads = _int(meta, f"{arch}.attention.head_count")
     template = meta.get("tokenizer.chat_template")
     bos = meta.get("tokenizer.ggml.bos_token_id")
-    return LlamaConfig(
+    n_layers = _int(meta, f"{arch}.block_count")
+    head_dim = _int(meta, f"{arch}.attention.key_length", hidden // heads)
+    if _int(meta, f"{arch}.rope.dimension_count", head_dim) != head_dim:
+        raise ValueError("partial rotary embeddings are not supported")
+    config = LlamaConfig(
         architecture=arch,
-        n_layers=_int(meta, f"{arch}.block_count"),
+        n_layers=n_layers,
         hidden=hidden,
         ffn=_int(meta, f"{arch}.feed_forward_length"),
         heads=heads,
         kv_heads=_int(meta, f"{arch}.attention.head_count_kv", heads),
-        head_dim=_int(meta, f"{arch}.attention.key_length", hidden // heads),
+        head_dim=head_dim,
         rope_theta=_float(meta, f"{arch}.rope.freq_base", 10000.0),
         rms_eps=_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
         vocab=f.tensors["token_embd.weight"].shape[0],
@@ -100,6 +124,10 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
         rope_scaling=_rope_scaling(meta, arch),
     )
+    window = meta.get(f"{arch}.attention.sliding_window")
+    if arch == "phi3" and isinstance(window, int):  # every layer slides
+        return replace(config, sliding_window=window, sliding_layers=(True,) * n_layers)
+    return _with_gemma3(config, meta) if arch == "gemma3" else config
 
 
 def load_gguf_config(path: Path) -> LlamaConfig:
@@ -140,9 +168,21 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         src.maybe_vector(p + "attn_k.bias"),
         src.maybe_vector(p + "attn_v.bias"),
     )
-    wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
+    hd = config.head_dim
+    if p + "attn_qkv.weight" in src.f.tensors:  # Phi-3: q|k|v in one matrix
+        q_rows, kv_rows = config.heads * hd, config.kv_heads * hd
+        wq, wk, wv = split_rows(src.get(p + "attn_qkv.weight"), [q_rows, kv_rows, kv_rows])
+    else:
+        wq, wk, wv = (src.get(p + f"attn_{x}.weight") for x in "qkv")
+    if p + "ffn_gate.weight" in src.f.tensors:
+        w_gate, w_up = src.get(p + "ffn_gate.weight"), src.get(p + "ffn_up.weight")
+    else:  # Phi-3: gate|up in one matrix
+        fused = src.get(p + "ffn_up.weight")
+        w_gate, w_up = split_rows(fused, [fused.shape[0] // 2] * 2)
     q_norm = src.maybe_vector(p + "attn_q_norm.weight")
     k_norm = src.maybe_vector(p + "attn_k_norm.weight")
+    # Gemma 3 norms both sides of attention and MLP ("ffn_norm" is the pre-MLP one everywhere);
+    # llama.cpp's converter stores Gemma's norm gains whole (1 + w), as we use them.
     if config.architecture not in _INTERLEAVED_IN_FILE:
         wq, wk = halves_to_pairs(wq, config.heads), halves_to_pairs(wk, config.kv_heads)
         bq = None if bq is None else halves_to_pairs(bq, config.heads)
@@ -153,17 +193,19 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         attn_norm=src.vector(p + "attn_norm.weight"),
         wq=wq,
         wk=wk,
-        wv=src.get(p + "attn_v.weight"),
+        wv=wv,
         wo=src.get(p + "attn_output.weight"),
         ffn_norm=src.vector(p + "ffn_norm.weight"),
-        w_gate=src.get(p + "ffn_gate.weight"),
-        w_up=src.get(p + "ffn_up.weight"),
+        w_gate=w_gate,
+        w_up=w_up,
         w_down=src.get(p + "ffn_down.weight"),
         bq=bq,
         bk=bk,
         bv=bv,
         q_norm=q_norm,
         k_norm=k_norm,
+        post_attn_norm=src.maybe_vector(p + "post_attention_norm.weight"),
+        post_ffn_norm=src.maybe_vector(p + "post_ffw_norm.weight"),
     )
 
 

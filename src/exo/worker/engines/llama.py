@@ -1,26 +1,34 @@
-"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3), one layer range of it.
+"""The Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3), a layer range.
 
-    h_0 = E[tokens]                                          embed        (first shard only)
+    h_0 = E[tokens] (* sqrt(D), Gemma)                       embed        (first shard only)
     for each block:
         x   = rmsnorm(h) * g_attn
-        q, k, v = x Wq^T, x Wk^T, x Wv^T     (+ bias, Qwen2; per-head rmsnorm of q, k, Qwen3)
-        q, k = rotate(q, pos), rotate(k, pos)
-        h   = h + allreduce(attention(q, K_cache, V_cache) Wo^T)
+        q, k, v = x Wq^T, x Wk^T, x Wv^T     (+ bias, Qwen2; per-head rmsnorm of q, k, Qwen3/Gemma)
+        q, k = rotate(q, pos), rotate(k, pos)       (sliding layers: their own rotary base)
+        a   = attention(q, K_cache, V_cache) Wo^T   (sliding layers: only the last W keys)
+        h   = h + allreduce(a)                      (Gemma: h + rmsnorm(allreduce(a)) * g_post_attn)
         x   = rmsnorm(h) * g_ffn
-        h   = h + allreduce((silu(x Wg^T) * (x Wu^T)) Wd^T)
+        m   = (act(x Wg^T) * (x Wu^T)) Wd^T         act = silu (gelu-tanh, Gemma)
+        h   = h + allreduce(m)                      (Gemma: h + rmsnorm(allreduce(m)) * g_post_ffn)
     logits = (rmsnorm(h) * g_out) W_head^T                   head         (last shard only)
+    logits = cap * tanh(logits / cap)                        (if the config caps them)
 
 Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
 the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
 `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
 together in one complex multiply; attention is `scaled_dot_product_attention` over the paged
-cache (`kv_cache.py`). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's
-rotation, cache write and attention are one call per layer, so a block is five calls.
+cache (`kv_cache.py`), sliding-window layers masking by position. A model-specific attention
+scale is folded into q (its per-head norm's gain, its float weights, or, for weights kept in a
+file's blocks, a multiply of q after the matmul), so every attention runs at the standard
+1/sqrt(hd). With the compiled CPU kernels (`cpu_kernels.py`), a decode step's rotation, cache
+write and attention are one call per layer, so a block is five calls (a sliding layer whose
+window no longer holds every cached position runs the torch path with a mask instead).
 
 Tensor parallelism: build the model from `weights.slice_shard(...)` and pass the all-reduce as
 `all_reduce` (identity by default); head counts are read from the (sliced) weight shapes.
 """
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,12 +73,12 @@ class StepInputs:
 class _StepTensors:
     """`StepInputs` turned into tensors once per step, shared by every layer."""
 
+    use_kernel: bool  # the compiled decode attention runs (it sees every cached position)
+    rope: Tensor  # [P, hd/2] complex: the rotary table of these layers
     rotation: Tensor | None  # [B, T, 1, hd/2] complex: the rotation of each new position
     kv_len: int  # L: cache positions that any row attends to
     mask: Tensor | None  # [B, 1, T, L] bool (True = attend); None = all L (decode) / causal
     is_causal: bool  # prefill of one row from position 0: plain causal attention
-    slot_rows: slice | None  # the slots as a slice of the cache when they are contiguous
-    slot_index: Tensor  # [B] long
     pos_index: Tensor  # [B] long: position of the new token (used when n_new == 1)
 
 
@@ -81,33 +89,50 @@ class Block:
     qkv: Linear  # h [.., D] -> rmsnorm(h) g_attn [Wq | Wk | Wv]^T: [.., (H + 2KV) * hd]
     o: Linear  # [.., H*hd] -> [.., D]
     gate_up: Linear  # h [.., D] -> rmsnorm(h) g_ffn [Wg | Wu]^T: [.., 2F]
-    down: Linear  # [.., 2F] -> silu(gate) * up Wd^T: [.., D]
+    down: Linear  # [.., 2F] -> silu(gate) * up Wd^T (SiLU), or [.., F] -> x Wd^T (GELU-tanh)
     heads: int  # H (local to this TP rank)
     kv_heads: int  # KV
-    qk_norm: Tensor | None  # [H + KV, hd]  Qwen3's per-head norm weights, q heads then k heads
+    qk_norm: Tensor | None  # [H + KV, hd]  per-head norm gains (Qwen3, Gemma), q heads then k
+    q_scale: float  # q *= q_scale after the matmul (1.0 unless it could not be folded in)
+    post_attn_norm: Tensor | None  # [D]  Gemma 3: norm of the attention output
+    post_ffn_norm: Tensor | None  # [D]  Gemma 3: norm of the MLP output
+    sliding: bool  # attends to the last `config.sliding_window` positions only
+    gated: int  # F: width of the gate (and up) projection on this rank
 
 
-def _stack_bias(layer: LayerWeights) -> Tensor | None:
-    if layer.bq is None or layer.bk is None or layer.bv is None:
-        return None
-    return torch.cat([layer.bq, layer.bk, layer.bv])
+def _q_scale(config: LlamaConfig) -> float:
+    """attn_scale / (1 / sqrt(hd)): what q is multiplied by so attention uses 1 / sqrt(hd)."""
+    return 1.0 if config.attn_scale is None else config.attn_scale * math.sqrt(config.head_dim)
 
 
 def build_block(
     layer: LayerWeights,
     config: LlamaConfig,
+    index: int,
     fmt: WeightFormat,
     dtype: torch.dtype,
     device: torch.device,
     kernels: QKernels | None,
 ) -> Block:
+    """Block `index` (a global layer number) in compute form."""
     hd, eps = config.head_dim, config.rms_eps
     heads, kv_heads = layer.wq.shape[0] // hd, layer.wk.shape[0] // hd
+    wq, bq, q_scale = layer.wq, layer.bq, _q_scale(config)
     qk_norm = None
     if layer.q_norm is not None and layer.k_norm is not None:
-        qk_norm = torch.cat([layer.q_norm.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]).to(
+        # q is normalised per head, so its scale goes into the norm's gain, not into Wq
+        q_gain = layer.q_norm.float() * q_scale
+        qk_norm = torch.cat([q_gain.expand(heads, hd), layer.k_norm.expand(kv_heads, hd)]).to(
             device=device, dtype=dtype
         )
+        q_scale = 1.0
+    elif q_scale != 1.0 and isinstance(wq, Tensor):  # float weights: fold it into them
+        wq, bq = wq * q_scale, None if bq is None else bq * q_scale
+        q_scale = 1.0
+    # (else Wq is a file's blocks, which a scale would re-round: q is scaled after the matmul)
+
+    def to_dev(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.to(device=device, dtype=dtype)
 
     def linear(
         w: Weight | list[Weight], bias: Tensor | None = None, prologue: Prologue = None
@@ -116,18 +141,23 @@ def build_block(
             w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
         )
 
+    bias = None  # [(H + 2KV) * hd]  (Qwen2)
+    if bq is not None and layer.bk is not None and layer.bv is not None:
+        bias = torch.cat([bq, layer.bk, layer.bv])
     return Block(
-        qkv=linear(
-            [layer.wq, layer.wk, layer.wv],
-            _stack_bias(layer),
-            RmsNorm(layer.attn_norm, eps),
-        ),
+        qkv=linear([wq, layer.wk, layer.wv], bias, RmsNorm(layer.attn_norm, eps)),
         o=linear(layer.wo),
         gate_up=linear([layer.w_gate, layer.w_up], None, RmsNorm(layer.ffn_norm, eps)),
-        down=linear(layer.w_down, None, SwiGLU()),
+        # SiLU gating is fused into the down projection; GELU-tanh runs in torch before it
+        down=linear(layer.w_down, None, SwiGLU() if config.activation == "silu" else None),
         heads=heads,
         kv_heads=kv_heads,
         qk_norm=qk_norm,
+        q_scale=q_scale,
+        post_attn_norm=to_dev(layer.post_attn_norm),
+        post_ffn_norm=to_dev(layer.post_ffn_norm),
+        sliding=config.is_sliding(index),
+        gated=layer.w_gate.shape[0],
     )
 
 
@@ -164,7 +194,8 @@ class LlamaModel:
         # The compiled decode attention runs whenever the kernels are loaded (float32 CPU).
         self._kernels = kernels if dtype == torch.float32 and self.device.type == "cpu" else None
         self.blocks = [
-            build_block(w, c, weight_format, dtype, self.device, kernels) for w in weights.layers
+            build_block(w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels)
+            for i, w in enumerate(weights.layers)
         ]
         self.kv_heads = self.blocks[0].kv_heads if self.blocks else c.kv_heads
         self.lm_head: Linear | None = None  # h -> rmsnorm(h) g_out W_head^T
@@ -184,8 +215,24 @@ class LlamaModel:
             tied = weights.embed is weights.lm_head
             head = self.lm_head if tied else None
             self.embedding = Embedding(weights.embed, weight_format, dtype, self.device, head)
-        self._freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
-        self._rope = rope_table(c.context_length, self._freqs, self.device)  # [P, hd/2]
+        # Rotary tables [P, hd/2] of global (False) and sliding (True) layers: the same table
+        # unless sliding layers have a rotary base of their own (Gemma 3).
+        global_freqs = rope_frequencies(hd, c.rope_theta, c.rope_scaling, weights.rope_freq_factors)
+        local_freqs = global_freqs
+        if c.rope_theta_local is not None:
+            local_freqs = rope_frequencies(hd, c.rope_theta_local)
+        self._freqs = {False: global_freqs, True: local_freqs}
+        self._ropes: dict[bool, Tensor] = {}
+        self._build_rope_tables(c.context_length)
+
+    def _build_rope_tables(self, n_positions: int) -> None:
+        table = rope_table(n_positions, self._freqs[False], self.device)
+        local = self._freqs[True]
+        same = local is self._freqs[False]
+        self._ropes = {
+            False: table,
+            True: table if same else rope_table(n_positions, local, self.device),
+        }
 
     # --- the three stages ------------------------------------------------------------------
 
@@ -193,21 +240,26 @@ class LlamaModel:
         """tokens [B, T] -> hidden [B, T, D]."""
         if self.embedding is None:
             raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return self.embedding(tokens.to(self.device))
+        hidden = self.embedding(tokens.to(self.device))
+        scale = self.config.embed_scale
+        return hidden if scale is None else hidden * torch.tensor(scale, dtype=hidden.dtype)
 
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """hidden [B, T, D] through this shard's blocks; writes their keys/values to `cache`."""
-        t = self._step_tensors(step, cache)
+        _check_step(step, cache)
+        per_kind = {s: self._step_tensors(step, s) for s in {b.sliding for b in self.blocks}}
         cache.prepare(step.slots, step.starts, step.n_new)  # pages for the new positions
         for i, block in enumerate(self.blocks):
-            hidden = self._block(block, hidden, t, cache.layer(i))
+            hidden = self._block(block, hidden, per_kind[block.sliding], cache.layer(i))
         return hidden
 
     def head(self, hidden: Tensor) -> Tensor:
         """hidden [..., D] -> logits [..., V] (float32)."""
         if self.lm_head is None:
             raise RuntimeError("this shard does not hold the head (end_layer < n_layers)")
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)
 
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]."""
@@ -215,8 +267,8 @@ class LlamaModel:
         return self.head(hidden[:, -1])
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
-        if max_seq > self._rope.shape[0]:  # beyond the trained context: extend the table
-            self._rope = rope_table(max_seq, self._freqs, self.device)
+        if max_seq > self._ropes[False].shape[0]:  # beyond the trained context: extend the tables
+            self._build_rope_tables(max_seq)
         return KVCache(
             len(self.blocks),
             max_batch,
@@ -230,23 +282,31 @@ class LlamaModel:
     # --- inside a block --------------------------------------------------------------------
 
     def _block(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
-        h = self._residual(h, b.o, self._attention(b, h, t, layer_cache))
-        return self._residual(h, b.down, b.gate_up(h))
+        h = self._residual(h, b.o, self._attention(b, h, t, layer_cache), b.post_attn_norm)
+        x = b.gate_up(h)  # [B, T, 2F]   (norm fused in)
+        if self.config.activation == "gelu_tanh":
+            x = F.gelu(x[..., : b.gated], approximate="tanh") * x[..., b.gated :]  # [B, T, F]
+        return self._residual(h, b.down, x, b.post_ffn_norm)
 
-    def _residual(self, h: Tensor, layer: Linear, x: Tensor) -> Tensor:
-        """h + allreduce(layer(x)); without tensor parallelism the add is fused into the layer."""
-        if self.all_reduce is no_all_reduce:
+    def _residual(self, h: Tensor, layer: Linear, x: Tensor, post_norm: Tensor | None) -> Tensor:
+        """h + [rmsnorm](allreduce(layer(x))); without TP or a post-norm the add is fused."""
+        if self.all_reduce is no_all_reduce and post_norm is None:
             return layer(x, residual=h)
-        return h + self.all_reduce(layer(x))
+        y = self.all_reduce(layer(x))
+        if post_norm is not None:
+            y = F.rms_norm(y, (y.shape[-1],), post_norm, self.eps)
+        return h + y
 
     def _attention(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
         """h [B, T, D] -> attention output [B, T, H*hd], the new k, v stored in the cache."""
         bsz, n_new, _ = h.shape
         hd, heads, kvh = self.config.head_dim, b.heads, b.kv_heads
         qkv = b.qkv(h)  # [B, T, (H + 2KV) * hd]   (input norm fused in)
-        if n_new == 1 and self._kernels is not None:  # rotate, cache, attend: one compiled call
+        if b.q_scale != 1.0:
+            qkv[..., : heads * hd] *= b.q_scale
+        if t.use_kernel and self._kernels is not None:  # rotate, cache, attend: one compiled call
             return self._kernels.attend_decode(
-                qkv, heads, kvh, hd, self._rope, b.qk_norm, self.eps,
+                qkv, heads, kvh, hd, t.rope, b.qk_norm, self.eps,
                 layer_cache.paged(), t.pos_index,
             )  # fmt: skip
         qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
@@ -274,35 +334,38 @@ class LlamaModel:
 
     # --- per-step tensors ------------------------------------------------------------------
 
-    def _step_tensors(self, step: StepInputs, cache: KVCache) -> _StepTensors:
+    def _step_tensors(self, step: StepInputs, sliding: bool) -> _StepTensors:
+        """The step's tensors for global (sliding=False) or sliding-window layers."""
         bsz, n_new = len(step.slots), step.n_new
-        _check_step(step, cache)
         ends = [s + n_new for s in step.starts]
         kv_len = max(ends)
-        if kv_len > self._rope.shape[0]:
+        rope = self._ropes[sliding]
+        if kv_len > rope.shape[0]:
             raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
+        window = self.config.sliding_window if sliding else None
+        sees_all = window is None or kv_len <= window  # no key has left the window yet
         dev = self.device
         starts = torch.tensor(step.starts, device=dev)
-        first = step.slots[0]
-        contiguous = list(step.slots) == list(range(first, first + bsz))
-        slot_index = torch.tensor(step.slots, device=dev)
-        if n_new == 1 and self._kernels is not None:  # the compiled decode needs no more
-            return _StepTensors(None, kv_len, None, False, None, slot_index, starts)
+        if n_new == 1 and self._kernels is not None and sees_all:  # the compiled decode
+            return _StepTensors(True, rope, None, kv_len, None, False, starts)
         positions = starts[:, None] + torch.arange(n_new, device=dev)  # [B, T]
-        rotation = self._rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
-        is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1
+        rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
+        is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all
         mask = None
-        if not is_causal and not (bsz == 1 and n_new == 1):
-            # key j is visible to the query at position p iff j <= p.
-            mask = torch.arange(kv_len, device=dev) <= positions[:, :, None]  # [B, T, L]
+        if not is_causal and not (bsz == 1 and n_new == 1 and sees_all):
+            # key j is visible to the query at position p iff j <= p (and p - j < window).
+            keys = torch.arange(kv_len, device=dev)
+            mask = keys <= positions[:, :, None]  # [B, T, L]
+            if window is not None:
+                mask = mask & (keys > positions[:, :, None] - window)
             mask = mask.unsqueeze(1)  # [B, 1, T, L]
         return _StepTensors(
+            use_kernel=False,
+            rope=rope,
             rotation=rotation,
             kv_len=kv_len,
             mask=mask,
             is_causal=is_causal,
-            slot_rows=slice(first, first + bsz) if contiguous else None,
-            slot_index=slot_index,
             pos_index=starts,
         )
 

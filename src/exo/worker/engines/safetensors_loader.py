@@ -13,7 +13,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
-from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
+from exo.worker.engines.config import Activation, LlamaConfig, RopeScaling, check_layer_range
 from exo.worker.engines.file_rows import SafetensorsFile
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
 from exo.worker.engines.qtensor import Weight
@@ -24,9 +24,12 @@ from exo.worker.engines.weights import (
     TensorParallel,
     halves_to_pairs,
     slice_layer,
+    split_rows,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+# Gemma's RMSNorm multiplies by (1 + w): its stored norm weights are offsets from one.
+_NORM_OFFSET = {"gemma3_text": 1.0}
 
 JsonDict = dict[str, Any]
 
@@ -52,11 +55,23 @@ def read_chat_template(folder: Path) -> str | None:
     return None
 
 
-def _rope_scaling(raw: JsonDict) -> RopeScaling | None:
+def _rope_params(raw: JsonDict, layer_type: str) -> JsonDict | None:
+    """The rotary parameters of one kind of layer (Gemma 3 keys them by layer type)."""
     params = raw.get("rope_scaling") or raw.get("rope_parameters")
     if not isinstance(params, dict):
         return None
     p = cast(JsonDict, params)
+    if isinstance(p.get(layer_type), dict):
+        return cast(JsonDict, p[layer_type])
+    if any(isinstance(v, dict) for v in p.values()):  # keyed by type, but not this one
+        return None
+    return p
+
+
+def _rope_scaling(raw: JsonDict) -> RopeScaling | None:
+    p = _rope_params(raw, "full_attention")
+    if p is None:
+        return None
     kind = p.get("rope_type", p.get("type", "default"))
     if kind in ("default", None):
         return None
@@ -74,13 +89,44 @@ def _rope_scaling(raw: JsonDict) -> RopeScaling | None:
     raise ValueError(f"rope scaling {kind!r} is not supported")
 
 
-def _rope_theta(raw: JsonDict) -> float:
-    if "rope_theta" in raw:
+def _rope_theta(raw: JsonDict, layer_type: str = "full_attention") -> float | None:
+    if layer_type == "full_attention" and "rope_theta" in raw:
         return float(raw["rope_theta"])
-    params = raw.get("rope_parameters")
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(cast(JsonDict, params)["rope_theta"])
-    return 10000.0
+    if layer_type == "sliding_attention" and "rope_local_base_freq" in raw:
+        return float(raw["rope_local_base_freq"])
+    params = _rope_params(raw, layer_type)
+    if params is not None and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return None
+
+
+_ACTIVATIONS: dict[str, Activation] = {
+    "silu": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
+
+
+def _activation(raw: JsonDict) -> Activation:
+    name = str(raw.get("hidden_activation") or raw.get("hidden_act") or "silu")
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"activation {name!r} is not supported ({sorted(_ACTIVATIONS)})")
+    return _ACTIVATIONS[name]
+
+
+def _sliding(raw: JsonDict, model_type: str, n_layers: int) -> tuple[int | None, tuple[bool, ...]]:
+    """(window, per-layer flags): Gemma 3 alternates (`layer_types`), Mistral slides everywhere."""
+    window = raw.get("sliding_window")
+    if not isinstance(window, int) or raw.get("use_sliding_window") is False:
+        return None, ()
+    types = raw.get("layer_types")
+    if isinstance(types, list):
+        flags = tuple(t == "sliding_attention" for t in cast(list[str], types))
+        return window, flags
+    if model_type == "gemma3_text":
+        pattern = int(raw.get("sliding_window_pattern") or raw.get("_sliding_window_pattern") or 6)
+        return window, tuple((i + 1) % pattern != 0 for i in range(n_layers))
+    return window, (True,) * n_layers
 
 
 def hf_config(folder: Path) -> LlamaConfig:
@@ -96,25 +142,39 @@ def hf_config(folder: Path) -> LlamaConfig:
         eos_ids = (eos,)
     bos = raw.get("bos_token_id")
     qkv_bias = model_type == "qwen2" or bool(raw.get("attention_bias", False))
+    gemma = model_type == "gemma3_text"
+    partial = (_rope_params(raw, "full_attention") or {}).get("partial_rotary_factor", 1.0)
+    if float(raw.get("partial_rotary_factor", partial)) != 1.0:
+        raise ValueError("partial rotary embeddings are not supported")
+    n_layers = int(raw["num_hidden_layers"])
+    window, sliding_layers = _sliding(raw, model_type, n_layers)
+    scalar, softcap = raw.get("query_pre_attn_scalar"), raw.get("final_logit_softcapping")
     return LlamaConfig(
         architecture=model_type,
-        n_layers=int(raw["num_hidden_layers"]),
+        n_layers=n_layers,
         hidden=hidden,
         ffn=int(raw["intermediate_size"]),
         heads=heads,
         kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or hidden // heads),
-        rope_theta=_rope_theta(raw),
+        rope_theta=_rope_theta(raw) or (1_000_000.0 if gemma else 10000.0),
         rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
         vocab=int(raw["vocab_size"]),
         context_length=int(raw.get("max_position_embeddings", 4096)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", gemma)),
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=eos_ids,
         chat_template=read_chat_template(folder),
         qkv_bias=qkv_bias,
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
         rope_scaling=_rope_scaling(raw),
+        activation=_activation(raw),
+        embed_scale=hidden**0.5 if gemma else None,
+        attn_scale=float(scalar) ** -0.5 if isinstance(scalar, int | float) else None,
+        sliding_window=window,
+        sliding_layers=sliding_layers,
+        rope_theta_local=(_rope_theta(raw, "sliding_attention") or 10000.0) if gemma else None,
+        final_softcap=float(softcap) if isinstance(softcap, int | float) else None,
     )
 
 
@@ -161,36 +221,66 @@ class _TensorSource:
         return self.vector(name) if self.has(name) else None
 
 
+def _norm(src: _TensorSource, config: LlamaConfig, name: str) -> Tensor:
+    """A norm's gain (Gemma stores gain - 1)."""
+    return src.vector(name) + _NORM_OFFSET.get(config.architecture, 0.0)
+
+
 def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
     p = f"model.layers.{i}."
     a = p + "self_attn."
 
+    hd, heads, kvh = config.head_dim, config.heads, config.kv_heads
+    fused: dict[str, Weight] = {}  # Phi-3 stores q|k|v and gate|up as one matrix each: split them
+    if src.has(a + "qkv_proj.weight"):
+        q, k, v = split_rows(src.get(a + "qkv_proj.weight"), [heads * hd, kvh * hd, kvh * hd])
+        fused = {"q_proj.weight": q, "k_proj.weight": k, "v_proj.weight": v}
+    if src.has(p + "mlp.gate_up_proj.weight"):
+        gate_up = src.get(p + "mlp.gate_up_proj.weight")
+        gate, up = split_rows(gate_up, [gate_up.shape[0] // 2] * 2)
+        fused |= {"gate_proj.weight": gate, "up_proj.weight": up}
+
+    def get(prefix: str, name: str) -> Weight:
+        return fused[name] if name in fused else src.get(prefix + name)
+
     def qk(name: str, n_heads: int) -> Weight | None:
-        t = src.maybe(a + name)
+        t = fused.get(name, src.maybe(a + name))
         return None if t is None else halves_to_pairs(t, n_heads)
 
     def qk_vector(name: str, n_heads: int) -> Tensor | None:
         t = src.maybe_vector(a + name)
         return None if t is None else halves_to_pairs(t, n_heads)
 
+    def qk_norm(name: str) -> Tensor | None:
+        return halves_to_pairs(_norm(src, config, a + name), 1) if src.has(a + name) else None
+
     wq, wk = qk("q_proj.weight", config.heads), qk("k_proj.weight", config.kv_heads)
     if wq is None or wk is None:
         raise ValueError(f"layer {i}: q_proj / k_proj missing")
+    # Gemma 3 norms both sides of attention and MLP; Llama's "post_attention" is the pre-MLP one.
+    sandwich = src.has(p + "pre_feedforward_layernorm.weight")
+    pre_ffn = "pre_feedforward_layernorm" if sandwich else "post_attention_layernorm"
     return LayerWeights(
-        attn_norm=src.vector(p + "input_layernorm.weight"),
+        attn_norm=_norm(src, config, p + "input_layernorm.weight"),
         wq=wq,
         wk=wk,
-        wv=src.get(a + "v_proj.weight"),
+        wv=get(a, "v_proj.weight"),
         wo=src.get(a + "o_proj.weight"),
-        ffn_norm=src.vector(p + "post_attention_layernorm.weight"),
-        w_gate=src.get(p + "mlp.gate_proj.weight"),
-        w_up=src.get(p + "mlp.up_proj.weight"),
+        ffn_norm=_norm(src, config, p + pre_ffn + ".weight"),
+        w_gate=get(p + "mlp.", "gate_proj.weight"),
+        w_up=get(p + "mlp.", "up_proj.weight"),
         w_down=src.get(p + "mlp.down_proj.weight"),
         bq=qk_vector("q_proj.bias", config.heads),
         bk=qk_vector("k_proj.bias", config.kv_heads),
         bv=src.maybe_vector(a + "v_proj.bias"),
-        q_norm=qk_vector("q_norm.weight", 1),
-        k_norm=qk_vector("k_norm.weight", 1),
+        q_norm=qk_norm("q_norm.weight"),
+        k_norm=qk_norm("k_norm.weight"),
+        post_attn_norm=_norm(src, config, p + "post_attention_layernorm.weight")
+        if sandwich
+        else None,
+        post_ffn_norm=_norm(src, config, p + "post_feedforward_layernorm.weight")
+        if sandwich
+        else None,
     )
 
 
@@ -249,7 +339,7 @@ def _load(
         end_layer=end_layer,
         layers=layers,
         embed=embed,
-        final_norm=src.vector("model.norm.weight") if is_last else None,
+        final_norm=_norm(src, config, "model.norm.weight") if is_last else None,
         lm_head=lm_head,
         source_format=source,
     )

@@ -3,8 +3,9 @@
 A GGUF file stores its vocabulary as metadata, not as a `tokenizer.json`. We build a
 `tokenizers.Tokenizer` from it once and cache it (`tokenizer.json` + `tokenizer_meta.json`) in
 the given cache directory; later loads read only the cache, with `tokenizers` and `jinja2`.
-Byte-level BPE vocabularies (the common case: GPT-2, SmolLM, Llama 3, Qwen2) are built directly
-from the metadata; others go through transformers' GGUF converter, when it is installed.
+Byte-level BPE vocabularies (GPT-2, SmolLM, Llama 3, Qwen2) and SentencePiece ones (Llama 2,
+Mistral, Gemma: `sentencepiece.py`) are built directly from the metadata; others go through
+transformers' GGUF converter, when it is installed.
 """
 
 import hashlib
@@ -21,8 +22,9 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: SentencePiece vocabularies built natively
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
 
 _LLAMA3_SPLIT = (
@@ -241,7 +243,11 @@ def _gguf_meta(meta: Mapping[str, object]) -> TokenizerMeta:
         eos_token=token(eos),
         bos_token_id=bos,
         eos_token_ids=tuple(eos_ids),
-        add_bos=meta.get("tokenizer.ggml.add_bos_token") is True,
+        # llama.cpp adds BOS to SentencePiece vocabularies that do not say otherwise
+        add_bos=meta.get(
+            "tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"
+        )
+        is True,
     )
 
 
@@ -255,6 +261,8 @@ def build_gguf_tokenizer(path: Path) -> tuple[Tokenizer, TokenizerMeta]:
                 backend = build_byte_level_bpe(meta)
             except ValueError:  # a pre-tokenizer we do not know: let transformers convert it
                 backend = _build_with_transformers(path)
+        elif meta.get("tokenizer.ggml.model") == "llama":
+            backend = build_sentencepiece_bpe(meta, str(meta.get("general.architecture", "")))
         else:
             backend = _build_with_transformers(path)
         return backend, _gguf_meta(meta)

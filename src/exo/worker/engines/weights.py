@@ -47,6 +47,8 @@ class LayerWeights:
     bv: Tensor | None = None  # [KV*hd]
     q_norm: Tensor | None = None  # [hd]  (Qwen3: RMSNorm over each head before rotation)
     k_norm: Tensor | None = None  # [hd]
+    post_attn_norm: Tensor | None = None  # [D]  (Gemma 3: rmsnorm of the attention output)
+    post_ffn_norm: Tensor | None = None  # [D]  (Gemma 3: rmsnorm of the MLP output)
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,14 @@ class TensorParallel:
 
     rank: int
     world: int
+
+
+def split_rows(w: Weight, sizes: list[int]) -> list[Weight]:
+    """Consecutive row ranges of a matrix (a fused q|k|v or gate|up), in the file's format."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    if isinstance(w, QuantTensor):
+        return [w.rows(a, a + n) for a, n in zip(starts, sizes, strict=True)]
+    return [w[a : a + n].contiguous() for a, n in zip(starts, sizes, strict=True)]
 
 
 def _rows(w: W, rank: int, world_size: int) -> W:

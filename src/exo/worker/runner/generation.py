@@ -107,7 +107,8 @@ class Generation:
             # A template that opens the thought: the answer's text starts inside it.
             opened = not prefix and prompt.rstrip().endswith("<think>")
             shown = "<think>" if opened else prefix
-            prompt_ids = tokenizer.encode(prompt)
+            # A raw prompt gets the BOS the model asks for; a chat template writes its own.
+            prompt_ids = tokenizer.encode(prompt, add_special_tokens=params.raw_prompt is not None)
         except GrammarError as e:
             return self._failed(task, str(e), "invalid_request")
         except Exception as e:  # this request is refused; the others go on
