@@ -176,6 +176,9 @@ class Node:
     def state(self) -> State:
         return self._state
 
+    def master_id(self) -> NodeId | None:
+        return self._node_id if self.cluster is None else self.cluster.master_id
+
     async def wait_for_state(self, predicate: Callable[[State], bool], timeout: float) -> State:
         with anyio.fail_after(timeout):
             while not predicate(self._state):

@@ -19,6 +19,10 @@ class NodeHandle(Protocol):
         """The latest state this node has applied."""
         ...
 
+    def master_id(self) -> NodeId | None:
+        """The master this node follows (itself when alone); None while there is none."""
+        ...
+
     async def wait_for_state(self, predicate: Callable[[State], bool], timeout: float) -> State:
         """Wait until the applied state satisfies ``predicate``; TimeoutError after ``timeout``."""
         ...

@@ -7,7 +7,7 @@ uvicorn. Everything the API does to the cluster goes through the ``NodeHandle``.
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from exo.api import claude, management, ollama, openai_chat, openai_responses
+from exo.api import claude, dashboard, management, ollama, openai_chat, openai_responses
 from exo.api.errors import install_error_handlers
 from exo.api.generation import GenerationService
 from exo.api.handle import NodeHandle
@@ -27,7 +27,7 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
         openapi_url=None,
     )
     install_error_handlers(app)
-    for module in (openai_chat, openai_responses, claude, ollama, management):
+    for module in (openai_chat, openai_responses, claude, ollama, management, dashboard):
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before
     # the key check (browsers send no credentials there).

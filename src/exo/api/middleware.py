@@ -12,8 +12,14 @@ from exo.api.errors import ApiError, send_error
 from exo.api.streaming import CLIENT_CLOSED_REQUEST
 from exo.utils import metrics
 
-# Paths that need no API key.
-OPEN_PATHS = frozenset({"/health"})
+# Paths that need no API key: health, and the dashboard's page and assets (a browser
+# cannot send the key when it loads them; the page asks for it and sends it itself).
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = ("/dashboard/",)
+
+
+def is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 def presented_key(headers: Headers) -> str | None:
@@ -39,7 +45,7 @@ class ApiKeyMiddleware:
         self._api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        if scope["type"] != "http" or is_open(str(scope.get("path", ""))):
             await self._app(scope, receive, send)
             return
         presented = presented_key(Headers(scope=scope))

@@ -8,9 +8,12 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import running_node, wait_until
+
+pytestmark = pytest.mark.slow
 
 FAST = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.3", "EXO_INSTANCE_BACKOFF_MAX_S": "5"}
 _CREATED = re.compile(r"^(\S+ \S+) .*creating runner for instance (\S+) \(attempt (\d+)\)", re.M)

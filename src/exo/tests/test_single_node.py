@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from exo.tests.node_process import NodeProcess, running_node, wait_until
 
+pytestmark = pytest.mark.slow
+
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 FAST_RETRIES = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.2", "EXO_INSTANCE_BACKOFF_MAX_S": "2"}
 

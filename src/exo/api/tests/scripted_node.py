@@ -122,6 +122,9 @@ class ScriptedNode:
     def state(self) -> State:
         return self._state
 
+    def master_id(self) -> NodeId | None:
+        return NODE_ID
+
     async def wait_for_state(self, predicate: Callable[[State], bool], timeout: float) -> State:
         with anyio.fail_after(timeout):
             while True:

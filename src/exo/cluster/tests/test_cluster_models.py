@@ -43,7 +43,7 @@ from exo.shared.types.topology import Connection, Topology
 from exo.shared.types.worker.instances import Instance, InstanceId, Sharding
 from exo.utils.channels import channel
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 QUESTION = "What is the capital of France?"

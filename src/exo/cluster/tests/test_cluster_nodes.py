@@ -34,7 +34,7 @@ from exo.shared.types.worker.instances import Instance, InstanceId, ShardAssignm
 from exo.shared.types.worker.runners import RunnerId
 from exo.shared.types.worker.shards import PipelineShardMetadata
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 FAILOVER_TARGET_S = 3.0
 

@@ -37,7 +37,7 @@ from exo.utils.channels import Receiver, channel
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 PROMPT = "What is the capital of France? Answer in one word."
 
