@@ -238,6 +238,9 @@ class _World:
             return False
         if any(set(i.shard_assignments.node_to_runner) & gone for i in first.instances.values()):
             return False
+        last = first.last_event_applied_idx
+        if any(h.state().last_event_applied_idx != last for h in hosts[1:]):
+            return False
         return all(h.state() == first for h in hosts[1:])
 
     def final_checks(self, gone: set[NodeId]) -> None:
