@@ -29,17 +29,6 @@ SIM_MODEL = ModelId("sim-org/sim-model")
 
 
 @dataclass
-class Dropped:
-    """What a node dropped when it started again from the master's state."""
-
-    at: float
-    node_id: NodeId
-    from_idx: int
-    to_idx: int
-    commands: list[CommandId]
-
-
-@dataclass
 class SimHost:
     node_id: NodeId
     state_: State
@@ -50,7 +39,6 @@ class SimHost:
     acked: dict[CommandId, float] = field(default_factory=dict[CommandId, float])
     """Commands this node took whose effect it has applied: acknowledged to the client."""
     failed: dict[CommandId, str] = field(default_factory=dict[CommandId, str])
-    dropped: list[Dropped] = field(default_factory=list[Dropped])
     pending: set[CommandId] = field(default_factory=set[CommandId])
     ever_applied: set[CommandId] = field(default_factory=set[CommandId])
     in_sync: bool = False
@@ -72,10 +60,8 @@ class SimHost:
 
     def replace_state(self, state: State) -> None:
         base = state.last_event_applied_idx
-        gone = sorted(i for i in self.applied if i > base)
-        commands = [c for i in gone if (c := self.applied.pop(i)) is not None]
-        if gone:
-            self.dropped.append(Dropped(self.clock(), self.node_id, gone[0], gone[-1], commands))
+        for idx in [i for i in self.applied if i > base]:
+            del self.applied[idx]
         self.state_ = state
 
     def deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
@@ -109,6 +95,7 @@ class SimNode:
         self.link: ClusterLink | None = None
         self.hosts: list[SimHost] = []
         """Every run's host, oldest first."""
+        self.links: list[ClusterLink] = []
         self._commands: Sender[tuple[Command, NodeId | None]] | None = None
         self._scope: anyio.CancelScope | None = None
         self._log: SqliteEventLog | None = None
@@ -139,6 +126,7 @@ class SimNode:
             host, link, commands_tx, scope, log
         )
         self.hosts.append(host)
+        self.links.append(link)
 
         async def run() -> None:
             with scope:

@@ -24,7 +24,7 @@ import exo.shared.types.common as common_ids
 from exo.cluster.config import ClusterConfig
 from exo.cluster.sim.loop import VirtualTimeLoop
 from exo.cluster.sim.net import Faults, SimNetwork
-from exo.cluster.sim.node import SIM_MODEL, SimNode
+from exo.cluster.sim.node import SIM_MODEL, SimHost, SimNode
 from exo.shared.tests.builders import pipeline_instance
 from exo.shared.types.commands import Command, CreateInstance, DeleteInstance, PlaceInstance
 from exo.shared.types.common import CommandId, NodeId
@@ -243,6 +243,13 @@ class _World:
             return False
         return all(h.state() == first for h in hosts[1:])
 
+    def clean(self, host: SimHost) -> bool:
+        """Whether ``host`` holds its node's whole log from event 0 and its node never
+        reported dropping a stretch of it in this run."""
+        node = next(n for n in self.nodes if n.node_id == host.node_id)
+        link = node.links[node.hosts.index(host)]
+        return not link.replica.dropped and min(host.applied, default=0) == 0
+
     def final_checks(self, gone: set[NodeId]) -> None:
         final = [n.host for n in self.up() if n.host is not None]
         state = final[0].state() if final else None
@@ -260,9 +267,15 @@ class _World:
         lost = {c for c in acked if c not in held}
         self.result.lost_with_gone = len(lost)
         acked = {c: origin for c, origin in acked.items() if c not in lost}
-        reported = {c for h in every_host for d in h.dropped for c in d.commands}
+        # What the nodes reported dropping when they started again from a master's log.
+        reported = {
+            c for n in self.nodes for link in n.links for _, _, cs in link.replica.dropped
+            for c in cs
+        }
         self.result.acked = len(acked)
-        self.result.dropped = sum(len(d.commands) for h in every_host for d in h.dropped)
+        self.result.dropped = sum(
+            len(cs) for n in self.nodes for link in n.links for _, _, cs in link.replica.dropped
+        )
         self.result.failed = sum(len(h.failed) for h in every_host)
         for host in final:
             counts: dict[CommandId, int] = {}
@@ -272,8 +285,7 @@ class _World:
             for command_id, count in counts.items():
                 if count > 1:
                     self.violation(f"{host.node_id} applied {command_id} {count} times")
-            clean = not host.dropped and min(host.applied, default=0) == 0
-            if not clean:
+            if not self.clean(host):
                 continue
             for command_id, origin in acked.items():
                 if command_id not in counts and command_id not in reported:
@@ -281,7 +293,7 @@ class _World:
                         f"{host.node_id} lacks {command_id} (acknowledged at {origin}), "
                         "and no merge reported dropping it"
                     )
-        clean_hosts = [h for h in final if not h.dropped and min(h.applied, default=0) == 0]
+        clean_hosts = [h for h in final if self.clean(h)]
         for a, b in itertools.pairwise(clean_hosts):
             for idx in sorted(set(a.applied) & set(b.applied)):
                 if a.applied[idx] != b.applied[idx]:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from exo.cluster.link import ClusterLink
+from exo.cluster.replica import Replica
 from exo.cluster.sim.run import Result, Scenario, simulate
 
 pytestmark = [pytest.mark.slow]
@@ -51,4 +52,20 @@ def test_the_checks_catch_a_command_applied_twice(
     results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (0, 1)]
     assert all(any("times" in v for v in r.violations) for r in results), [
         r.violations[:2] for r in results
+    ]
+
+
+def test_merges_report_the_commands_they_drop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeds where a partition's two sides both wrote: the merge drops acknowledged
+    commands and says so; with the report switched off, the simulation must object."""
+    reporting = [run(seed, 3, tmp_path / "on") for seed in (0, 10)]
+    assert all(r.dropped > 0 and not r.violations for r in reporting), [
+        (r.dropped, r.violations[:2]) for r in reporting
+    ]
+    monkeypatch.setattr(Replica, "_report_dropped", lambda self, reply: None)  # pyright: ignore[reportUnknownLambdaType]
+    silent = [run(seed, 3, tmp_path / "off") for seed in (0, 10)]
+    assert all(any("no merge reported" in v for v in r.violations) for r in silent), [
+        r.violations[:2] for r in silent
     ]
