@@ -129,8 +129,13 @@ class SimNode:
         self.links.append(link)
 
         async def run() -> None:
-            with scope:
-                await link.run()
+            try:
+                with scope:
+                    await link.run()
+            finally:
+                # Closed once the run has unwound: a task the crash cancelled may still
+                # finish a step it was in (the crash takes effect at its next await).
+                log.close()
 
         tg.start_soon(run)
 
@@ -138,8 +143,6 @@ class SimNode:
         """Stop at once (its data directory stays as it was)."""
         if self._scope is not None:
             self._scope.cancel()
-        if self._log is not None:
-            self._log.close()
         self.host = self.link = self._commands = self._scope = self._log = None
 
     def submit(self, command: Command) -> None:
