@@ -68,8 +68,8 @@ class Result:
 
     def report(self) -> str:
         s = self.scenario
-        head = (f"seed {s.seed} (N={s.nodes}): rerun with "
-                f"simulate(Scenario(seed={s.seed}, nodes={s.nodes}), dir)")
+        head = (f"seed {s.seed} (N={s.nodes}): replay with simulate(Scenario(seed={s.seed}, "
+                f"nodes={s.nodes}, fault_s={s.fault_s}), some_dir) (exo.cluster.sim.run)")
         return "\n".join([head, *self.violations, "last of the trace:", *self.trace[-40:]])
 
 
