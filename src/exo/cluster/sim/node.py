@@ -85,7 +85,11 @@ class SimNode:
     """One node's data directory, and its current run (None while it is down)."""
 
     def __init__(self, net: SimNetwork, node_id: NodeId, data_dir: Path,
-                 config: ClusterConfig, clock: Callable[[], float]) -> None:
+                 config: ClusterConfig, clock: Callable[[], float],
+                 snapshot_every: int = 1000) -> None:
+        """``snapshot_every``: the log snapshots (and compacts) every so many events; small
+        in short runs, so that catch-ups from a snapshot happen."""
+        self.snapshot_every = snapshot_every
         self.net = net
         self.node_id = node_id
         self.data_dir = data_dir
@@ -106,7 +110,8 @@ class SimNode:
 
     def start(self, tg: TaskGroup, on_apply: Callable[[NodeId, IndexedEvent], None]) -> None:
         cluster_dir = self.data_dir / "cluster"
-        log = SqliteEventLog(cluster_dir / "events.db")
+        log = SqliteEventLog(cluster_dir / "events.db", snapshot_every=self.snapshot_every,
+                             keep_tail=self.snapshot_every)
         info = node_info(hostname=str(self.node_id), memory_mb=4096)
         host = SimHost(self.node_id, log.restore(), self.clock, info, on_apply=on_apply)
         # What its log holds from an earlier run (what a merge may have to drop).

@@ -48,6 +48,9 @@ class Scenario:
     duplication: float = 0.02
     latency_s: float = 0.002
     jitter_s: float = 0.01
+    snapshot_every: int = 16
+    """Events between snapshots (the log keeps as many after its snapshot): small, so
+    that nodes coming back catch up from a snapshot."""
     leave_one_out: bool | None = None
     """One node stays down at the end (None: the seed decides)."""
 
@@ -110,7 +113,8 @@ class _World:
         config = ClusterConfig(secret="sim", listen=(), node_timeout_s=scenario.node_timeout_s)
         self.clock: Callable[[], float] = anyio.current_time
         self.nodes = [
-            SimNode(self.net, NodeId(f"n{i:02d}"), data_dir / f"n{i:02d}", config, self.clock)
+            SimNode(self.net, NodeId(f"n{i:02d}"), data_dir / f"n{i:02d}", config, self.clock,
+                    snapshot_every=scenario.snapshot_every)
             for i in range(scenario.nodes)
         ]
         self.claims: dict[int, set[NodeId]] = {}
