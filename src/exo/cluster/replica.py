@@ -83,11 +83,14 @@ class Replica:
         first = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx) + 1
         if first > self.last_idx:
             return
-        events = self.log.read_from(first, self.last_idx - first + 1)
+        kept = max(first, self.log.first_kept() or 0)
+        events = self.log.read_from(kept, self.last_idx - kept + 1)
         commands = [e.command_id for e in events if e.command_id is not None]
         self.dropped.append((first, self.last_idx, commands))
         listed = ", ".join(commands[:20]) + (" ..." if len(commands) > 20 else "")
+        compacted = f" (events before {kept} were compacted: their commands are not known)"
         logger.warning(
             f"cluster: the master's log lacks events {first}..{self.last_idx} of this node's "
             f"log: dropped" + (f", with the commands {listed}" if commands else "")
+            + (compacted if kept > first else "")
         )

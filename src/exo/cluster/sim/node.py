@@ -41,6 +41,8 @@ class SimHost:
     failed: dict[CommandId, str] = field(default_factory=dict[CommandId, str])
     pending: set[CommandId] = field(default_factory=set[CommandId])
     ever_applied: set[CommandId] = field(default_factory=set[CommandId])
+    history: list[tuple[int, CommandId]] = field(default_factory=list[tuple[int, CommandId]])
+    """Every (index, command) this node's log held in this run, in order."""
     in_sync: bool = False
     on_apply: Callable[[NodeId, IndexedEvent], None] | None = None
 
@@ -52,6 +54,7 @@ class SimHost:
         self.applied[indexed.idx] = indexed.command_id
         if indexed.command_id is not None:
             self.ever_applied.add(indexed.command_id)
+            self.history.append((indexed.idx, indexed.command_id))
         if indexed.command_id is not None and indexed.command_id in self.pending:
             self.pending.discard(indexed.command_id)
             self.acked[indexed.command_id] = self.clock()
@@ -59,9 +62,9 @@ class SimHost:
             self.on_apply(self.node_id, indexed)
 
     def replace_state(self, state: State) -> None:
-        base = state.last_event_applied_idx
-        for idx in [i for i in self.applied if i > base]:
-            del self.applied[idx]
+        # The node's log is now the master's up to the base (whose events it did not
+        # apply itself): its record starts again after it.
+        self.applied.clear()
         self.state_ = state
 
     def deliver_chunk(self, event: ChunkGenerated, origin: NodeId | None) -> None:
@@ -116,7 +119,8 @@ class SimNode:
         host = SimHost(self.node_id, log.restore(), self.clock, info, on_apply=on_apply)
         # What its log holds from an earlier run (what a merge may have to drop).
         host.applied = {e.idx: e.command_id for e in log.read_from(0, 10**9)}
-        host.ever_applied = {c for c in host.applied.values() if c is not None}
+        host.history = [(i, c) for i, c in host.applied.items() if c is not None]
+        host.ever_applied = {c for _, c in host.history}
         commands_tx, commands_rx = channel[tuple[Command, NodeId | None]]()
         local_tx, local_rx = channel[Event]()
         local_tx.send_nowait(NodeGatheredInfo(node_id=self.node_id, info=info))

@@ -248,11 +248,13 @@ class _World:
         return all(h.state() == first for h in hosts[1:])
 
     def clean(self, host: SimHost) -> bool:
-        """Whether ``host`` holds its node's whole log from event 0 and its node never
-        reported dropping a stretch of it in this run."""
+        """Whether ``host`` applied every event of its log itself, from event 0 (none came
+        in a snapshot), and its node never reported dropping a stretch of it in this run:
+        then its record says which commands its log holds, in which order."""
         node = next(n for n in self.nodes if n.node_id == host.node_id)
         link = node.links[node.hosts.index(host)]
-        return not link.replica.dropped and min(host.applied, default=0) == 0
+        last = host.state().last_event_applied_idx
+        return not link.replica.dropped and set(host.applied) == set(range(last + 1))
 
     def final_checks(self, gone: set[NodeId]) -> None:
         final = [n.host for n in self.up() if n.host is not None]
@@ -271,11 +273,17 @@ class _World:
         lost = {c for c in acked if c not in held}
         self.result.lost_with_gone = len(lost)
         acked = {c: origin for c, origin in acked.items() if c not in lost}
-        # What the nodes reported dropping when they started again from a master's log.
-        reported = {
-            c for n in self.nodes for link in n.links for _, _, cs in link.replica.dropped
-            for c in cs
-        }
+        # What the nodes reported dropping when they started again from a master's log:
+        # the commands they named, and those their logs held in a stretch they reported
+        # (a stretch that reaches into the compacted part of a log is reported by its
+        # indices; the commands there are no longer known to the node).
+        reported: set[CommandId] = set()
+        for n in self.nodes:
+            held = [entry for host in n.hosts for entry in host.history]  # across its runs
+            for link in n.links:
+                for first, last, commands in link.replica.dropped:
+                    reported |= set(commands)
+                    reported |= {c for i, c in held if first <= i <= last}
         self.result.acked = len(acked)
         self.result.dropped = sum(
             len(cs) for n in self.nodes for link in n.links for _, _, cs in link.replica.dropped
