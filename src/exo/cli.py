@@ -68,12 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster",
         "Nodes that share a secret and reach each other form one cluster: give other "
         "nodes' endpoints with --peer (or --listen for them to connect), or find them by "
-        "multicast (on by default: --discovery-interface). With multicast off and no "
-        "peers, the node runs alone.",
+        "multicast (on by default: --discovery-interface). Across subnets, where multicast "
+        "does not reach, one node runs with --router and the others --connect to it. With "
+        "multicast off and no peers, the node runs alone.",
     )
     cluster.add_argument("--peer", action="append", default=[], metavar="ENDPOINT",
                          help="another node's cluster endpoint to connect to, e.g. "
                          "tcp/192.168.1.7:7447 (repeatable)")
+    cluster.add_argument("--connect", action="append", default=[], metavar="ENDPOINT",
+                         help="join through a router node (one started with --router), e.g. "
+                         "tcp/10.1.0.5:7447: all of this node's cluster traffic goes "
+                         "through it, so nodes on other subnets reach this one (repeatable: "
+                         "the first that answers)")
+    cluster.add_argument("--router", action="store_true",
+                         help="also route for the nodes that --connect to this one (they may "
+                         "sit on other subnets and share no multicast domain)")
     cluster.add_argument("--listen", action="append", default=[], metavar="ENDPOINT",
                          help=f"cluster endpoint to listen on (repeatable; default: {DEFAULT_LISTEN})")
     cluster.add_argument("--secret", default=os.environ.get("EXO_SECRET"),
@@ -112,13 +121,16 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
     endpoint, no multicast)."""
     interface: str = args.discovery_interface
     multicast = interface != "none"
-    if not multicast and not args.peer and not args.listen:
+    if not multicast and not args.peer and not args.connect and not args.listen \
+            and not args.router:
         return None
     if args.node_timeout <= 0:
         raise SystemExit("exo: --node-timeout must be positive")
     if not 0 < args.discovery_port < 65536:
         raise SystemExit("exo: --discovery-port must be between 1 and 65535")
-    for option, endpoints in (("--peer", args.peer), ("--listen", args.listen)):
+    for option, endpoints in (
+        ("--peer", args.peer), ("--connect", args.connect), ("--listen", args.listen)
+    ):
         for endpoint in endpoints:
             problem = endpoint_problem(endpoint)
             if problem is not None:
@@ -126,6 +138,9 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
                     f"exo: {option} {endpoint!r} is not a cluster endpoint ({problem}); "
                     f"expected PROTOCOL/HOST:PORT, e.g. tcp/192.168.1.7:7447"
                 )
+    if args.connect and (args.peer or args.router):
+        raise SystemExit("exo: --connect joins through a router: it does not combine with "
+                         "--peer or --router")
     secret = args.secret
     if not secret:
         logger.warning("no --secret (or EXO_SECRET): using the public default secret; any "
@@ -135,6 +150,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
         secret=secret,
         listen=args.listen or [DEFAULT_LISTEN],
         peers=args.peer,
+        connect=args.connect,
         multicast=multicast,
         multicast_interface=None if interface == "auto" else interface,
         multicast_port=args.discovery_port,
@@ -142,6 +158,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig | None:
         node_timeout_s=args.node_timeout,
         # Tests that route every link through proxies turn gossip off (EXO_CLUSTER_GOSSIP=0).
         gossip=os.environ.get("EXO_CLUSTER_GOSSIP", "1") != "0",
+        router=args.router,
     )
 
 

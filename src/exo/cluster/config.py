@@ -31,10 +31,19 @@ class ClusterConfig:
     gossip: bool = True
     """Peers tell each other where to connect. Off only where every link must go
     through the given endpoints (the chaos tests' proxies)."""
+    router: bool = False
+    """Also route for the nodes that ``connect`` to this one (they may share no subnet
+    or multicast domain with each other)."""
+    connect: Sequence[str] = ()
+    """Routers to join through (zenoh client mode): then every packet of this node goes
+    through one of them, and ``listen``, ``peers`` and multicast are not used."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "listen", tuple(self.listen))
         object.__setattr__(self, "peers", tuple(self.peers))
+        object.__setattr__(self, "connect", tuple(self.connect))
+        if self.connect and (self.router or self.peers):
+            raise ValueError("a node that connects to a router is neither a router nor a peer")
         if self.node_timeout_s <= 0:
             raise ValueError("the node timeout must be positive")
         if not self.secret:
@@ -62,9 +71,9 @@ class ClusterConfig:
         return RoutingConfig(
             node_id=node_id,
             secret=self.secret,
-            listen=self.listen,
-            peers=self.peers,
-            multicast=self.multicast,
+            listen=() if self.connect else self.listen,
+            peers=self.connect or self.peers,
+            multicast=self.multicast and not self.connect,
             multicast_interface=self.multicast_interface,
             multicast_address=f"224.0.0.224:{self.multicast_port}",
             lease_ms=lease_ms,
@@ -72,4 +81,5 @@ class ClusterConfig:
             reconnect_max_ms=min(4_000, lease_ms),
             request_timeout_s=self.request_timeout_s,
             gossip=self.gossip,
+            mode="client" if self.connect else "router" if self.router else "peer",
         )

@@ -57,19 +57,12 @@ from exo.cluster.messages import (
     EventMsg,
     LocalEventsMsg,
 )
+from exo.cluster.network import ClusterNetwork, Inbox, OpenNetwork, Presence
 from exo.cluster.replica import Replica
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
-from exo.routing import (
-    Endpoint,
-    Joined,
-    Left,
-    PresenceWatch,
-    RequestError,
-    Router,
-    Subscription,
-)
+from exo.routing import Endpoint, Joined, Left, RequestError, Router
 from exo.shared.models.model_cards import ModelId
 from exo.shared.types.chunks import ErrorChunk
 from exo.shared.types.commands import Command
@@ -109,13 +102,23 @@ class ClusterLink:
         store: ElectionStore,
         commands: Receiver[tuple[Command, NodeId | None]],
         local_events: Receiver[Event],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        network: OpenNetwork | None = None,
     ) -> None:
+        """``clock`` and ``network`` are the real ones unless given (the simulator gives
+        a virtual clock and a simulated network): the monotonic clock, and a zenoh router
+        for ``config``."""
         self.config = config
+        self._clock = clock
+        self._open_network: OpenNetwork = network or (
+            lambda: Router(config.routing(host.node_id))
+        )
         self.host = host
         self.node_id = host.node_id
         self.replica = Replica(host, log, store)
         self.election = Election.start(
-            self.node_id, config.force_master, self.replica.term, time.monotonic()
+            self.node_id, config.force_master, self.replica.term, clock()
         )
         self.ready = anyio.Event()
         """Set once this node follows a master and has caught up, or is the master."""
@@ -132,12 +135,12 @@ class ClusterLink:
         self._synced = False
         self._buffer: dict[int, tuple[NodeId, EventMsg]] = {}
         self._master_was_at = -1
-        self._info_sent_at = time.monotonic()  # the node reports its info as it starts
+        self._info_sent_at = clock()  # the node reports its info as it starts
         self._handled: OrderedDict[CommandId, None] = OrderedDict()
         self._elect = Wakeup()
         self._catch_up = Wakeup()
         self._master_changed = anyio.Event()
-        self._router_: Router | None = None
+        self._router_: ClusterNetwork | None = None
 
     # -- public ------------------------------------------------------------------------
 
@@ -156,9 +159,7 @@ class ClusterLink:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
             try:
-                router = await stack.enter_async_context(
-                    Router(self.config.routing(self.node_id))
-                )
+                router = await stack.enter_async_context(self._open_network())
             except Exception as e:  # zenoh's own error type: endpoints, ports, config
                 raise SystemExit(
                     f"exo: cannot join the cluster network: {_readable(e)}"
@@ -191,7 +192,7 @@ class ClusterLink:
                 task_status.started()
 
     @property
-    def _router(self) -> Router:
+    def _router(self) -> ClusterNetwork:
         if self._router_ is None:
             raise RuntimeError("the cluster link is not running")
         return self._router_
@@ -210,19 +211,19 @@ class ClusterLink:
         beat = self.election.heartbeat(self.replica.last_idx, self.replica.log_term)
         await self._router.publish(HEARTBEATS, beat)
 
-    async def _receive_heartbeats(self, beats: Subscription[Heartbeat]) -> None:
+    async def _receive_heartbeats(self, beats: Inbox[Heartbeat]) -> None:
         async for delivery in beats.deliveries():
             beat = delivery.message
             if delivery.sender != beat.node_id:
                 logger.warning(f"cluster: {delivery.sender} sent a heartbeat for {beat.node_id}")
                 continue
-            self._heard[beat.node_id] = Heard(beat, time.monotonic())
+            self._heard[beat.node_id] = Heard(beat, self._clock())
             self._gone.discard(beat.node_id)
             if beat.node_id == self.election.master:
                 self._check_lag(beat.last_idx)
             self._elect.set()
 
-    async def _watch_presence(self, presence: PresenceWatch) -> None:
+    async def _watch_presence(self, presence: Presence) -> None:
         async for change in presence:
             match change:
                 case Left(node_id=node_id) if node_id != self.node_id:
@@ -249,7 +250,7 @@ class ClusterLink:
             self.replica.last_idx,
             self._heard,
             self._gone,
-            time.monotonic(),
+            self._clock(),
             self.config.timing,
             log_term=self.replica.log_term,
         )
@@ -322,7 +323,7 @@ class ClusterLink:
             await self._router.publish(EVENTS, EventMsg(epoch=self._epoch, event=indexed))
 
     def _live(self) -> set[NodeId]:
-        now = time.monotonic()
+        now = self._clock()
         timeout = self.config.node_timeout_s
         live = set(live_beats(self.node_id, self._heard, self._gone, now, timeout))
         live |= {
@@ -378,11 +379,11 @@ class ClusterLink:
 
     async def _serve_command(self, msg: CommandMsg) -> Ack:
         if msg.origin is not None:
-            self._contact[msg.origin] = time.monotonic()
+            self._contact[msg.origin] = self._clock()
         return Ack(accepted=await self._submit(msg.command, msg.origin))
 
     async def _serve_local_events(self, msg: LocalEventsMsg) -> Ack:
-        self._contact[msg.node_id] = time.monotonic()
+        self._contact[msg.node_id] = self._clock()
         return Ack(accepted=await self._emit_all(msg.events))
 
     async def _serve_catch_up(self, request: CatchUpRequest) -> CatchUpReply:
@@ -402,7 +403,7 @@ class ClusterLink:
 
     # -- the followers' side -----------------------------------------------------------
 
-    async def _receive_events(self, events: Subscription[EventMsg]) -> None:
+    async def _receive_events(self, events: Inbox[EventMsg]) -> None:
         async for delivery in events.deliveries():
             msg, sender = delivery.message, NodeId(delivery.sender)
             master = self.election.master
@@ -447,7 +448,7 @@ class ClusterLink:
     async def _catch_up_with_master(self) -> None:
         while (master := self.election.master) is not None and master != self.node_id:
             request = CatchUpRequest(last_idx=self.replica.last_idx, lineage=self.replica.lineage)
-            started = time.monotonic()
+            started = self._clock()
             try:
                 reply = await self._router.request(
                     CATCH_UP, request, target=master, timeout=self.config.request_timeout_s
@@ -464,7 +465,7 @@ class ClusterLink:
             logger.debug(
                 f"cluster: caught up to {self.replica.last_idx} of {reply.last_idx} "
                 f"({len(reply.events)} events{', from a snapshot' if reply.base else ''}) "
-                f"in {time.monotonic() - started:.3f} s"
+                f"in {self._clock() - started:.3f} s"
             )
             if self.replica.last_idx >= reply.last_idx:
                 return
@@ -486,7 +487,7 @@ class ClusterLink:
             self._queue_local_truth(full=True)
         return True
 
-    async def _receive_chunks(self, chunks: Subscription[ChunkGenerated]) -> None:
+    async def _receive_chunks(self, chunks: Inbox[ChunkGenerated]) -> None:
         async for event in chunks:
             self.host.deliver_chunk(event, None)
 
@@ -511,9 +512,9 @@ class ClusterLink:
             await self._deliver_command(command, origin)
 
     async def _deliver_command(self, command: Command, origin: NodeId | None) -> None:
-        deadline = time.monotonic() + self.config.command_timeout_s
+        deadline = self._clock() + self.config.command_timeout_s
         while not await self._command_to_master(command, origin):
-            if time.monotonic() >= deadline:
+            if self._clock() >= deadline:
                 message = f"no cluster master within {self.config.command_timeout_s:g} s"
                 logger.warning(f"command {type(command).__name__}: {message}")
                 chunk = ErrorChunk(model=ModelId("exo"), error_message=message)
@@ -534,13 +535,13 @@ class ClusterLink:
     async def _pump_local_events(self) -> None:
         async for event in self._local_events:
             if isinstance(event, NodeGatheredInfo):
-                self._info_sent_at = time.monotonic()
+                self._info_sent_at = self._clock()
             self._outgoing_tx.send_nowait(event)
 
     def _queue_local_truth(self, *, full: bool) -> None:
         """Queue what the master may lack about this node; its info only when none was
         sent for a node timeout (one on its way would do)."""
-        now = time.monotonic()
+        now = self._clock()
         for event in self.host.local_truth(full):
             if isinstance(event, NodeGatheredInfo):
                 if now - self._info_sent_at < self.config.node_timeout_s:

@@ -31,8 +31,10 @@ def membership_events(state: State, live: Set[NodeId]) -> list[Event]:
         NodeTimedOut(node_id=node_id) for node_id in sorted(known_nodes(state) - live)
     ]
     present = sorted(set(state.nodes) & live)
+    # One pass over the links (a check per pair would scan them all: O(N^4) at N nodes).
+    linked = {(c.source, c.sink) for c in state.topology.connections}
     for source in present:
         for sink in present:
-            if source != sink and not state.topology.connected(source, sink):
+            if source != sink and (source, sink) not in linked:
                 events.append(TopologyEdgeCreated(connection=Connection(source=source, sink=sink)))
     return events

@@ -10,6 +10,7 @@ from exo.cluster.lineage import Lineage, agreed_prefix, epoch_at, extended, trun
 from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
+from exo.shared.types.common import CommandId
 from exo.shared.types.events import IndexedEvent
 from exo.shared.types.state import State
 
@@ -23,6 +24,9 @@ class Replica:
         persisted = store.load()
         self.term = persisted.term
         self.lineage: Lineage = persisted.lineage
+        self.dropped: list[tuple[int, int, list[CommandId]]] = []
+        """Every stretch of this log a reset dropped (first, last index) and the commands
+        behind its events, as reported."""
 
     @property
     def last_idx(self) -> int:
@@ -86,3 +90,22 @@ class Replica:
             written.append((event, self.host.state()))
         self.log.append_many(written)
 
+
+    def _report_dropped(self, reply: CatchUpReply) -> None:
+        """Before a reset: the events of this log that the master's log does not share
+        are dropped (a merge after a partition where both sides wrote): say which, and
+        which commands were behind them, so that nothing goes silently."""
+        first = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx) + 1
+        if first > self.last_idx:
+            return
+        kept = max(first, self.log.first_kept() or 0)
+        events = self.log.read_from(kept, self.last_idx - kept + 1)
+        commands = [e.command_id for e in events if e.command_id is not None]
+        self.dropped.append((first, self.last_idx, commands))
+        listed = ", ".join(commands[:20]) + (" ..." if len(commands) > 20 else "")
+        compacted = f" (events before {kept} were compacted: their commands are not known)"
+        logger.warning(
+            f"cluster: the master's log lacks events {first}..{self.last_idx} of this node's "
+            f"log: dropped" + (f", with the commands {listed}" if commands else "")
+            + (compacted if kept > first else "")
+        )

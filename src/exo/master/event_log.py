@@ -122,6 +122,10 @@ class SqliteEventLog:
         self._db.execute("DELETE FROM snapshots WHERE idx < ?", (idx,))
         self._db.execute("DELETE FROM events WHERE idx <= ?", (idx - self._keep_tail,))
 
+    def first_kept(self) -> int | None:
+        """The index of the oldest event still kept (None: none is)."""
+        return self._db.execute("SELECT MIN(idx) FROM events").fetchone()[0]
+
     def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
         first = self._db.execute("SELECT MIN(idx) FROM events").fetchone()[0]
         if first is None or idx < first:

@@ -64,6 +64,7 @@ class IncomingQuery:
 class ZenohSession:
     def __init__(self, config: Mapping[str, JsonValue]) -> None:
         """Open a session (blocking: up to the scouting delay with multicast)."""
+        self._mode = str(config.get("mode", "peer"))
         self._session = zenoh.open(zenoh.Config.from_json5(json.dumps(config)))
 
     def zid(self) -> str:
@@ -71,7 +72,7 @@ class ZenohSession:
 
     def locators(self, timeout_s: float) -> list[str]:
         """The endpoints this session really listens on (port 0 resolved), from the admin space."""
-        for reply in self._session.get(f"@/{self.zid()}/peer", timeout=timeout_s):
+        for reply in self._session.get(f"@/{self.zid()}/{self._mode}", timeout=timeout_s):
             sample = reply.ok
             if sample is not None:
                 info: dict[str, list[str]] = json.loads(sample.payload.to_bytes())

@@ -17,6 +17,7 @@ with zenoh's default 10 s).
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from exo.routing.keys import check_node_id
 
@@ -39,6 +40,11 @@ class RoutingConfig:
     multicast_address: str = ZENOH_MULTICAST_ADDRESS
     gossip: bool = True
     """Tell connected peers about each other's locators (zenoh warns when this is off)."""
+    mode: Literal["peer", "router", "client"] = "peer"
+    """``peer``: a mesh of direct links. ``router``: also route for the clients connected
+    to this node. ``client``: every packet goes through the router in ``peers`` (for
+    nodes that reach each other only through it: other subnets, no shared multicast
+    domain); a client listens on nothing."""
     lease_ms: int = 10_000
     keep_alive: int = 4
     scouting_delay_ms: int = 500
@@ -85,10 +91,10 @@ def loopback_config(
 
 
 def zenoh_config(config: RoutingConfig) -> dict[str, JsonValue]:
-    """The zenoh configuration (peer mode) for a RoutingConfig, as JSON values."""
+    """The zenoh configuration for a RoutingConfig, as JSON values."""
     return {
-        "mode": "peer",
-        "listen": {"endpoints": list(config.listen)},
+        "mode": config.mode,
+        "listen": {"endpoints": [] if config.mode == "client" else list(config.listen)},
         "connect": {
             "endpoints": list(config.peers),
             "retry": {

@@ -101,13 +101,14 @@ class NodeGroup:
         cluster_port: int | None = None,
         listen: str | None = None,
     ) -> NodeProc:
+        """``listen=""``: no --listen (a node that joins through a router with --connect)."""
         data_dir = data_dir or self.tmp / name
         api_port = free_port()
         cluster_port = cluster_port or free_port()
         args = [
             "--model", "none", "--threads", "1", "--log-level", "DEBUG",
             "--api-port", str(api_port), "--data-dir", str(data_dir),
-            "--listen", listen or f"tcp/127.0.0.1:{cluster_port}",
+            *(["--listen", listen or f"tcp/127.0.0.1:{cluster_port}"] if listen != "" else []),
             "--secret", secret, "--node-timeout", str(NODE_TIMEOUT_S),
             *(arg for peer in peers for arg in ("--peer", peer)),
             *extra,

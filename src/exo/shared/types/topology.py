@@ -12,7 +12,7 @@ class Topology(FrozenModel):
     connections: list[Connection] = []
 
     def with_connection(self, connection: Connection) -> "Topology":
-        if connection in self.connections:
+        if self.connected(connection.source, connection.sink):
             return self
         return Topology(connections=[*self.connections, connection])
 
@@ -28,4 +28,5 @@ class Topology(FrozenModel):
         return {c.sink for c in self.connections if c.source == node_id}
 
     def connected(self, a: NodeId, b: NodeId) -> bool:
-        return Connection(source=a, sink=b) in self.connections
+        # Plain string comparisons: a model comparison per link is slow in large clusters.
+        return any(c.source == a and c.sink == b for c in self.connections)
