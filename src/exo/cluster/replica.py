@@ -53,21 +53,6 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
-    def _report_dropped(self, reply: CatchUpReply) -> None:
-        """Name what this log holds that the master's does not (it is about to go):
-        events a partitioned side or a dead master wrote, and the commands behind them."""
-        agreed = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx)
-        if agreed >= self.last_idx:
-            return
-        dropped = self.log.read_from(agreed + 1, self.last_idx - agreed)
-        commands = sorted({e.command_id for e in dropped if e.command_id is not None})
-        kinds = sorted({type(e.event).__name__ for e in dropped})
-        logger.warning(
-            f"cluster: dropping {self.last_idx - agreed} events {agreed + 1}..{self.last_idx} "
-            f"that the master's log does not hold ({', '.join(kinds) or 'not kept'}); "
-            f"commands dropped: {', '.join(commands) or 'none'}"
-        )
-
     async def apply_reply(self, reply: CatchUpReply) -> None:
         """Apply a page of the master's log: from its base when it sends one, then the
         events that follow this node's log."""
@@ -101,11 +86,12 @@ class Replica:
         kept = max(first, self.log.first_kept() or 0)
         events = self.log.read_from(kept, self.last_idx - kept + 1)
         commands = [e.command_id for e in events if e.command_id is not None]
+        kinds = sorted({type(e.event).__name__ for e in events})
         self.dropped.append((first, self.last_idx, commands))
         listed = ", ".join(commands[:20]) + (" ..." if len(commands) > 20 else "")
         compacted = f" (events before {kept} were compacted: their commands are not known)"
         logger.warning(
-            f"cluster: the master's log lacks events {first}..{self.last_idx} of this node's "
-            f"log: dropped" + (f", with the commands {listed}" if commands else "")
-            + (compacted if kept > first else "")
+            f"cluster: dropping {self.last_idx - first + 1} events {first}..{self.last_idx} "
+            f"that the master's log does not hold ({', '.join(kinds) or 'not kept'}); "
+            f"commands dropped: {listed or 'none'}" + (compacted if kept > first else "")
         )
