@@ -1,0 +1,96 @@
+/* Shared declarations of exo's CPU kernels (see cpu_kernels.py for how they are built).
+ *
+ * Every file compiles two ways from the same source: with AVX2 + FMA + F16C intrinsics when
+ * the compiler targets them (__AVX2__ and __FMA__ and __F16C__ defined), or as plain C loops that any
+ * compiler vectorises for the machine it targets (ARM included): the "portable" path.
+ */
+#ifndef EXO_KERNELS_H
+#define EXO_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(EXO_FORCE_PORTABLE)
+#define EXO_AVX2 1
+#include <immintrin.h>
+#else
+#define EXO_AVX2 0
+#endif
+
+#include <string.h>
+
+/* f16 -> f32 (in the hot loops: inline) */
+static inline float exo_h2f(uint16_t h) {
+#if EXO_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else { /* zero or subnormal: man * 2^-24 */
+        const float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+#endif
+}
+
+#define QK 32         /* values per q4 / q8 / activation block */
+#define QK_K 256      /* values per K-quant super-block */
+#define MAX_PARTS 4   /* weight parts a linear reads in place (stacked along the output) */
+#define MAX_THREADS 64
+
+/* Weight layouts (GGUF's), see linear.c and dot_kquants.h. */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4;   /* w = d q + m  (f16 d, m) */
+typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8;       /* w = d q      (f16 d) */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } BlockQ4K; /* 144 B */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } BlockQ5K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } BlockQ6K; /* 210 B */
+/* An activation block: x = d q, s = d sum(q). */
+typedef struct { float d, s; int16_t qs[32]; } BlockX;
+
+enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106 };
+enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2 };
+
+/* A linear layer's constant part, built once by the caller. */
+typedef struct {
+    int kind;       /* KIND_*: the layout of the weight rows */
+    int prologue;   /* PROLOGUE_*: RMSNorm uses gain g and eps */
+    int K, N;
+    float eps;
+    const float* g; /* [K] or NULL */
+    const void* w[MAX_PARTS];  /* parts of the weight rows, stacked: q | k | v, gate | up */
+    int part_rows[MAX_PARTS];  /* rows of each part (0 for unused ones); they sum to N */
+    const float* bias; /* [N] or NULL */
+} LinearSpec;
+
+/* ---- public entry points (loaded with ctypes) ---- */
+int exo_set_threads(int n);
+int exo_get_threads(void);
+const char* exo_isa(void);
+int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
+int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                      const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
+                      long layer_off, const int64_t* pos, float* out);
+
+/* ---- internal, shared between files ---- */
+typedef void (*task_fn)(void* ctx, int part, int parts);
+/* fn(ctx, part, parts) for part in 0..parts-1 in parallel (at most the threads in use);
+ * returns when all are done. Concurrent callers take turns. */
+void exo_run_parallel(task_fn fn, void* ctx, int parts);
+
+/* Prologue of one row: src [K] (or [2K] for SwiGLU) -> dst [K]; K a multiple of 32. */
+void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst);
+/* x [K] -> K/32 int16 blocks (d = max|x| / 32767, q = round(x / d), s = d * sum(q)). */
+void exo_quantize_row(const float* x, int K, BlockX* out);
+/* e^x for x <= 0 (and any x clamped to [-87, 87]); relative error < 1e-6. */
+float exo_expf(float x);
+
+#endif
