@@ -1,7 +1,6 @@
 /* One decode step of attention on the paged KV cache (exo_attend_decode): rotate q and k,
  * append k and v to the cache, attend over positions 0..pos. */
 #include <math.h>
-#include <stdlib.h>
 
 #include "exo_kernels.h"
 
@@ -95,9 +94,6 @@ static void weighted_sum_f32(const float* p, const float* v, int L, int hd, floa
     }
 }
 
-static __thread float* scratch_att;
-static __thread size_t scratch_att_n;
-
 typedef struct {
     const float* qkv;
     int B, H, KV, hd;
@@ -164,14 +160,10 @@ static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int tasks = a->B * a->KV;
     const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_pages * a->P;
-    if (need > scratch_att_n) {
-        free(scratch_att);
-        scratch_att = malloc(need * sizeof(float));
-        scratch_att_n = scratch_att ? need : 0;
-        if (!scratch_att) {
-            __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
-            return;
-        }
+    float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
+    if (scratch_att == NULL) {
+        __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+        return;
     }
     for (int t = tasks * part / parts; t < tasks * (part + 1) / parts; t++)
         attend_task(a, t / a->KV, t % a->KV, scratch_att);

@@ -92,5 +92,10 @@ void exo_prologue_row(int kind, const float* src, const float* g, float eps, int
 void exo_quantize_row(const float* x, int K, BlockX* out);
 /* e^x for x <= 0 (and any x clamped to [-87, 87]); relative error < 1e-6. */
 float exo_expf(float x);
+/* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
+ * freed when the thread exits. NULL if out of memory. */
+#define EXO_SCRATCH_SLOTS 3
+enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2 };
+void* exo_scratch(int slot, size_t bytes);
 
 #endif

@@ -5,26 +5,9 @@
  * multiply-add (dot_q.h, dot_kquants.h). Threads split the output columns: each streams its
  * own contiguous rows of the weights.
  */
-#include <stdlib.h>
-
 #include "exo_kernels.h"
 #include "dot_q.h"
 #include "dot_kquants.h"
-
-/* Per-thread scratch for the prologue output and quantised activations, grown, never shrunk. */
-static __thread float* scratch_f;
-static __thread BlockX* scratch_x;
-static __thread size_t scratch_rows_k;
-
-static int reserve(size_t rows_k) {
-    if (rows_k <= scratch_rows_k) return 0;
-    free(scratch_f);
-    free(scratch_x);
-    scratch_f = malloc(rows_k * sizeof(float));
-    scratch_x = malloc((rows_k / QK) * sizeof(BlockX));
-    scratch_rows_k = (scratch_f && scratch_x) ? rows_k : 0;
-    return scratch_rows_k ? 0 : -1;
-}
 
 typedef struct {
     int kind, M, N, nb;
@@ -97,7 +80,9 @@ int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residua
     if (rows != N) return -2;
     if (M == 0) return 0;
     const int nb = K / QK;
-    if (reserve((size_t)M * K)) return -1;
+    float* scratch_f = exo_scratch(SCRATCH_PROLOGUE, (size_t)M * K * sizeof(float));
+    BlockX* scratch_x = exo_scratch(SCRATCH_QUANT, (size_t)M * nb * sizeof(BlockX));
+    if (scratch_f == NULL || scratch_x == NULL) return -1;
     const size_t x_stride = s->prologue == PROLOGUE_SWIGLU ? 2 * (size_t)K : (size_t)K;
     for (int m = 0; m < M; m++) {
         float* row = scratch_f + (size_t)m * K;

@@ -115,3 +115,41 @@ void exo_run_parallel(task_fn fn, void* ctx, int parts) {
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.dispatch);
 }
+
+/* ---- per-thread scratch, grown on demand, freed when the thread exits ---- */
+
+#include <stdlib.h>
+
+typedef struct {
+    void* buf[EXO_SCRATCH_SLOTS];
+    size_t size[EXO_SCRATCH_SLOTS];
+} Scratch;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void* p) {
+    Scratch* s = (Scratch*)p;
+    for (int i = 0; i < EXO_SCRATCH_SLOTS; i++) free(s->buf[i]);
+    free(s);
+}
+
+static void scratch_key_create(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+void* exo_scratch(int slot, size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_create);
+    Scratch* s = (Scratch*)pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        s = (Scratch*)calloc(1, sizeof(Scratch));
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (bytes > s->size[slot]) {
+        free(s->buf[slot]);
+        s->buf[slot] = malloc(bytes);
+        s->size[slot] = s->buf[slot] ? bytes : 0;
+    }
+    return s->buf[slot];
+}
