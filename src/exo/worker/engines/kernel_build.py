@@ -49,7 +49,11 @@ def source_text(names: tuple[str, ...]) -> str:
 
 
 def find_compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    """$CC if set (None if it is not there), else cc, gcc or clang on the PATH."""
+    chosen = os.environ.get("CC", "").strip()
+    if chosen:
+        return shutil.which(chosen.split()[0])
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
 def cpu_has_avx2() -> bool:

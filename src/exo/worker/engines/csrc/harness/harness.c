@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "exo_kernels.h"
 #include "reference.h"
@@ -228,6 +229,63 @@ static int check_attention(Rng* r) {
     return bad;
 }
 
+/* ---- the thread pool alone: each part of every job runs exactly once, and a job is over
+ * (every part done) when exo_run_parallel returns, while the pool grows and shrinks ---- */
+
+typedef struct {
+    int count[MAX_THREADS];
+    int parts_seen;
+} PoolJob;
+
+static void pool_task(void* ctx, int part, int parts) {
+    PoolJob* j = (PoolJob*)ctx;
+    if (part > 0) {
+        const struct timespec ts = {0, 1000000}; /* long enough for resizes to land mid-job */
+        nanosleep(&ts, NULL);
+    }
+    __atomic_store_n(&j->parts_seen, parts, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&j->count[part], 1, __ATOMIC_SEQ_CST);
+}
+
+static void* pool_dispatcher(void* arg) {
+    const int jobs = *(const int*)arg;
+    for (int i = 0; i < jobs; i++) {
+        PoolJob job;
+        memset(&job, 0, sizeof job);
+        exo_run_parallel(pool_task, &job, MAX_THREADS);
+        const int parts = __atomic_load_n(&job.parts_seen, __ATOMIC_SEQ_CST);
+        for (int p = 0; p < MAX_THREADS; p++) {
+            const int c = __atomic_load_n(&job.count[p], __ATOMIC_SEQ_CST);
+            if (c != (p < parts ? 1 : 0)) {
+                char msg[128];
+                snprintf(msg, sizeof msg, "pool: job %d part %d of %d ran %d times by its end", i, p, parts, c);
+                fail(msg);
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void check_pool(Rng* r) {
+    enum { DISPATCHERS = 2 };
+    pthread_t t[DISPATCHERS];
+    int jobs = 150;
+    exo_set_threads(1);
+    for (int i = 0; i < DISPATCHERS; i++) pthread_create(&t[i], NULL, pool_dispatcher, &jobs);
+    const struct timespec ts = {0, 200000};
+    for (int n = 2; n <= MAX_THREADS; n++) { /* new workers start while jobs run */
+        exo_set_threads(n);
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 100; i++) {
+        exo_set_threads(rng_int(r, 1, MAX_THREADS));
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < DISPATCHERS; i++) pthread_join(t[i], NULL);
+    printf("ok pool\n");
+}
+
 typedef struct { uint64_t seed; int rounds; } CallerArgs;
 
 static void* caller(void* arg) {
@@ -271,20 +329,13 @@ int main(int argc, char** argv) {
     Rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
     printf("isa %s, seed %llu, rounds %d\n", exo_isa(), (unsigned long long)seed, rounds);
     check_refusals();
-    for (int i = 0; i < rounds; i++) { /* one caller, the pool resized between calls */
-        exo_set_threads(rng_int(&r, 1, 6));
-        check_linear(&r, 0);
-        check_attention(&r);
-    }
-    /* big enough for every thread to take part */
-    for (int t = 1; t <= 4; t++) {
-        exo_set_threads(t);
-        for (int i = 0; i < 3; i++) check_linear(&r, 1);
-    }
-    /* several callers at once while the main thread resizes the pool */
+    check_pool(&r);
+    /* several callers at once while the main thread grows the pool from one thread to
+     * MAX_THREADS (new workers start while jobs are in flight), then resizes it at random */
     enum { CALLERS = 4 };
     pthread_t threads[CALLERS];
     CallerArgs args[CALLERS];
+    exo_set_threads(1);
     for (int i = 0; i < CALLERS; i++) {
         args[i].seed = seed * 1000 + (uint64_t)i + 7;
         args[i].rounds = rounds / 2 + 1;
@@ -293,8 +344,17 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
+    for (int n = 2; n <= MAX_THREADS; n++) {
+        exo_set_threads(n);
+        check_linear(&r, 1);
+    }
     for (int i = 0; i < 200; i++) exo_set_threads(rng_int(&r, 1, 8));
     for (int i = 0; i < CALLERS; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < rounds; i++) { /* one caller, the pool resized between calls */
+        exo_set_threads(rng_int(&r, 1, 6));
+        check_linear(&r, 0);
+        check_attention(&r);
+    }
     exo_set_threads(1);
     printf("%s: %d failures\n", failures ? "FAILED" : "passed", failures);
     return failures ? 1 : 0;
