@@ -296,6 +296,12 @@ def kernels_unavailable_reason() -> str | None:
 def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     """The compiled kernels for this CPU, or None where they cannot be built (no C compiler,
     a failed build: the log says why)."""
+    isa, why = choose_isa()
+    return load_kernels_for(isa, kernel_dir, why)
+
+
+def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") -> QKernels | None:
+    """The kernels built for `isa` (tests run the portable path on x86 with this)."""
     reason = kernels_unavailable_reason()
     compiler = find_compiler()
     if reason is not None or compiler is None:
@@ -305,7 +311,6 @@ def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     if not _private_dir(folder):
         logger.warning(f"CPU kernels off: {folder} is not a private folder")
         return None
-    isa, why = choose_isa()
     name = library_name(compiler, isa)
     out, shared = folder / name, default_kernel_dir() / name
     try:
@@ -321,5 +326,5 @@ def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
     except OSError as e:
         logger.warning(f"CPU kernels off: {out} did not load: {e}")
         return None
-    logger.info(f"CPU kernels: the {isa} path ({why})")
+    logger.info(f"CPU kernels: the {isa} path" + (f" ({why})" if why else ""))
     return kernels
