@@ -247,7 +247,10 @@ class QKernels:
         if bsz and int(positions.max()) >= min(rope.shape[0], pages.shape[1] * cache.page):
             raise KernelArgumentError("a position is past the rope table or the row's pages")
         qkv_c, rope_c, pages_c, pos_c = (
-            qkv.contiguous(), rope.contiguous(), pages.contiguous(), positions.contiguous()
+            qkv.contiguous(),
+            rope.contiguous(),
+            pages.contiguous(),
+            positions.contiguous(),
         )
         norm_c = None if qk_norm is None else qk_norm.contiguous()
         out = torch.empty((bsz, 1, heads * head_dim), dtype=torch.float32)

@@ -31,8 +31,13 @@ ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": ("-DEXO_FORCE_PORTABLE",),
 }
-SANITIZE_FLAGS = ("-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
-                  "-fno-omit-frame-pointer")
+SANITIZE_FLAGS = (
+    "-O1",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+)
 _AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 

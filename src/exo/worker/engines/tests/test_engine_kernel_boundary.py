@@ -3,6 +3,7 @@ device, shape), copies what is not contiguous and keeps those copies alive throu
 a failed build says why in the log; the portable C path gives the same answers."""
 
 import ctypes
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -80,23 +81,23 @@ def test_swiglu_takes_twice_the_width(kernels: QKernels) -> None:
     assert kernels.linear(w, torch.randn(2, 192)).shape == (2, 64)
 
 
-@pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda p: QuantWeights(4, 0, [p.to(torch.int8)], None, 1e-5, None, 96), "uint8"),
-        (lambda p: QuantWeights(4, 0, [p[:, :-1]], None, 1e-5, None, 96), "rows of 60 bytes"),
-        (lambda p: QuantWeights(4, 0, [p.flatten()], None, 1e-5, None, 96), "2-D uint8"),
-        (lambda p: QuantWeights(4, 0, [p], None, 1e-5, None, 80), "multiple of 32"),
-        (lambda p: QuantWeights(104, 0, [p], None, 1e-5, None, 96), "multiple of 256"),
-        (lambda p: QuantWeights(5, 0, [p], None, 1e-5, None, 96), "unknown weight layout"),
-        (lambda p: QuantWeights(4, 7, [p], None, 1e-5, None, 96), "unknown prologue"),
-        (lambda p: QuantWeights(4, 1, [p], None, 1e-5, None, 96), "needs a gain"),
-        (lambda p: QuantWeights(4, 1, [p], torch.ones(95), 1e-5, None, 96), r"gain must have"),
-        (lambda p: QuantWeights(4, 0, [p], None, 1e-5, torch.ones(3), 96), r"bias must have"),
-        (lambda p: QuantWeights(4, 0, [p] * 5, None, 1e-5, None, 96), "1 to 4 parts"),
-    ],
-)
-def test_weights_refuse_bad_layouts(make: Callable[[torch.Tensor], Any], message: str) -> None:
+BAD_WEIGHTS: list[tuple[Callable[[torch.Tensor], object], str]] = [
+    (lambda p: QuantWeights(4, 0, [p.to(torch.int8)], None, 1e-5, None, 96), "uint8"),
+    (lambda p: QuantWeights(4, 0, [p[:, :-1]], None, 1e-5, None, 96), "rows of 60 bytes"),
+    (lambda p: QuantWeights(4, 0, [p.flatten()], None, 1e-5, None, 96), "2-D uint8"),
+    (lambda p: QuantWeights(4, 0, [p], None, 1e-5, None, 80), "multiple of 32"),
+    (lambda p: QuantWeights(104, 0, [p], None, 1e-5, None, 96), "multiple of 256"),
+    (lambda p: QuantWeights(5, 0, [p], None, 1e-5, None, 96), "unknown weight layout"),
+    (lambda p: QuantWeights(4, 7, [p], None, 1e-5, None, 96), "unknown prologue"),
+    (lambda p: QuantWeights(4, 1, [p], None, 1e-5, None, 96), "needs a gain"),
+    (lambda p: QuantWeights(4, 1, [p], torch.ones(95), 1e-5, None, 96), r"gain must have"),
+    (lambda p: QuantWeights(4, 0, [p], None, 1e-5, torch.ones(3), 96), r"bias must have"),
+    (lambda p: QuantWeights(4, 0, [p] * 5, None, 1e-5, None, 96), "1 to 4 parts"),
+]
+
+
+@pytest.mark.parametrize(("make", "message"), BAD_WEIGHTS)
+def test_weights_refuse_bad_layouts(make: Callable[[torch.Tensor], object], message: str) -> None:
     part = _q4(torch.randn(8, 96))
     with pytest.raises(KernelArgumentError, match=message):
         make(part)
@@ -172,27 +173,32 @@ def test_attention_runs_on_good_arguments(
     assert kernels.attend_decode(qkv, H, KV, HD, rope, None, 1e-5, paged, pos).shape == (1, 1, 64)
 
 
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (lambda a: {**a, "qkv": a["qkv"].double()}, "qkv must be float32"),
-        (lambda a: {**a, "qkv": a["qkv"][..., :-1]}, "qkv must have shape"),
-        (lambda a: {**a, "qkv": a["qkv"][0]}, r"qkv must be \[B, 1, W\]"),
-        (lambda a: {**a, "heads": 3}, "multiple of kv_heads"),
-        (lambda a: {**a, "head_dim": 15}, "head_dim even"),
-        (lambda a: {**a, "rope": a["rope"].real.contiguous()}, "rope must be complex64"),
-        (lambda a: {**a, "rope": a["rope"][:, :4]}, r"rope must be \[P, 8\]"),
-        (lambda a: {**a, "rope": a["rope"][:0]}, "past the rope table"),
-        (lambda a: {**a, "positions": torch.tensor([0], dtype=torch.int32)}, "int64"),
-        (lambda a: {**a, "positions": torch.tensor([0, 0])}, "positions must have shape"),
-        (lambda a: {**a, "positions": torch.tensor([-1])}, "must not be negative"),
-        (lambda a: {**a, "positions": torch.tensor([64])}, "past the rope table or the row"),
-        (lambda a: {**a, "qk_norm": torch.ones(H, HD)}, "qk_norm must have shape"),
-        (lambda a: {**a, "cache": _with(a["cache"], kv_heads=1)}, "the cache holds 1 kv heads"),
-        (lambda a: {**a, "cache": _with(a["cache"], dtype=torch.bfloat16)}, "must be float32"),
-        (lambda a: {**a, "cache": _with(a["cache"], pages=a["cache"].pages.int())}, "int64"),
-    ],
-)
+def _with(p: PagedLayer, **changes: Any) -> PagedLayer:
+    return dataclasses.replace(p, **changes)
+
+
+Args = dict[str, Any]
+BAD_ATTENTION: list[tuple[Callable[[Args], Args], str]] = [
+    (lambda a: {**a, "qkv": a["qkv"].double()}, "qkv must be float32"),
+    (lambda a: {**a, "qkv": a["qkv"][..., :-1]}, "qkv must have shape"),
+    (lambda a: {**a, "qkv": a["qkv"][0]}, r"qkv must be \[B, 1, W\]"),
+    (lambda a: {**a, "heads": 3}, "multiple of kv_heads"),
+    (lambda a: {**a, "head_dim": 15}, "head_dim even"),
+    (lambda a: {**a, "rope": a["rope"].real.contiguous()}, "rope must be complex64"),
+    (lambda a: {**a, "rope": a["rope"][:, :4]}, r"rope must be \[P, 8\]"),
+    (lambda a: {**a, "rope": a["rope"][:0]}, "past the rope table"),
+    (lambda a: {**a, "positions": torch.tensor([0], dtype=torch.int32)}, "int64"),
+    (lambda a: {**a, "positions": torch.tensor([0, 0])}, "positions must have shape"),
+    (lambda a: {**a, "positions": torch.tensor([-1])}, "must not be negative"),
+    (lambda a: {**a, "positions": torch.tensor([64])}, "past the rope table or the row"),
+    (lambda a: {**a, "qk_norm": torch.ones(H, HD)}, "qk_norm must have shape"),
+    (lambda a: {**a, "cache": _with(a["cache"], kv_heads=1)}, "the cache holds 1 kv heads"),
+    (lambda a: {**a, "cache": _with(a["cache"], dtype=torch.bfloat16)}, "must be float32"),
+    (lambda a: {**a, "cache": _with(a["cache"], pages=a["cache"].pages.int())}, "int64"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_ATTENTION)
 def test_attention_refuses_what_the_kernel_cannot_take(
     kernels: QKernels,
     step: tuple[torch.Tensor, torch.Tensor, PagedLayer, torch.Tensor],
@@ -206,12 +212,6 @@ def test_attention_refuses_what_the_kernel_cannot_take(
     }  # fmt: skip
     with pytest.raises(KernelArgumentError, match=message):
         kernels.attend_decode(**change(args))
-
-
-def _with(p: PagedLayer, **changes: Any) -> PagedLayer:
-    fields = {"pages": p.pages, "page": p.page, "offset": p.offset, "kv_heads": p.kv_heads,
-              "head_dim": p.head_dim, "dtype": p.dtype, **changes}  # fmt: skip
-    return PagedLayer(**fields)
 
 
 # ---- building --------------------------------------------------------------------------------
