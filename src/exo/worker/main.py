@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 from loguru import logger
@@ -46,6 +46,7 @@ from exo.worker.download.local import locate_model
 from exo.worker.plan import plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
+from exo.worker.thread_share import local_runner_count, threads_for_new_runner
 
 ChunkSink = Callable[[ChunkGenerated, NodeId | None], None]
 
@@ -75,6 +76,7 @@ class Worker:
     _wakeup: Wakeup = field(default_factory=Wakeup)
     _abandoned: set[InstanceId] = field(default_factory=set[InstanceId])
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
+    _runner_threads: dict[RunnerId, int] = field(default_factory=dict[RunnerId, int])
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -158,10 +160,22 @@ class Worker:
         if attempt > 1:
             RUNNER_RESTARTS.inc()
         logger.info(f"creating runner for instance {instance_id} (attempt {attempt})")
+        budget = self.runner_settings.threads
+        live = {rid: self._runner_threads.get(rid, 0) for rid in self._live_runners()}
+        hosted = local_runner_count(self.state, self.node_id)
+        threads = threads_for_new_runner(budget, list(live.values()), hosted)
+        total = sum(live.values()) + threads
+        logger.info(
+            f"runner for instance {instance_id}: {threads} of this node's {budget} threads "
+            f"({len(live) + 1} runners use {total}"
+            + (", more than the cores: oversubscribed)" if total > budget else ")")
+        )
+        settings = replace(self.runner_settings, threads=threads)
         runner = RunnerSupervisor.create(
-            task.bound_instance, self._runner_events.clone(), self.runner_settings, self.timeouts
+            task.bound_instance, self._runner_events.clone(), settings, self.timeouts
         )
         self.runners[runner.runner_id] = runner
+        self._runner_threads[runner.runner_id] = threads
         self.runners_created += 1
         self._tg.start_soon(runner.run)
 
@@ -190,6 +204,7 @@ class Worker:
                 await runner.stop()
             finally:
                 self.runners.pop(runner_id, None)
+                self._runner_threads.pop(runner_id, None)
                 self._stopping.discard(runner_id)
                 self._wakeup.set()
 
