@@ -242,9 +242,10 @@ class QKernels:
             )
         if cache.dtype != torch.float32:
             raise KernelArgumentError(f"the cache must be float32, got {cache.dtype}")
-        if bsz and int(positions.min()) < 0:
+        pos_list: list[int] = positions.tolist()
+        if pos_list and min(pos_list) < 0:
             raise KernelArgumentError("positions must not be negative")
-        if bsz and int(positions.max()) >= min(rope.shape[0], pages.shape[1] * cache.page):
+        if pos_list and max(pos_list) >= min(rope.shape[0], pages.shape[1] * cache.page):
             raise KernelArgumentError("a position is past the rope table or the row's pages")
         qkv_c, rope_c, pages_c, pos_c = (
             qkv.contiguous(),

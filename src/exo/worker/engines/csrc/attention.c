@@ -21,22 +21,13 @@ static void rms_norm_head(float* x, const float* g, float eps, int hd) {
     for (int i = 0; i < hd; i++) x[i] = x[i] * scale * g[i];
 }
 
-#if EXO_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-#endif
-
 static inline float dot_f32(const float* a, const float* b, int n) {
     int i = 0;
     float s = 0.0f;
 #if EXO_AVX2
     __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    s = hsum8(acc);
+    s = exo_hsum8(acc);
 #else
     float acc[8] = {0};
     for (; i + 8 <= n; i += 8)
@@ -143,12 +134,23 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         float mx = -INFINITY;
         for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
         float total = 0.0f;
-        for (int t = 0; t < L; t++) {
+        int t = 0;
+#if EXO_AVX2
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vtot = _mm256_setzero_ps();
+        for (; t + 8 <= L; t += 8) {
+            const __m256 e = exo_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vmx));
+            _mm256_storeu_ps(scores + t, e);
+            vtot = _mm256_add_ps(vtot, e);
+        }
+        total = exo_hsum8(vtot);
+#endif
+        for (; t < L; t++) {
             scores[t] = exo_expf(scores[t] - mx);
             total += scores[t];
         }
         const float inv = 1.0f / total;
-        for (int t = 0; t < L; t++) scores[t] *= inv;
+        for (t = 0; t < L; t++) scores[t] *= inv;
         float* o = a->out + ((size_t)b * a->H + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         for (int t0 = 0; t0 < L; t0 += P)

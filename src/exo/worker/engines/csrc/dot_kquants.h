@@ -90,7 +90,7 @@ static inline float dot_q45k(const uint8_t* base, size_t stride, int nsb, const 
         }
     }
 #if EXO_AVX2
-    accf = hsum8_f(acc);
+    accf = exo_hsum8(acc);
 #endif
     return accf + accm;
 }
@@ -144,7 +144,7 @@ static inline float dot_q6k(const BlockQ6K* w, const BlockX* x, int nsb) {
         }
     }
 #if EXO_AVX2
-    return hsum8_f(acc);
+    return exo_hsum8(acc);
 #else
     return acc;
 #endif

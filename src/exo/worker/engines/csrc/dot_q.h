@@ -9,13 +9,6 @@
 #include "exo_kernels.h"
 
 #if EXO_AVX2
-static inline float hsum8_f(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* sum_j a_j b_j of 32 int16 pairs, as 8 int32 lanes */
 static inline __m256i madd32(__m256i a0, __m256i a1, const int16_t* b) {
     return _mm256_add_epi32(_mm256_madd_epi16(a0, _mm256_loadu_si256((const __m256i*)b)),
@@ -42,7 +35,7 @@ static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* 
             accm[r] += m * xb->s;                                                                \
         }                                                                                        \
     }                                                                                            \
-    for (int r = 0; r < R; r++) out[r] = hsum8_f(acc[r]) + accm[r];                              \
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + accm[r];                              \
 }
 
 #define DEFINE_DOT_Q8(R)                                                                          \
@@ -59,7 +52,7 @@ static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* 
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
         }                                                                                        \
     }                                                                                            \
-    for (int r = 0; r < R; r++) out[r] = hsum8_f(acc[r]);                                        \
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]);                                        \
 }
 #else
 /* Plain C: the weights are unpacked once per block into int16, then integer dot products. */

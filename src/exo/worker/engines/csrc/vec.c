@@ -7,43 +7,6 @@
 
 const char* exo_isa(void) { return EXO_AVX2 ? "avx2" : "portable"; }
 
-/* e^x = 2^n 2^f, f in [-0.5, 0.5], 2^f by a degree-7 polynomial; x clamped to [-87, 87]. */
-static const float EXP_C[8] = {1.5252734e-5f, 1.5403530e-4f, 1.3333558e-3f, 9.6181291e-3f,
-                               5.5504109e-2f, 2.4022651e-1f, 6.9314718e-1f, 1.0f};
-
-float exo_expf(float x) {
-    x = x < -87.0f ? -87.0f : (x > 87.0f ? 87.0f : x);
-    const float t = x * 1.44269504f;
-    const float n = nearbyintf(t), f = t - n;
-    float p = EXP_C[0];
-    for (int i = 1; i < 8; i++) p = p * f + EXP_C[i];
-    int32_t bits;
-    memcpy(&bits, &p, sizeof bits);
-    bits += (int32_t)n * (1 << 23);
-    memcpy(&p, &bits, sizeof p);
-    return p;
-}
-
-#if EXO_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
-    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
-    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(t, n);
-    __m256 p = _mm256_set1_ps(EXP_C[0]);
-    for (int i = 1; i < 8; i++) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_C[i]));
-    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-#endif
-
 void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst) {
     if (kind == PROLOGUE_RMS_NORM) {
 #if EXO_AVX2
@@ -52,7 +15,7 @@ void exo_prologue_row(int kind, const float* src, const float* g, float eps, int
             __m256 v = _mm256_loadu_ps(src + k);
             ss = _mm256_fmadd_ps(v, v, ss);
         }
-        const float sum = hsum8(ss);
+        const float sum = exo_hsum8(ss);
 #else
         float acc[8] = {0};
         for (int k = 0; k < K; k += 8)
@@ -67,7 +30,7 @@ void exo_prologue_row(int kind, const float* src, const float* g, float eps, int
         const __m256 one = _mm256_set1_ps(1.0f);
         for (int k = 0; k < K; k += 8) {
             __m256 a = _mm256_loadu_ps(src + k), b = _mm256_loadu_ps(src + K + k);
-            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+            __m256 e = exo_exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
             _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), b));
         }
 #else
