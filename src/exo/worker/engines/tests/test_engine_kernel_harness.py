@@ -5,6 +5,7 @@ calls, several threads calling at once. Any mismatch or sanitizer report fails."
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,26 @@ def test_kernels_pass_the_sanitized_harness(isa: Isa, tmp_path: Path) -> None:
         assert f"isa {isa}" in done.stdout, report
         assert "passed: 0 failures" in done.stdout, report
         assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, report
+
+
+def test_without_a_compiler_the_q4_q8_tests_skip_saying_why(tmp_path: Path) -> None:
+    """A machine with no C compiler (CC names none): the engine tests of the formats that need
+    the kernels skip with the reason, and nothing fails."""
+    root = Path(__file__).resolve().parents[5]
+    if not (root / "pyproject.toml").exists():
+        pytest.skip("needs the source tree (pyproject.toml) to run pytest in a subprocess")
+    env = {**os.environ, "CC": str(tmp_path / "no-such-cc"), "TMPDIR": str(tmp_path)}
+    tests = Path(__file__).parent
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "pytest", "-c", str(root / "pyproject.toml"), "-q", "-rs",
+            str(tests / "test_engine_safetensors.py"),
+            str(tests / "test_engine_kernels.py"), "-k", "q4-llama or q8 or threaded_linear",
+        ],
+        capture_output=True, text=True, timeout=600, env=env, cwd=root,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "failed" not in out, out
+    assert "the q4 format needs the compiled CPU kernels: no C compiler" in out, out
+    assert "the q8 format needs the compiled CPU kernels: no C compiler" in out, out
