@@ -156,6 +156,9 @@ class QKernels:
         self._set_threads = lib.exo_set_threads
         self._set_threads.argtypes = [i]
         self._set_threads.restype = i
+        self._set_spin = lib.exo_set_spin
+        self._set_spin.argtypes = [ctypes.c_long, ctypes.c_long]
+        self._set_spin.restype = i
         self._attend = lib.exo_attend_decode
         self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p]
         self._attend.restype = i
@@ -193,7 +196,15 @@ class QKernels:
 
     def set_threads(self, n: int) -> int:
         """Threads the kernels use (the caller and n - 1 workers that sleep between jobs)."""
+        if n < 1:
+            raise KernelArgumentError(f"threads must be at least 1, got {n}")
         return int(self._set_threads(n))
+
+    def set_spin(self, idle_us: float, wait_us: float) -> None:
+        """How long pool threads spin before they sleep (`csrc/pool.c`); 0: sleep at once."""
+        if idle_us < 0 or wait_us < 0:
+            raise KernelArgumentError("spin times must not be negative")
+        self._set_spin(int(idle_us * 1000), int(wait_us * 1000))
 
     def attend_decode(
         self,
@@ -330,5 +341,27 @@ def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") ->
     except OSError as e:
         logger.warning(f"CPU kernels off: {out} did not load: {e}")
         return None
-    logger.info(f"CPU kernels: the {isa} path" + (f" ({why})" if why else ""))
+    spin = _spin_from_env()
+    if spin is not None:
+        kernels.set_spin(*spin)
+    logger.info(
+        f"CPU kernels: the {isa} path"
+        + (f" ({why})" if why else "")
+        + ("" if spin is None else f", spin {spin[0]:g}/{spin[1]:g} us")
+    )
     return kernels
+
+
+def _spin_from_env() -> tuple[float, float] | None:
+    """EXO_KERNEL_SPIN_US="idle,wait" (or one number for both): the pool's spin limits."""
+    text = os.environ.get("EXO_KERNEL_SPIN_US", "").strip()
+    if not text:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 0:
+        logger.warning(f"EXO_KERNEL_SPIN_US={text!r} is not 'idle,wait' microseconds: ignored")
+        return None
+    return (values[0], values[-1])

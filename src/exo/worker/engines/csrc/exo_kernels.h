@@ -121,6 +121,7 @@ typedef struct {
 /* ---- public entry points (loaded with ctypes) ---- */
 int exo_set_threads(int n);
 int exo_get_threads(void);
+int exo_set_spin(long idle_ns, long wait_ns);
 const char* exo_isa(void);
 int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,

@@ -4,9 +4,9 @@
  * each time (tens to hundreds of microseconds) would eat the gain of a second thread; worse,
  * a dispatcher that sleeps wakes late, by then its workers have gone to sleep too, and every
  * job pays two wake-ups (measured: 4x slower at 2 threads than at 1). So a worker done with a
- * job spins (pause instructions, watching an atomic counter) for SPIN_IDLE_NS before it sleeps
+ * job spins (pause instructions, watching an atomic counter) for spin_idle_ns before it sleeps
  * on a condition variable: no spinning when idle; and a dispatcher waiting for workers that
- * are running its job spins up to SPIN_WAIT_NS before it sleeps. Spinning pays only where the
+ * are running its job spins up to spin_wait_ns before it sleeps. Spinning pays only where the
  * threads have their cores (a node's runners share its cores without oversubscription:
  * worker/thread_share.py); yielding in the spin was measured slower on a loaded machine.
  *
@@ -28,8 +28,17 @@
 
 #include "exo_kernels.h"
 
-#define SPIN_IDLE_NS 50000L   /* a worker waiting for the next job spins this long, then sleeps */
-#define SPIN_WAIT_NS 100000L  /* a dispatcher waiting for its workers (running its job) */
+/* a worker waiting for the next job spins this long, then sleeps; a dispatcher waiting for
+ * its workers (running its job) spins up to spin_wait_ns. exo_set_spin changes them. */
+static long spin_idle_ns = 50000L, spin_wait_ns = 100000L;
+
+/* Spin limits in nanoseconds (0: sleep at once, the pool's behaviour before it spun); a
+ * negative value keeps the current one. Returns 0. */
+int exo_set_spin(long idle_ns, long wait_ns) {
+    if (idle_ns >= 0) __atomic_store_n(&spin_idle_ns, idle_ns, __ATOMIC_RELAXED);
+    if (wait_ns >= 0) __atomic_store_n(&spin_wait_ns, wait_ns, __ATOMIC_RELAXED);
+    return 0;
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,6 +59,7 @@ static long now_ns(void) {
 /* Spin while *counter == value, for at most limit_ns (time checked every 64 pauses); returns
  * the last value seen. */
 static long spin_while_equal(const long* counter, long value, long limit_ns) {
+    if (limit_ns <= 0) return __atomic_load_n(counter, __ATOMIC_ACQUIRE);
     long deadline = 0;
     for (int round = 0;; round++) {
         for (int i = 0; i < 64; i++) {
@@ -84,7 +94,7 @@ static void* pool_worker(void* arg) {
     long seen = pool.start_gen[id];
     pthread_mutex_unlock(&pool.mu);
     for (;;) {
-        if (spin_while_equal(&pool.generation, seen, SPIN_IDLE_NS) == seen) {
+        if (spin_while_equal(&pool.generation, seen, __atomic_load_n(&spin_idle_ns, __ATOMIC_RELAXED)) == seen) {
             pthread_mutex_lock(&pool.mu);
             while (load_generation() == seen) pthread_cond_wait(&pool.wake, &pool.mu);
             pthread_mutex_unlock(&pool.mu);
@@ -170,8 +180,8 @@ void exo_run_parallel(task_fn fn, void* ctx, int parts) {
     fn(ctx, 0, parts);
     long left = __atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE);
     while (left > 0) {
-        const long now = spin_while_equal(&pool.pending, left, SPIN_WAIT_NS);
-        if (now == left) break; /* none finished for SPIN_WAIT_NS (descheduled?): sleep */
+        const long now = spin_while_equal(&pool.pending, left, __atomic_load_n(&spin_wait_ns, __ATOMIC_RELAXED));
+        if (now == left) break; /* none finished for spin_wait_ns (descheduled?): sleep */
         left = now;
     }
     if (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) > 0) {

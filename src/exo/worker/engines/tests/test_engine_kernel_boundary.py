@@ -136,6 +136,7 @@ class _FakeLib:
     def __init__(self, linear: _SpyLinear) -> None:
         self.exo_qlinear = linear
         self.exo_set_threads = _SpyLinear(0)
+        self.exo_set_spin = _SpyLinear(0)
         self.exo_attend_decode = _SpyLinear(0)
 
 
@@ -254,3 +255,31 @@ def test_the_portable_path_matches_avx2(
     want = x @ dequantize_blocks(quantize_q4(w_dense), 4).t()
     torch.testing.assert_close(portable.linear(w, x), want, atol=2e-3, rtol=1e-3)
     torch.testing.assert_close(portable.linear(w, x), kernels.linear(w, x), atol=1e-4, rtol=1e-4)
+
+
+def test_thread_counts_below_one_are_refused(kernels: QKernels) -> None:
+    with pytest.raises(KernelArgumentError, match="at least 1"):
+        kernels.set_threads(0)
+
+
+def test_a_pool_that_sleeps_at_once_gives_the_same_answers(
+    kernels: QKernels, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXO_KERNEL_SPIN_US=0: the pool never spins (the A/B switch for benchmarks)."""
+    monkeypatch.setenv("EXO_KERNEL_SPIN_US", "0")
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="INFO")
+    try:
+        sleepy = cpu_kernels.load_kernels.__wrapped__(tmp_path / "k")
+    finally:
+        logger.remove(sink)
+    assert sleepy is not None and "spin 0/0 us" in "".join(messages)
+    w, x = _weights(n=3072, k=576), torch.randn(3, 576)
+    want = kernels.linear(w, x)
+    sleepy.set_threads(2)
+    try:
+        for _ in range(20):
+            assert torch.equal(sleepy.linear(w, x), want)
+    finally:
+        sleepy.set_threads(1)
+        sleepy.set_spin(50, 100)

@@ -280,8 +280,10 @@ static void check_pool(Rng* r) {
     }
     for (int i = 0; i < 100; i++) {
         exo_set_threads(rng_int(r, 1, MAX_THREADS));
+        if (i % 25 == 0) exo_set_spin(i % 50 ? 50000 : 0, i % 50 ? 100000 : 0); /* sleep at once, or spin */
         nanosleep(&ts, NULL);
     }
+    exo_set_spin(50000, 100000);
     for (int i = 0; i < DISPATCHERS; i++) pthread_join(t[i], NULL);
     printf("ok pool\n");
 }
