@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; default: none)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)),
-                   help="CPU threads for this node's runner (default: all cores)")
+                   help="CPU threads for this node's runners, shared among them (default: all cores)")
     p.add_argument("--models-dir", action="append", default=[], type=Path, metavar="DIR",
                    help="a folder of models to serve (GGUF files, Hugging Face folders or a "
                    "Hugging Face cache; read only; repeatable; or EXO_MODELS_DIRS, "

@@ -2,7 +2,7 @@
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import anyio
 from loguru import logger
@@ -49,6 +49,7 @@ from exo.worker.download.coordinator import DownloadCoordinator
 from exo.worker.plan import LocalRunner, RunnerView, plan
 from exo.worker.runner.runner_supervisor import PhaseTimeouts, RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
+from exo.worker.thread_share import local_runner_count, threads_for_new_runner
 
 ChunkSink = Callable[[ChunkGenerated, NodeId | None], None]
 
@@ -83,6 +84,7 @@ class Worker:
     _stopping: set[RunnerId] = field(default_factory=set[RunnerId])
     # Every runner we started whose process may still live: reaped on the way out.
     _spawned: list[RunnerSupervisor] = field(default_factory=list[RunnerSupervisor])
+    _runner_threads: dict[RunnerId, int] = field(default_factory=dict[RunnerId, int])
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -208,11 +210,23 @@ class Worker:
             # Never two processes under one runner id (the planner should not ask for it).
             logger.warning(f"runner {task.bound_instance.bound_runner_id} still exists")
             return
+        budget = self.runner_settings.threads
+        live = {rid: self._runner_threads.get(rid, 0) for rid in self._live_runners()}
+        hosted = local_runner_count(self.state, self.node_id)
+        threads = threads_for_new_runner(budget, list(live.values()), hosted)
+        total = sum(live.values()) + threads
+        logger.info(
+            f"runner for instance {instance_id}: {threads} of this node's {budget} threads "
+            f"({len(live) + 1} runners use {total}"
+            + (", more than the cores: oversubscribed)" if total > budget else ")")
+        )
+        settings = replace(self.runner_settings, threads=threads)
         runner = RunnerSupervisor.create(
-            task.bound_instance, self._runner_events.clone(), self.runner_settings, self.timeouts
+            task.bound_instance, self._runner_events.clone(), settings, self.timeouts
         )
         self.runners[runner.runner_id] = runner
         self._spawned = [r for r in self._spawned if not r.exited] + [runner]
+        self._runner_threads[runner.runner_id] = threads
         self.runners_created += 1
         self._tg.start_soon(runner.run)
 
@@ -240,6 +254,7 @@ class Worker:
             finally:
                 if self.runners.get(runner_id) is runner:
                     del self.runners[runner_id]
+                    self._runner_threads.pop(runner_id, None)
                 self._stopping.discard(runner_id)
                 self._wakeup.set()
 

@@ -1,4 +1,4 @@
-"""Quantised linear and decode-attention kernels for x86 CPUs (AVX2 + FMA + F16C).
+"""Quantised linear and decode-attention kernels for CPUs, loaded with ctypes.
 
 Why: decoding a small model on a CPU is bound by the bytes of weights read per token and by the
 number of operations per token. torch's own low-bit CPU kernels are slow on AVX2-only machines
@@ -6,76 +6,64 @@ number of operations per token. torch's own low-bit CPU kernels are slow on AVX2
 reading 5 bits per weight instead of 16 only pays off with a kernel that keeps up with memory.
 These do: 4- or 8-bit weight blocks (GGUF's Q4_1 / Q8_0 layouts, and the K-quant super-blocks
 Q4_K / Q5_K / Q6_K read from the file as they are) times activations quantised per block to 16
-bits, with integer multiply-adds (see the C source). A second kernel runs a whole decode step
-of attention (rotate q and k, append to the paged cache, attend) in one call.
+bits, with integer multiply-adds (see `csrc/`). A second kernel runs a whole decode step of
+attention (rotate q and k, append to the paged cache, attend) in one call.
 
-The C source (the `kernel_source_*` modules) is compiled once per machine with the system C
-compiler into a cache folder (the file name carries a hash of source, compiler and flags; a
-build already in the per-user default folder is reused) and loaded with ctypes, which releases
-the GIL during calls. Without a compiler or AVX2, `load_kernels` returns None and the engine
-falls back to torch (fbgemm float16 weights; file blocks dequantised per call).
+The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
+has it, else the portable C path) into a cache folder (the file name carries a hash of sources,
+compiler and flags; a build already in the per-user default folder is reused) and loaded with
+ctypes, which releases the GIL during calls. Every wrapper checks dtypes, devices and shapes
+before a pointer reaches C, and holds every temporary until the call returns. Without a C
+compiler, `load_kernels` returns None and the engine falls back to torch.
 """
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
 import stat
-import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
 import torch
+from loguru import logger
 from torch import Tensor
 
-from exo.worker.engines.kernel_source_attention import ATTENTION_SOURCE
-from exo.worker.engines.kernel_source_kquants import KQUANT_SOURCE
-from exo.worker.engines.kernel_source_linear import LINEAR_HEAD, LINEAR_TAIL
+from exo.worker.engines.kernel_build import (
+    Isa,
+    KernelBuildError,
+    build_library,
+    choose_isa,
+    find_compiler,
+    library_name,
+)
 from exo.worker.engines.kv_cache import PagedLayer
-
-C_FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-shared", "-fPIC", "-std=gnu11", "-pthread")
-_REQUIRED_CPU_FLAGS = ("avx2", "fma", "f16c")
 
 PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU = 0, 1, 2
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 4, 8, 104, 105, 106  # `exo_qlinear` layouts
 _BLOCK_BYTES = {KIND_Q4: 20, KIND_Q8: 34, KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210}
+_INT_MAX = 2**31 - 1
 
-C_SOURCE = LINEAR_HEAD + KQUANT_SOURCE + LINEAR_TAIL + ATTENTION_SOURCE
+
+class KernelArgumentError(ValueError):
+    """An argument the kernels cannot take (wrong dtype, device, shape): nothing reached C."""
 
 
 def default_kernel_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"exo-kernels-{os.getuid()}"
 
 
-def cpu_supports_kernels() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    flags_line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    flags = set(flags_line.split(":", 1)[-1].split())
-    return all(f in flags for f in _REQUIRED_CPU_FLAGS)
+def _float_cpu(name: str, t: Tensor) -> None:
+    if t.dtype != torch.float32:
+        raise KernelArgumentError(f"{name} must be float32, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise KernelArgumentError(f"{name} must be on the CPU, got {t.device}")
 
 
-def _compile(compiler: str, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        src = Path(tmp) / "exo_qlinear.c"
-        src.write_text(C_SOURCE, encoding="utf-8")
-        lib = Path(tmp) / out.name
-        subprocess.run(
-            [compiler, *C_FLAGS, str(src), "-o", str(lib), "-lm"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        lib.replace(out)  # atomic: concurrent runners never load a half-written file
+def _shape(name: str, t: Tensor, want: tuple[int, ...]) -> None:
+    if tuple(t.shape) != want:
+        raise KernelArgumentError(f"{name} must have shape {list(want)}, got {list(t.shape)}")
 
 
 class _LinearSpec(ctypes.Structure):
@@ -95,9 +83,9 @@ class _LinearSpec(ctypes.Structure):
 class QuantWeights:
     """A linear layer's quantised weights (and prologue) as the kernel reads them.
 
-    `parts`: up to MAX_PARTS block matrices uint8 [rows_i, k / 32 * (20 or 34)] whose rows stack
-    into the layer's N outputs (q | k | v): the kernel reads each where it lies, so stacking
-    them costs no copy.
+    `parts`: up to MAX_PARTS block matrices uint8 [rows_i, row bytes] whose rows stack into the
+    layer's N outputs (q | k | v): the kernel reads each where it lies, so stacking them costs
+    no copy. The object holds every tensor whose address the spec carries.
     """
 
     def __init__(
@@ -110,16 +98,36 @@ class QuantWeights:
         bias: Tensor | None,
         k: int,
     ) -> None:
+        if bits not in _BLOCK_BYTES:
+            raise KernelArgumentError(f"unknown weight layout {bits}")
+        if prologue not in (PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU):
+            raise KernelArgumentError(f"unknown prologue {prologue}")
         if not 1 <= len(parts) <= MAX_PARTS:
-            raise ValueError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
-        row_bytes = k // 32 * _BLOCK_BYTES[bits] if bits < 100 else k // 256 * _BLOCK_BYTES[bits]
+            raise KernelArgumentError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
+        block = 32 if bits < 100 else 256
+        if k <= 0 or k % block != 0 or k > _INT_MAX:
+            raise KernelArgumentError(f"k must be a positive multiple of {block}, got {k}")
+        row_bytes = k // block * _BLOCK_BYTES[bits]
+        for i, p in enumerate(parts):
+            if p.dtype != torch.uint8 or p.device.type != "cpu" or p.dim() != 2:
+                raise KernelArgumentError(f"part {i} must be a 2-D uint8 CPU tensor")
+            if p.shape[1] != row_bytes:
+                raise KernelArgumentError(
+                    f"part {i} must have rows of {row_bytes} bytes, got {p.shape[1]}"
+                )
         self.parts = [p.contiguous() for p in parts]
-        if any(p.dtype != torch.uint8 or p[0].numel() != row_bytes for p in self.parts):
-            raise ValueError(f"each part must be uint8 rows of {row_bytes} bytes")
-        self.gain = None if gain is None else gain.float().contiguous()
-        self.bias = None if bias is None else bias.float().contiguous()
         self.n = sum(p.shape[0] for p in self.parts)
-        self.bits, self.k = bits, k
+        if not 0 < self.n <= _INT_MAX:
+            raise KernelArgumentError("a quantised linear needs 1 to 2^31 - 1 output rows")
+        if prologue == PROLOGUE_RMS_NORM and gain is None:
+            raise KernelArgumentError("the RMSNorm prologue needs a gain")
+        self.gain = None if gain is None else gain.detach().float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        for name, t, size in (("gain", self.gain, k), ("bias", self.bias, self.n)):
+            if t is not None:
+                _float_cpu(name, t)
+                _shape(name, t, (size,))
+        self.bits, self.k, self.prologue = bits, k, prologue
         pointers = [p.data_ptr() for p in self.parts] + [0] * (MAX_PARTS - len(parts))
         rows = [p.shape[0] for p in self.parts] + [0] * (MAX_PARTS - len(parts))
         self.spec = _LinearSpec(
@@ -137,33 +145,66 @@ class QuantWeights:
 
 
 class QKernels:
-    """The loaded library, with typed wrappers."""
+    """The loaded library, with checked wrappers."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, isa: Isa) -> None:
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self.isa = isa
         self._fn = lib.exo_qlinear
         self._fn.argtypes = [p, p, i, p, p]
         self._fn.restype = i
         self._set_threads = lib.exo_set_threads
         self._set_threads.argtypes = [i]
         self._set_threads.restype = i
+        self._set_spin = lib.exo_set_spin
+        self._set_spin.argtypes = [ctypes.c_long, ctypes.c_long]
+        self._set_spin.restype = i
         self._attend = lib.exo_attend_decode
         self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p]
         self._attend.restype = i
 
     def linear(self, w: QuantWeights, x: Tensor, residual: Tensor | None = None) -> Tensor:
-        """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out."""
-        x = x.contiguous()
+        """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out.
+
+        x [..., k] ([..., 2k] for SwiGLU); residual [..., n]. Inputs that are not contiguous
+        are copied; the copies live (as locals here) until the C call has returned."""
+        _float_cpu("x", x)
+        width = 2 * w.k if w.prologue == PROLOGUE_SWIGLU else w.k
+        if x.dim() < 1 or x.shape[-1] != width:
+            raise KernelArgumentError(f"x must be [..., {width}], got {list(x.shape)}")
+        rows = x.numel() // width
+        if rows > _INT_MAX:
+            raise KernelArgumentError("too many rows for one call")
+        x_c = x.contiguous()
+        res_c: Tensor | None = None
+        if residual is not None:
+            _float_cpu("residual", residual)
+            _shape("residual", residual, (*x.shape[:-1], w.n))
+            res_c = residual.contiguous()
         y = torch.empty((*x.shape[:-1], w.n), dtype=torch.float32)
-        res = None if residual is None else residual.contiguous().data_ptr()
-        rc = self._fn(w.spec_address, x.data_ptr(), x.numel() // x.shape[-1], res, y.data_ptr())
+        rc = self._fn(
+            w.spec_address,
+            x_c.data_ptr(),
+            rows,
+            None if res_c is None else res_c.data_ptr(),
+            y.data_ptr(),
+        )
+        del x_c, res_c  # alive until here: the kernel has returned
         if rc != 0:
             raise RuntimeError(f"exo_qlinear failed with code {rc}")
         return y
 
     def set_threads(self, n: int) -> int:
         """Threads the kernels use (the caller and n - 1 workers that sleep between jobs)."""
+        if n < 1:
+            raise KernelArgumentError(f"threads must be at least 1, got {n}")
         return int(self._set_threads(n))
+
+    def set_spin(self, idle_us: float, wait_us: float) -> None:
+        """How long pool threads spin before they sleep (`csrc/pool.c`); 0: sleep at once."""
+        if idle_us < 0 or wait_us < 0:
+            raise KernelArgumentError("spin times must not be negative")
+        self._set_spin(int(idle_us * 1000), int(wait_us * 1000))
 
     def attend_decode(
         self,
@@ -177,33 +218,71 @@ class QKernels:
         cache: PagedLayer,
         positions: Tensor,
     ) -> Tensor:
-        """One decode step of attention (see the C source): qkv [B, 1, W] -> [B, 1, H * hd].
+        """One decode step of attention (see `csrc/attention.c`): qkv [B, 1, W] -> [B, 1, H * hd].
 
         rope: complex64 [P, hd/2]; cache: the step's pages (float32, `kv_cache.py`) for this
-        layer; positions: int64 [B].
+        layer; positions: int64 [B], each below P and within the row's pages.
         """
+        if heads <= 0 or kv_heads <= 0 or heads % kv_heads or head_dim <= 0 or head_dim % 2:
+            raise KernelArgumentError(
+                f"heads {heads} must be a multiple of kv_heads {kv_heads}; head_dim even"
+            )
+        _float_cpu("qkv", qkv)
+        if qkv.dim() != 3:
+            raise KernelArgumentError(f"qkv must be [B, 1, W], got {list(qkv.shape)}")
         bsz = qkv.shape[0]
-        qkv = qkv.contiguous()
-        pages = cache.pages.contiguous()
-        if pages.dtype != torch.int64 or pages.shape[0] != bsz or positions.shape != (bsz,):
-            raise ValueError("attend_decode: pages [B, n] int64 and positions [B] expected")
+        _shape("qkv", qkv, (bsz, 1, (heads + 2 * kv_heads) * head_dim))
+        if rope.dtype != torch.complex64 or rope.device.type != "cpu":
+            raise KernelArgumentError(f"rope must be complex64 on the CPU, got {rope.dtype}")
+        if rope.dim() != 2 or rope.shape[1] != head_dim // 2:
+            raise KernelArgumentError(f"rope must be [P, {head_dim // 2}], got {list(rope.shape)}")
+        if qk_norm is not None:
+            _float_cpu("qk_norm", qk_norm)
+            _shape("qk_norm", qk_norm, (heads + kv_heads, head_dim))
+        if positions.dtype != torch.int64 or positions.device.type != "cpu":
+            raise KernelArgumentError("positions must be int64 on the CPU")
+        _shape("positions", positions, (bsz,))
+        pages = cache.pages
+        if pages.dtype != torch.int64 or pages.device.type != "cpu" or pages.dim() != 2:
+            raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
+        _shape("the cache's pages", pages, (bsz, pages.shape[1]))
+        if cache.kv_heads != kv_heads or cache.head_dim != head_dim:
+            raise KernelArgumentError(
+                f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim}, "
+                f"not {kv_heads} of {head_dim}"
+            )
+        if cache.dtype != torch.float32:
+            raise KernelArgumentError(f"the cache must be float32, got {cache.dtype}")
+        pos_list: list[int] = positions.tolist()
+        if pos_list and min(pos_list) < 0:
+            raise KernelArgumentError("positions must not be negative")
+        if pos_list and max(pos_list) >= min(rope.shape[0], pages.shape[1] * cache.page):
+            raise KernelArgumentError("a position is past the rope table or the row's pages")
+        qkv_c, rope_c, pages_c, pos_c = (
+            qkv.contiguous(),
+            rope.contiguous(),
+            pages.contiguous(),
+            positions.contiguous(),
+        )
+        norm_c = None if qk_norm is None else qk_norm.contiguous()
         out = torch.empty((bsz, 1, heads * head_dim), dtype=torch.float32)
         rc = self._attend(
-            qkv.data_ptr(),
+            qkv_c.data_ptr(),
             bsz,
             heads,
             kv_heads,
             head_dim,
-            rope.data_ptr(),
-            None if qk_norm is None else qk_norm.data_ptr(),
+            rope_c.data_ptr(),
+            None if norm_c is None else norm_c.data_ptr(),
             eps,
-            pages.data_ptr(),
-            pages.shape[1],
+            pages_c.data_ptr(),
+            pages_c.shape[1],
             cache.page,
             cache.offset,
-            positions.contiguous().data_ptr(),
+            pos_c.data_ptr(),
             out.data_ptr(),
         )
+        del qkv_c, rope_c, pages_c, pos_c, norm_c  # alive until here: the kernel has returned
         if rc != 0:
             raise RuntimeError(f"exo_attend_decode failed with code {rc}")
         return out
@@ -219,26 +298,70 @@ def _private_dir(folder: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
+def kernels_unavailable_reason() -> str | None:
+    """Why `load_kernels` gives None here (for test skips and the log), or None if it does not."""
+    if os.environ.get("EXO_DISABLE_CPU_KERNELS"):
+        return "the CPU kernels are disabled (EXO_DISABLE_CPU_KERNELS)"
+    if find_compiler() is None:
+        return "no C compiler (cc, gcc or clang; or $CC) to build the CPU kernels"
+    return None
+
+
 @cache
 def load_kernels(kernel_dir: Path | None = None) -> QKernels | None:
-    """The compiled kernels, or None where they cannot run (not x86 AVX2, no C compiler)."""
-    if os.environ.get("EXO_DISABLE_CPU_KERNELS") or not cpu_supports_kernels():
+    """The compiled kernels for this CPU, or None where they cannot be built (no C compiler,
+    a failed build: the log says why)."""
+    isa, why = choose_isa()
+    return load_kernels_for(isa, kernel_dir, why)
+
+
+def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") -> QKernels | None:
+    """The kernels built for `isa` (tests run the portable path on x86 with this)."""
+    reason = kernels_unavailable_reason()
+    compiler = find_compiler()
+    if reason is not None or compiler is None:
+        logger.info(f"CPU kernels off: {reason}; linear layers run in torch")
         return None
-    compiler = (
-        os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    )
     folder = kernel_dir or default_kernel_dir()
-    if compiler is None or not _private_dir(folder):
+    if not _private_dir(folder):
+        logger.warning(f"CPU kernels off: {folder} is not a private folder")
         return None
-    key = hashlib.sha256("\0".join([C_SOURCE, compiler, *C_FLAGS]).encode()).hexdigest()[:16]
-    name = f"exo_qlinear_{key}.so"
+    name = library_name(compiler, isa)
     out, shared = folder / name, default_kernel_dir() / name
     try:
         if not out.exists():
             if shared.exists() and _private_dir(shared.parent):  # built before, elsewhere
                 out = shared
             else:
-                _compile(compiler, out)
-        return QKernels(ctypes.CDLL(str(out)))
-    except (OSError, subprocess.SubprocessError):
+                build_library(compiler, isa, out)
+        kernels = QKernels(ctypes.CDLL(str(out)), isa)
+    except KernelBuildError as e:
+        logger.warning(f"CPU kernels off: the {isa} build failed: {e}")
         return None
+    except OSError as e:
+        logger.warning(f"CPU kernels off: {out} did not load: {e}")
+        return None
+    spin = _spin_from_env()
+    if spin is not None:
+        kernels.set_spin(*spin)
+    logger.info(
+        f"CPU kernels: the {isa} path"
+        + (f" ({why})" if why else "")
+        + ("" if spin is None else f", spin {spin[0]:g}/{spin[1]:g} us")
+    )
+    return kernels
+
+
+def _spin_from_env() -> tuple[float, float] | None:
+    """EXO_KERNEL_SPIN_US="idle,wait" (or one number for both): the pool's spin limits."""
+    text = os.environ.get("EXO_KERNEL_SPIN_US", "").strip()
+    if not text:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values) < 0:
+        logger.warning(f"EXO_KERNEL_SPIN_US={text!r} is not 'idle,wait' microseconds: ignored")
+        return None
+    return (values[0], values[-1])

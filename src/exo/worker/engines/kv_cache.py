@@ -30,6 +30,9 @@ class PagedLayer:
     pages: Tensor  # int64 [B, max_pages]: address of each row's pages (0 past its last)
     page: int  # positions per page
     offset: int  # float offset of this layer's keys in a page (values follow KV*page*hd later)
+    kv_heads: int  # the page layout [L, 2, KV, page, hd], for the kernel's checks
+    head_dim: int
+    dtype: torch.dtype
 
 
 class LayerCache:
@@ -42,7 +45,8 @@ class LayerCache:
     def paged(self) -> PagedLayer:
         c = self.cache
         kv_heads, head_dim = c.kv_heads, c.head_dim
-        return PagedLayer(c.step_pages, PAGE, self.layer * 2 * kv_heads * PAGE * head_dim)
+        offset = self.layer * 2 * kv_heads * PAGE * head_dim
+        return PagedLayer(c.step_pages, PAGE, offset, kv_heads, head_dim, c.dtype)
 
     def write_and_read(self, k: Tensor, v: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         """Store the step's new k, v [B, T, KV, hd]; return each row's keys/values

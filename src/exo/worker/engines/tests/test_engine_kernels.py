@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from exo.worker.engines.cpu_kernels import QKernels, load_kernels
+from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason, load_kernels_for
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_has_avx2
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import (
     RmsNorm,
@@ -21,11 +22,15 @@ from exo.worker.engines.linear import (
 from exo.worker.engines.weights import ShardWeights
 
 
-@pytest.fixture(scope="module")
-def kernels() -> QKernels:
-    k = load_kernels()
+@pytest.fixture(scope="module", params=ISAS)
+def kernels(request: pytest.FixtureRequest) -> QKernels:
+    """Each instruction-set path this machine can run (the portable one everywhere)."""
+    isa: Isa = request.param
+    if isa == "avx2" and not cpu_has_avx2():
+        pytest.skip("this CPU has no AVX2 (the portable path is tested)")
+    k = load_kernels_for(isa)
     if k is None:
-        pytest.skip("the CPU kernels need x86 AVX2 and a C compiler")
+        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
     return k
 
 

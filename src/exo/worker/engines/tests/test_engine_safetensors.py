@@ -9,6 +9,7 @@ from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
 
+from .kernel_skip import skip_without_kernels
 from .tiny_models import TINY, write_tiny_model
 
 pytest.importorskip("transformers")
@@ -21,6 +22,7 @@ PROMPT = [3, 17, 42, 99, 5, 150, 7, 8, 64]
 def test_tiny_hf_model_matches_transformers(
     tmp_path: Path, model_type: str, fmt: WeightFormat
 ) -> None:
+    skip_without_kernels(fmt)
     reference = write_tiny_model(tmp_path, model_type)
     config = hf_config(tmp_path)
     assert (config.n_layers, config.heads, config.kv_heads, config.head_dim) == (3, 6, 3, 16)
@@ -67,6 +69,7 @@ def test_bfloat16_dense_path_runs_and_agrees(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ["dense", "q8"])
 def test_batched_decode_rows_in_any_slot_order(tmp_path: Path, fmt: WeightFormat) -> None:
+    skip_without_kernels(fmt)
     write_tiny_model(tmp_path, "llama")
     model = LlamaModel(load_hf_shard(tmp_path, 0, 3), weight_format=fmt)
     outs = []

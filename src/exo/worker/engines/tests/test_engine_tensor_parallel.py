@@ -12,6 +12,7 @@ from exo.worker.engines.llama import AllReduce, LlamaModel, StepInputs
 from exo.worker.engines.safetensors_loader import load_hf_shard
 from exo.worker.engines.weights import ShardWeights, slice_layer, slice_shard
 
+from .kernel_skip import skip_without_kernels
 from .tiny_models import write_tiny_model
 
 pytest.importorskip("transformers")
@@ -62,6 +63,7 @@ def tiny_weights(tmp_path_factory: pytest.TempPathFactory) -> ShardWeights:
 def test_three_way_slicing_with_summing_hook_equals_unsliced(
     tiny_weights: ShardWeights, fmt: WeightFormat
 ) -> None:
+    skip_without_kernels(fmt)
     expected = _run(LlamaModel(tiny_weights, weight_format="dense"))
     reduce = ThreadedAllReduce(WORLD)
     results: list[list[Tensor]] = [[] for _ in range(WORLD)]

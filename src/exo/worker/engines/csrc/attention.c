@@ -1,9 +1,8 @@
-"""C source of the decode-attention kernel on the paged KV cache (exo_attend_decode); compiled
-with the rest by `cpu_kernels.py`.
-"""
+/* One decode step of attention on the paged KV cache (exo_attend_decode): rotate q and k,
+ * append k and v to the cache, attend over positions 0..pos. */
+#include <math.h>
 
-ATTENTION_SOURCE = r"""
-/* ---- decode attention ---------------------------------------------------------------------- */
+#include "exo_kernels.h"
 
 /* Rotate the pairs (x[2i], x[2i+1]) of one head by the angles of `rot` ([hd/2] of (cos, sin)). */
 static void rotate_head(float* x, const float* rot, int hd) {
@@ -23,18 +22,27 @@ static void rms_norm_head(float* x, const float* g, float eps, int hd) {
 }
 
 static inline float dot_f32(const float* a, const float* b, int n) {
-    __m256 acc = _mm256_setzero_ps();
     int i = 0;
+    float s = 0.0f;
+#if EXO_AVX2
+    __m256 acc = _mm256_setzero_ps();
     for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum8(acc);
+    s = exo_hsum8(acc);
+#else
+    float acc[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
+    for (int l = 0; l < 8; l++) s += acc[l];
+#endif
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
-/* s[t] = scale * q . k_t for t < L (k rows of hd floats); four rows at a time, one reduction. */
+/* s[t] = scale * q . k_t for t < L (k rows of hd floats). */
 static void scores_f32(const float* q, const float* k, int L, int hd, float scale, float* s) {
     int t = 0;
-    if (hd % 8 == 0) {
+#if EXO_AVX2
+    if (hd % 8 == 0) { /* four rows at a time, one reduction */
         for (; t + 4 <= L; t += 4) {
             const float* k0 = k + (size_t)t * hd;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -50,32 +58,32 @@ static void scores_f32(const float* q, const float* k, int L, int hd, float scal
             _mm_storeu_ps(s + t, _mm_mul_ps(r, _mm_set1_ps(scale)));
         }
     }
+#endif
     for (; t < L; t++) s[t] = scale * dot_f32(q, k + (size_t)t * hd, hd);
 }
 
-/* o += sum_t p[t] v_t (v rows of hd floats), 64 dimensions at a time in registers. */
+/* o += sum_t p[t] v_t (v rows of hd floats). */
 static void weighted_sum_f32(const float* p, const float* v, int L, int hd, float* o) {
-    if (hd % 64 != 0) {
-        for (int t = 0; t < L; t++) {
-            const float* vt = v + (size_t)t * hd;
-            for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
+#if EXO_AVX2
+    if (hd % 64 == 0) { /* 64 dimensions at a time in registers */
+        for (int i0 = 0; i0 < hd; i0 += 64) {
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
+            for (int t = 0; t < L; t++) {
+                const __m256 pt = _mm256_set1_ps(p[t]);
+                const float* vt = v + (size_t)t * hd + i0;
+                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+            }
+            for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
         }
         return;
     }
-    for (int i0 = 0; i0 < hd; i0 += 64) {
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
-        for (int t = 0; t < L; t++) {
-            const __m256 pt = _mm256_set1_ps(p[t]);
-            const float* vt = v + (size_t)t * hd + i0;
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
+#endif
+    for (int t = 0; t < L; t++) {
+        const float* vt = v + (size_t)t * hd;
+        for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
     }
 }
-
-static __thread float* scratch_att;
-static __thread size_t scratch_att_n;
 
 typedef struct {
     const float* qkv;
@@ -87,7 +95,7 @@ typedef struct {
     long layer_off;       /* floats from a page's start to this layer's keys */
     const int64_t* pos;
     float* out;
-    int failed;
+    int failed;           /* set by any thread that found no memory (under no lock: only 0 -> 1) */
 } AttendJob;
 
 /* Row b's key (kv = 0) or value (kv = 1) of kv head j at position t. */
@@ -103,8 +111,8 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
     const int p = (int)a->pos[b], P = a->P;
     const float* rot = a->rope + (size_t)p * hd;
     const int L = p + 1;
-    float* q = scratch;               /* [G, hd] */
-    float* scores = scratch + G * hd; /* [L] */
+    float* q = scratch;                        /* [G, hd] */
+    float* scores = scratch + (size_t)G * hd;  /* [L] */
     float* kp = cached(a, b, 0, j, p);
     float* vp = cached(a, b, 1, j, p);
     const int kh = a->H + j; /* k head j within the q | k | v row */
@@ -125,17 +133,20 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
             scores_f32(qg, cached(a, b, 0, j, t0), L - t0 < P ? L - t0 : P, hd, scale, scores + t0);
         float mx = -INFINITY;
         for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
+        float total = 0.0f;
         int t = 0;
+#if EXO_AVX2
         const __m256 vmx = _mm256_set1_ps(mx);
         __m256 vtot = _mm256_setzero_ps();
         for (; t + 8 <= L; t += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vmx));
+            const __m256 e = exo_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vmx));
             _mm256_storeu_ps(scores + t, e);
             vtot = _mm256_add_ps(vtot, e);
         }
-        float total = hsum8(vtot);
+        total = exo_hsum8(vtot);
+#endif
         for (; t < L; t++) {
-            scores[t] = expf(scores[t] - mx);
+            scores[t] = exo_expf(scores[t] - mx);
             total += scores[t];
         }
         const float inv = 1.0f / total;
@@ -151,14 +162,10 @@ static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int tasks = a->B * a->KV;
     const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_pages * a->P;
-    if (need > scratch_att_n) {
-        free(scratch_att);
-        scratch_att = malloc(need * sizeof(float));
-        scratch_att_n = scratch_att ? need : 0;
-        if (!scratch_att) {
-            a->failed = 1;
-            return;
-        }
+    float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
+    if (scratch_att == NULL) {
+        __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
+        return;
     }
     for (int t = tasks * part / parts; t < tasks * (part + 1) / parts; t++)
         attend_task(a, t / a->KV, t % a->KV, scratch_att);
@@ -170,10 +177,14 @@ static void attend_part(void* ctx, int part, int parts) {
  * qkv [B, (H + 2KV) * hd]; rope [positions, hd/2, 2] (cos, sin); qk_norm [H + KV, hd] or NULL;
  * the paged cache: pages [B, max_pages] addresses of pages [L, 2, KV, P, hd] (keys, values of
  * P positions), this layer at float offset layer_off; pos [B]; out [B, H * hd].
- * Returns 0 on success. */
+ * Returns 0 on success, -1 out of memory, -2 bad sizes, -3 a position past the pages, -4 a
+ * missing page. */
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
                       const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
                       long layer_off, const int64_t* pos, float* out) {
+    if (B < 0 || H <= 0 || KV <= 0 || H % KV != 0 || hd <= 0 || hd % 2 != 0 || P <= 0 ||
+        max_pages <= 0 || layer_off < 0)
+        return -2;
     long work = 0; /* multiply-adds, to decide whether threads pay off */
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
@@ -184,8 +195,7 @@ int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const floa
     AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
                      pos, out, 0};
     const int tasks = B * KV;
-    const int parts = work >= (1L << 17) ? tasks : 1;
-    run_parallel(attend_part, &job, parts);
+    const int parts = work >= (1L << 17) ? (tasks < MAX_THREADS ? tasks : MAX_THREADS) : 1;
+    exo_run_parallel(attend_part, &job, parts);
     return job.failed ? -1 : 0;
 }
-"""

@@ -1,0 +1,100 @@
+/* Dot products of one q4 / q8 weight row with R activation rows (R = 1 or 4: the weights are
+ * unpacked once for all R), included by linear.c.
+ *
+ *   q4 (GGUF Q4_1): w = d q + m, q in 0..15; byte j of a block holds element j in its low
+ *       nibble and element j + 16 in its high one. A block's dot product with x = d_x q_x:
+ *       sum_j w_j x_j = d d_x sum_j q_j q_xj + m (d_x sum_j q_xj) = d d_x isum + m s_x
+ *   q8 (GGUF Q8_0): w = d q, q in -127..127: sum_j w_j x_j = d d_x sum_j q_j q_xj
+ */
+#include "exo_kernels.h"
+
+#if EXO_AVX2
+/* sum_j a_j b_j of 32 int16 pairs, as 8 int32 lanes */
+static inline __m256i madd32(__m256i a0, __m256i a1, const int16_t* b) {
+    return _mm256_add_epi32(_mm256_madd_epi16(a0, _mm256_loadu_si256((const __m256i*)b)),
+                            _mm256_madd_epi16(a1, _mm256_loadu_si256((const __m256i*)(b + 16))));
+}
+#endif
+
+#if EXO_AVX2
+#define DEFINE_DOT_Q4(R)                                                                          \
+static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* out) {          \
+    const __m256i low = _mm256_set1_epi16(0x0F);                                                 \
+    __m256 acc[R];                                                                               \
+    float accm[R];                                                                               \
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }                \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));    \
+        const __m256i q0 = _mm256_and_si256(bytes, low);                                         \
+        const __m256i q1 = _mm256_srli_epi16(bytes, 4);                                          \
+        const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);                                    \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            const __m256i p = madd32(q0, q1, xb->qs);                                            \
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
+            accm[r] += m * xb->s;                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + accm[r];                              \
+}
+
+#define DEFINE_DOT_Q8(R)                                                                          \
+static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* out) {          \
+    __m256 acc[R];                                                                               \
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                    \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));      \
+        const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w[b].qs + 16))); \
+        const float d = exo_h2f(w[b].d);                                                         \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            const __m256i p = madd32(q0, q1, xb->qs);                                            \
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]);                                        \
+}
+#else
+/* Plain C: the weights are unpacked once per block into int16, then integer dot products. */
+#define DEFINE_DOT_Q4(R)                                                                          \
+static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* out) {          \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    for (int b = 0; b < nb; b++) {                                                               \
+        int16_t q[QK];                                                                           \
+        for (int j = 0; j < 16; j++) {                                                           \
+            q[j] = (int16_t)(w[b].qs[j] & 15);                                                   \
+            q[j + 16] = (int16_t)(w[b].qs[j] >> 4);                                              \
+        }                                                                                        \
+        const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);                                    \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            int32_t isum = 0;                                                                    \
+            for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];                      \
+            acc[r] += d * xb->d * (float)isum + m * xb->s;                                       \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+
+#define DEFINE_DOT_Q8(R)                                                                          \
+static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* out) {          \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const float d = exo_h2f(w[b].d);                                                         \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            int32_t isum = 0;                                                                    \
+            for (int j = 0; j < QK; j++) isum += (int32_t)w[b].qs[j] * xb->qs[j];                \
+            acc[r] += d * xb->d * (float)isum;                                                   \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+#endif
+
+DEFINE_DOT_Q4(1)
+DEFINE_DOT_Q4(4)
+DEFINE_DOT_Q8(1)
+DEFINE_DOT_Q8(4)

@@ -1,0 +1,147 @@
+/* Shared declarations of exo's CPU kernels (see cpu_kernels.py for how they are built).
+ *
+ * Every file compiles two ways from the same source: with AVX2 + FMA + F16C intrinsics when
+ * the compiler targets them (__AVX2__ and __FMA__ and __F16C__ defined), or as plain C loops that any
+ * compiler vectorises for the machine it targets (ARM included): the "portable" path.
+ */
+#ifndef EXO_KERNELS_H
+#define EXO_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(EXO_FORCE_PORTABLE)
+#define EXO_AVX2 1
+#include <immintrin.h>
+#else
+#define EXO_AVX2 0
+#endif
+
+#include <string.h>
+
+/* f16 -> f32 (in the hot loops: inline) */
+static inline float exo_h2f(uint16_t h) {
+#if EXO_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    const uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13); /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else { /* zero or subnormal: man * 2^-24 */
+        const float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, sizeof bits);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, sizeof out);
+    return out;
+#endif
+}
+
+/* e^x = 2^n 2^f, f in [-0.5, 0.5], 2^f by a degree-7 polynomial; x clamped to [-87, 87];
+ * relative error < 1e-6. Inline: loops over it vectorise. */
+#define EXO_EXP_POLY(p, f, FMA, SET)                                                             \
+    p = SET(1.5252734e-5f);                                                                      \
+    p = FMA(p, f, SET(1.5403530e-4f));                                                           \
+    p = FMA(p, f, SET(1.3333558e-3f));                                                           \
+    p = FMA(p, f, SET(9.6181291e-3f));                                                           \
+    p = FMA(p, f, SET(5.5504109e-2f));                                                           \
+    p = FMA(p, f, SET(2.4022651e-1f));                                                           \
+    p = FMA(p, f, SET(6.9314718e-1f));                                                           \
+    p = FMA(p, f, SET(1.0f))
+#define EXO_SCALAR_FMA(a, b, c) ((a) * (b) + (c))
+#define EXO_SCALAR_SET(v) (v)
+
+static inline float exo_expf(float x) {
+    x = x < -87.0f ? -87.0f : (x > 87.0f ? 87.0f : x);
+    const float t = x * 1.44269504f;
+    const float n = __builtin_nearbyintf(t), f = t - n;
+    float p;
+    EXO_EXP_POLY(p, f, EXO_SCALAR_FMA, EXO_SCALAR_SET);
+    int32_t bits;
+    memcpy(&bits, &p, sizeof bits);
+    bits += (int32_t)n * (1 << 23);
+    memcpy(&p, &bits, sizeof p);
+    return p;
+}
+
+#if EXO_AVX2
+static inline float exo_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __m256 exo_exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(87.0f));
+    const __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504f));
+    const __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(t, n);
+    __m256 p;
+    EXO_EXP_POLY(p, f, _mm256_fmadd_ps, _mm256_set1_ps);
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+#endif
+
+#define QK 32         /* values per q4 / q8 / activation block */
+#define QK_K 256      /* values per K-quant super-block */
+#define MAX_PARTS 4   /* weight parts a linear reads in place (stacked along the output) */
+#define MAX_THREADS 64
+
+/* Weight layouts (GGUF's), see linear.c and dot_kquants.h. */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4;   /* w = d q + m  (f16 d, m) */
+typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8;       /* w = d q      (f16 d) */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } BlockQ4K; /* 144 B */
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } BlockQ5K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } BlockQ6K; /* 210 B */
+/* An activation block: x = d q, s = d sum(q). */
+typedef struct { float d, s; int16_t qs[32]; } BlockX;
+
+enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106 };
+enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2 };
+
+/* A linear layer's constant part, built once by the caller. */
+typedef struct {
+    int kind;       /* KIND_*: the layout of the weight rows */
+    int prologue;   /* PROLOGUE_*: RMSNorm uses gain g and eps */
+    int K, N;
+    float eps;
+    const float* g; /* [K] or NULL */
+    const void* w[MAX_PARTS];  /* parts of the weight rows, stacked: q | k | v, gate | up */
+    int part_rows[MAX_PARTS];  /* rows of each part (0 for unused ones); they sum to N */
+    const float* bias; /* [N] or NULL */
+} LinearSpec;
+
+/* ---- public entry points (loaded with ctypes) ---- */
+int exo_set_threads(int n);
+int exo_get_threads(void);
+int exo_set_spin(long idle_ns, long wait_ns);
+const char* exo_isa(void);
+int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
+int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                      const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
+                      long layer_off, const int64_t* pos, float* out);
+
+/* ---- internal, shared between files ---- */
+typedef void (*task_fn)(void* ctx, int part, int parts);
+/* fn(ctx, part, parts) for part in 0..parts-1 in parallel (at most the threads in use);
+ * returns when all are done. Concurrent callers take turns. */
+void exo_run_parallel(task_fn fn, void* ctx, int parts);
+
+/* Prologue of one row: src [K] (or [2K] for SwiGLU) -> dst [K]; K a multiple of 32. */
+void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst);
+/* x [K] -> K/32 int16 blocks (d = max|x| / 32767, q = round(x / d), s = d * sum(q)). */
+void exo_quantize_row(const float* x, int K, BlockX* out);
+/* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
+ * freed when the thread exits. NULL if out of memory. */
+#define EXO_SCRATCH_SLOTS 3
+enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2 };
+void* exo_scratch(int slot, size_t bytes);
+
+#endif

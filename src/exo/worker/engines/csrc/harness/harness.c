@@ -1,0 +1,363 @@
+/* Standalone test harness for exo's CPU kernels: every kernel against the plain C references
+ * (reference.c) on random shapes, with the thread pool resized between calls and several
+ * threads calling at once. Built with -fsanitize=address,undefined by
+ * tests/test_engine_kernel_harness.py (kernel_build.build_harness); any mismatch or sanitizer
+ * report fails the run (exit status != 0). Usage: harness [seed] [rounds] */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "exo_kernels.h"
+#include "reference.h"
+
+static int failures;
+static pthread_mutex_t report_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void fail(const char* what) {
+    pthread_mutex_lock(&report_mu);
+    failures++;
+    if (failures <= 20) fprintf(stderr, "FAIL: %s\n", what);
+    pthread_mutex_unlock(&report_mu);
+}
+
+static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end */
+    void* p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static const int KINDS[5] = {KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+
+/* One random linear call against the reference. Returns 0 if it matched. */
+static int check_linear(Rng* r, int quiet) {
+    char msg[256];
+    const int kind = KINDS[rng_int(r, 0, 4)];
+    const int kq = kind > 100;
+    const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 24);
+    const int N = rng_int(r, 1, 300);
+    const int M = rng_int(r, 0, 9);
+    const int prologue = rng_int(r, 0, 2);
+    const int n_parts = rng_int(r, 1, MAX_PARTS < N ? MAX_PARTS : N);
+    const size_t rb = ref_row_bytes(kind, K);
+    LinearSpec s;
+    memset(&s, 0, sizeof s);
+    s.kind = kind;
+    s.prologue = prologue;
+    s.K = K;
+    s.N = N;
+    s.eps = 1e-5f;
+    double* w = xmalloc(sizeof(double) * (size_t)N * K);
+    int row = 0;
+    for (int p = 0; p < n_parts; p++) { /* split the rows into parts, each its own allocation */
+        const int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
+        uint8_t* part = xmalloc(rb * (size_t)rows);
+        for (int i = 0; i < rows; i++) {
+            ref_random_row(r, kind, K, part + rb * (size_t)i);
+            ref_dequant_row(kind, part + rb * (size_t)i, K, w + (size_t)(row + i) * K);
+        }
+        s.w[p] = part;
+        s.part_rows[p] = rows;
+        row += rows;
+    }
+    const size_t xw = (size_t)(prologue == PROLOGUE_SWIGLU ? 2 * K : K);
+    float* x = xmalloc(sizeof(float) * M * xw);
+    for (size_t i = 0; i < M * xw; i++) x[i] = rng_normalish(r) * 3.0f;
+    float* g = NULL;
+    if (prologue == PROLOGUE_RMS_NORM) {
+        g = xmalloc(sizeof(float) * K);
+        for (int k = 0; k < K; k++) g[k] = 0.5f + (float)rng_unit(r);
+    }
+    s.g = g;
+    float* bias = NULL;
+    if (rng_int(r, 0, 1)) {
+        bias = xmalloc(sizeof(float) * N);
+        for (int n = 0; n < N; n++) bias[n] = rng_normalish(r);
+    }
+    s.bias = bias;
+    const int with_residual = rng_int(r, 0, 2); /* 0 none, 1 its own array, 2 y itself */
+    float* y = xmalloc(sizeof(float) * M * N);
+    float* residual = NULL;
+    if (with_residual) {
+        residual = with_residual == 1 ? xmalloc(sizeof(float) * M * N) : y;
+        for (int i = 0; i < M * N; i++) residual[i] = rng_normalish(r);
+    }
+    double* want = xmalloc(sizeof(double) * ((size_t)M * N + 1));
+    double* tol = xmalloc(sizeof(double) * ((size_t)M * N + 1));
+    ref_linear(prologue, x, M, K, N, w, g, s.eps, bias, residual, want, tol);
+    const int rc = exo_qlinear(&s, x, M, residual, y);
+    int bad = rc != 0;
+    if (rc != 0) {
+        snprintf(msg, sizeof msg, "exo_qlinear kind %d returned %d", kind, rc);
+        fail(msg);
+    }
+    for (int i = 0; !bad && i < M * N; i++) {
+        if (!(fabs(y[i] - want[i]) <= tol[i])) {
+            snprintf(msg, sizeof msg,
+                     "exo_qlinear kind %d prologue %d M %d N %d K %d parts %d: y[%d] = %g, want %g (tol %g)",
+                     kind, prologue, M, N, K, n_parts, i, (double)y[i], want[i], tol[i]);
+            fail(msg);
+            bad = 1;
+        }
+    }
+    if (!quiet && !bad) printf("ok linear kind %d prologue %d M %d N %d K %d\n", kind, prologue, M, N, K);
+    for (int p = 0; p < n_parts; p++) free((void*)s.w[p]);
+    if (with_residual == 1) free(residual);
+    free(w), free(x), free(g), free(bias), free(y), free(want), free(tol);
+    return bad;
+}
+
+/* One random decode-attention call on a paged cache against the reference. */
+static int check_attention(Rng* r) {
+    char msg[256];
+    const int KV = rng_int(r, 1, 3), G = rng_int(r, 1, 3), H = KV * G;
+    const int hd = 2 * rng_int(r, 1, 40), P = rng_int(r, 1, 20), L = rng_int(r, 1, 3);
+    const int layer = rng_int(r, 0, L - 1), B = rng_int(r, 1, 3);
+    const int max_pages = rng_int(r, 1, 6), qk = rng_int(r, 0, 1);
+    const size_t page_floats = (size_t)L * 2 * KV * P * hd;
+    const long layer_off = (long)layer * 2 * KV * P * hd;
+    const int W = (H + 2 * KV) * hd, positions = max_pages * P;
+    int64_t* pages = xmalloc(sizeof(int64_t) * B * max_pages);
+    int64_t* pos = xmalloc(sizeof(int64_t) * B);
+    float* qkv = xmalloc(sizeof(float) * B * W);
+    float* rope = xmalloc(sizeof(float) * positions * hd);
+    float* norm = qk ? xmalloc(sizeof(float) * (H + KV) * hd) : NULL;
+    float* out = xmalloc(sizeof(float) * B * H * hd);
+    for (int i = 0; i < B * W; i++) qkv[i] = rng_normalish(r);
+    for (int t = 0; t < positions; t++)
+        for (int i = 0; i < hd / 2; i++) {
+            const double a = t * rng_unit(r);
+            rope[(size_t)t * hd + 2 * i] = (float)cos(a);
+            rope[(size_t)t * hd + 2 * i + 1] = (float)sin(a);
+        }
+    for (int i = 0; norm && i < (H + KV) * hd; i++) norm[i] = 0.5f + (float)rng_unit(r);
+    for (int b = 0; b < B; b++) {
+        pos[b] = rng_int(r, 0, positions - 1);
+        for (int pg = 0; pg < max_pages; pg++) {
+            pages[b * max_pages + pg] = 0;
+            if (pg * P <= pos[b]) {
+                float* page = xmalloc(sizeof(float) * page_floats);
+                for (size_t i = 0; i < page_floats; i++) page[i] = rng_normalish(r);
+                pages[b * max_pages + pg] = (int64_t)(intptr_t)page;
+            }
+        }
+    }
+    /* the reference, before the kernel writes the new key and value */
+    double* want = xmalloc(sizeof(double) * B * H * hd);
+    double* k_new = xmalloc(sizeof(double) * B * KV * hd);
+    double* q_all = xmalloc(sizeof(double) * H * hd);
+    for (int b = 0; b < B; b++) {
+        const int p = (int)pos[b];
+        const float* row = qkv + (size_t)b * W;
+        const float* rot = rope + (size_t)p * hd;
+#define CACHED(kv, j, t) ((float*)(intptr_t)pages[b * max_pages + (t) / P] + layer_off + \
+                          (((size_t)(kv) * KV + (j)) * P + (t) % P) * hd)
+        double head[256], sc[128];
+        double* kb = k_new + (size_t)b * KV * hd;
+        for (int hh = 0; hh < H + KV; hh++) { /* q heads, then k heads: norm, rotate */
+            const float* src = row + (size_t)hh * hd;
+            double ss = 0.0;
+            for (int i = 0; i < hd; i++) ss += (double)src[i] * src[i];
+            const double scale = norm ? 1.0 / sqrt(ss / hd + 1e-5) : 1.0;
+            for (int i = 0; i < hd; i++) head[i] = src[i] * scale * (norm ? norm[(size_t)hh * hd + i] : 1.0);
+            for (int i = 0; i < hd / 2; i++) {
+                const double c = rot[2 * i], s = rot[2 * i + 1], a = head[2 * i], bb = head[2 * i + 1];
+                head[2 * i] = a * c - bb * s;
+                head[2 * i + 1] = a * s + bb * c;
+            }
+            if (hh < H) {
+                memcpy(q_all + (size_t)hh * hd, head, sizeof(double) * hd);
+                continue;
+            }
+            memcpy(kb + (size_t)(hh - H) * hd, head, sizeof(double) * hd);
+        }
+        for (int hh = 0; hh < H; hh++) { /* scores (the new key at p), softmax, values */
+            const double* qh = q_all + (size_t)hh * hd;
+            const int j = hh / G;
+            double mx = -INFINITY, total = 0.0;
+            for (int t = 0; t <= p; t++) {
+                const float* kt = CACHED(0, j, t);
+                double d = 0.0;
+                for (int i = 0; i < hd; i++) d += qh[i] * (t == p ? kb[(size_t)j * hd + i] : kt[i]);
+                sc[t] = d / sqrt((double)hd);
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = 0; t <= p; t++) total += (sc[t] = exp(sc[t] - mx));
+            for (int i = 0; i < hd; i++) {
+                double o = 0.0;
+                for (int t = 0; t <= p; t++) {
+                    const double v = t == p ? row[(size_t)(H + KV + j) * hd + i] : CACHED(1, j, t)[i];
+                    o += sc[t] / total * v;
+                }
+                want[((size_t)b * H + hh) * hd + i] = o;
+            }
+        }
+    }
+    const int rc = exo_attend_decode(qkv, B, H, KV, hd, rope, norm, 1e-5f, pages, max_pages, P,
+                                     layer_off, pos, out);
+    int bad = rc != 0;
+    if (rc != 0) {
+        snprintf(msg, sizeof msg, "exo_attend_decode returned %d", rc);
+        fail(msg);
+    }
+    for (int i = 0; !bad && i < B * H * hd; i++)
+        if (!(fabs(out[i] - want[i]) <= 1e-4 + 1e-4 * fabs(want[i]))) {
+            snprintf(msg, sizeof msg, "exo_attend_decode B %d H %d KV %d hd %d P %d: out[%d] = %g, want %g",
+                     B, H, KV, hd, P, i, (double)out[i], want[i]);
+            fail(msg);
+            bad = 1;
+        }
+    for (int b = 0; !bad && b < B; b++) /* the new keys and values landed in the cache */
+        for (int j = 0; j < KV; j++)
+            for (int i = 0; i < hd; i++) {
+                const int p = (int)pos[b];
+                const double kw = k_new[((size_t)b * KV + j) * hd + i];
+                const float vw = qkv[(size_t)b * W + (size_t)(H + KV + j) * hd + i];
+                if (!(fabs(CACHED(0, j, p)[i] - kw) <= 1e-5 + 1e-5 * fabs(kw)) || CACHED(1, j, p)[i] != vw) {
+                    fail("exo_attend_decode: the new key or value is not in the cache");
+                    bad = 1;
+                }
+            }
+    for (int b = 0; b < B; b++)
+        for (int pg = 0; pg < max_pages; pg++) free((void*)(intptr_t)pages[b * max_pages + pg]);
+    free(pages), free(pos), free(qkv), free(rope), free(norm), free(out), free(want), free(k_new), free(q_all);
+    return bad;
+}
+
+/* ---- the thread pool alone: each part of every job runs exactly once, and a job is over
+ * (every part done) when exo_run_parallel returns, while the pool grows and shrinks ---- */
+
+typedef struct {
+    int count[MAX_THREADS];
+    int parts_seen;
+} PoolJob;
+
+static void pool_task(void* ctx, int part, int parts) {
+    PoolJob* j = (PoolJob*)ctx;
+    if (part > 0) {
+        const struct timespec ts = {0, 1000000}; /* long enough for resizes to land mid-job */
+        nanosleep(&ts, NULL);
+    }
+    __atomic_store_n(&j->parts_seen, parts, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&j->count[part], 1, __ATOMIC_SEQ_CST);
+}
+
+static void* pool_dispatcher(void* arg) {
+    const int jobs = *(const int*)arg;
+    for (int i = 0; i < jobs; i++) {
+        PoolJob job;
+        memset(&job, 0, sizeof job);
+        exo_run_parallel(pool_task, &job, MAX_THREADS);
+        const int parts = __atomic_load_n(&job.parts_seen, __ATOMIC_SEQ_CST);
+        for (int p = 0; p < MAX_THREADS; p++) {
+            const int c = __atomic_load_n(&job.count[p], __ATOMIC_SEQ_CST);
+            if (c != (p < parts ? 1 : 0)) {
+                char msg[128];
+                snprintf(msg, sizeof msg, "pool: job %d part %d of %d ran %d times by its end", i, p, parts, c);
+                fail(msg);
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+static void check_pool(Rng* r) {
+    enum { DISPATCHERS = 2 };
+    pthread_t t[DISPATCHERS];
+    int jobs = 150;
+    exo_set_threads(1);
+    for (int i = 0; i < DISPATCHERS; i++) pthread_create(&t[i], NULL, pool_dispatcher, &jobs);
+    const struct timespec ts = {0, 200000};
+    for (int n = 2; n <= MAX_THREADS; n++) { /* new workers start while jobs run */
+        exo_set_threads(n);
+        nanosleep(&ts, NULL);
+    }
+    for (int i = 0; i < 100; i++) {
+        exo_set_threads(rng_int(r, 1, MAX_THREADS));
+        if (i % 25 == 0) exo_set_spin(i % 50 ? 50000 : 0, i % 50 ? 100000 : 0); /* sleep at once, or spin */
+        nanosleep(&ts, NULL);
+    }
+    exo_set_spin(50000, 100000);
+    for (int i = 0; i < DISPATCHERS; i++) pthread_join(t[i], NULL);
+    printf("ok pool\n");
+}
+
+typedef struct { uint64_t seed; int rounds; } CallerArgs;
+
+static void* caller(void* arg) {
+    const CallerArgs* a = (const CallerArgs*)arg;
+    Rng r = {a->seed};
+    for (int i = 0; i < a->rounds; i++) {
+        if (rng_int(&r, 0, 3) == 0) check_attention(&r);
+        else check_linear(&r, 1);
+    }
+    return NULL;
+}
+
+/* Bad specs are refused, not read. */
+static void check_refusals(void) {
+    LinearSpec s;
+    memset(&s, 0, sizeof s);
+    float x[64] = {0}, y[64];
+    s.kind = 5, s.K = 32, s.N = 1, s.part_rows[0] = 1, s.w[0] = x;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("unknown kind accepted");
+    s.kind = KIND_Q4, s.K = 48;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("K not a multiple of 32 accepted");
+    s.K = 32, s.N = 2;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("parts not summing to N accepted");
+    s.N = 1, s.prologue = 1;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("RMSNorm without gain accepted");
+    s.prologue = 0, s.kind = KIND_Q4_K;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant with K % 256 != 0 accepted");
+    int64_t pages[1] = {0}, pos[1] = {0};
+    if (exo_attend_decode(x, 1, 1, 1, 2, x, NULL, 1e-5f, pages, 1, 4, 0, pos, y) != -4)
+        fail("a missing page accepted");
+    pos[0] = 4;
+    if (exo_attend_decode(x, 1, 1, 1, 2, x, NULL, 1e-5f, pages, 1, 4, 0, pos, y) != -3)
+        fail("a position past the pages accepted");
+    if (exo_attend_decode(x, 1, 3, 2, 2, x, NULL, 1e-5f, pages, 1, 4, 0, pos, y) != -2)
+        fail("H not a multiple of KV accepted");
+}
+
+int main(int argc, char** argv) {
+    const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
+    const int rounds = argc > 2 ? atoi(argv[2]) : 60;
+    Rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
+    printf("isa %s, seed %llu, rounds %d\n", exo_isa(), (unsigned long long)seed, rounds);
+    check_refusals();
+    check_pool(&r);
+    /* several callers at once while the main thread grows the pool from one thread to
+     * MAX_THREADS (new workers start while jobs are in flight), then resizes it at random */
+    enum { CALLERS = 4 };
+    pthread_t threads[CALLERS];
+    CallerArgs args[CALLERS];
+    exo_set_threads(1);
+    for (int i = 0; i < CALLERS; i++) {
+        args[i].seed = seed * 1000 + (uint64_t)i + 7;
+        args[i].rounds = rounds / 2 + 1;
+        if (pthread_create(&threads[i], NULL, caller, &args[i]) != 0) {
+            fprintf(stderr, "pthread_create failed\n");
+            return 2;
+        }
+    }
+    for (int n = 2; n <= MAX_THREADS; n++) {
+        exo_set_threads(n);
+        check_linear(&r, 1);
+    }
+    for (int i = 0; i < 200; i++) exo_set_threads(rng_int(&r, 1, 8));
+    for (int i = 0; i < CALLERS; i++) pthread_join(threads[i], NULL);
+    for (int i = 0; i < rounds; i++) { /* one caller, the pool resized between calls */
+        exo_set_threads(rng_int(&r, 1, 6));
+        check_linear(&r, 0);
+        check_attention(&r);
+    }
+    exo_set_threads(1);
+    printf("%s: %d failures\n", failures ? "FAILED" : "passed", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,165 @@
+#include "reference.h"
+
+#include <math.h>
+#include <string.h>
+
+uint64_t rng_next(Rng* r) { /* xorshift64* */
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 2685821657736338717ULL;
+}
+
+double rng_unit(Rng* r) { return (double)(rng_next(r) >> 11) / 9007199254740992.0; }
+
+int rng_int(Rng* r, int lo, int hi) { return lo + (int)(rng_next(r) % (uint64_t)(hi - lo + 1)); }
+
+float rng_normalish(Rng* r) {
+    double s = 0.0;
+    for (int i = 0; i < 12; i++) s += rng_unit(r);
+    return (float)(s - 6.0);
+}
+
+double ref_half(uint16_t h) {
+    const int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v;
+    if (e == 0) v = ldexp((double)m, -24);
+    else if (e == 31) v = m ? NAN : INFINITY;
+    else v = ldexp(1.0 + (double)m / 1024.0, e - 15);
+    return sign ? -v : v;
+}
+
+uint16_t rng_half(Rng* r, int min_exp, int max_exp) {
+    const int e = rng_int(r, min_exp, max_exp) + 15;
+    return (uint16_t)((rng_int(r, 0, 1) << 15) | (e << 10) | rng_int(r, 0, 1023));
+}
+
+static int block_values(int kind) { return kind > 100 ? 256 : 32; }
+
+static size_t block_bytes(int kind) {
+    switch (kind) {
+        case 4: return 20;
+        case 8: return 34;
+        case 104: return 144;
+        case 105: return 176;
+        default: return 210;
+    }
+}
+
+size_t ref_row_bytes(int kind, int K) { return (size_t)(K / block_values(kind)) * block_bytes(kind); }
+
+static void put_half(uint8_t* p, uint16_t h) { memcpy(p, &h, 2); }
+static uint16_t get_half(const uint8_t* p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return h;
+}
+
+void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
+    const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
+    for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);
+    for (size_t b = 0; b < n / bb; b++) {
+        uint8_t* blk = row + b * bb;
+        if (kind == 4 || kind == 104 || kind == 105) {
+            put_half(blk, rng_half(r, -8, -3));
+            put_half(blk + 2, rng_half(r, -8, -3));
+        } else if (kind == 8) {
+            put_half(blk, rng_half(r, -9, -5));
+            if ((int8_t)blk[2] == -128) blk[2] = 0; /* q8 holds -127..127 */
+        } else {
+            put_half(blk + 208, rng_half(r, -12, -7));
+        }
+    }
+}
+
+/* Q4_K / Q5_K sub-block j's 6-bit scale and min, from the 12 packed bytes: the first four
+ * pairs are the low 6 bits of bytes j and j + 4; the last four take their low 4 bits from the
+ * nibbles of byte j + 4 and their top 2 bits from the top bits of bytes j - 4 and j. */
+static void kq_pair(const uint8_t* s, int j, int* sc, int* mn) {
+    if (j < 4) {
+        *sc = s[j] & 0x3f;
+        *mn = s[j + 4] & 0x3f;
+    } else {
+        *sc = (s[j + 4] & 0x0f) + 16 * (s[j - 4] >> 6);
+        *mn = (s[j + 4] >> 4) + 16 * (s[j] >> 6);
+    }
+}
+
+void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
+    const size_t bb = block_bytes(kind);
+    const int bv = block_values(kind);
+    for (int b = 0; b < K / bv; b++) {
+        const uint8_t* blk = row + (size_t)b * bb;
+        double* o = out + (size_t)b * bv;
+        if (kind == 4) {
+            const double d = ref_half(get_half(blk)), m = ref_half(get_half(blk + 2));
+            for (int i = 0; i < 32; i++) {
+                const int q = i < 16 ? blk[4 + i] % 16 : blk[4 + i - 16] / 16;
+                o[i] = d * q + m;
+            }
+        } else if (kind == 8) {
+            const double d = ref_half(get_half(blk));
+            for (int i = 0; i < 32; i++) o[i] = d * (int8_t)blk[2 + i];
+        } else if (kind == 104 || kind == 105) {
+            const double d = ref_half(get_half(blk)), dmin = ref_half(get_half(blk + 2));
+            const uint8_t* scales = blk + 4;
+            const uint8_t* qh = blk + 16;
+            const uint8_t* qs = blk + (kind == 105 ? 48 : 16);
+            for (int i = 0; i < 256; i++) {
+                const int j = i / 32, l = i % 32;
+                const uint8_t byte = qs[32 * (j / 2) + l];
+                int q = j % 2 ? byte / 16 : byte % 16;
+                if (kind == 105) q += 16 * ((qh[l] >> j) & 1);
+                int sc, mn;
+                kq_pair(scales, j, &sc, &mn);
+                o[i] = d * sc * q - dmin * mn;
+            }
+        } else {
+            const uint8_t* ql = blk;
+            const uint8_t* qh = blk + 128;
+            const int8_t* sc = (const int8_t*)(blk + 192);
+            const double d = ref_half(get_half(blk + 208));
+            for (int i = 0; i < 256; i++) {
+                const int half = i / 128, quarter = (i % 128) / 32, l = i % 32;
+                const uint8_t lb = ql[64 * half + 32 * (quarter % 2) + l];
+                const int low = quarter >= 2 ? lb / 16 : lb % 16;
+                const int high = (qh[32 * half + l] >> (2 * quarter)) % 4;
+                o[i] = d * sc[i / 16] * (low + 16 * high - 32);
+            }
+        }
+    }
+}
+
+void ref_linear(int prologue, const float* x, int M, int K, int N, const double* w,
+                const float* g, float eps, const float* bias, const float* residual, double* y,
+                double* tol) {
+    double h[4096 * 4];
+    for (int m = 0; m < M; m++) {
+        const float* xr = x + (size_t)m * (prologue == 2 ? 2 * K : K);
+        double hmax = 0.0;
+        if (prologue == 1) {
+            double ss = 0.0;
+            for (int k = 0; k < K; k++) ss += (double)xr[k] * xr[k];
+            const double scale = 1.0 / sqrt(ss / K + eps);
+            for (int k = 0; k < K; k++) h[k] = xr[k] * scale * g[k];
+        } else if (prologue == 2) {
+            for (int k = 0; k < K; k++) h[k] = xr[k] / (1.0 + exp(-(double)xr[k])) * xr[K + k];
+        } else {
+            for (int k = 0; k < K; k++) h[k] = xr[k];
+        }
+        for (int k = 0; k < K; k++) hmax = fabs(h[k]) > hmax ? fabs(h[k]) : hmax;
+        for (int n = 0; n < N; n++) {
+            double s = 0.0, sabs = 0.0, wabs = 0.0;
+            for (int k = 0; k < K; k++) {
+                s += w[(size_t)n * K + k] * h[k];
+                sabs += fabs(w[(size_t)n * K + k] * h[k]);
+                wabs += fabs(w[(size_t)n * K + k]);
+            }
+            const size_t i = (size_t)m * N + n;
+            const double add = (bias ? bias[n] : 0.0) + (residual ? residual[i] : 0.0);
+            y[i] = s + add;
+            /* activations to 15 bits: |error| <= max|h| / 32767 per value; float sums */
+            tol[i] = wabs * hmax / 32767.0 + 1e-5 * sabs + 1e-6 * fabs(add) + 1e-6;
+        }
+    }
+}

@@ -1,0 +1,30 @@
+/* Plain C references for the kernel test harness: written from the layouts' descriptions,
+ * in double precision, sharing no code with the kernels. */
+#ifndef EXO_REFERENCE_H
+#define EXO_REFERENCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct { uint64_t s; } Rng;
+uint64_t rng_next(Rng* r);
+double rng_unit(Rng* r);            /* [0, 1) */
+int rng_int(Rng* r, int lo, int hi); /* [lo, hi] */
+float rng_normalish(Rng* r);         /* roughly N(0, 1) */
+
+double ref_half(uint16_t h);
+uint16_t rng_half(Rng* r, int min_exp, int max_exp); /* a random normal half with 2^e in range */
+
+size_t ref_row_bytes(int kind, int K);
+/* Random bytes for one weight row of `kind`, with sane half-float scales. */
+void ref_random_row(Rng* r, int kind, int K, uint8_t* row);
+/* The K values a weight row stands for. */
+void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
+
+/* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]. Also the
+ * error bound per output: tol [M, N]. */
+void ref_linear(int prologue, const float* x, int M, int K, int N, const double* w,
+                const float* g, float eps, const float* bias, const float* residual, double* y,
+                double* tol);
+
+#endif

@@ -1,0 +1,132 @@
+"""Building the C kernels (`csrc/`): which instruction set, which compiler, which flags.
+
+The same sources build two ways (see `csrc/exo_kernels.h`): `avx2` (AVX2 + FMA + F16C
+intrinsics, x86) and `portable` (plain C loops the compiler vectorises for the machine it
+targets: every ARM machine, old x86). Builds use warnings as errors; a failed build's compiler
+output goes to the log. The standalone test harness (`csrc/harness/`) builds from the same
+sources with AddressSanitizer and UndefinedBehaviorSanitizer.
+"""
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from loguru import logger
+
+Isa = Literal["avx2", "portable"]
+ISAS: tuple[Isa, ...] = ("avx2", "portable")
+KERNEL_SOURCES = ("pool.c", "vec.c", "linear.c", "attention.c")
+KERNEL_HEADERS = ("exo_kernels.h", "dot_q.h", "dot_kquants.h")
+HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c")
+HARNESS_HEADERS = ("harness/reference.h",)
+WARNINGS = ("-Wall", "-Wextra", "-Werror")
+COMMON_FLAGS = ("-O3", "-std=gnu11", "-pthread", *WARNINGS)
+ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "portable": ("-DEXO_FORCE_PORTABLE",),
+}
+SANITIZE_FLAGS = (
+    "-O1",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+)
+_AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
+
+
+class KernelBuildError(RuntimeError):
+    """The compiler rejected the sources (its output is the message)."""
+
+
+def csrc_dir() -> Path:
+    return Path(str(resources.files("exo.worker.engines") / "csrc"))
+
+
+def source_text(names: tuple[str, ...]) -> str:
+    return "\0".join((csrc_dir() / n).read_text(encoding="utf-8") for n in names)
+
+
+def find_compiler() -> str | None:
+    """$CC if set (None if it is not there), else cc, gcc or clang on the PATH."""
+    chosen = os.environ.get("CC", "").strip()
+    if chosen:
+        return shutil.which(chosen.split()[0])
+    return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+
+
+def cpu_has_avx2() -> bool:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    flags_line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
+    flags = set(flags_line.split(":", 1)[-1].split())
+    return all(f in flags for f in _AVX2_CPU_FLAGS)
+
+
+def choose_isa() -> tuple[Isa, str]:
+    """The instruction set to build for, and why (for the log). EXO_KERNEL_ISA=portable|avx2
+    forces one (avx2 only where the CPU has it)."""
+    forced = os.environ.get("EXO_KERNEL_ISA", "").strip().lower()
+    has_avx2 = cpu_has_avx2()
+    if forced == "portable":
+        return "portable", "forced by EXO_KERNEL_ISA=portable"
+    if forced == "avx2":
+        if has_avx2:
+            return "avx2", "forced by EXO_KERNEL_ISA=avx2"
+        return "portable", "EXO_KERNEL_ISA=avx2 asked, but this CPU lacks AVX2/FMA/F16C"
+    if forced not in ("", "auto"):
+        logger.warning(f"EXO_KERNEL_ISA={forced!r} is not one of auto, avx2, portable: using auto")
+    if has_avx2:
+        return "avx2", "the CPU has AVX2, FMA and F16C"
+    return "portable", f"no AVX2 on this CPU ({platform.machine()})"
+
+
+def library_flags(isa: Isa) -> tuple[str, ...]:
+    return (*COMMON_FLAGS, *ISA_FLAGS[isa], "-shared", "-fPIC")
+
+
+def library_name(compiler: str, isa: Isa) -> str:
+    text = source_text(KERNEL_SOURCES + KERNEL_HEADERS)
+    key = hashlib.sha256("\0".join([text, compiler, *library_flags(isa)]).encode()).hexdigest()
+    return f"exo_kernels_{isa}_{key[:16]}.so"
+
+
+def run_compiler(args: list[str], out: Path) -> None:
+    """Run the compiler; write `out` atomically (concurrent runners never load half a file)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        built = Path(tmp) / out.name
+        try:
+            done = subprocess.run(
+                [*args, "-o", str(built), "-lm"], capture_output=True, text=True, timeout=300
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            raise KernelBuildError(f"{args[0]} could not run: {e}") from e
+        if done.returncode != 0:
+            raise KernelBuildError(
+                f"{' '.join(args)} exited with {done.returncode}:\n{done.stderr.strip()}"
+            )
+        built.replace(out)
+
+
+def build_library(compiler: str, isa: Isa, out: Path) -> None:
+    src = csrc_dir()
+    run_compiler([compiler, *library_flags(isa), *(str(src / n) for n in KERNEL_SOURCES)], out)
+
+
+def build_harness(compiler: str, isa: Isa, out: Path, *, sanitize: bool = True) -> None:
+    """The standalone C test harness (no Python in its process) over the kernel sources."""
+    src = csrc_dir()
+    flags = [*COMMON_FLAGS, *ISA_FLAGS[isa], *(SANITIZE_FLAGS if sanitize else ())]
+    files = [str(src / n) for n in KERNEL_SOURCES + HARNESS_SOURCES]
+    run_compiler([compiler, *flags, f"-I{src}", *files], out)
