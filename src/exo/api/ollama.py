@@ -320,15 +320,29 @@ class OllamaStreamEncoder:
                 return [ndjson({"error": event.message})]
 
 
-def resolve(service: GenerationService, name: str) -> ModelCard:
-    """Ollama names carry a tag (``model:latest``); our models have none."""
+_HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://hf.co/", "https://huggingface.co/")
+
+
+async def resolve(service: GenerationService, name: str) -> ModelCard:
+    """A known model, or a card built from the hub. Ollama names carry a tag
+    (``model:latest``) and name hub repos as ``hf.co/org/repo[:QUANT]``."""
     try:
         return service.resolve_model(name)
     except ApiError:
-        base, sep, tag = name.rpartition(":")
-        if not sep or not base or "/" in tag:
-            raise
-        return service.resolve_model(base)
+        pass
+    base, sep, tag = name.rpartition(":")
+    untagged = base if sep and base and "/" not in tag else None
+    if untagged is not None:
+        try:
+            return service.resolve_model(untagged)
+        except ApiError:
+            pass
+    hub_name = untagged if untagged is not None and tag.lower() == "latest" else name
+    for prefix in _HUB_PREFIXES:
+        if hub_name.lower().startswith(prefix):
+            hub_name = hub_name[len(prefix):]
+            break
+    return await service.resolve_model_async(hub_name)
 
 
 def router(service: GenerationService) -> APIRouter:
@@ -370,7 +384,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/api/chat", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
-        card = resolve(service, body.model)
+        card = await resolve(service, body.model)
         if not body.messages:
             return JSONResponse(await load_or_unload("chat", card, body.keep_alive))
         params = chat_task_params(body, card)
@@ -380,7 +394,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/api/generate", response_model=None)
     async def generate(body: GenerateRequest, request: Request) -> Response:
-        card = resolve(service, body.model)
+        card = await resolve(service, body.model)
         if not body.prompt and not body.system:
             return JSONResponse(await load_or_unload("generate", card, body.keep_alive))
         params = generate_task_params(body, card)
@@ -395,7 +409,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/api/show")
     async def show(body: ShowRequest) -> dict[str, Any]:
-        return show_entry(resolve(service, body.model_name), now())
+        return show_entry(await resolve(service, body.model_name), now())
 
     @api.get("/api/ps")
     async def ps() -> dict[str, Any]:

@@ -23,7 +23,7 @@ def parameter_size(card: ModelCard) -> str:
 def details(card: ModelCard) -> dict[str, Any]:
     return {
         "parent_model": "",
-        "format": "gguf" if card.source.endswith(".gguf") else "safetensors",
+        "format": "gguf" if _is_gguf(card) else "safetensors",
         "family": card.architecture,
         "families": [card.architecture],
         "parameter_size": parameter_size(card),
@@ -34,8 +34,17 @@ def details(card: ModelCard) -> dict[str, Any]:
 _QUANT = re.compile(r"(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)(?:[-_.]|$)", re.IGNORECASE)
 
 
+def _is_gguf(card: ModelCard) -> bool:
+    return card.source.endswith(".gguf") or (
+        card.hub is not None and card.hub.gguf_quant is not None
+    )
+
+
 def quantization_level(card: ModelCard) -> str:
-    """From the GGUF file's name (``...Q4_K_M.gguf``); safetensors folders hold BF16."""
+    """From the GGUF file's name (``...Q4_K_M.gguf``) or the hub card's chosen quant;
+    safetensors folders hold BF16."""
+    if card.hub is not None and card.hub.gguf_quant is not None:
+        return card.hub.gguf_quant.upper()
     if card.source.endswith(".gguf"):
         match = _QUANT.search(card.source.rsplit("/", 1)[-1].removesuffix(".gguf"))
         return match.group(1).upper() if match else "unknown"

@@ -122,7 +122,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        card = service.resolve_model(body.model)
+        card = await service.resolve_model_async(body.model)
         params = completion_task_params(body, card)
         created = int(time.time())
         echo = body.prompt if body.echo else ""

@@ -26,7 +26,7 @@ from exo.shared.types.tasks import (
     TaskStatus,
     TextGeneration,
 )
-from exo.shared.types.worker.downloads import DownloadCompleted, DownloadProgress
+from exo.shared.types.worker.downloads import DownloadProgress, holds_shard
 from exo.shared.types.worker.instances import BoundInstance, Instance, InstanceId
 from exo.shared.types.worker.runners import (
     RunnerConnected,
@@ -174,7 +174,7 @@ def _model_needs_download(
             continue
         shard = runner.bound_instance.bound_shard
         model_id = shard.model_card.model_id
-        if isinstance(downloads.get(model_id), DownloadCompleted):
+        if holds_shard(downloads.get(model_id), shard):
             continue
         if not download_backoff.should_proceed(model_id, now):
             continue
@@ -207,8 +207,8 @@ def _load_model(
 ) -> LoadModel | None:
     for runner in runners.values():
         instance = runner.bound_instance.instance
-        model_id = runner.bound_instance.bound_shard.model_card.model_id
-        if not isinstance(downloads.get(model_id), DownloadCompleted):
+        shard = runner.bound_instance.bound_shard
+        if not holds_shard(downloads.get(shard.model_card.model_id), shard):
             continue
         if instance.world_size == 1:
             ready_to_load = isinstance(runner.status, RunnerIdle)

@@ -27,10 +27,11 @@ from exo.shared.types.worker.downloads import (
     DownloadProgress,
 )
 from exo.shared.types.worker.instances import InstanceId
+from exo.shared.types.worker.shards import layer_range
 from exo.utils.backoff import KeyedBackoff
-from exo.worker.download.hub import HubSettings, delete_hub_model
+from exo.worker.download.hub import HubSettings, delete_hub_model, locate_hub_model
 from exo.worker.download.local import locate_model, locate_progress
-from exo.worker.download.shard_download import ShardDownload, layer_range
+from exo.worker.download.shard_download import ShardDownload
 from exo.worker.runner.settings import RunnerSettings
 
 
@@ -47,17 +48,21 @@ class DownloadCoordinator:
     running: dict[ModelId, ShardDownload] = field(default_factory=dict[ModelId, ShardDownload])
 
     async def download(self, task: DownloadModel) -> None:
+        """Make this node hold the files of the task's shard: a hub model's missing
+        files are fetched (the ones it holds are checked and kept)."""
         card = task.shard_metadata.model_card
         s = self.settings
-        if card.hub is not None and locate_model(card, s.models_dir, None, s.extra_model_dirs) is None:
+        layers = layer_range(task.shard_metadata)
+        if card.hub is not None and locate_model(
+            card, s.models_dir, None, s.extra_model_dirs, layers
+        ) is None:
             if card.model_id not in self.running:
                 self.backoff.record_attempt(card.model_id, time.monotonic())
-                start, end = layer_range(task.shard_metadata)
-                self._start(card, start, end, task.instance_id)
+                self._start(card, *layers, task.instance_id)
             return
         self.backoff.record_attempt(card.model_id, time.monotonic())
         progress = await anyio.to_thread.run_sync(
-            locate_progress, card, s.models_dir, s.hub_cache_dir, s.extra_model_dirs
+            locate_progress, card, s.models_dir, s.hub_cache_dir, s.extra_model_dirs, layers
         )
         if isinstance(progress, DownloadCompleted):
             self.backoff.reset(card.model_id)
@@ -93,6 +98,7 @@ class DownloadCoordinator:
     def _start(self, card: ModelCard, start: int, end: int, instance_id: InstanceId | None) -> None:
         download = ShardDownload(card, start, end, HubSettings.from_env(self.settings.hub_cache_dir))
         self.running[card.model_id] = download
+        held = self.state().downloads.get(self.node_id, {}).get(card.model_id)
 
         async def run() -> None:
             try:
@@ -100,6 +106,7 @@ class DownloadCoordinator:
                 outcome = await download.run(lambda p: self._report(card, p))
                 if isinstance(outcome, DownloadCompleted):
                     self.backoff.reset(card.model_id)
+                    outcome = await anyio.to_thread.run_sync(self._widest, card, outcome, held)
                 if download.cancelled_by_user:
                     outcome = DownloadPending()
                 await self._report(card, outcome)
@@ -110,6 +117,29 @@ class DownloadCoordinator:
                 self.wakeup()
 
         self.task_group.start_soon(run)
+
+    def _widest(
+        self, card: ModelCard, done: DownloadCompleted, held: DownloadProgress | None
+    ) -> DownloadCompleted:
+        """What this node holds after fetching a shard: the whole model, or the shard
+        joined with what it held before, when those files are all in the cache (so that
+        two shards of one model on this node do not take turns re-checking files)."""
+        cache = self.settings.hub_cache_dir
+        if cache is None or done.start_layer is None or done.end_layer is None:
+            return done
+        candidates = [(0, card.n_layers)]
+        if isinstance(held, DownloadCompleted) and held.start_layer is not None and (
+            held.end_layer is not None
+        ):
+            candidates.append(
+                (min(held.start_layer, done.start_layer), max(held.end_layer, done.end_layer))
+            )
+        for start, end in candidates:
+            if (start, end) != (done.start_layer, done.end_layer) and locate_hub_model(
+                card, cache, (start, end)
+            ) is not None:
+                return done.model_copy(update={"start_layer": start, "end_layer": end})
+        return done
 
     async def _fail_instance(self, instance_id: InstanceId, outcome: DownloadProgress) -> None:
         """Retrying cannot help: fail the instance (and its waiting requests) now."""

@@ -129,17 +129,33 @@ def shard_files(
     safetensors repo this reads the (small) index to map layers to files."""
     hub = card.hub
     assert hub is not None
+
+    def read_index() -> dict[str, str]:
+        try:
+            return _weight_map(_fetch(hub, SAFETENSORS_INDEX, settings))
+        except Exception as e:
+            raise explain(e, hub.repo_id, settings) from e
+
+    return _needed_files(card, start_layer, end_layer, read_index)
+
+
+def _weight_map(index_path: Path) -> dict[str, str]:
+    weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    return weight_map
+
+
+def _needed_files(
+    card: ModelCard, start_layer: int, end_layer: int, read_index: Callable[[], dict[str, str]]
+) -> list[HubFile]:
+    hub = card.hub
+    assert hub is not None
     if hub.gguf_quant is not None:
         return [f for f in hub.files if f.path.endswith(".gguf")]
     support = support_files(hub.files)
     weights = [f for f in hub.files if f.path.endswith(".safetensors") and "/" not in f.path]
     if len(weights) <= 1 or not any(f.path == SAFETENSORS_INDEX for f in hub.files):
         return support + weights
-    try:
-        index = json.loads(_fetch(hub, SAFETENSORS_INDEX, settings).read_text())
-    except Exception as e:
-        raise explain(e, hub.repo_id, settings) from e
-    wanted = safetensors_files_for_layers(index["weight_map"], start_layer, end_layer, card.n_layers)
+    wanted = safetensors_files_for_layers(read_index(), start_layer, end_layer, card.n_layers)
     return support + [f for f in weights if f.path in wanted]
 
 
@@ -225,18 +241,48 @@ def _discard(path: Path) -> None:
         blob.unlink(missing_ok=True)
 
 
-def locate_hub_model(card: ModelCard, cache_dir: Path) -> Path | None:
-    """What the engine loads, when this node has the model's files in the cache."""
+def locate_hub_model(
+    card: ModelCard, cache_dir: Path, layers: tuple[int, int] | None = None
+) -> Path | None:
+    """What the engine loads, when this node has the model's files in the cache: with
+    ``layers``, every file (of the right size) that the shard holding them reads;
+    without, the config and some weights."""
     hub = card.hub
     if hub is None:
         return None
     folder = snapshot_dir(cache_dir, hub)
     if hub.gguf_quant is not None:
         ggufs = sorted(f.path for f in hub.files if f.path.endswith(".gguf"))
-        return folder / ggufs[0] if ggufs and (folder / ggufs[0]).exists() else None
+        if not ggufs or not (folder / ggufs[0]).exists():
+            return None
+        if layers is not None and not _shard_present(card, folder, layers):
+            return None
+        return folder / ggufs[0]
+    if layers is not None:
+        return folder if _shard_present(card, folder, layers) else None
     weights = [f.path for f in hub.files if f.path.endswith(".safetensors")]
     found = (folder / "config.json").exists() and any((folder / w).exists() for w in weights)
     return folder if found else None
+
+
+class _NoIndex(Exception):
+    pass
+
+
+def _shard_present(card: ModelCard, folder: Path, layers: tuple[int, int]) -> bool:
+    def read_index() -> dict[str, str]:
+        try:
+            return _weight_map(folder / SAFETENSORS_INDEX)
+        except (OSError, ValueError, KeyError) as e:
+            raise _NoIndex() from e
+
+    try:
+        files = _needed_files(card, layers[0], layers[1], read_index)
+    except _NoIndex:
+        return False
+    return bool(files) and all(
+        (folder / f.path).is_file() and (folder / f.path).stat().st_size == f.size for f in files
+    )
 
 
 def delete_hub_model(card: ModelCard, cache_dir: Path) -> bool:

@@ -15,13 +15,14 @@ from exo.worker.download.hub import locate_hub_model
 
 def locate_model(
     card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
-    extra_dirs: Sequence[Path] = (),
+    extra_dirs: Sequence[Path] = (), layers: tuple[int, int] | None = None,
 ) -> Path | None:
     """What the engine loads (a GGUF file or a safetensors folder), if this node has it:
-    hub models in the Hugging Face cache or in a models folder laid out like one."""
+    hub models in the Hugging Face cache or in a models folder laid out like one (with
+    ``layers``: every file the shard holding those layers reads)."""
     if card.hub is not None:
         for cache in [*([hub_cache] if hub_cache is not None else []), *extra_dirs]:
-            found = locate_hub_model(card, cache)
+            found = locate_hub_model(card, cache, layers)
             if found is not None:
                 return found
     for path in _candidates(card, models_dir):
@@ -40,10 +41,12 @@ def _candidates(card: ModelCard, models_dir: Path) -> list[Path]:
 
 def locate_progress(
     card: ModelCard, models_dir: Path, hub_cache: Path | None = None,
-    extra_dirs: Sequence[Path] = (),
+    extra_dirs: Sequence[Path] = (), layers: tuple[int, int] | None = None,
 ) -> DownloadProgress:
-    found = locate_model(card, models_dir, hub_cache, extra_dirs)
+    found = locate_model(card, models_dir, hub_cache, extra_dirs, layers)
     if found is not None:
+        if card.hub is not None and layers is not None:
+            return DownloadCompleted(path=str(found), start_layer=layers[0], end_layer=layers[1])
         return DownloadCompleted(path=str(found))
     where = ", ".join(str(p) for p in _candidates(card, models_dir))
     return DownloadFailed(

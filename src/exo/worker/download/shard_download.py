@@ -17,7 +17,6 @@ from exo.shared.types.worker.downloads import (
     DownloadOngoing,
     DownloadProgress,
 )
-from exo.shared.types.worker.shards import PipelineShardMetadata, ShardMetadata
 from exo.worker.download.hub import (
     DownloadCancelled,
     DownloadError,
@@ -27,12 +26,6 @@ from exo.worker.download.hub import (
 )
 
 Report = Callable[[DownloadProgress], Awaitable[None]]
-
-
-def layer_range(shard: ShardMetadata) -> tuple[int, int]:
-    if isinstance(shard, PipelineShardMetadata):
-        return shard.start_layer, shard.end_layer
-    return 0, shard.model_card.n_layers
 
 
 @dataclass
@@ -76,7 +69,9 @@ class ShardDownload:
         outcome = result[0] if result else DownloadCancelled()
         match outcome:
             case Path():
-                return DownloadCompleted(path=str(outcome))
+                return DownloadCompleted(
+                    path=str(outcome), start_layer=self.start_layer, end_layer=self.end_layer
+                )
             case DownloadError():
                 logger.warning(f"download of {self.card.model_id} failed: {outcome.message}")
                 return DownloadFailed(error_message=outcome.message, status=outcome.status)

@@ -26,7 +26,7 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
-from exo.shared.types.worker.shards import PipelineShardMetadata
+from exo.shared.types.worker.shards import PipelineShardMetadata, layer_range
 from exo.worker.download.local import locate_progress
 from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
@@ -310,7 +310,8 @@ def load_generation(
     """Rank 0 (or a single runner) serves requests; other ranks follow rank 0."""
     shard = bound_instance.bound_shard
     located = locate_progress(
-        shard.model_card, settings.models_dir, settings.hub_cache_dir, settings.extra_model_dirs
+        shard.model_card, settings.models_dir, settings.hub_cache_dir, settings.extra_model_dirs,
+        layer_range(shard),
     )
     if not isinstance(located, DownloadCompleted):
         detail = located.error_message if isinstance(located, DownloadFailed) else "not ready"

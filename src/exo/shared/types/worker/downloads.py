@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from exo.shared.types.common import FrozenModel
+from exo.shared.types.worker.shards import ShardMetadata, layer_range
 
 
 class DownloadPending(FrozenModel):
@@ -22,6 +23,16 @@ class DownloadOngoing(FrozenModel):
 class DownloadCompleted(FrozenModel):
     kind: Literal["DownloadCompleted"] = "DownloadCompleted"
     path: str
+    start_layer: int | None = None
+    end_layer: int | None = None
+    """The layers ``[start_layer, end_layer)`` whose files this node holds; None for a
+    model held whole (a local file or folder). A node that fetched one pipeline shard
+    holds only that shard's weight files."""
+
+    def covers(self, start_layer: int, end_layer: int) -> bool:
+        if self.start_layer is None or self.end_layer is None:
+            return True
+        return self.start_layer <= start_layer and end_layer <= self.end_layer
 
 
 class DownloadFailed(FrozenModel):
@@ -40,3 +51,8 @@ DownloadProgress = Annotated[
     DownloadPending | DownloadOngoing | DownloadCompleted | DownloadFailed,
     Field(discriminator="kind"),
 ]
+
+
+def holds_shard(progress: DownloadProgress | None, shard: ShardMetadata) -> bool:
+    """This node has the files of ``shard`` (not merely some shard of its model)."""
+    return isinstance(progress, DownloadCompleted) and progress.covers(*layer_range(shard))

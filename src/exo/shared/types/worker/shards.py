@@ -40,3 +40,11 @@ class TensorShardMetadata(FrozenModel):
 ShardMetadata = Annotated[
     PipelineShardMetadata | TensorShardMetadata, Field(discriminator="kind")
 ]
+
+
+def layer_range(shard: ShardMetadata) -> tuple[int, int]:
+    """The layers whose weights a runner of ``shard`` reads: its range for a pipeline
+    shard, every layer for a tensor shard."""
+    if isinstance(shard, PipelineShardMetadata):
+        return shard.start_layer, shard.end_layer
+    return 0, shard.model_card.n_layers

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import ollama
 import openai
 import pytest
 
@@ -193,3 +194,29 @@ def test_the_cli_serves_a_hub_model_and_shows_its_download(
     assert len([ln for ln in lines if ln.startswith("loading")]) <= 11
     assert all(a != b for a, b in itertools.pairwise(lines))
     assert "\r" not in log
+
+
+def test_the_ollama_and_completions_apis_build_hub_cards_on_demand(
+    smol_hub: FakeHub, node: NodeProcess
+) -> None:
+    client = ollama.Client(host=node.url, timeout=300)
+    # Ollama names a hub GGUF as hf.co/org/repo:QUANT.
+    reply = client.chat(
+        model=f"hf.co/{SMOL_REPO}:Q4_1", messages=[{"role": "user", "content": "Say hi"}],
+        options={"num_predict": 8, "temperature": 0},
+    )
+    assert (reply.message.content or "").strip()
+    [done] = _download_states(node, f"{SMOL_REPO}:Q4_1")
+    assert done["kind"] == "DownloadCompleted"
+    shown = client.show(f"{SMOL_REPO}:Q4_1")
+    assert shown.details is not None and shown.details.quantization_level == "Q4_1"
+    assert shown.details.format == "gguf"
+    for name in ("nobody/no-such-model", "hf.co/nobody/no-such-model:latest"):
+        with pytest.raises(ollama.ResponseError, match="not found on the hub") as e:
+            client.generate(model=name, prompt="hi")
+        assert e.value.status_code == 404
+    completions = _client(node).completions
+    with pytest.raises(openai.NotFoundError, match="not found on the hub"):
+        completions.create(model="nobody/no-such-model", prompt="hi", max_tokens=2)
+    done_text = completions.create(model=f"{SMOL_REPO}:Q4_1", prompt="Hi", max_tokens=4)
+    assert done_text.choices[0].text is not None

@@ -36,6 +36,7 @@ from exo.shared.types.tasks import (
     TaskStatus,
 )
 from exo.shared.types.worker.downloads import (
+    DownloadCompleted,
     DownloadFailed,
     DownloadOngoing,
     DownloadPending,
@@ -166,6 +167,30 @@ def test_download_backoff_is_per_model() -> None:
 def test_only_idle_runners_download(status: RunnerStatus) -> None:
     state, views = _single(status)
     assert not isinstance(_plan(NODE_A, views, state), DownloadModel)
+
+
+def _holding(start: int, end: int) -> dict[NodeId, dict[ModelId, DownloadProgress]]:
+    """NODE_B holds the files of layers [start, end) of MODEL_1 (NODE_A all of it)."""
+    shard = DownloadCompleted(path="/cache/m", start_layer=start, end_layer=end)
+    return {**downloaded(NODE_A), NODE_B: {MODEL_1: shard}}
+
+
+def test_a_node_holding_another_shard_of_the_model_downloads_its_own() -> None:
+    # NODE_B runs layers [4, 8) of the pair; it holds only the files of [0, 4).
+    state, views = _pair(RunnerIdle(), RunnerIdle(), downloads=_holding(0, 4))
+    task = _plan(NODE_B, _only(views, NODE_B), state)
+    assert isinstance(task, DownloadModel)
+    assert task.shard_metadata == bound(pair_instance(), NODE_B).bound_shard
+    state, views = _pair(RunnerConnected(), RunnerConnected(), downloads=_holding(0, 4))
+    assert not isinstance(_plan(NODE_B, _only(views, NODE_B), state), LoadModel)
+
+
+@pytest.mark.parametrize("held", [(4, 8), (0, 8), (2, 8)])
+def test_a_node_holding_its_shard_or_more_loads_it(held: tuple[int, int]) -> None:
+    state, views = _pair(RunnerIdle(), RunnerIdle(), downloads=_holding(*held))
+    assert isinstance(_plan(NODE_B, _only(views, NODE_B), state), ConnectToGroup)
+    state, views = _pair(RunnerConnected(), RunnerConnected(), downloads=_holding(*held))
+    assert isinstance(_plan(NODE_B, _only(views, NODE_B), state), LoadModel)
 
 
 # --- connect -------------------------------------------------------------------------
