@@ -11,7 +11,7 @@ from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.shared.types.events import IndexedEvent
-from exo.shared.types.state import State
+from exo.shared.types.state import MergeReport, State
 
 
 class Replica:
@@ -49,26 +49,36 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
-    def _report_dropped(self, reply: CatchUpReply) -> None:
+    def _report_dropped(self, reply: CatchUpReply) -> MergeReport | None:
         """Name what this log holds that the master's does not (it is about to go):
         events a partitioned side or a dead master wrote, and the commands behind them."""
         agreed = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx)
         if agreed >= self.last_idx:
-            return
+            return None
         dropped = self.log.read_from(agreed + 1, self.last_idx - agreed)
-        commands = sorted({e.command_id for e in dropped if e.command_id is not None})
-        kinds = sorted({type(e.event).__name__ for e in dropped})
-        logger.warning(
-            f"cluster: dropping {self.last_idx - agreed} events {agreed + 1}..{self.last_idx} "
-            f"that the master's log does not hold ({', '.join(kinds) or 'not kept'}); "
-            f"commands dropped: {', '.join(commands) or 'none'}"
+        report = MergeReport(
+            node_id=self.host.node_id,
+            first_idx=agreed + 1,
+            last_idx=self.last_idx,
+            dropped_events=self.last_idx - agreed,
+            event_kinds=tuple(sorted({type(e.event).__name__ for e in dropped})),
+            command_ids=tuple(sorted({e.command_id for e in dropped if e.command_id is not None})),
         )
+        logger.warning(
+            f"cluster: dropping {report.dropped_events} events {report.first_idx}.."
+            f"{report.last_idx} that the master's log does not hold "
+            f"({', '.join(report.event_kinds) or 'not kept'}); "
+            f"commands dropped: {', '.join(report.command_ids) or 'none'}"
+        )
+        return report
 
-    async def apply_reply(self, reply: CatchUpReply) -> None:
+    async def apply_reply(self, reply: CatchUpReply) -> MergeReport | None:
         """Apply a page of the master's log: from its base when it sends one, then the
-        events that follow this node's log."""
+        events that follow this node's log. Returns what this node's log lost to the
+        master's, if anything (for the master to record as an event)."""
+        report: MergeReport | None = None
         if reply.base is not None:
-            self._report_dropped(reply)
+            report = self._report_dropped(reply)
             logger.info(
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
@@ -85,4 +95,5 @@ class Replica:
             await self.host.apply_event(event)
             written.append((event, self.host.state()))
         self.log.append_many(written)
+        return report
 
