@@ -104,10 +104,24 @@ def _clients(cluster: ChaosCluster, journal: Journal, seed: int, stop: threading
         journal.requests.append(Record(outcome, node.index, started, time.monotonic()))
 
 
-def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random) -> str:
+FAULTS = ("runner_kill", "node_restart", "stop_cont", "master_restart", "partition", "one_way",
+          "delay", "unobtainable", "delete_place")
+ALWAYS = ("delay", "unobtainable")
+"""Faults every run has at least once (cheap ones; the others come as the seed says)."""
+
+
+def schedule(rng: random.Random, count: int) -> list[str]:
+    """The kinds of the run's faults, in order: random, with each of ``ALWAYS`` in it."""
+    kinds = [rng.choice(FAULTS) for _ in range(max(count, len(ALWAYS)))]
+    for kind in ALWAYS:
+        if kind not in kinds:
+            slots = [i for i, k in enumerate(kinds) if k not in ALWAYS]
+            kinds[rng.choice(slots)] = kind
+    return kinds
+
+
+def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random, kind: str) -> str:
     n = len(cluster.nodes)
-    kind = rng.choice(["runner_kill", "node_restart", "stop_cont", "master_restart",
-                       "partition", "one_way", "delay", "unobtainable", "delete_place"])
     hold = rng.uniform(1.0, 4.0)
     start = time.monotonic()
     match kind:
@@ -203,8 +217,8 @@ def _run(cluster: ChaosCluster, seed: int) -> None:
     for client in clients:
         client.start()
     try:
-        for step in range(FAULTS_PER_RUN):
-            print(f"fault {step}: {_fault(cluster, journal, rng)}", flush=True)
+        for step, kind in enumerate(schedule(rng, FAULTS_PER_RUN)):
+            print(f"fault {step}: {_fault(cluster, journal, rng, kind)}", flush=True)
             time.sleep(rng.uniform(0.5, 3.0))
         cluster.mesh.heal()
         for node in cluster.nodes:
