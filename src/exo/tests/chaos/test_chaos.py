@@ -80,6 +80,18 @@ def _place(node: ChaosNode) -> None:
     assert r.status_code == 200, r.text
 
 
+def _answering(cluster: ChaosCluster) -> list[ChaosNode]:
+    """Live nodes whose API answers (a node just restarted may not listen yet)."""
+    answering: list[ChaosNode] = []
+
+    def some() -> bool:
+        answering[:] = [n for n in cluster.live() if n.state() is not None]
+        return bool(answering)
+
+    wait_until(some, 60, "a node whose API answers")
+    return answering
+
+
 def _check_cuts_are_real(cluster: ChaosCluster) -> None:
     """A cut link makes its two nodes see each other gone: zenoh has no way around."""
     a, b = cluster.nodes[0], cluster.nodes[1]
@@ -168,7 +180,7 @@ def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random, kind: st
             return f"delay {i}<->{j} by {delay * 1000:.0f} ms ({hold:.1f} s)"
         case "unobtainable":  # a missing or truncated GGUF: a clear error, never a hang
             model = rng.choice(sorted(BAD_MODELS))
-            node = rng.choice(cluster.live())
+            node = rng.choice(_answering(cluster))
             started = time.monotonic()
             outcome = run_one(node.url, rng.choice(KINDS), model, stream=rng.random() < 0.5,
                               deadline_s=REQUEST_DEADLINE_S, max_tokens=8)
@@ -177,8 +189,7 @@ def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random, kind: st
             return (f"unobtainable {model} on node {node.index}: {outcome.ending} "
                     f"{outcome.status} in {outcome.seconds:.1f} s")
         case _:  # delete_place: an acknowledged deletion, then a new placement
-            live = cluster.live()
-            node = rng.choice(live)
+            node = rng.choice(_answering(cluster))
             state = node.state() or {"instances": {}}
             for iid in list(state["instances"]):
                 r = httpx.delete(f"{node.url}/instance/{iid}", timeout=30)
