@@ -287,6 +287,11 @@ def _check_invariants(cluster: ChaosCluster, journal: Journal, last_fault: float
         assert r.outcome.ending == "error", (model, r)
         assert r.outcome.status != 500, (model, r)
         assert model in r.outcome.detail and BAD_MODELS[model] in r.outcome.detail, (model, r)
+    # A merge that dropped events is in the replicated log, not only in a log line (a
+    # node that dropped some in its current run and lives has told the master).
+    if any("cluster: dropping" in node.log() for node in cluster.nodes):
+        assert state.get("last_merge_report") is not None, "a merge dropped events silently"
+        print(f"last merge report: {state['last_merge_report']}")
     # No acknowledged deletion lost; the model is placed (an acknowledged placement).
     for iid in journal.deleted:
         assert iid not in state["instances"], f"deleted instance {iid} came back"
