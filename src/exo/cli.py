@@ -313,8 +313,9 @@ async def _load_model(node: Node, card: ModelCard) -> None:
     if not any(  # the cluster (or this node's log) may have an instance of it already
         inst.shard_assignments.model_id == card.model_id for inst in node.state().instances.values()
     ):
-        await node.send_command(PlaceInstance(
-            model_id=card.model_id, model_card=card if card.hub is not None else None))
+        await node.send_command(PlaceInstance(  # racing placements make one instance
+            model_id=card.model_id, model_card=card if card.hub is not None else None,
+            unless_present=True))
     printer = ProgressPrinter(sys.stderr, sys.stderr.isatty())
     while True:
         line = progress_line(card.model_id, node.state())

@@ -62,7 +62,9 @@ class DownloadWatch:
 
 def terminal_error(model_id: ModelId, failure: DownloadFailed) -> ApiError:
     status = failure.status or 404
-    code = {403: "model_access_denied", 507: "insufficient_storage"}.get(status, "model_not_found")
+    code = {
+        403: "model_access_denied", 422: "model_file_invalid", 507: "insufficient_storage"
+    }.get(status, "model_not_found")
     return ApiError(
         status,
         f"model {model_id} cannot be obtained: {failure.error_message}",

@@ -380,8 +380,9 @@ class GenerationService:
                 await self._place_and_wait(card)
 
     async def _place_and_wait(self, card: ModelCard) -> None:
-        command = PlaceInstance(
-            model_id=card.model_id, model_card=card if card.hub is not None else None
+        command = PlaceInstance(  # another node may be placing it too: one instance
+            model_id=card.model_id, model_card=card if card.hub is not None else None,
+            unless_present=True,
         )
         receiver = self.handle.open_response(command.command_id)
         try:

@@ -71,6 +71,7 @@ from exo.shared.types.events import (
     ChunkGenerated,
     Event,
     IndexedEvent,
+    MergeReported,
     NodeGatheredInfo,
     NodeTimedOut,
     TopologyEdgeCreated,
@@ -473,10 +474,12 @@ class ClusterLink:
     async def _apply_catch_up(self, master: NodeId, reply: CatchUpReply) -> bool:
         async with self.replica.lock:
             try:
-                await self.replica.apply_reply(reply)
+                report = await self.replica.apply_reply(reply)
             except ValueError as e:  # a malformed page: ask again
                 logger.error(f"cluster: catch-up from {master} failed: {e}")
                 return False
+            if report is not None:  # the merge is recorded in the log, never silent
+                self._outgoing_tx.send_nowait(MergeReported(report=report))
             first = not self._synced
             self._synced = True
             await self._drain()

@@ -12,7 +12,7 @@ from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.shared.types.common import CommandId
 from exo.shared.types.events import IndexedEvent
-from exo.shared.types.state import State
+from exo.shared.types.state import MergeReport, State
 
 
 class Replica:
@@ -53,11 +53,13 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
-    async def apply_reply(self, reply: CatchUpReply) -> None:
+    async def apply_reply(self, reply: CatchUpReply) -> MergeReport | None:
         """Apply a page of the master's log: from its base when it sends one, then the
-        events that follow this node's log."""
+        events that follow this node's log. Returns what this node's log lost to the
+        master's, if anything (for the master to record as an event)."""
+        report: MergeReport | None = None
         if reply.base is not None:
-            self._report_dropped(reply)
+            report = self._report_dropped(reply)
             logger.info(
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
@@ -74,24 +76,33 @@ class Replica:
             await self.host.apply_event(event)
             written.append((event, self.host.state()))
         self.log.append_many(written)
+        return report
 
 
-    def _report_dropped(self, reply: CatchUpReply) -> None:
+    def _report_dropped(self, reply: CatchUpReply) -> MergeReport | None:
         """Before a reset: the events of this log that the master's log does not share
         are dropped (a merge after a partition where both sides wrote): say which, and
         which commands were behind them, so that nothing goes silently."""
         first = agreed_prefix(self.lineage, self.last_idx, reply.lineage, reply.last_idx) + 1
         if first > self.last_idx:
-            return
+            return None
         kept = max(first, self.log.first_kept() or 0)
         events = self.log.read_from(kept, self.last_idx - kept + 1)
         commands = [e.command_id for e in events if e.command_id is not None]
-        kinds = sorted({type(e.event).__name__ for e in events})
         self.dropped.append((first, self.last_idx, commands))
-        listed = ", ".join(commands[:20]) + (" ..." if len(commands) > 20 else "")
+        report = MergeReport(
+            node_id=self.host.node_id,
+            first_idx=first,
+            last_idx=self.last_idx,
+            dropped_events=self.last_idx - first + 1,
+            event_kinds=tuple(sorted({type(e.event).__name__ for e in events})),
+            command_ids=tuple(sorted(set(commands))),
+        )
+        listed = ", ".join(report.command_ids[:20]) + (" ..." if len(commands) > 20 else "")
         compacted = f" (events before {kept} were compacted: their commands are not known)"
         logger.warning(
-            f"cluster: dropping {self.last_idx - first + 1} events {first}..{self.last_idx} "
-            f"that the master's log does not hold ({', '.join(kinds) or 'not kept'}); "
-            f"commands dropped: {listed or 'none'}" + (compacted if kept > first else "")
+            f"cluster: dropping {report.dropped_events} events {first}..{self.last_idx} "
+            f"that the master's log does not hold ({', '.join(report.event_kinds) or 'not kept'});"
+            f" commands dropped: {listed or 'none'}" + (compacted if kept > first else "")
         )
+        return report

@@ -168,6 +168,16 @@ class Master:
                         )
 
     async def _place(self, command: PlaceInstance, origin: NodeId | None) -> None:
+        present = [
+            i for i in self.state.instances.values()
+            if i.shard_assignments.model_id == command.model_id
+        ]
+        if command.unless_present and present:
+            logger.info(
+                f"{command.model_id} has an instance already ({present[0].instance_id}): "
+                f"not placed again for command {command.command_id}"
+            )
+            return
         card = command.model_card or self.resolve_card(command.model_id)
         if card is None:
             self._error(command.command_id, origin, f"unknown model {command.model_id!r}")

@@ -11,6 +11,7 @@ from exo.shared.types.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    MergeReported,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -73,6 +74,8 @@ def event_apply(event: Event, state: State) -> State:
             return apply_topology_edge_created(event, state)
         case TopologyEdgeDeleted():
             return apply_topology_edge_deleted(event, state)
+        case MergeReported():
+            return state.model_copy(update={"last_merge_report": event.report})
         case ChunkGenerated():
             return state
         case _:  # pyright: ignore[reportUnnecessaryComparison]

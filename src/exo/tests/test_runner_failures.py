@@ -19,18 +19,21 @@ FAST = {"EXO_INSTANCE_BACKOFF_BASE_S": "0.3", "EXO_INSTANCE_BACKOFF_MAX_S": "5"}
 _CREATED = re.compile(r"^(\S+ \S+) .*creating runner for instance (\S+) \(attempt (\d+)\)", re.M)
 
 
-def _truncated_model(tmp_path: Path) -> Path:
-    """A GGUF whose metadata is fine but whose weights are cut off: every load fails."""
+def _broken_model(tmp_path: Path) -> Path:
+    """A GGUF file that is whole (so no check before the runner can tell) but lacks a
+    tensor the model needs: every load fails in the runner."""
     source = find_embedded_gguf()
     assert source is not None
+    data = source.read_bytes()
+    name = b"blk.3.attn_q.weight"
+    assert data.count(name) == 1
     path = tmp_path / "broken-model.gguf"
-    with source.open("rb") as src, path.open("wb") as dst:
-        dst.write(src.read(30_000_000))
+    path.write_bytes(data.replace(name, b"blk.3.attn_Q.weight"))
     return path
 
 
 def test_failing_load_is_retried_with_backoff_then_abandoned(tmp_path: Path) -> None:
-    model = _truncated_model(tmp_path)
+    model = _broken_model(tmp_path)
     with running_node(tmp_path, "--model", str(model), env=FAST, wait_ready=False) as node:
         wait_until(lambda: "giving up on instance" in node.log(), 90, "the instance to be abandoned")
         wait_until(lambda: not node.state()["instances"], 10, "the instance to be deleted")

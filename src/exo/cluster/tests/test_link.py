@@ -2,7 +2,7 @@
 that are behind, ahead or diverged, commands that wait for a master, chunks to the node
 that took a request."""
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +25,11 @@ from exo.shared.types.events import (
     ChunkGenerated,
     Event,
     IndexedEvent,
+    MergeReported,
     NodeDownloadProgress,
     NodeGatheredInfo,
 )
-from exo.shared.types.state import State
+from exo.shared.types.state import MergeReport, State
 from exo.shared.types.worker.downloads import DownloadOngoing
 from exo.shared.types.worker.instances import InstanceId
 from exo.utils.channels import Sender, channel
@@ -95,12 +96,16 @@ def download(node_id: NodeId, tag: str, i: int) -> Event:
     )
 
 
-def write_log(data_dir: Path, events: Sequence[Event], term: int, lineage: Lineage) -> State:
-    """A node's data directory with this log, term and lineage; returns its state."""
+def write_log(
+    data_dir: Path, events: Sequence[Event], term: int, lineage: Lineage,
+    commands: Mapping[int, CommandId] | None = None,
+) -> State:
+    """A node's data directory with this log (``commands``: the command behind an
+    event, by index), term and lineage; returns its state."""
     log = SqliteEventLog(data_dir / "cluster" / "events.db")
     state = State()
     for i, event in enumerate(events):
-        indexed = IndexedEvent(idx=i, event=event)
+        indexed = IndexedEvent(idx=i, event=event, command_id=(commands or {}).get(i))
         state = apply(state, indexed)
         log.append(indexed, state)
     log.close()
@@ -149,8 +154,10 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
 ) -> None:
     shared = [download(M1, "shared", i) for i in range(101)]
     # x got 101..105 from m1 before m1 died; m2 never did, and went on from 101 itself.
+    # Two of them came from commands m1 had acknowledged.
+    lost_commands = {102: CommandId("cmd-lost-a"), 104: CommandId("cmd-lost-b")}
     write_log(tmp_path / "x", [*shared, *(download(M1, "lost", i) for i in range(5))], 1,
-              (Epoch(term=1, master=M1, start_idx=0),))
+              (Epoch(term=1, master=M1, start_idx=0),), lost_commands)
     master_state = write_log(
         tmp_path / "m2", [*shared, *(download(M2, "new", i) for i in range(20))], 2,
         (Epoch(term=1, master=M1, start_idx=0), Epoch(term=2, master=M2, start_idx=101)),
@@ -167,12 +174,28 @@ async def test_a_follower_ahead_of_the_new_master_starts_again_from_its_state(
             await x.link.ready.wait()
             assert m2.link.is_master
             # x says what it drops: its events 101..105, which no live master holds.
-            assert any("dropping 5 events 101..105" in line for line in lines), lines
+            assert any(
+                "dropping 5 events 101..105" in line and "cmd-lost-a, cmd-lost-b" in line
+                for line in lines
+            ), lines
             logger.remove(sink)
+            # ... and the merge is an event in the replicated log: every node holds it.
+            expected = MergeReport(
+                node_id=X, first_idx=101, last_idx=105, dropped_events=5,
+                event_kinds=("NodeDownloadProgress",),
+                command_ids=(CommandId("cmd-lost-a"), CommandId("cmd-lost-b")),
+            )
+            await m2.host.wait_for(lambda s: s.last_merge_report == expected)
             state = await x.host.wait_for(
                 lambda s: s.last_event_applied_idx >= m2.host.state().last_event_applied_idx
-                and X in s.nodes
+                and X in s.nodes and s.last_merge_report == expected
             )
+            reported = [
+                e.event.report
+                for e in m2.log.read_from(0, 1000)
+                if isinstance(e.event, MergeReported)
+            ]
+            assert reported == [expected]
             assert x.host.replaced == 1
             assert "test-org/lost-0" not in state.downloads.get(M1, {})
             assert state.downloads[M2] == master_state.downloads[M2]

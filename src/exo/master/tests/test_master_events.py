@@ -5,8 +5,16 @@ import anyio
 import pytest
 
 from exo.master.main import Master
-from exo.shared.tests.builders import INSTANCE_1, RUNNER_A1, single_instance
-from exo.shared.types.commands import Command
+from exo.shared.tests.builders import (
+    INSTANCE_1,
+    MODEL_1,
+    NODE_A,
+    RUNNER_A1,
+    model_card,
+    node_info,
+    single_instance,
+)
+from exo.shared.types.commands import Command, PlaceInstance
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
@@ -14,6 +22,7 @@ from exo.shared.types.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    NodeGatheredInfo,
     RunnerStatusUpdated,
 )
 from exo.shared.types.worker.runners import RunnerIdle, RunnerShutdown, RunnerShuttingDown
@@ -64,3 +73,18 @@ async def test_a_late_status_of_a_deleted_instances_runner_is_dropped() -> None:
         and isinstance(p.event.runner_status, RunnerShuttingDown)
         for p in published
     )
+
+
+async def test_racing_placements_of_a_model_that_needs_one_make_one_instance() -> None:
+    """The CLI's start model and a request that needs the model both saw no instance and
+    both asked to place it: the master places once. A plain placement still adds one."""
+    master, published = make_master()
+    master.resolve_card = lambda model_id: model_card(model_id)
+    await master.emit(NodeGatheredInfo(node_id=NODE_A, info=node_info("a", memory_mb=8192)))
+    for _ in range(2):
+        await master.submit(PlaceInstance(model_id=MODEL_1, unless_present=True), NODE_A)
+    created = [p for p in published if isinstance(p.event, InstanceCreated)]
+    assert len(created) == 1
+    assert len(master.state.instances) == 1
+    await master.submit(PlaceInstance(model_id=MODEL_1), NODE_A)  # asked for another one
+    assert len(master.state.instances) == 2

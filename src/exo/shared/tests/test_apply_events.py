@@ -35,6 +35,7 @@ from exo.shared.types.events import (
     ChunkGenerated,
     InstanceCreated,
     InstanceDeleted,
+    MergeReported,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -45,7 +46,7 @@ from exo.shared.types.events import (
     TopologyEdgeCreated,
     TopologyEdgeDeleted,
 )
-from exo.shared.types.state import State
+from exo.shared.types.state import MergeReport, State
 from exo.shared.types.tasks import FINISHED_TASK_STATUSES, TaskStatus
 from exo.shared.types.topology import Connection
 from exo.shared.types.worker.downloads import DownloadOngoing
@@ -348,3 +349,19 @@ def test_chunk_generated_changes_nothing_but_the_index() -> None:
     new = fold(state, [ChunkGenerated(command_id=COMMAND_1, chunk=chunk)])
     assert _content(new) == _content(state)
     assert new.last_event_applied_idx == state.last_event_applied_idx + 1
+
+
+# --- merges --------------------------------------------------------------------------
+
+
+def test_a_merge_report_is_kept_as_the_last_one_and_changes_nothing_else() -> None:
+    state = _three_node_state()
+    first = MergeReport(
+        node_id=NODE_B, first_idx=3, last_idx=5, dropped_events=3,
+        event_kinds=("InstanceCreated", "TaskCreated"), command_ids=(COMMAND_1,),
+    )
+    second = first.model_copy(update={"node_id": NODE_C, "command_ids": ()})
+    once = fold(state, [MergeReported(report=first)])
+    assert once.last_merge_report == first
+    assert _content(once) == {**_content(state), "last_merge_report": first.model_dump()}
+    assert fold(once, [MergeReported(report=second)]).last_merge_report == second

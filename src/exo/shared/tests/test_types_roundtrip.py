@@ -50,6 +50,7 @@ from exo.shared.types.events import (
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
+    MergeReported,
     NodeDownloadProgress,
     NodeGatheredInfo,
     NodeTimedOut,
@@ -62,7 +63,7 @@ from exo.shared.types.events import (
 )
 from exo.shared.types.memory import Memory
 from exo.shared.types.profiling import GpuInfo, NodeInfo
-from exo.shared.types.state import State
+from exo.shared.types.state import MergeReport, State
 from exo.shared.types.tasks import (
     AbandonInstance,
     CancelTask,
@@ -229,6 +230,10 @@ EVENTS: list[Event] = [
     DownloadActionRequested(node_id=NODE_A, action="delete", model_card=HUB_CARD),
     TopologyEdgeCreated(connection=_A_TO_B),
     TopologyEdgeDeleted(connection=_A_TO_B),
+    MergeReported(report=MergeReport(
+        node_id=NODE_B, first_idx=7, last_idx=9, dropped_events=3,
+        event_kinds=("InstanceCreated",), command_ids=(COMMAND_1,),
+    )),
     ChunkGenerated(command_id=COMMAND_1, chunk=CHUNKS[0]),
 ]
 
@@ -276,6 +281,12 @@ def test_every_member_round_trips_through_json(
         assert back == sample, name
 
 
+_MERGE = MergeReport(
+    node_id=NODE_C, first_idx=30, last_idx=31, dropped_events=2,
+    event_kinds=("InstanceDeleted", "TaskCreated"), command_ids=(COMMAND_2,),
+)
+
+
 def full_state() -> State:
     """A state with every field filled in."""
     return make_state(
@@ -295,7 +306,7 @@ def full_state() -> State:
         downloads={NODE_A: {MODEL_1: DONE}, NODE_C: {MODEL_2: DOWNLOADS[1]}},
         nodes={NODE_A: FULL_NODE_INFO, NODE_B: node_info("b")},
         connections=[_A_TO_B, Connection(source=NODE_B, sink=NODE_A)],
-    ).model_copy(update={"last_event_applied_idx": 41})
+    ).model_copy(update={"last_event_applied_idx": 41, "last_merge_report": _MERGE})
 
 
 def test_full_state_round_trips_through_json() -> None:

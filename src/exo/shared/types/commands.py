@@ -19,6 +19,11 @@ class PlaceInstance(FrozenModel):
     model_card: ModelCard | None = None
     """A card the master may not know (built from the hub by the node that took the
     request); placed as given."""
+    unless_present: bool = False
+    """Place only if the state has no instance of the model yet (the start model of the
+    CLI, a request that needs the model): such placements checked the state where they
+    were sent, and two of them racing must not make two instances. The master decides,
+    so the check holds across nodes and failovers."""
 
 
 class CreateInstance(FrozenModel):

@@ -8,6 +8,7 @@ from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.common import CommandId, FrozenModel, NodeId
 from exo.shared.types.profiling import NodeInfo
+from exo.shared.types.state import MergeReport
 from exo.shared.types.tasks import Task, TaskId, TaskStatus
 from exo.shared.types.topology import Connection
 from exo.shared.types.worker.downloads import DownloadProgress
@@ -96,6 +97,14 @@ class DownloadActionRequested(FrozenModel):
     model_card: ModelCard
 
 
+class MergeReported(FrozenModel):
+    """A node dropped events of its log to follow the master's (see ``MergeReport``);
+    sent by that node once it has started again from the master's state."""
+
+    kind: Literal["MergeReported"] = "MergeReported"
+    report: MergeReport
+
+
 Event = Annotated[
     TaskCreated
     | TaskAcknowledged
@@ -109,6 +118,7 @@ Event = Annotated[
     | DownloadActionRequested
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
+    | MergeReported
     | ChunkGenerated,
     Field(discriminator="kind"),
 ]

@@ -4,6 +4,7 @@ does to them: kill, restart with the data dir, stop and continue a process group
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import psutil
 
+from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.chaos.proxy import Mesh
 from exo.tests.node_process import free_port
 
@@ -26,6 +28,27 @@ ENV = {
 _CREATED = re.compile(r"creating runner for instance (\S+) \(attempt (\d+)\)")
 
 
+BAD_MODELS = {"missing-model": "not found", "broken-model": "truncated"}
+"""Models no node can obtain (after ``remove_missing_model``), and what their error says."""
+
+
+def bad_models(folder: Path) -> Path:
+    """A models folder that every node serves: ``broken-model``, a GGUF cut off after its
+    header, and ``missing-model``, a whole copy that the test removes once the nodes
+    listed it (its card is known, its file is gone)."""
+    source = find_embedded_gguf()
+    assert source is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    with source.open("rb") as src, (folder / "broken-model.gguf").open("wb") as dst:
+        dst.write(src.read(30_000_000))
+    shutil.copyfile(source, folder / "missing-model.gguf")
+    return folder
+
+
+def remove_missing_model(folder: Path) -> None:
+    (folder / "missing-model.gguf").unlink(missing_ok=True)
+
+
 @dataclass(eq=False)
 class ChaosNode:
     index: int
@@ -34,6 +57,7 @@ class ChaosNode:
     api_port: int
     log_dir: Path
     peers: list[str]
+    models_dir: Path
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     stopped: bool = False
@@ -48,7 +72,7 @@ class ChaosNode:
                 "--log-level", "debug", "--api-port", str(self.api_port),
                 "--data-dir", str(self.data_dir), "--listen",
                 f"tcp/127.0.0.1:{self.cluster_port}", "--secret", SECRET,
-                "--node-timeout", str(NODE_TIMEOUT_S),
+                "--node-timeout", str(NODE_TIMEOUT_S), "--models-dir", str(self.models_dir),
                 *(a for p in self.peers for a in ("--peer", p))]
         with self.log_path(self.starts).open("wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
@@ -129,8 +153,9 @@ class ChaosCluster:
     def start(cls, tmp: Path, n: int = 3) -> "ChaosCluster":
         ports = [free_port() for _ in range(n)]
         mesh = Mesh.start(ports)
-        nodes = [ChaosNode(i, tmp / f"node{i}", ports[i], free_port(), tmp, mesh.peers_of(i))
-                 for i in range(n)]
+        models = bad_models(tmp / "models")
+        nodes = [ChaosNode(i, tmp / f"node{i}", ports[i], free_port(), tmp, mesh.peers_of(i),
+                           models) for i in range(n)]
         for node in nodes:
             node.start()
         return cls(nodes, mesh)

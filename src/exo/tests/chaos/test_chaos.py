@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from exo.shared.constants import EXO_MAX_INSTANCE_RETRIES
-from exo.tests.chaos.clients import Outcome, random_request
-from exo.tests.chaos.cluster import ChaosCluster, ChaosNode
+from exo.tests.chaos.clients import KINDS, Outcome, random_request, run_one
+from exo.tests.chaos.cluster import BAD_MODELS, ChaosCluster, ChaosNode, remove_missing_model
 from exo.tests.node_process import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -49,6 +49,8 @@ class Journal:
     disrupted: list[tuple[int, float, float]] = field(default_factory=list[tuple[int, float, float]])
     requests: list[Record] = field(default_factory=list[Record])
     deleted: list[str] = field(default_factory=list[str])
+    unobtainable: list[tuple[str, Record]] = field(default_factory=list[tuple[str, Record]])
+    """Requests for a model no node can obtain (its name, how the request ended)."""
     orphans: list[int] = field(default_factory=list[int])
 
     def node_disrupted(self, node: int, start: float, end: float) -> bool:
@@ -78,6 +80,18 @@ def _place(node: ChaosNode) -> None:
     assert r.status_code == 200, r.text
 
 
+def _answering(cluster: ChaosCluster) -> list[ChaosNode]:
+    """Live nodes whose API answers (a node just restarted may not listen yet)."""
+    answering: list[ChaosNode] = []
+
+    def some() -> bool:
+        answering[:] = [n for n in cluster.live() if n.state() is not None]
+        return bool(answering)
+
+    wait_until(some, 60, "a node whose API answers")
+    return answering
+
+
 def _check_cuts_are_real(cluster: ChaosCluster) -> None:
     """A cut link makes its two nodes see each other gone: zenoh has no way around."""
     a, b = cluster.nodes[0], cluster.nodes[1]
@@ -102,10 +116,24 @@ def _clients(cluster: ChaosCluster, journal: Journal, seed: int, stop: threading
         journal.requests.append(Record(outcome, node.index, started, time.monotonic()))
 
 
-def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random) -> str:
+FAULTS = ("runner_kill", "node_restart", "stop_cont", "master_restart", "partition", "one_way",
+          "delay", "unobtainable", "delete_place")
+ALWAYS = ("delay", "unobtainable")
+"""Faults every run has at least once (cheap ones; the others come as the seed says)."""
+
+
+def schedule(rng: random.Random, count: int) -> list[str]:
+    """The kinds of the run's faults, in order: random, with each of ``ALWAYS`` in it."""
+    kinds = [rng.choice(FAULTS) for _ in range(max(count, len(ALWAYS)))]
+    for kind in ALWAYS:
+        if kind not in kinds:
+            slots = [i for i, k in enumerate(kinds) if k not in ALWAYS]
+            kinds[rng.choice(slots)] = kind
+    return kinds
+
+
+def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random, kind: str) -> str:
     n = len(cluster.nodes)
-    kind = rng.choice(["runner_kill", "node_restart", "stop_cont", "master_restart",
-                       "partition", "one_way", "delete_place"])
     hold = rng.uniform(1.0, 4.0)
     start = time.monotonic()
     match kind:
@@ -143,9 +171,25 @@ def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random) -> str:
             time.sleep(hold)
             cluster.mesh.heal()
             return f"one_way {i}->{j} ({hold:.1f} s)"
+        case "delay":
+            i, j = rng.sample(range(n), 2)
+            delay = rng.uniform(0.05, 0.6)
+            cluster.mesh.delay(i, j, delay)
+            time.sleep(hold)
+            cluster.mesh.heal()
+            return f"delay {i}<->{j} by {delay * 1000:.0f} ms ({hold:.1f} s)"
+        case "unobtainable":  # a missing or truncated GGUF: a clear error, never a hang
+            model = rng.choice(sorted(BAD_MODELS))
+            node = rng.choice(_answering(cluster))
+            started = time.monotonic()
+            outcome = run_one(node.url, rng.choice(KINDS), model, stream=rng.random() < 0.5,
+                              deadline_s=REQUEST_DEADLINE_S, max_tokens=8)
+            record = Record(outcome, node.index, started, time.monotonic())
+            journal.unobtainable.append((model, record))
+            return (f"unobtainable {model} on node {node.index}: {outcome.ending} "
+                    f"{outcome.status} in {outcome.seconds:.1f} s")
         case _:  # delete_place: an acknowledged deletion, then a new placement
-            live = cluster.live()
-            node = rng.choice(live)
+            node = rng.choice(_answering(cluster))
             state = node.state() or {"instances": {}}
             for iid in list(state["instances"]):
                 r = httpx.delete(f"{node.url}/instance/{iid}", timeout=30)
@@ -172,6 +216,7 @@ def test_chaos(cluster: ChaosCluster, seed: int) -> None:
 def _run(cluster: ChaosCluster, seed: int) -> None:
     rng = random.Random(seed)
     wait_until(lambda: cluster.agreed() is not None, 90, "three nodes to agree")
+    remove_missing_model(cluster.nodes[0].models_dir)  # every node listed it; now it is gone
     _check_cuts_are_real(cluster)
     _place(cluster.nodes[rng.randrange(3)])
     wait_until(lambda: any(_serving(s) for s in cluster.states() or []), 180, "the model")
@@ -183,8 +228,8 @@ def _run(cluster: ChaosCluster, seed: int) -> None:
     for client in clients:
         client.start()
     try:
-        for step in range(FAULTS_PER_RUN):
-            print(f"fault {step}: {_fault(cluster, journal, rng)}", flush=True)
+        for step, kind in enumerate(schedule(rng, FAULTS_PER_RUN)):
+            print(f"fault {step}: {_fault(cluster, journal, rng, kind)}", flush=True)
             time.sleep(rng.uniform(0.5, 3.0))
         cluster.mesh.heal()
         for node in cluster.nodes:
@@ -234,6 +279,19 @@ def _check_invariants(cluster: ChaosCluster, journal: Journal, last_fault: float
             assert journal.node_disrupted(r.node, r.started, r.ended), r
         if r.outcome.ending == "error":
             assert r.outcome.status != 500, r
+    # A model no node can obtain is a clear error naming the cause, within the deadline
+    # (a cut only from a node that was killed or stopped meanwhile).
+    for model, r in journal.unobtainable:
+        if r.outcome.ending == "cut" and journal.node_disrupted(r.node, r.started, r.ended):
+            continue
+        assert r.outcome.ending == "error", (model, r)
+        assert r.outcome.status != 500, (model, r)
+        assert model in r.outcome.detail and BAD_MODELS[model] in r.outcome.detail, (model, r)
+    # A merge that dropped events is in the replicated log, not only in a log line (a
+    # node that dropped some in its current run and lives has told the master).
+    if any("cluster: dropping" in node.log() for node in cluster.nodes):
+        assert state.get("last_merge_report") is not None, "a merge dropped events silently"
+        print(f"last merge report: {state['last_merge_report']}")
     # No acknowledged deletion lost; the model is placed (an acknowledged placement).
     for iid in journal.deleted:
         assert iid not in state["instances"], f"deleted instance {iid} came back"

@@ -1,6 +1,7 @@
 """Finding a model's files on this node: a local source, the models folder, or the
 Hugging Face cache (for hub models). Nothing here requires the hub."""
 
+import struct
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from exo.shared.types.worker.downloads import (
     DownloadProgress,
 )
 from exo.worker.download.hub import locate_hub_model
+from exo.worker.engines.gguf_reader import GGUFFile
+
+INVALID_FILE_STATUS = 422
+"""The status of a local model file that is there but cannot be loaded as it is."""
 
 
 def locate_model(
@@ -45,6 +50,9 @@ def locate_progress(
 ) -> DownloadProgress:
     found = locate_model(card, models_dir, hub_cache, extra_dirs, layers)
     if found is not None:
+        problem = gguf_problem(found) if card.hub is None else None
+        if problem is not None:  # no retry fixes a broken local file: say so at once
+            return DownloadFailed(error_message=problem, status=INVALID_FILE_STATUS)
         if card.hub is not None and layers is not None:
             return DownloadCompleted(path=str(found), start_layer=layers[0], end_layer=layers[1])
         return DownloadCompleted(path=str(found))
@@ -54,3 +62,25 @@ def locate_progress(
         "this node has no download source for it",
         status=404,
     )
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why a local GGUF file cannot be loaded as it is (None: it holds every byte its
+    header promises). A cut-off copy fails every load; found here, before any runner."""
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return None
+    try:
+        gguf = GGUFFile(path)
+    except (ValueError, OSError, KeyError, IndexError, struct.error) as e:
+        return f"model file {path} is not a readable GGUF file ({type(e).__name__}: {e})"
+    try:
+        needed = max((t.offset + t.n_bytes for t in gguf.tensors.values()), default=0)
+    finally:
+        gguf.close()
+    size = path.stat().st_size
+    if size < needed:
+        return (
+            f"model file {path} is truncated: it has {size} bytes, its tensors need "
+            f"{needed} (copy or download it again)"
+        )
+    return None

@@ -15,10 +15,10 @@ from exo.shared.tests.builders import MODEL_1, NODE_A, fold, make_state, node_in
 from exo.shared.types.events import InstanceCreated, NodeDownloadProgress
 from exo.shared.types.memory import Memory
 from exo.shared.types.profiling import GpuInfo
-from exo.shared.types.worker.downloads import DownloadFailed, DownloadOngoing
+from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed, DownloadOngoing
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import HubSettings, download_files, shard_files
-from exo.worker.download.local import locate_model
+from exo.worker.download.local import INVALID_FILE_STATUS, locate_model, locate_progress
 from exo.worker.download.model_dirs import parse_memory, scan_models_dir
 from exo.worker.download.tests.hub_models import SAFETENSORS_REPO
 
@@ -67,6 +67,33 @@ def test_a_models_dir_of_ggufs_folders_and_a_hub_cache_yields_cards(
     assert locate_model(card, nowhere, None, [models]) is None
     with pytest.raises(ValueError, match="not found"):
         scan_models_dir(tmp_path / "missing")
+
+
+def test_a_truncated_or_garbled_local_gguf_fails_for_good_before_any_runner(
+    tmp_path: Path,
+) -> None:
+    gguf = find_embedded_gguf()
+    assert gguf is not None
+    models = tmp_path / "models"
+    models.mkdir()
+    data = gguf.read_bytes()
+    (models / "whole.gguf").write_bytes(data)
+    (models / "cut.gguf").write_bytes(data[:30_000_000])  # the header is whole
+    cards = {c.model_id: c for c in scan_models_dir(models)}
+    (models / "garbled.gguf").write_bytes(data[:2000])  # listed whole, then overwritten
+    garbled = cards[ModelId("whole")].model_copy(
+        update={"model_id": ModelId("garbled"), "source": str(models / "garbled.gguf")}
+    )
+    whole = locate_progress(cards[ModelId("whole")], tmp_path / "none")
+    assert isinstance(whole, DownloadCompleted)
+    cut = locate_progress(cards[ModelId("cut")], tmp_path / "none")
+    assert isinstance(cut, DownloadFailed) and cut.status == INVALID_FILE_STATUS
+    assert f"cut.gguf is truncated: it has 30000000 bytes, its tensors need {len(data)}" in (
+        cut.error_message
+    )
+    bad = locate_progress(garbled, tmp_path / "none")
+    assert isinstance(bad, DownloadFailed) and bad.status == INVALID_FILE_STATUS
+    assert "garbled.gguf is not a readable GGUF file" in bad.error_message
 
 
 def test_progress_redraws_in_place_on_a_terminal_and_is_sparse_otherwise() -> None:
