@@ -10,7 +10,7 @@ before it (the OpenAI, Claude and Ollama behaviour), with ``stop_sequence`` set.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, TokenLogprob, Usage
@@ -65,6 +65,8 @@ class Finished:
     reasoning: str = ""
     # Every output token's log-probability, when the request asked for them.
     logprobs: tuple[TokenLogprob, ...] = ()
+    # An embedding request's vector.
+    embedding: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,10 @@ class ChunkTranslator:
             rest = self._scanner.flush()
             if rest:
                 events.append(TextDelta(rest))
-            events.append(self._finish(chunk.finish_reason, chunk.usage, now_ns, None))
+            done = self._finish(chunk.finish_reason, chunk.usage, now_ns, None)
+            if chunk.embedding is not None:
+                done = replace(done, embedding=tuple(chunk.embedding))
+            events.append(done)
         return events
 
     def _finish(

@@ -10,6 +10,7 @@ from starlette.middleware.cors import CORSMiddleware
 from exo.api import (
     claude,
     dashboard,
+    embeddings,
     management,
     ollama,
     openai_chat,
@@ -37,7 +38,14 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
     )
     install_error_handlers(app)
     for module in (
-        openai_chat, openai_completions, openai_responses, claude, ollama, management, dashboard
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        embeddings,
+        claude,
+        ollama,
+        management,
+        dashboard,
     ):
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before

@@ -1,0 +1,84 @@
+"""Embeddings against one real node serving the embedded model, through official clients."""
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from exo.tests.node_process import NodeProcess, running_node
+
+pytestmark = [pytest.mark.slow]
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+HIDDEN = 576  # SmolLM2-135M's hidden size
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    tmp: Path = tmp_path_factory.mktemp("api-embed")
+    with running_node(tmp, timeout=300) as n:
+        yield n
+
+
+def oa(node: NodeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def norm(v: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in v))
+
+
+def test_openai_sdk_embeddings(node: NodeProcess) -> None:
+    client = oa(node)
+    # The SDK asks for base64 unless told otherwise, and decodes it.
+    both = client.embeddings.create(model=MODEL, input=["The sea is calm.", "def f(): pass"])
+    assert [d.index for d in both.data] == [0, 1]
+    a, b = (d.embedding for d in both.data)
+    assert len(a) == len(b) == HIDDEN and a != b
+    assert math.isclose(norm(a), 1.0, rel_tol=1e-4) and math.isclose(norm(b), 1.0, rel_tol=1e-4)
+    assert both.usage.prompt_tokens > 0 and both.usage.total_tokens == both.usage.prompt_tokens
+    floats = client.embeddings.create(
+        model=MODEL, input="The sea is calm.", encoding_format="float"
+    )
+    assert len(floats.data) == 1
+    # The same text gives the same vector, in both encodings (float32 on the wire for base64).
+    assert all(
+        math.isclose(x, y, abs_tol=1e-6) for x, y in zip(floats.data[0].embedding, a, strict=True)
+    )
+
+
+def test_openai_embedding_errors_are_400(node: NodeProcess) -> None:
+    url = node.url + "/v1/embeddings"
+    cases: list[dict[str, Any]] = [
+        {"model": MODEL, "input": ""},
+        {"model": MODEL, "input": []},
+        {"model": MODEL, "input": [1, 2, 3]},
+        {"model": MODEL, "input": "x", "encoding_format": "hex"},
+        {"model": MODEL, "input": "x", "dimensions": 7},
+        {"model": MODEL, "input": "lorem ipsum " * 1500},
+    ]
+    for body in cases:
+        r = httpx.post(url, json=body, timeout=120)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"]["message"]
+    r = httpx.post(url, json={"model": "no-such-model", "input": "x"}, timeout=120)
+    assert r.status_code == 404
+    assert httpx.post(url, json={"model": MODEL, "input": "still serving"}, timeout=120).is_success
+
+
+def test_ollama_embed_and_legacy_embeddings(node: NodeProcess) -> None:
+    client = ollama.Client(host=node.url, timeout=120)
+    out = client.embed(model=MODEL, input=["The sea is calm.", "The sea is calm."])
+    vectors = [list(v) for v in out.embeddings]
+    assert len(vectors) == 2 and vectors[0] == vectors[1] and len(vectors[0]) == HIDDEN
+    assert math.isclose(norm(vectors[0]), 1.0, rel_tol=1e-4)
+    assert (out.prompt_eval_count or 0) > 0
+    legacy = client.embeddings(model=MODEL, prompt="The sea is calm.")
+    assert list(legacy.embedding) == vectors[0]
+    one = client.embed(model=MODEL + ":latest", input="The sea is calm.")
+    assert list(one.embeddings[0]) == vectors[0]
