@@ -67,6 +67,8 @@ class Finished:
     logprobs: tuple[TokenLogprob, ...] = ()
     # An embedding request's vector.
     embedding: tuple[float, ...] = ()
+    # The prompt's and the output's token ids, when the request asked for them.
+    context: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -177,10 +179,14 @@ class ChunkTranslator:
             rest = self._scanner.flush()
             if rest:
                 events.append(TextDelta(rest))
-            done = self._finish(chunk.finish_reason, chunk.usage, now_ns, None)
+            events.append(self._finish(chunk.finish_reason, chunk.usage, now_ns, None))
+        if events and isinstance(events[-1], Finished):
+            done = events[-1]
             if chunk.embedding is not None:
                 done = replace(done, embedding=tuple(chunk.embedding))
-            events.append(done)
+            if chunk.context is not None:
+                done = replace(done, context=tuple(chunk.context))
+            events[-1] = done
         return events
 
     def _finish(

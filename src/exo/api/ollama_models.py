@@ -35,7 +35,10 @@ _QUANT = re.compile(r"(?:^|[-_.])(I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)(?:[-_.]|$)"
 
 
 def quantization_level(card: ModelCard) -> str:
-    """From the GGUF file's name (``...Q4_K_M.gguf``); safetensors folders hold BF16."""
+    """The hub quant a GGUF card pinned, or the GGUF file's name (``...Q4_K_M.gguf``);
+    safetensors folders hold BF16."""
+    if card.hub is not None and card.hub.gguf_quant:
+        return card.hub.gguf_quant.upper()
     if card.source.endswith(".gguf"):
         match = _QUANT.search(card.source.rsplit("/", 1)[-1].removesuffix(".gguf"))
         return match.group(1).upper() if match else "unknown"
@@ -58,7 +61,7 @@ def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
     return {
         "modelfile": f"FROM {card.model_id}\n",
         "parameters": "",
-        "template": "",
+        "template": card.chat_template or "",
         "details": details(card),
         "model_info": {
             "general.architecture": arch,

@@ -1,4 +1,5 @@
-"""Embeddings against one real node serving the embedded model, through official clients."""
+"""Embeddings and Ollama's generate context against one real node serving the embedded
+model, through official clients."""
 
 import math
 from collections.abc import Iterator
@@ -10,7 +11,9 @@ import ollama
 import openai
 import pytest
 
+from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import NodeProcess, running_node
+from exo.worker.engines.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slow]
 
@@ -82,3 +85,22 @@ def test_ollama_embed_and_legacy_embeddings(node: NodeProcess) -> None:
     assert list(legacy.embedding) == vectors[0]
     one = client.embed(model=MODEL + ":latest", input="The sea is calm.")
     assert list(one.embeddings[0]) == vectors[0]
+
+
+def test_ollama_generate_returns_its_context(node: NodeProcess, tmp_path: Path) -> None:
+    client = ollama.Client(host=node.url, timeout=120)
+    options: dict[str, Any] = {"temperature": 0, "num_predict": 6}
+    whole = client.generate(model=MODEL, prompt="Name a colour.", options=options, stream=False)
+    context = list(whole.context or [])
+    prompt_n, output_n = whole.prompt_eval_count or 0, whole.eval_count or 0
+    assert whole.done_reason == "length" and output_n == 6
+    assert len(context) == prompt_n + output_n
+    gguf = find_embedded_gguf()
+    assert gguf is not None
+    tokenizer = load_tokenizer(gguf, tmp_path)
+    assert tokenizer.decode(context[prompt_n:]) == whole.response
+    streamed = list(
+        client.generate(model=MODEL, prompt="Name a colour.", options=options, stream=True)
+    )
+    assert list(streamed[-1].context or []) == context
+    assert all(part.context is None for part in streamed[:-1])

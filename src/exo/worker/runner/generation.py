@@ -58,6 +58,8 @@ class _Request:
     logprob_sink: list[TokenLogprobs] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list[TokenLogprob])
     completion_tokens: int = 0
+    # With return_context: the prompt's and the output's token ids so far.
+    context: list[int] | None = None
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -162,6 +164,7 @@ class Generation:
             prompt_tokens=len(prompt_ids),
             prefix=shown,
             logprob_sink=sink,
+            context=list(prompt_ids) if params.return_context else None,
         )
         return []
 
@@ -248,6 +251,8 @@ class Generation:
                 continue
             request.completion_tokens += 1
             finish: FinishReason | None = out.finish_reason
+            if request.context is not None and finish != "stop":
+                request.context.append(out.token_id)
             self._take_logprobs(request, drop_last=finish == "stop")
             # A stop token ends the text; it is not part of it.
             text = "" if finish == "stop" else request.detokenizer.push(out.token_id)
@@ -321,6 +326,9 @@ class Generation:
             prompt_tokens=request.prompt_tokens if request.chunks_sent == 0 else None,
             stop_sequence=request.stops.matched if finish == "stop" else None,
             logprobs=list(request.pending_logprobs) if request.logprob_sink is not None else None,
+            context=list(request.context)
+            if finish is not None and request.context is not None
+            else None,
         )
         request.pending_logprobs.clear()
         request.chunks_sent += 1
