@@ -13,6 +13,7 @@ from exo.api import (
     embeddings,
     management,
     ollama,
+    ollama_pull,
     openai_chat,
     openai_completions,
     openai_responses,
@@ -44,6 +45,7 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
         embeddings,
         claude,
         ollama,
+        ollama_pull,
         management,
         dashboard,
     ):
