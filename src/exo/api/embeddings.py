@@ -59,6 +59,8 @@ class OpenAIEmbeddingRequest(ApiModel):
 class OllamaEmbedRequest(ApiModel):
     model: str
     input: Inputs
+    # Ollama's default: an input over the context is cut to fit.
+    truncate: bool = True
 
 
 class OllamaLegacyEmbeddingRequest(ApiModel):
@@ -66,12 +68,15 @@ class OllamaLegacyEmbeddingRequest(ApiModel):
     prompt: str = Field(min_length=1)
 
 
-def embedding_task_params(card: ModelCard, text: str) -> TextGenerationTaskParams:
+def embedding_task_params(
+    card: ModelCard, text: str, truncate: bool = False
+) -> TextGenerationTaskParams:
     return TextGenerationTaskParams(
         model=card.model_id,
         input=[InputMessage(role="user", content=text)],
         raw_prompt=text,
         embed=True,
+        truncate=truncate,
         max_tokens=1,
     )
 
@@ -82,14 +87,19 @@ def as_base64(vector: list[float]) -> str:
 
 
 async def embed_all(
-    service: GenerationService, request: Request, card: ModelCard, texts: list[str]
+    service: GenerationService,
+    request: Request,
+    card: ModelCard,
+    texts: list[str],
+    truncate: bool = False,
 ) -> tuple[list[list[float]], int] | None:
     """Each text's vector and the tokens they took; None when the client went away."""
     vectors: list[list[float]] = []
     tokens = 0
     for text in texts:
         try:
-            result = await complete(service, request, embedding_task_params(card, text), card)
+            params = embedding_task_params(card, text, truncate)
+            result = await complete(service, request, params, card)
         except ApiError as e:
             if e.status == 400:
                 raise ApiError(400, e.message, param="input", code=e.code) from e
@@ -141,7 +151,7 @@ def router(service: GenerationService) -> APIRouter:
     async def ollama_embed(body: OllamaEmbedRequest, request: Request) -> Response:
         card = resolve(service, body.model)
         started = time.monotonic_ns()
-        result = await embed_all(service, request, card, body.input)
+        result = await embed_all(service, request, card, body.input, body.truncate)
         if result is None:
             return client_gone()
         vectors, tokens = result

@@ -85,6 +85,13 @@ def test_ollama_embed_and_legacy_embeddings(node: NodeProcess) -> None:
     assert list(legacy.embedding) == vectors[0]
     one = client.embed(model=MODEL + ":latest", input="The sea is calm.")
     assert list(one.embeddings[0]) == vectors[0]
+    # Ollama cuts an input over the context to fit, unless told not to.
+    long = "lorem ipsum " * 1500
+    cut = client.embed(model=MODEL, input=long)
+    assert cut.prompt_eval_count == 2048 and len(cut.embeddings[0]) == HIDDEN
+    with pytest.raises(ollama.ResponseError) as info:
+        client.embed(model=MODEL, input=long, truncate=False)
+    assert info.value.status_code == 400 and "2048" in info.value.error
 
 
 def test_ollama_generate_returns_its_context(node: NodeProcess, tmp_path: Path) -> None:

@@ -197,6 +197,8 @@ class Generation:
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if not ids:
             return self._failed(task, "the input has no tokens to embed", "invalid_request")
+        if len(ids) > limit and params.truncate:
+            ids = ids[:limit]
         if len(ids) > limit:
             message = (
                 f"this model's maximum context length is {limit} tokens, "
