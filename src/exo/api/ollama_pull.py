@@ -40,6 +40,8 @@ from exo.shared.types.worker.downloads import (
 
 # How often a quiet download is looked at again (progress comes as state changes).
 _POLL_S = 1.0
+# How long a failure seen before the pull started is taken for an old one.
+_STALE_S = 10.0
 
 
 class PullRequest(ApiModel):
@@ -87,12 +89,14 @@ async def pull_status(
     if not isinstance(stale, DownloadCompleted):
         await service.send(DownloadAction(action="start", node_id=node_id, model_card=card))
     stale = stale if isinstance(stale, DownloadFailed) else None
+    # ... unless nothing else comes for a while (the restart failed again, unseen).
+    stale_until = anyio.current_time() + _STALE_S
     watch = DownloadWatch(card.model_id, nodes={node_id})
     shown: tuple[int, int] | None = None
     while True:
         state = handle.state()
         progress = progress_of(state, node_id, card)
-        if progress != stale:
+        if progress != stale or anyio.current_time() > stale_until:
             stale = None
             error = watch.observe(state, anyio.current_time())
             if error is not None:

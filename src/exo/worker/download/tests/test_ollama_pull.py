@@ -32,8 +32,7 @@ def smol_hub() -> Generator[FakeHub]:
 
 @pytest.fixture
 def node(smol_hub: FakeHub, tmp_path: Path) -> Generator[NodeProcess]:
-    env = {"HF_ENDPOINT": smol_hub.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache"),
-           "HF_TOKEN": ""}
+    env = {"HF_ENDPOINT": smol_hub.url, "HF_HUB_CACHE": str(tmp_path / "hf-cache"), "HF_TOKEN": ""}
     with running_node(tmp_path, env=env) as proc:
         yield proc
 
@@ -49,8 +48,11 @@ def test_pull_streams_progress_then_success(
     statuses = [line.status for line in lines]
     assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
     assert statuses[-3:] == ["verifying sha256 digest", "writing manifest", "success"]
-    pulling = [line for line in lines if line.status and line.status.startswith("pulling ")
-               and line.status != "pulling manifest"]
+    pulling = [
+        line
+        for line in lines
+        if line.status and line.status.startswith("pulling ") and line.status != "pulling manifest"
+    ]
     completed = [line.completed or 0 for line in pulling]
     assert len(pulling) >= 3 and completed == sorted(completed)
     assert all(line.total == size and line.digest for line in pulling)
@@ -81,3 +83,19 @@ def test_pull_errors(node: NodeProcess) -> None:
     r = httpx.post(node.url + "/api/pull", json={"model": here}, timeout=30)
     assert r.headers["content-type"].startswith("application/x-ndjson")
     assert [json.loads(line)["status"] for line in r.text.splitlines()] == statuses
+
+
+def test_a_download_that_fails_for_good_ends_the_stream_with_its_error(
+    smol_hub: FakeHub, node: NodeProcess
+) -> None:
+    model = f"{SMOL_REPO}:Q4_1"
+    r = httpx.post(node.url + "/models/add", json={"model": model}, timeout=60)
+    assert r.status_code == 200, r.text  # the card is known; now the files are refused
+    smol_hub.repos[SMOL_REPO].gated = True
+    r = httpx.post(node.url + "/api/pull", json={"model": model}, timeout=120)
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    assert r.status_code == 200 and lines[0] == {"status": "pulling manifest"}
+    assert "error" in lines[-1] and SMOL_REPO in lines[-1]["error"]
+    with pytest.raises(ollama.ResponseError) as info:
+        list(ollama.Client(host=node.url, timeout=120).pull(model, stream=True))
+    assert SMOL_REPO in info.value.error
