@@ -10,7 +10,7 @@ before it (the OpenAI, Claude and Ollama behaviour), with ``stop_sequence`` set.
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, TokenLogprob, Usage
@@ -65,6 +65,10 @@ class Finished:
     reasoning: str = ""
     # Every output token's log-probability, when the request asked for them.
     logprobs: tuple[TokenLogprob, ...] = ()
+    # An embedding request's vector.
+    embedding: tuple[float, ...] = ()
+    # The prompt's and the output's token ids, when the request asked for them.
+    context: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,13 @@ class ChunkTranslator:
             if rest:
                 events.append(TextDelta(rest))
             events.append(self._finish(chunk.finish_reason, chunk.usage, now_ns, None))
+        if events and isinstance(events[-1], Finished):
+            done = events[-1]
+            if chunk.embedding is not None:
+                done = replace(done, embedding=tuple(chunk.embedding))
+            if chunk.context is not None:
+                done = replace(done, context=tuple(chunk.context))
+            events[-1] = done
         return events
 
     def _finish(

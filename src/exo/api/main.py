@@ -10,8 +10,10 @@ from starlette.middleware.cors import CORSMiddleware
 from exo.api import (
     claude,
     dashboard,
+    embeddings,
     management,
     ollama,
+    ollama_pull,
     openai_chat,
     openai_completions,
     openai_responses,
@@ -37,7 +39,15 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
     )
     install_error_handlers(app)
     for module in (
-        openai_chat, openai_completions, openai_responses, claude, ollama, management, dashboard
+        openai_chat,
+        openai_completions,
+        openai_responses,
+        embeddings,
+        claude,
+        ollama,
+        ollama_pull,
+        management,
+        dashboard,
     ):
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before

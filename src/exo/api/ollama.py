@@ -215,7 +215,7 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         num_ctx=request.options.num_ctx,
         template_kwargs=thinking_kwargs(request.think),
         json_schema=ollama_format(request.format),
-    )
+    ).model_copy(update={"return_context": not request.raw})
 
 
 def done_reason(reason: FinishKind) -> str:
@@ -249,7 +249,7 @@ def final_fields(finished: Finished) -> dict[str, Any]:
         "prompt_eval_duration": max(first - t.sent_ns, 0),
         "eval_count": finished.usage.completion_tokens,
         "eval_duration": max(t.finished_ns - first, 0),
-    }
+    } | ({"context": list(finished.context)} if finished.context is not None else {})
 
 
 def timestamp(now: datetime) -> str:

@@ -41,9 +41,9 @@ def _is_gguf(card: ModelCard) -> bool:
 
 
 def quantization_level(card: ModelCard) -> str:
-    """From the GGUF file's name (``...Q4_K_M.gguf``) or the hub card's chosen quant;
+    """The hub quant a GGUF card pinned, or the GGUF file's name (``...Q4_K_M.gguf``);
     safetensors folders hold BF16."""
-    if card.hub is not None and card.hub.gguf_quant is not None:
+    if card.hub is not None and card.hub.gguf_quant:
         return card.hub.gguf_quant.upper()
     if card.source.endswith(".gguf"):
         match = _QUANT.search(card.source.rsplit("/", 1)[-1].removesuffix(".gguf"))
@@ -67,7 +67,7 @@ def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
     return {
         "modelfile": f"FROM {card.model_id}\n",
         "parameters": "",
-        "template": "",
+        "template": card.chat_template or "",
         "details": details(card),
         "model_info": {
             "general.architecture": arch,

@@ -276,6 +276,10 @@ class ScriptedNode:
             if params.count_only:
                 self._deliver(command_id, self._token(params.model, "", -1, "stop", 0))
                 return
+            if params.embed:  # a fixed unit vector stands in for the model's
+                chunk = self._token(params.model, "", -1, "stop", 0)
+                self._deliver(command_id, chunk.model_copy(update={"embedding": [0.6, 0.8]}))
+                return
             if script.prompt_tokens >= min(script.context_length, params.num_ctx or 1 << 30):
                 error = ErrorChunk(
                     model=params.model,

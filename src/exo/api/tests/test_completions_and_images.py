@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from exo.api.tests.scripted_node import PROMPT_TOKENS, TEXT, ScriptedNode, ServedApp
+from exo.shared.models.model_cards import HubSource
 
 
 def oa(server: ServedApp) -> openai.OpenAI:
@@ -76,6 +77,8 @@ def test_ollama_quantization_and_unload(server: ServedApp, node: ScriptedNode) -
     client = ollama.Client(host=server.url, timeout=10)
     shown = client.show("HuggingFaceTB/SmolLM2-135M-Instruct")
     assert shown.details is not None and shown.details.quantization_level == "Q4_1"
+    # The model's own chat template, as its card carries it.
+    assert shown.template is not None and "<|im_start|>assistant" in shown.template
     client.generate(model="m1", prompt="hi")  # places and serves m1
     assert any(
         i.shard_assignments.model_id == "test-org/model-1" for i in node.state().instances.values()
@@ -100,3 +103,6 @@ def test_quantization_level_from_file_names() -> None:
         ("/m/folder", "BF16"),
     ):
         assert quantization_level(card.model_copy(update={"source": source})) == level
+    # A hub GGUF card (no local file yet) names the quant it pinned.
+    hub = HubSource(repo_id="o/r", revision="0" * 40, files=[], gguf_quant="q6_k")
+    assert quantization_level(card.model_copy(update={"hub": hub})) == "Q6_K"

@@ -37,6 +37,9 @@ ENDPOINTS: dict[str, list[str]] = {
     "/api/generate": ["model", "prompt", "system", "raw", "stream", "options", "format", "images",
                       "think", "keep_alive"],
     "/api/show": ["model", "name"],
+    "/v1/embeddings": ["model", "input", "encoding_format", "dimensions"],
+    "/api/embed": ["model", "input"],
+    "/api/embeddings": ["model", "prompt"],
     "/place_instance": ["model", "sharding", "min_nodes"],
     "/v1/cancel/some-command": [],
 }  # fmt: skip

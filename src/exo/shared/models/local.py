@@ -35,4 +35,5 @@ def card_from_path(path: Path) -> ModelCard:
         architecture=c.architecture,
         source=str(path.resolve()),
         aliases=[name.lower()],
+        chat_template=c.chat_template,
     )

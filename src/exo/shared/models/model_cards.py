@@ -67,6 +67,10 @@ class ModelCard(FrozenModel):
     aliases: list[str] = []
     # Set for models fetched from the Hugging Face hub.
     hub: HubSource | None = None
+    # The model's own chat template (Jinja), read by whoever built the card from the model's
+    # files or the hub; None when it has none or it was not read. The API shows it (Ollama
+    # /api/show) and never reads model files itself.
+    chat_template: str | None = None
 
     def layer_bytes(self) -> int:
         """Approximate bytes one transformer layer takes (weights only)."""

@@ -49,6 +49,10 @@ class TokenChunk(FrozenModel):
     stop_sequence: str | None = None
     # When the request asked for them: the tokens of this chunk's text.
     logprobs: list[TokenLogprob] | None = None
+    # An embedding request's answer: the unit-length vector of its input.
+    embedding: list[float] | None = None
+    # When the request asked for it: the prompt's and the output's token ids (final chunk).
+    context: list[int] | None = None
 
 
 class ErrorChunk(FrozenModel):

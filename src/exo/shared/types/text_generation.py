@@ -60,6 +60,12 @@ class TextGenerationTaskParams(FrozenModel):
     num_ctx: int | None = Field(default=None, ge=1)
     # Count the prompt's tokens and generate nothing (Claude count_tokens).
     count_only: bool = False
+    # Answer the raw prompt's embedding (one vector, on the final chunk) instead of text.
+    embed: bool = False
+    # An embedding's input longer than the context is cut to fit (Ollama) instead of refused.
+    truncate: bool = False
+    # Send the prompt's and the answer's token ids with the final chunk (Ollama context).
+    return_context: bool = False
     # Functions the model may call, and whether it must.
     tools: list[ToolSpec] = []
     tool_choice: ToolChoice = "auto"

@@ -87,6 +87,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         architecture=str(raw.get("model_type", "unknown")),
         aliases=[name.lower()],
         hub=hub,
+        chat_template=_hub_chat_template(hub, settings),
     )
 
 
@@ -106,6 +107,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         return int(value)
 
     heads = key("attention.head_count")
+    template = meta.get("tokenizer.chat_template")
     pinned = hub.model_copy(update={"files": chosen, "gguf_quant": quant or _quant_name(chosen)})
     return ModelCard(
         model_id=ModelId(name),
@@ -118,7 +120,20 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         architecture=arch,
         aliases=[name.lower()],
         hub=pinned,
+        chat_template=template if isinstance(template, str) else None,
     )
+
+
+def _hub_chat_template(hub: HubSource, settings: HubSettings) -> str | None:
+    """A safetensors repo's chat template: chat_template.jinja, else tokenizer_config.json's."""
+    names = {f.path for f in hub.files}
+    if "chat_template.jinja" in names:
+        return _fetch(hub, "chat_template.jinja", settings).read_text(encoding="utf-8")
+    if "tokenizer_config.json" not in names:
+        return None
+    config: dict[str, Any] = json.loads(_fetch(hub, "tokenizer_config.json", settings).read_text())
+    template = config.get("chat_template")
+    return template if isinstance(template, str) else None
 
 
 def _quant_name(files: list[HubFile]) -> str:

@@ -91,6 +91,19 @@ class Engine:
                 if out.token_id is not None and out.finish_reason != "stop":
                     yield out.token_id
 
+    def embedding(self, ids: list[int]) -> list[float]:
+        """The mean of the final hidden states (after the final norm) over `ids`, scaled to
+        unit length: a sentence vector of `config.hidden` floats."""
+        if not self.is_full_model:
+            raise RuntimeError("embeddings need the whole model in this engine")
+        if not ids:
+            raise ValueError("nothing to embed: no tokens")
+        with torch.inference_mode():
+            hidden = self.model.final_hidden(torch.tensor([ids], dtype=torch.long))
+            mean = hidden.mean(dim=0)
+            vector = torch.nn.functional.normalize(mean, dim=0)
+        return [float(x) for x in vector.tolist()]
+
     def warmup(self) -> None:
         """Run every code path once (prefill, batched decode, sampling) on a scratch cache."""
         if not self.is_full_model:

@@ -199,6 +199,10 @@ class LlamaModel:
         ]
         self.kv_heads = self.blocks[0].kv_heads if self.blocks else c.kv_heads
         self.lm_head: Linear | None = None  # h -> rmsnorm(h) g_out W_head^T
+        # The final norm's gain on its own (the head folds it in): for hidden states.
+        self.final_norm: Tensor | None = None
+        if weights.final_norm is not None:
+            self.final_norm = weights.final_norm.to(device=self.device, dtype=dtype)
         if weights.lm_head is not None and weights.final_norm is not None:
             self.lm_head = make_linear(
                 weights.lm_head,
@@ -265,6 +269,18 @@ class LlamaModel:
         """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]."""
         hidden = self.forward_layers(self.embed(tokens), step, cache)
         return self.head(hidden[:, -1])
+
+    def final_hidden(self, tokens: Tensor) -> Tensor:
+        """Whole model (single shard): tokens [1, T] -> final hidden states [T, D] after the
+        final norm (float32), on a scratch cache of T positions."""
+        if self.final_norm is None:
+            raise RuntimeError("this shard does not hold the final norm (end_layer < n_layers)")
+        n = int(tokens.shape[1])
+        hidden = self.forward_layers(
+            self.embed(tokens), StepInputs.single(0, 0, n), self.new_cache(1, n)
+        )
+        normed = F.rms_norm(hidden[0], (hidden.shape[-1],), self.final_norm, self.eps)
+        return normed.float()
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         if max_seq > self._ropes[False].shape[0]:  # beyond the trained context: extend the tables

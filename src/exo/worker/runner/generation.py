@@ -58,6 +58,8 @@ class _Request:
     logprob_sink: list[TokenLogprobs] | None = None
     pending_logprobs: list[TokenLogprob] = field(default_factory=list[TokenLogprob])
     completion_tokens: int = 0
+    # With return_context: the prompt's and the output's token ids so far.
+    context: list[int] | None = None
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -81,6 +83,8 @@ class Generation:
 
     def submit(self, task: TextGeneration) -> list[Event]:
         params = task.task_params
+        if params.embed:
+            return self._embedded(task)
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""
@@ -160,6 +164,7 @@ class Generation:
             prompt_tokens=len(prompt_ids),
             prefix=shown,
             logprob_sink=sink,
+            context=list(prompt_ids) if params.return_context else None,
         )
         return []
 
@@ -176,6 +181,49 @@ class Generation:
         if self._grammars is None:
             self._grammars = GrammarCompiler(self.engine.tokenizer, self.engine.config.vocab)
         return self._grammars.constraint(grammar)
+
+    def _embedded(self, task: TextGeneration) -> list[Event]:
+        """The answer to an embedding request: one final chunk with the vector (computed
+        here, in one forward pass over the input)."""
+        params = task.task_params
+        if self.leader is not None:
+            message = "embeddings need the model on one runner; this instance spans several"
+            return self._failed(task, message, "invalid_request")
+        text = params.raw_prompt if params.raw_prompt is not None else params.input[-1].content
+        try:
+            ids = self.engine.tokenizer.encode(text, add_special_tokens=True)
+        except Exception as e:  # this request is refused; the others go on
+            return self._failed(task, f"{type(e).__name__}: {e}")
+        limit = min(self.max_seq, params.num_ctx or self.max_seq)
+        if not ids:
+            return self._failed(task, "the input has no tokens to embed", "invalid_request")
+        if len(ids) > limit and params.truncate:
+            ids = ids[:limit]
+        if len(ids) > limit:
+            message = (
+                f"this model's maximum context length is {limit} tokens, "
+                f"but the input is {len(ids)} tokens"
+            )
+            return self._failed(task, message, "context_length_exceeded")
+        try:
+            vector = self.engine.embedding(ids)
+        except Exception as e:  # e.g. a pipeline shard: refused, the others go on
+            logger.warning(f"embedding {task.task_id} refused: {e}")
+            return self._failed(task, f"{type(e).__name__}: {e}")
+        chunk = TokenChunk(
+            model=params.model,
+            text="",
+            token_id=-1,
+            idx=0,
+            finish_reason="stop",
+            usage=Usage(prompt_tokens=len(ids), completion_tokens=0),
+            prompt_tokens=len(ids),
+            embedding=vector,
+        )
+        return [
+            ChunkGenerated(command_id=task.command_id, chunk=chunk),
+            TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Complete),
+        ]
 
     def _counted(self, task: TextGeneration, prompt_tokens: int) -> list[Event]:
         """The answer to a count-only request: one empty final chunk with the count."""
@@ -205,6 +253,8 @@ class Generation:
                 continue
             request.completion_tokens += 1
             finish: FinishReason | None = out.finish_reason
+            if request.context is not None and finish != "stop":
+                request.context.append(out.token_id)
             self._take_logprobs(request, drop_last=finish == "stop")
             # A stop token ends the text; it is not part of it.
             text = "" if finish == "stop" else request.detokenizer.push(out.token_id)
@@ -278,6 +328,9 @@ class Generation:
             prompt_tokens=request.prompt_tokens if request.chunks_sent == 0 else None,
             stop_sequence=request.stops.matched if finish == "stop" else None,
             logprobs=list(request.pending_logprobs) if request.logprob_sink is not None else None,
+            context=list(request.context)
+            if finish is not None and request.context is not None
+            else None,
         )
         request.pending_logprobs.clear()
         request.chunks_sent += 1

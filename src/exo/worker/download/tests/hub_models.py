@@ -12,6 +12,11 @@ from exo.worker.engines.tests.tiny_models import TINY, write_tiny_model
 
 SAFETENSORS_REPO = "tiny-org/TinyLlama-2shard"
 GGUF_REPO = "tiny-org/TinyLlama-GGUF"
+# The chat template both repos carry (tokenizer_config.json, the GGUF header).
+TINY_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def write_sharded_llama(folder: Path) -> Path:
@@ -25,7 +30,9 @@ def write_sharded_llama(folder: Path) -> Path:
         model.save_pretrained(folder, safe_serialization=True, max_shard_size="600KB")
     index = json.loads(index_path.read_text())
     assert len(set(index["weight_map"].values())) >= 2, "the tiny model must span 2 files"
-    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 256}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"model_max_length": 256, "chat_template": TINY_TEMPLATE})
+    )
     (folder / "README.md").write_text("# tiny\n")
     return folder
 
@@ -53,6 +60,7 @@ def write_tiny_gguf(path: Path, quant_name: str = "F32", seed: int = 0) -> Path:
     writer.add_head_count_kv(kv_heads)
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_chat_template(TINY_TEMPLATE)
     writer.add_tensor("token_embd.weight", rand(cfg["vocab_size"], hidden))
     for i in range(n_layers):
         p = f"blk.{i}."

@@ -25,7 +25,7 @@ from exo.worker.download.hub import (
 )
 from exo.worker.download.shard_download import ShardDownload
 from exo.worker.download.tests.conftest import GATED_REPO
-from exo.worker.download.tests.hub_models import GGUF_REPO, SAFETENSORS_REPO
+from exo.worker.download.tests.hub_models import GGUF_REPO, SAFETENSORS_REPO, TINY_TEMPLATE
 from exo.worker.download.tests.hub_server import FakeHub
 
 FILE1 = "model-00001-of-00002.safetensors"
@@ -52,6 +52,7 @@ def test_a_card_is_built_from_hub_metadata_without_fetching_weights(
     lfs = {f.path: f.sha256 for f in card.hub.files}
     assert lfs[FILE1] == hashlib.sha256(repo.files[FILE1]).hexdigest()
     assert hub.weight_gets(SAFETENSORS_REPO) == []
+    assert card.chat_template == TINY_TEMPLATE  # from tokenizer_config.json
 
 
 def test_a_gguf_card_reads_only_the_head_of_the_chosen_quant(
@@ -61,6 +62,7 @@ def test_a_gguf_card_reads_only_the_head_of_the_chosen_quant(
     assert (card.n_layers, card.hidden_size, card.num_heads, card.num_kv_heads) == (3, 96, 6, 3)
     assert card.hub is not None and card.hub.gguf_quant == "Q8_0"
     assert [f.path for f in card.hub.files] == ["TinyLlama-Q8_0.gguf"]
+    assert card.chat_template == TINY_TEMPLATE  # from the header
     gets = [r for r in hub.requests if r.method == "GET" and r.file is not None]
     assert gets and all(r.range_header == f"bytes=0-{(1 << 20) - 1}" for r in gets)
     with pytest.raises(DownloadError, match="Q2_K") as e:
