@@ -69,12 +69,13 @@ def _runner_line(model_id: ModelId, statuses: Sequence[object]) -> str | None:
 
 
 def _download_line(model_id: ModelId, downloads: Sequence[object]) -> str | None:
-    ongoing = [d for d in downloads if isinstance(d, DownloadOngoing) and d.total_bytes > 0]
+    started = [d for d in downloads if isinstance(d, DownloadOngoing)]
+    ongoing = [d for d in started if d.total_bytes > 0]
     if not ongoing:
         for d in downloads:
             if isinstance(d, DownloadFailed):
                 return f"downloading {model_id}: {d.error_message}"
-        return None
+        return f"downloading {model_id} ..." if started else None
     done = sum(d.downloaded_bytes for d in ongoing)
     total = sum(d.total_bytes for d in ongoing)
     speed = sum(d.bytes_per_s for d in ongoing)

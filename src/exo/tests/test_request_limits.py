@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.tests.node_process import NodeProcess, running_node
 
 pytestmark = [pytest.mark.slow]
@@ -57,11 +58,11 @@ def test_claude_and_ollama_get_413_too(node: NodeProcess) -> None:
 
 
 def test_a_prompt_far_over_the_context_is_400_naming_the_limit(node: NodeProcess) -> None:
-    # Under the body limit, but no tokenizer fits 900,000 characters in 8,192 tokens.
+    # Under the body limit, but no tokenizer fits 900,000 characters in the served context.
     r = httpx.post(node.url + "/v1/chat/completions", json=_chat("word " * 180_000), timeout=30)
     assert r.status_code == 400, r.text
     message = r.json()["error"]["message"]
-    assert "8192" in message and "context" in message
+    assert str(EXO_MAX_CONTEXT_TOKENS) in message and "context" in message
 
 
 def test_a_small_body_passes_the_limits(node: NodeProcess) -> None:

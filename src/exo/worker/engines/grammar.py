@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import llguidance
-import llguidance.torch as llg_torch
 import torch
 from torch import Tensor
 
@@ -103,10 +102,16 @@ class GrammarCompiler:
 
 class GrammarConstraint:
     def __init__(self, matcher: llguidance.LLMatcher, tokenizer: llguidance.LLTokenizer) -> None:
+        # llguidance.torch pulls in torch._dynamo (~2 s, ~120 MB): only runners that get a
+        # constrained request pay for it, not every runner at start.
+        import llguidance.torch as llg_torch
+
+        self._llg_torch = llg_torch
         self._matcher = matcher
         self._bitmask = llg_torch.allocate_token_bitmask(1, tokenizer.vocab_size)
 
     def mask(self, logits: Tensor) -> Tensor:
+        llg_torch = self._llg_torch
         llg_torch.fill_next_token_bitmask(self._matcher, self._bitmask, 0)
         z = logits.float().clone().unsqueeze(0)
         width = min(z.shape[-1], self._bitmask.shape[-1] * 32)
