@@ -15,7 +15,7 @@ import anyio
 from anyio import ClosedResourceError, EndOfStream
 from loguru import logger
 
-from exo.api.download_wait import DownloadWatch
+from exo.api.download_wait import DownloadWatch, terminal_error
 from exo.api.errors import ApiError
 from exo.api.generation_events import (
     ChunkTranslator,
@@ -39,6 +39,7 @@ from exo.shared.types.common import CommandId
 from exo.shared.types.state import State
 from exo.shared.types.tasks import TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
+from exo.shared.types.worker.downloads import DownloadFailed
 from exo.shared.types.worker.instances import Instance
 from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
@@ -448,7 +449,13 @@ class GenerationService:
             tg.cancel_scope.cancel()
         if failure:
             raise failure[0]
-        if serving_instance(self.handle.state(), model_id) is None:
+        state = self.handle.state()
+        if serving_instance(state, model_id) is None:
+            # The instance may have come and gone between two looks (several events applied at
+            # once): a download that failed for good on any node is still the real cause.
+            for progress in (d.get(model_id) for d in state.downloads.values()):
+                if isinstance(progress, DownloadFailed) and progress.terminal:
+                    raise terminal_error(model_id, progress)
             cause = f": the last runner error was: {runner_error[0]}" if runner_error else ""
             raise ApiError(
                 503,

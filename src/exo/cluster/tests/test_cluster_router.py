@@ -17,7 +17,7 @@ import pytest
 
 from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.nodes import SECRET, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import absent_model_instance, ids_of, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import ids_of, model_instance, wait_agreed
 from exo.routing import loopback_config
 from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
@@ -62,7 +62,7 @@ async def test_two_groups_form_one_cluster_through_a_router(
 
             # An instance on b1 (group B), sequenced by a1 (group A): every node has it,
             # and b1's runner status (its local events) crosses to group A.
-            instance = absent_model_instance(NodeId(b1_id))
+            instance = model_instance(NodeId(b1_id))
             assert await observer.send_command(CreateInstance(instance=instance), NodeId(a1_id))
             iid = str(instance.instance_id)
             await wait_until(lambda: has_instance(everyone, iid), 30, "the instance everywhere")
