@@ -381,10 +381,9 @@ class GenerationService:
                 await self._place_and_wait(card)
 
     async def _place_and_wait(self, card: ModelCard) -> None:
-        command = PlaceInstance(  # another node may be placing it too: one instance
-            model_id=card.model_id, model_card=card if card.hub is not None else None,
-            unless_present=True,
-        )
+        # The card goes along: the master may not know the model (a hub card, or a file only
+        # the nodes that listed it know of). Another node may be placing it too: one instance.
+        command = PlaceInstance(model_id=card.model_id, model_card=card, unless_present=True)
         receiver = self.handle.open_response(command.command_id)
         try:
             await self.send(command)
