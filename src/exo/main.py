@@ -17,17 +17,18 @@ import uvicorn
 from loguru import logger
 
 from exo.api.main import ApiSettings, create_app
-from exo.chunk_router import ChunkRouter
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
+from exo.node.chunks import ChunkRouter
+from exo.node.requests import RequestTracker
 from exo.node_info import cap_memory, gather_node_info, significantly_different
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import ModelRegistry
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
@@ -35,17 +36,11 @@ from exo.shared.types.events import (
     DownloadActionRequested,
     Event,
     IndexedEvent,
-    InstanceDeleted,
     NodeGatheredInfo,
-    NodeTimedOut,
     RunnerStatusUpdated,
-    TaskCreated,
-    TaskStatusUpdated,
 )
 from exo.shared.types.profiling import NodeInfo
 from exo.shared.types.state import State
-from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
-from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import RunnerFailed, RunnerShutdown
 from exo.utils.channels import Receiver, Sender, channel
 from exo.worker.download.hub import HubSettings
@@ -123,10 +118,7 @@ class Node:
         self._state = State()
         self._state_changed = anyio.Event()
         self.chunks = ChunkRouter()
-        self._task_commands: dict[TaskId, CommandId] = {}
-        self._command_instances: dict[CommandId, InstanceId] = {}
-        self._responding: set[CommandId] = set()
-        """Requests whose response is still being written (opened, not yet closed)."""
+        self.requests = RequestTracker(self.chunks)
         self._commands_tx, self._commands_rx = channel[tuple[Command, NodeId | None]]()
         self._local_tx, self._local_rx = channel[Event]()
         self.worker = Worker(
@@ -197,13 +189,10 @@ class Node:
         await self._commands_tx.send((command, self._node_id))
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:
-        self._responding.add(command_id)
-        return self.chunks.open(command_id)
+        return self.requests.open(command_id)
 
     def close_response(self, command_id: CommandId) -> None:
-        self._responding.discard(command_id)
-        self.chunks.close(command_id)
-        self._command_instances.pop(command_id, None)
+        self.requests.close(command_id)
 
     def model_cards(self) -> list[ModelCard]:
         return self.registry.cards()
@@ -221,14 +210,7 @@ class Node:
 
     def replace_state(self, state: State) -> None:
         self._state = state
-        reason = "the request is gone from the cluster's state (reset from the master)"
-        for task_id, command_id in list(self._task_commands.items()):
-            if task_id not in state.tasks:
-                del self._task_commands[task_id]
-                self._fail(command_id, reason)
-        for command_id, instance_id in list(self._command_instances.items()):
-            if instance_id not in state.instances:
-                self._fail(command_id, reason)
+        self.requests.reset(state)
         self._publish_state()
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
@@ -269,7 +251,7 @@ class Node:
 
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
         self._state = apply(self._state, indexed)
-        self._track_requests(indexed.event)
+        self.requests.observe(indexed.event, self._state)
         event = indexed.event
         if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:
             self.worker.download_action(event.action, event.model_card)
@@ -281,50 +263,10 @@ class Node:
         self._state_changed.set()
         self._state_changed = anyio.Event()
 
-    def _track_requests(self, event: Event) -> None:
-        """Requests whose task or instance disappears get an error at once."""
-        match event:
-            case TaskCreated(task=TextGeneration() as task):
-                if self.chunks.is_open(task.command_id):
-                    self._task_commands[task.task_id] = task.command_id
-                    self._command_instances[task.command_id] = task.instance_id
-            case TaskStatusUpdated(task_status=TaskStatus.Failed | TaskStatus.TimedOut):
-                command_id = self._task_commands.pop(event.task_id, None)
-                if command_id is not None:
-                    self._fail(command_id, event.error_message or "generation failed")
-            case TaskStatusUpdated(task_status=TaskStatus.Complete | TaskStatus.Cancelled):
-                self._task_commands.pop(event.task_id, None)
-            case InstanceDeleted() | NodeTimedOut():
-                live = set(self._state.instances)
-                reason = (
-                    f"instance deleted: {event.reason}"
-                    if isinstance(event, InstanceDeleted)
-                    else f"node {event.node_id} left the cluster"
-                )
-                for command_id, instance_id in list(self._command_instances.items()):
-                    if instance_id not in live:
-                        self._fail(command_id, reason)
-            case _:
-                pass
-
     async def end_open_requests(self, message: str, grace_s: float = 3.0) -> None:
         """Before the node stops: every waiting or streaming request gets an error that
-        says why, and a moment to send it (until its response closed, or ``grace_s``)."""
-        open_now = self.chunks.open_commands()
-        if not open_now:
-            return
-        logger.info(f"ending {len(open_now)} open request(s): {message}")
-        for command_id in open_now:
-            self._fail(command_id, message)
-        with anyio.move_on_after(grace_s):
-            while any(c in self._responding for c in open_now):
-                await anyio.sleep(0.02)
-
-    def _fail(self, command_id: CommandId, message: str) -> None:
-        self._command_instances.pop(command_id, None)
-        self.chunks.deliver(
-            command_id, ErrorChunk(model=ModelId("exo"), error_message=message)
-        )
+        says why, and a moment to send it."""
+        await self.requests.end_all(message, grace_s)
 
     async def run(self) -> None:
         # Stored Responses live in the node's data directory.
@@ -343,6 +285,7 @@ class Node:
                     tg.start_soon(self.master.run)
                 tg.start_soon(self.worker.run)
                 tg.start_soon(self._report_info)
+                tg.start_soon(self.requests.run)
                 tg.start_soon(server.serve, [sock])
                 self.started.set()
                 logger.info(f"node {self._node_id} serving on http://{_url_host(self.config.api.host)}:{self.api_port}")

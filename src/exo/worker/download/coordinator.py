@@ -34,6 +34,9 @@ from exo.worker.download.local import locate_model, locate_progress
 from exo.worker.download.shard_download import ShardDownload
 from exo.worker.runner.settings import RunnerSettings
 
+_CAUSE_FIRST_S = 3.0
+"""How long a failed instance's deletion waits for its download failure to be in the state."""
+
 
 @dataclass(eq=False)
 class DownloadCoordinator:
@@ -67,7 +70,7 @@ class DownloadCoordinator:
         if isinstance(progress, DownloadCompleted):
             self.backoff.reset(card.model_id)
         await self._report(card, progress)
-        await self._fail_instance(task.instance_id, progress)
+        await self._fail_instance(task.instance_id, card.model_id, progress)
 
     def action(self, action: DownloadActionKind, card: ModelCard) -> None:
         """A user asked this node to start, cancel or delete a model's download."""
@@ -111,7 +114,7 @@ class DownloadCoordinator:
                     outcome = DownloadPending()
                 await self._report(card, outcome)
                 if instance_id is not None:
-                    await self._fail_instance(instance_id, outcome)
+                    await self._fail_instance(instance_id, card.model_id, outcome)
             finally:
                 self.running.pop(card.model_id, None)
                 self.wakeup()
@@ -141,13 +144,23 @@ class DownloadCoordinator:
                 return done.model_copy(update={"start_layer": start, "end_layer": end})
         return done
 
-    async def _fail_instance(self, instance_id: InstanceId, outcome: DownloadProgress) -> None:
+    async def _fail_instance(
+        self, instance_id: InstanceId, model_id: ModelId, outcome: DownloadProgress
+    ) -> None:
         """Retrying cannot help: fail the instance (and its waiting requests) now."""
-        if (
+        if not (
             isinstance(outcome, DownloadFailed)
             and outcome.terminal
             and instance_id in self.state().instances
         ):
+            return
+        # The failure (an event) and the deletion (a command) travel apart: a request that
+        # sees the instance gone must already see why, so the deletion waits (a little) for
+        # the failure to be in the cluster's state.
+        with anyio.move_on_after(_CAUSE_FIRST_S):
+            while self.state().downloads.get(self.node_id, {}).get(model_id) != outcome:
+                await anyio.sleep(0.02)
+        if instance_id in self.state().instances:
             await self.send_command(
                 DeleteInstance(instance_id=instance_id, reason=outcome.error_message)
             )

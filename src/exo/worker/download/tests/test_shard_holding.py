@@ -7,8 +7,9 @@ import anyio
 import pytest
 
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.tests.builders import INSTANCE_1, NODE_A, make_state
-from exo.shared.types.commands import Command
+from exo.shared.tests.builders import INSTANCE_1, NODE_A, make_state, single_instance
+from exo.shared.types.commands import Command, DeleteInstance
+from exo.shared.types.memory import Memory
 from exo.shared.types.events import Event, NodeDownloadProgress
 from exo.shared.types.state import State
 from exo.shared.types.tasks import DownloadModel
@@ -120,3 +121,50 @@ async def test_a_shard_found_whole_in_a_read_only_cache_is_not_fetched(
     assert isinstance(fetched, DownloadCompleted) and fetched.covers(1, 3)
     assert FILE2 in hub.weight_gets(SAFETENSORS_REPO)
     assert locate_hub_model(card, tmp_path / "own-cache", (1, 3)) is not None
+
+
+@pytest.mark.anyio
+async def test_an_instance_is_deleted_only_once_its_download_failure_is_in_the_state(
+    tmp_path: Path,
+) -> None:
+    """The failure (an event) and the deletion (a command) travel apart; a request that saw
+    the instance go before the failure arrived answered "removed before it became ready"
+    without the cause (chaos seed 2). The deletion now waits for the failure in the state."""
+    card = ModelCard(
+        model_id=ModelId("gone-model"), n_layers=2, hidden_size=64, num_heads=2,
+        num_kv_heads=2, storage_size=Memory.from_mb(1), context_length=128,
+        architecture="llama", source=str(tmp_path / "gone-model.gguf"),  # no such file
+    )
+    instance = single_instance(model_id=card.model_id)
+    applied: list[DownloadProgress] = []
+    deleted_with: list[DownloadProgress | None] = []
+
+    def state() -> State:
+        downloads = {NODE_A: {card.model_id: applied[-1]}} if applied else None
+        return make_state([instance], downloads=downloads)
+
+    async def send_event(event: Event) -> None:
+        if isinstance(event, NodeDownloadProgress):
+            progress = event.progress
+
+            async def applied_later() -> None:  # the master's round trip
+                await anyio.sleep(0.3)
+                applied.append(progress)
+
+            tg.start_soon(applied_later)
+
+    async def send_command(command: Command) -> None:
+        assert isinstance(command, DeleteInstance)
+        deleted_with.append(state().downloads.get(NODE_A, {}).get(card.model_id))
+
+    runner = RunnerSettings(cache_dir=tmp_path / "cache", models_dir=tmp_path / "models")
+    async with anyio.create_task_group() as tg:
+        coordinator = DownloadCoordinator(
+            node_id=NODE_A, settings=runner, send_event=send_event, send_command=send_command,
+            backoff=KeyedBackoff[ModelId](), state=state, wakeup=lambda: None, task_group=tg,
+        )
+        with anyio.fail_after(30):
+            await coordinator.download(_task(card, 0, 2))
+    assert len(deleted_with) == 1
+    failure = deleted_with[0]
+    assert isinstance(failure, DownloadFailed) and failure.terminal, failure

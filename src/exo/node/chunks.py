@@ -5,21 +5,29 @@ import math
 from anyio import ClosedResourceError, WouldBlock
 from loguru import logger
 
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.models.model_cards import ModelId
+from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
 from exo.shared.types.common import CommandId
 from exo.utils.channels import Receiver, Sender, channel
 
 
 class ChunkRouter:
+    """One channel per open request. A runner numbers its chunks from 0: a number that skips
+    ahead means chunks were lost on the way (a cut cluster link drops them silently), and the
+    request ends with an error at once instead of an answer with a hole in it."""
+
     def __init__(self) -> None:
         self._open: dict[CommandId, Sender[Chunk]] = {}
+        self._next_idx: dict[CommandId, int] = {}
 
     def open(self, command_id: CommandId) -> Receiver[Chunk]:
         sender, receiver = channel[Chunk](math.inf)
         self._open[command_id] = sender
+        self._next_idx[command_id] = 0
         return receiver
 
     def close(self, command_id: CommandId) -> None:
+        self._next_idx.pop(command_id, None)
         sender = self._open.pop(command_id, None)
         if sender is not None:
             sender.close()
@@ -35,6 +43,23 @@ class ChunkRouter:
         sender = self._open.get(command_id)
         if sender is None:
             return  # nobody is listening (any more): drop it
+        if isinstance(chunk, TokenChunk):
+            expected = self._next_idx.get(command_id, 0)
+            if chunk.idx < expected:
+                logger.debug(f"response {command_id}: chunk {chunk.idx} again; dropped")
+                return
+            if chunk.idx > expected:
+                lost = chunk.idx - expected
+                logger.warning(f"response {command_id}: {lost} chunk(s) lost in transit")
+                chunk = ErrorChunk(
+                    model=ModelId("exo"),
+                    error_message=(
+                        f"{lost} part(s) of the answer were lost on the way from the node "
+                        "that ran it (a cluster link dropped them)"
+                    ),
+                )
+            else:
+                self._next_idx[command_id] = expected + 1
         try:
             sender.send_nowait(chunk)
         except (ClosedResourceError, WouldBlock):
@@ -43,6 +68,3 @@ class ChunkRouter:
             return
         if chunk.finish_reason is not None:
             self.close(command_id)
-
-    def fail(self, command_id: CommandId, chunk: ErrorChunk) -> None:
-        self.deliver(command_id, chunk)
