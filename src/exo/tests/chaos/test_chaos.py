@@ -27,16 +27,7 @@ from exo.tests.node_process import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# Seeds whose failure is a known open fault (issue 13), kept in the run so it stays visible:
-# seed 1 has had an Ollama request receive no byte for 60 s on a node while the model's
-# instance was being re-placed after faults (a request may wait up to the 600 s placement
-# limit with nothing sent). Reported as xfail until fixed; it still runs every time.
-KNOWN_FAULTS = {1: "issue 13: an Ollama request silent for 60 s while its instance is re-placed"}
-SEEDS = [
-    pytest.param(seed, marks=pytest.mark.xfail(reason=KNOWN_FAULTS[seed], strict=False))
-    if seed in KNOWN_FAULTS else seed
-    for seed in (int(s) for s in os.environ.get("EXO_CHAOS_SEEDS", "1,2").split(",") if s.strip())
-]
+SEEDS = [int(s) for s in os.environ.get("EXO_CHAOS_SEEDS", "1,2,3").split(",") if s.strip()]
 FAULTS_PER_RUN = int(os.environ.get("EXO_CHAOS_FAULTS", "5"))
 REQUEST_DEADLINE_S = 60.0
 CONVERGE_S = 15.0
@@ -158,6 +149,8 @@ def _fault(cluster: ChaosCluster, journal: Journal, rng: random.Random, kind: st
             node.kill()
             time.sleep(hold)
             node.start()
+            # Down until its API listens again (a loaded machine takes a while to import).
+            wait_until(lambda: node.state() is not None, 90, f"node {node.index} to listen again")
             journal.disrupted.append((node.index, start, time.monotonic() + 5))
             return f"{kind} node {node.index} ({hold:.1f} s down)"
         case "stop_cont":
