@@ -61,15 +61,15 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels(
 
 
 def test_requests_beyond_the_limit_queue(serve: ServeFn) -> None:
-    node = ScriptedNode(script=Script(token_delay_s=0.05))
-    server = serve(node, max_concurrent_requests=1, placement_timeout_s=5.0)
+    node = ScriptedNode(script=Script(token_delay_s=0.5)  # 4 s an answer: the second one queues)
+    server = serve(node, max_concurrent_requests=1, placement_timeout_s=30.0)
     results: list[str] = []
 
     def ask() -> None:
         r = httpx.post(
             f"{server.url}/v1/chat/completions",
             json={"model": "m1", "messages": USER},
-            timeout=10.0,
+            timeout=30.0,
         )
         results.append(r.json()["choices"][0]["message"]["content"])
 
@@ -85,7 +85,7 @@ def test_requests_beyond_the_limit_queue(serve: ServeFn) -> None:
     # Only one generation runs at a time.
     assert sum(isinstance(c, GenerateText) for c in node.commands()) == 1
     for t in threads:
-        t.join(10.0)
+        t.join(30.0)
     assert results == [TEXT, TEXT]
 
 
