@@ -61,7 +61,8 @@ def test_disconnect_while_waiting_for_a_whole_answer_cancels(
 
 
 def test_requests_beyond_the_limit_queue(serve: ServeFn) -> None:
-    node = ScriptedNode(script=Script(token_delay_s=0.5)  # 4 s an answer: the second one queues)
+    # 4 s an answer: the second request queues behind it even on a loaded machine.
+    node = ScriptedNode(script=Script(token_delay_s=0.5))
     server = serve(node, max_concurrent_requests=1, placement_timeout_s=30.0)
     results: list[str] = []
 
