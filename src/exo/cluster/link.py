@@ -63,8 +63,7 @@ from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
 from exo.routing import Endpoint, Joined, Left, RequestError, Router
-from exo.shared.models.model_cards import ModelId
-from exo.shared.types.chunks import ErrorChunk
+from exo.shared.types.chunks import error_chunk
 from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
@@ -520,7 +519,7 @@ class ClusterLink:
             if self._clock() >= deadline:
                 message = f"no cluster master within {self.config.command_timeout_s:g} s"
                 logger.warning(f"command {type(command).__name__}: {message}")
-                chunk = ErrorChunk(model=ModelId("exo"), error_message=message)
+                chunk = error_chunk(message)
                 self.host.deliver_chunk(
                     ChunkGenerated(command_id=command.command_id, chunk=chunk), origin
                 )

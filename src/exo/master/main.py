@@ -22,7 +22,7 @@ from exo.master.placement import (
 )
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.types.chunks import ErrorChunk
+from exo.shared.types.chunks import error_chunk
 from exo.shared.types.commands import (
     CancelCommand,
     Command,
@@ -247,7 +247,7 @@ class Master:
         self.send_chunk(
             ChunkGenerated(
                 command_id=command_id,
-                chunk=ErrorChunk(model=ModelId("exo"), error_message=message),
+                chunk=error_chunk(message),
             ),
             origin,
         )

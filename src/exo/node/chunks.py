@@ -5,8 +5,7 @@ import math
 from anyio import ClosedResourceError, WouldBlock
 from loguru import logger
 
-from exo.shared.models.model_cards import ModelId
-from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk
+from exo.shared.types.chunks import Chunk, TokenChunk, error_chunk
 from exo.shared.types.common import CommandId
 from exo.utils.channels import Receiver, Sender, channel
 
@@ -51,12 +50,9 @@ class ChunkRouter:
             if chunk.idx > expected:
                 lost = chunk.idx - expected
                 logger.warning(f"response {command_id}: {lost} chunk(s) lost in transit")
-                chunk = ErrorChunk(
-                    model=ModelId("exo"),
-                    error_message=(
-                        f"{lost} part(s) of the answer were lost on the way from the node "
-                        "that ran it (a cluster link dropped them)"
-                    ),
+                chunk = error_chunk(
+                    f"{lost} part(s) of the answer were lost on the way from the node "
+                    "that ran it (a cluster link dropped them)"
                 )
             else:
                 self._next_idx[command_id] = expected + 1

@@ -13,8 +13,7 @@ import anyio
 from loguru import logger
 
 from exo.node.chunks import ChunkRouter
-from exo.shared.models.model_cards import ModelId
-from exo.shared.types.chunks import Chunk, ErrorChunk
+from exo.shared.types.chunks import Chunk, error_chunk
 from exo.shared.types.common import CommandId
 from exo.shared.types.events import (
     Event,
@@ -67,7 +66,7 @@ class RequestTracker:
     def fail(self, command_id: CommandId, message: str) -> None:
         self._command_instances.pop(command_id, None)
         self._tail_due.pop(command_id, None)
-        self.chunks.deliver(command_id, ErrorChunk(model=ModelId("exo"), error_message=message))
+        self.chunks.deliver(command_id, error_chunk(message))
 
     def observe(self, event: Event, state: State) -> None:
         """Requests whose task or instance disappears get an error at once; ``state`` is

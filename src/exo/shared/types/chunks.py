@@ -64,4 +64,12 @@ class ErrorChunk(FrozenModel):
     error_code: ErrorCode | None = None
 
 
+def error_chunk(
+    message: str, model: ModelId | None = None, code: ErrorCode | None = None
+) -> ErrorChunk:
+    """The one way an error reaches a request: from its model's runner (``model``), or from
+    the cluster itself (no model: the node, the master, a lost link)."""
+    return ErrorChunk(model=model or ModelId("exo"), error_message=message, error_code=code)
+
+
 Chunk = Annotated[TokenChunk | ErrorChunk, Field(discriminator="kind")]

@@ -13,13 +13,13 @@ import torch
 from loguru import logger
 
 from exo.shared.types.chunks import (
-    ErrorChunk,
     ErrorCode,
     FinishReason,
     TokenChunk,
     TokenLogprob,
     TopLogprob,
     Usage,
+    error_chunk,
 )
 from exo.shared.types.events import ChunkGenerated, Event, TaskStatusUpdated
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
@@ -347,9 +347,7 @@ class Generation:
         return [
             ChunkGenerated(
                 command_id=task.command_id,
-                chunk=ErrorChunk(
-                    model=task.task_params.model, error_message=message, error_code=code
-                ),
+                chunk=error_chunk(message, task.task_params.model, code),
             ),
             TaskStatusUpdated(
                 task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message

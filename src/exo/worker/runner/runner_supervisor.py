@@ -19,7 +19,7 @@ from exo.shared.constants import (
     EXO_RUNNER_STEP_TIMEOUT_S,
     EXO_RUNNER_WARMUP_TIMEOUT_S,
 )
-from exo.shared.types.chunks import ErrorChunk
+from exo.shared.types.chunks import ErrorChunk, error_chunk
 from exo.shared.types.events import (
     ChunkGenerated,
     Event,
@@ -245,9 +245,8 @@ class RunnerSupervisor:
                     await self._event_sender.send(
                         ChunkGenerated(
                             command_id=task.command_id,
-                            chunk=ErrorChunk(
-                                model=self.shard_metadata.model_card.model_id,
-                                error_message=chunk_message,
+                            chunk=error_chunk(
+                                chunk_message, self.shard_metadata.model_card.model_id
                             ),
                         )
                     )

@@ -9,8 +9,8 @@ import pytest
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.tests.builders import INSTANCE_1, NODE_A, make_state, single_instance
 from exo.shared.types.commands import Command, DeleteInstance
-from exo.shared.types.memory import Memory
 from exo.shared.types.events import Event, NodeDownloadProgress
+from exo.shared.types.memory import Memory
 from exo.shared.types.state import State
 from exo.shared.types.tasks import DownloadModel
 from exo.shared.types.worker.downloads import (
