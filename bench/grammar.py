@@ -12,12 +12,12 @@ bitmask over the vocabulary) and advances by the document's token. Engines:
   float logits row, as the sampler gets it);
 * xgrammar and outlines-core when importable (optional, not project dependencies: install
   with ``pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2`` -- xgrammar
-  declares torch and triton as requirements, and a plain install may replace the CPU torch --
-  and ``pip install outlines-core==0.2.14``).
+  declares torch and triton as requirements; without them it runs on the CPU torch already
+  here -- and ``pip install outlines-core==0.2.14``).
 
 Every engine uses the same output style (``", "`` and ``": "``, no other whitespace) where it
-can be told. Prints a table of microseconds per token (mean and 99th percentile of the mask,
-mean of the advance), the compile time, and which engines could not run and why.
+can be told. Prints a table of microseconds per token (median, mean and 99th percentile of
+the mask, mean of the advance), the compile time, and which engines could not run and why.
 """
 
 import argparse
@@ -197,6 +197,8 @@ class Llguidance:
 
 
 class ExoConstraint:
+    """``GrammarConstraint`` as the sampler calls it: the mask applied to a float row."""
+
     name = "llguidance in exo (mask on logits)"
 
     def __init__(self, tokenizer: EngineTokenizer) -> None:
@@ -399,12 +401,14 @@ def report(name: str, results: dict[str, Timings | str], skipped: list[str]) -> 
         all_mask += r.mask_s
         all_adv += r.advance_s
         mean_mask, mean_adv = statistics.fmean(r.mask_s), statistics.fmean(r.advance_s)
-        print(f"{name:<36} {case:<14} {us(mean_mask)} {us(p99(r.mask_s))} {us(mean_adv)} "
-              f"{us(mean_mask + mean_adv)} {r.compile_s * 1000:10.1f}")
+        print(f"{name:<36} {case:<14} {us(statistics.median(r.mask_s))} {us(mean_mask)} "
+              f"{us(p99(r.mask_s))} {us(mean_adv)} {us(mean_mask + mean_adv)} "
+              f"{r.compile_s * 1000:10.1f}")
     if not all_mask:
         return None
     total = statistics.fmean(all_mask) + statistics.fmean(all_adv)
-    print(f"{name:<36} {'(all cases)':<14} {us(statistics.fmean(all_mask))} {us(p99(all_mask))} "
+    print(f"{name:<36} {'(all cases)':<14} {us(statistics.median(all_mask))} "
+          f"{us(statistics.fmean(all_mask))} {us(p99(all_mask))} "
           f"{us(statistics.fmean(all_adv))} {us(total)}")
     return total
 
@@ -415,6 +419,11 @@ ENGINES: list[tuple[str, Callable[[EngineTokenizer], Engine]]] = [
     ("xgrammar", Xgrammar),
     ("outlines-core", OutlinesCore),
 ]
+
+INSTALL = {
+    "xgrammar": "pip install --no-deps xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2",
+    "outlines-core": "pip install outlines-core==0.2.14",
+}
 
 
 def main() -> None:
@@ -434,8 +443,10 @@ def main() -> None:
     sizes = ", ".join(f"{case} {len(t)}" for case, t in tokens.items())
     print(f"tokenizer: SmolLM2, vocab {tokenizer.vocab_size}; document tokens: {sizes}; "
           f"{args.repeat} walks each, 1 thread")
-    print(f"{'engine':<36} {'schema':<14} {'mask us':>8} {'mask p99':>8} {'adv us':>8} "
-          f"{'total us':>8} {'compile ms':>10}")
+    print(f"{'engine':<36} {'schema':<14} {'mask med':>8} {'mask us':>8} {'mask p99':>8} "
+          f"{'adv us':>8} {'total us':>8} {'compile ms':>10}")
+    print("(microseconds per token; 'mask us', 'adv us' and 'total us' are means; compile: "
+          "the schema's first compile, the first row of an engine includes its one-time setup)")
     skipped: list[str] = []
     totals: dict[str, float] = {}
     for label, make in ENGINES:
@@ -443,6 +454,8 @@ def main() -> None:
             engine = make(tokenizer)
         except Exception as e:  # not installed, or its setup failed: say so
             reason = f"{type(e).__name__}: {str(e)[:160]}"
+            if isinstance(e, ImportError) and label in INSTALL:
+                reason += f" (optional; install with: {INSTALL[label]})"
             print(f"{label:<36} could not run: {reason}")
             skipped.append(f"{label}: {reason}")
             continue
