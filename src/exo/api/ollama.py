@@ -3,7 +3,7 @@ default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService, instances_of, serving_instance
+from exo.api.generation import GenerationService, instances_of, served_card, serving_instance
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -163,6 +163,8 @@ class GenerateRequest(ApiModel):
     images: list[str] | None = None
     keep_alive: object = None
     think: bool | Literal["low", "medium", "high"] | None = None
+    # An earlier answer's ``context``: the token ids this prompt continues from.
+    context: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
 
     _images = field_validator("images")(_no_images)
 
@@ -200,7 +202,28 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
     )
 
 
+def _context_tokens(request: GenerateRequest, card: ModelCard) -> list[int]:
+    """The request's ``context``, checked against what the prompt may hold (the runner
+    checks each id against the model's vocabulary)."""
+    context = request.context or []
+    if context and request.raw:
+        # As Ollama: a raw prompt is the whole prompt.
+        raise ApiError(400, "context: raw mode does not support context", param="context")
+    served = served_card(card).context_length
+    limit = min(served, request.options.num_ctx or served)
+    if limit > 0 and len(context) >= limit:
+        raise ApiError(
+            400,
+            f"context: {len(context)} tokens leave no room for the prompt in the model's "
+            f"context of {limit} tokens",
+            param="context",
+            code="context_length_exceeded",
+        )
+    return context
+
+
 def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGenerationTaskParams:
+    context = _context_tokens(request, card)
     messages: list[InputMessage] = []
     if request.system and not request.raw:
         messages.append(InputMessage(role="system", content=request.system))
@@ -215,7 +238,7 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
         num_ctx=request.options.num_ctx,
         template_kwargs=thinking_kwargs(request.think),
         json_schema=ollama_format(request.format),
-    ).model_copy(update={"return_context": not request.raw})
+    ).model_copy(update={"return_context": not request.raw, "context_tokens": context})
 
 
 def done_reason(reason: FinishKind) -> str:

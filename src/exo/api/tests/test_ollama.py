@@ -107,3 +107,40 @@ def test_runner_failure_mid_stream_raises(server: ServedApp, node: ScriptedNode)
     with pytest.raises(ollama.ResponseError) as info:
         ol.generate(model="m1", prompt="hi", stream=False)
     assert info.value.status_code == 502
+
+
+def test_generate_context_reaches_the_task(server: ServedApp, node: ScriptedNode) -> None:
+    ol = client(server)
+    reply = ol.generate(model="m1", prompt="and then?", context=[1, 2, 3], stream=False)
+    assert reply.response == TEXT
+    params = node.generations[-1].task_params
+    assert params.context_tokens == [1, 2, 3] and params.return_context
+    assert params.input[-1].content == "and then?"
+    ol.generate(model="m1", prompt="hi", stream=False)
+    assert node.generations[-1].task_params.context_tokens == []
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"context": [1, -1]}, "context.1"),
+        ({"context": [1, 2.5]}, "context.1"),
+        ({"context": [True]}, "context.0"),
+        ({"context": ["7"]}, "context.0"),
+        ({"context": 7}, "context"),
+        ({"context": [1, 2], "raw": True}, "context: raw mode"),
+        # The scripted model's context is 512 tokens.
+        ({"context": list(range(512))}, "context: 512 tokens"),
+        ({"context": list(range(8)), "options": {"num_ctx": 8}}, "context of 8 tokens"),
+    ],
+)
+def test_bad_generate_context_is_a_400_naming_it(
+    server: ServedApp, node: ScriptedNode, body: dict[str, Any], expected: str
+) -> None:
+    before = len(node.generations)
+    r = httpx.post(
+        f"{server.url}/api/generate", json={"model": "m1", "prompt": "hi", "stream": False, **body}
+    )
+    assert r.status_code == 400, r.text
+    assert expected in r.json()["error"]
+    assert len(node.generations) == before

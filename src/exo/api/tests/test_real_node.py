@@ -120,3 +120,40 @@ def test_seed_is_reproducible(node: NodeProcess) -> None:
     )
     assert both.choices[0].message.content == first
     assert both.choices[1].message.content == sample(1235)
+
+
+def test_ollama_generate_continues_from_context(node: NodeProcess) -> None:
+    c = ollama.Client(host=node.url, timeout=120)
+    options = {"temperature": 0, "num_predict": 24}
+    first = c.generate(model=MODEL, prompt="My cat is called Whiskers. Say hello to my cat.",
+                       options=options)
+    assert first.context and first.prompt_eval_count and first.eval_count
+    assert len(first.context) == first.prompt_eval_count + first.eval_count
+    question = "What is my cat called?"
+    plain = c.generate(model=MODEL, prompt=question, options=options)
+    assert plain.context is not None and plain.prompt_eval_count is not None
+    assert "whiskers" not in (plain.response or "").lower()
+    follow = c.generate(model=MODEL, prompt=question, options=options, context=first.context)
+    # The prompt is the earlier tokens, then the new prompt templated as without them.
+    assert follow.prompt_eval_count == len(first.context) + plain.prompt_eval_count
+    assert follow.context is not None
+    n = len(first.context)
+    assert follow.context[:n] == first.context
+    assert follow.context[n : n + plain.prompt_eval_count] == plain.context[: plain.prompt_eval_count]
+    assert follow.response != plain.response and "whiskers" in (follow.response or "").lower()
+    streamed = list(c.generate(model=MODEL, prompt=question, options=options,
+                               context=first.context, stream=True))
+    assert "".join(p.response or "" for p in streamed) == follow.response
+    assert streamed[-1].context == follow.context
+
+
+def test_ollama_context_the_runner_refuses_is_400(node: NodeProcess) -> None:
+    c = ollama.Client(host=node.url, timeout=120)
+    with pytest.raises(ollama.ResponseError) as vocab:
+        c.generate(model=MODEL, prompt="hi", context=[1, 49152])
+    assert vocab.value.status_code == 400 and "context" in vocab.value.error
+    assert "49152" in vocab.value.error
+    with pytest.raises(ollama.ResponseError) as long:
+        c.generate(model=MODEL, prompt="lorem ipsum " * 100, context=[198] * 1900)
+    assert long.value.status_code == 400 and "from 'context'" in long.value.error
+    assert c.generate(model=MODEL, prompt="hi", options={"num_predict": 2}).done

@@ -1,6 +1,6 @@
 """The parameters of one text generation request, independent of API format."""
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -66,6 +66,9 @@ class TextGenerationTaskParams(FrozenModel):
     truncate: bool = False
     # Send the prompt's and the answer's token ids with the final chunk (Ollama context).
     return_context: bool = False
+    # Token ids the prompt continues from (an earlier answer's Ollama context): they come
+    # before the rendered prompt's own tokens.
+    context_tokens: list[Annotated[int, Field(ge=0)]] = []
     # Functions the model may call, and whether it must.
     tools: list[ToolSpec] = []
     tool_choice: ToolChoice = "auto"

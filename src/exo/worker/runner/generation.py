@@ -118,6 +118,12 @@ class Generation:
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
+        context = params.context_tokens
+        if context:
+            error = self._context_error(context)
+            if error is not None:
+                return self._failed(task, error, "invalid_request")
+            prompt_ids = [*context, *prompt_ids]
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if params.count_only:
             return self._counted(task, len(prompt_ids))
@@ -125,6 +131,7 @@ class Generation:
             message = (
                 f"this model's maximum context length is {limit} tokens, "
                 f"but the prompt is {len(prompt_ids)} tokens"
+                + (f" ({len(context)} of them from 'context')" if context else "")
             )
             return self._failed(task, message, "context_length_exceeded")
         sink: list[TokenLogprobs] | None = [] if params.logprobs else None
@@ -167,6 +174,17 @@ class Generation:
             context=list(prompt_ids) if params.return_context else None,
         )
         return []
+
+    def _context_error(self, context: Sequence[int]) -> str | None:
+        """Why an earlier answer's token ids cannot be this model's prompt, if they cannot."""
+        vocab = self.engine.config.vocab
+        for i, token in enumerate(context):
+            if token >= vocab:
+                return (
+                    f"context: token id {token} (item {i}) is not below the model's "
+                    f"vocabulary size of {vocab}"
+                )
+        return None
 
     def _constraint(
         self, params: TextGenerationTaskParams, fmt: ToolFormat
