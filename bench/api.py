@@ -90,7 +90,7 @@ def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = 
 
 def constrained_vs_free(url: str, tokens: int, rounds: int = 3) -> None:
     """Per-token decode time with a JSON schema against without, alternating requests."""
-    schema = {"response_format": {"type": "json_schema",
+    schema: dict[str, object] = {"response_format": {"type": "json_schema",
                                   "json_schema": {"name": "story", "schema": STORY_SCHEMA}}}
     stream_once(url, 8, extra=schema)  # first constrained request: grammar tokenizer, caches
     free: list[float] = []

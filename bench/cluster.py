@@ -25,7 +25,7 @@ import anyio
 from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.history import write_history
 from exo.cluster.tests.nodes import SECRET, NodeGroup, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import absent_model_instance, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import model_instance, wait_agreed
 from exo.routing import loopback_config
 from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
@@ -64,7 +64,7 @@ async def _failover_trial(
     assert master_id is not None
     master = nodes[master_id]
     survivors = [p for n, p in nodes.items() if n != master_id]
-    instance = absent_model_instance(NodeId(await survivors[0].node_id()))
+    instance = model_instance(NodeId(await survivors[0].node_id()))
     assert await observer.send_command(CreateInstance(instance=instance), master_id)
 
     async def everywhere() -> bool:
