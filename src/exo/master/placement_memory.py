@@ -1,12 +1,30 @@
 """What placement assumes a shard needs, and what each node has free for one.
 
-The one place placement's memory estimate lives: ``shard_memory`` (weights in
-proportion to the shard, plus a fixed overhead per runner). Pure.
+The one estimate of a runner's memory is `exo.shared.models.memory.estimate_runner_memory`
+(the one the engine's load is measured against); here it is fed from the model card:
+
+* weights: the shard's share of ``storage_size`` (the bytes in the file; pipeline: in
+  proportion to its layers, tensor: ``1 / world_size``) in its running format
+  (``weight_format``: a Q4_0 file grows to Q4_1, F16 / BF16 / F32 matrices become q8 blocks);
+* KV cache: the shard's layers (tensor: its share of the kv heads) at the runner's maximum,
+  ``EXO_RUNNER_MAX_BATCH`` slots of ``min(context_length, EXO_MAX_CONTEXT_TOKENS)`` positions;
+* the runtime overhead of one runner process (``RUNNER_OVERHEAD_BYTES``).
+
+It assumes a runner on a CPU with the engine's kernels and a float32 KV cache (the node's
+default). Pure.
 """
 
 from collections.abc import Mapping
 from typing import assert_never
 
+from exo.shared.constants import EXO_RUNNER_MAX_BATCH
+from exo.shared.models.memory import (
+    RUNNER_OVERHEAD_BYTES,
+    MemoryEstimate,
+    estimate_runner_memory,
+    runner_max_seq,
+)
+from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.common import NodeId
 from exo.shared.types.profiling import NodeInfo
 from exo.shared.types.worker.instances import Instance, InstanceId
@@ -16,21 +34,67 @@ from exo.shared.types.worker.shards import (
     TensorShardMetadata,
 )
 
-# What a runner needs besides its weights: activations, KV cache, runtime.
-SHARD_OVERHEAD_BYTES = 64 * 1024 * 1024
+
+def card_estimate(card: ModelCard, layers: int, world_size: int = 1) -> MemoryEstimate:
+    """A runner of ``card`` holding ``layers`` of its layers (pipeline, ``world_size`` 1) or
+    its ``1 / world_size`` tensor slice of every layer (``layers == card.n_layers``)."""
+    n = max(card.n_layers, 1)
+    file_bytes = _ceil_div(card.storage_size.in_bytes * layers, n * max(world_size, 1))
+    return estimate_runner_memory(
+        weight_file_bytes=file_bytes,
+        file_format=card.weight_format,
+        n_layers=layers,
+        kv_heads=_ceil_div(card.num_kv_heads, max(world_size, 1)),
+        head_dim=card.attention_head_dim,
+        max_seq=runner_max_seq(card.context_length),
+        max_batch=EXO_RUNNER_MAX_BATCH,
+    )
+
+
+def pipeline_memory(card: ModelCard, layers: int) -> int:
+    """Bytes a runner holding ``layers`` layers of ``card`` needs, overhead included."""
+    return card_estimate(card, layers).total
+
+
+def tensor_memory(card: ModelCard, world_size: int) -> int:
+    """Bytes each of ``world_size`` tensor-parallel runners of ``card`` needs."""
+    return card_estimate(card, card.n_layers, world_size).total
 
 
 def shard_memory(shard: ShardMetadata) -> int:
     """Bytes a runner holding this shard needs, overhead included."""
+    match shard:
+        case PipelineShardMetadata():
+            return pipeline_memory(shard.model_card, shard.end_layer - shard.start_layer)
+        case TensorShardMetadata():
+            return tensor_memory(shard.model_card, shard.world_size)
+        case _:  # pyright: ignore[reportUnnecessaryComparison]
+            assert_never(shard)
+
+
+def shard_file_bytes(shard: ShardMetadata) -> int:
+    """Bytes of the files' weights this shard reads (about what a node downloads for it)."""
     storage = shard.model_card.storage_size.in_bytes
     match shard:
         case PipelineShardMetadata():
             layers = shard.end_layer - shard.start_layer
-            return _ceil_div(storage * layers, max(shard.n_layers, 1)) + SHARD_OVERHEAD_BYTES
+            return _ceil_div(storage * layers, max(shard.n_layers, 1))
         case TensorShardMetadata():
-            return _ceil_div(storage, max(shard.world_size, 1)) + SHARD_OVERHEAD_BYTES
+            return _ceil_div(storage, max(shard.world_size, 1))
         case _:  # pyright: ignore[reportUnnecessaryComparison]
             assert_never(shard)
+
+
+def layer_capacity(card: ModelCard, free: int) -> int:
+    """The most layers of ``card`` a node with ``free`` bytes can hold (0: not even one)."""
+    lo, hi = 0, card.n_layers
+    while lo < hi:  # the largest count whose memory fits (memory grows with the count)
+        mid = (lo + hi + 1) // 2
+        if pipeline_memory(card, mid) <= free:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def node_free_memory(
@@ -52,3 +116,15 @@ def node_free_memory(
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+__all__ = [
+    "RUNNER_OVERHEAD_BYTES",
+    "card_estimate",
+    "layer_capacity",
+    "node_free_memory",
+    "pipeline_memory",
+    "shard_file_bytes",
+    "shard_memory",
+    "tensor_memory",
+]

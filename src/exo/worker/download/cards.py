@@ -27,6 +27,8 @@ from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
 _HEAD_START = 1 << 20
 _HEAD_MAX = 64 << 20
+# config.json's torch_dtype -> the safetensors dtype of the weights.
+_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 
 def parse_model_name(name: str) -> tuple[str, str | None] | None:
@@ -88,6 +90,8 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         aliases=[name.lower()],
         hub=hub,
         chat_template=_hub_chat_template(hub, settings),
+        head_dim=int(raw["head_dim"]) if raw.get("head_dim") else None,
+        weight_format=_DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), ""),
     )
 
 
@@ -121,6 +125,8 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         aliases=[name.lower()],
         hub=pinned,
         chat_template=template if isinstance(template, str) else None,
+        head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
+        weight_format=(pinned.gguf_quant or "").upper(),
     )
 
 
