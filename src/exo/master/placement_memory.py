@@ -35,9 +35,18 @@ from exo.shared.types.worker.shards import (
 )
 
 
-def card_estimate(card: ModelCard, layers: int, world_size: int = 1) -> MemoryEstimate:
+def card_estimate(
+    card: ModelCard,
+    layers: int,
+    world_size: int = 1,
+    *,
+    max_batch: int = EXO_RUNNER_MAX_BATCH,
+    max_seq: int | None = None,
+) -> MemoryEstimate:
     """A runner of ``card`` holding ``layers`` of its layers (pipeline, ``world_size`` 1) or
-    its ``1 / world_size`` tensor slice of every layer (``layers == card.n_layers``)."""
+    its ``1 / world_size`` tensor slice of every layer (``layers == card.n_layers``), with its
+    KV cache grown to ``max_batch`` requests of ``max_seq`` positions (default: what a runner
+    serves, the card's context up to ``EXO_MAX_CONTEXT_TOKENS``)."""
     n = max(card.n_layers, 1)
     file_bytes = _ceil_div(card.storage_size.in_bytes * layers, n * max(world_size, 1))
     return estimate_runner_memory(
@@ -46,8 +55,8 @@ def card_estimate(card: ModelCard, layers: int, world_size: int = 1) -> MemoryEs
         n_layers=layers,
         kv_heads=_ceil_div(card.num_kv_heads, max(world_size, 1)),
         head_dim=card.attention_head_dim,
-        max_seq=runner_max_seq(card.context_length),
-        max_batch=EXO_RUNNER_MAX_BATCH,
+        max_seq=runner_max_seq(card.context_length) if max_seq is None else max_seq,
+        max_batch=max_batch,
     )
 
 
