@@ -39,7 +39,7 @@ MB = 2**20
 def write_model(folder: Path, recipe: str, shape: dict[str, int]) -> Path:
     if recipe == "BF16-safetensors":
         return write_safetensors(folder / "hf", **shape)
-    return write_gguf(folder / f"{recipe}.gguf", recipe, **shape)
+    return write_gguf(folder / f"{recipe}.gguf", recipe, tokenizer=None, **shape)
 
 
 def probe(path: Path, max_batch: int, max_seq: int) -> dict[str, Any] | str:
@@ -60,7 +60,7 @@ def row(recipe: str, path: Path, max_batch: int, max_seq: int) -> str:
     if isinstance(r, str):
         return f"{recipe:18} failed: {r}"
     card = card_from_path(path)
-    est = card_estimate(card, card.n_layers, max_batch=max_batch, max_seq=max_seq)
+    est = card_estimate(card, 0, card.n_layers, max_batch=max_batch, max_seq=max_seq)
     peak = (r["peak"] - r["baseline"]) / r["running"]
     ratio = est.total / r["full"]
     verdict = (f"peak {'ok' if peak <= 1.2 else 'MISS'}, "

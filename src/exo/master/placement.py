@@ -38,8 +38,8 @@ from exo.master.placement_memory import (
     RUNNER_OVERHEAD_BYTES,
     card_estimate,
     layer_capacity,
+    layers_memory,
     node_free_memory,
-    pipeline_memory,
     shard_file_bytes,
     shard_memory,
     tensor_memory,
@@ -330,7 +330,7 @@ def _pipeline_shortfall(
     group = _best_group(list(cluster.free), k, cluster)
     if group is None:
         return _Refusal("topology", k, _no_group_text(k, cluster))
-    whole = card_estimate(card, card.n_layers)
+    whole = card_estimate(card, 0, card.n_layers)
     need = whole.weights + whole.kv_cache + k * whole.overhead
     have = sum(cluster.free[x] for x in group)
     where = f"{largest(k)} ({cluster.describe(group)})"
@@ -349,7 +349,7 @@ def _pipeline_shortfall(
             "memory",
             k,
             f"not enough memory: one layer of {card.model_id} needs "
-            f"{fmt(pipeline_memory(card, 1))} (KV cache and runtime included), and in {where} "
+            f"{fmt(layers_memory(card, 1))} (KV cache and runtime included), and in {where} "
             f"{plural(len(small), 'node')} cannot hold one: {', '.join(small)}",
         )
     return _Refusal(
@@ -388,7 +388,7 @@ def _tensor_shortfall(card: ModelCard, k: int, cluster: _Cluster, need: int) -> 
     if group is None:
         return _Refusal("topology", k, _no_group_text(k, cluster))
     short = [x for x in sorted(group) if cluster.free[x] < need]
-    part = card_estimate(card, card.n_layers, k)
+    part = card_estimate(card, 0, card.n_layers, k)
     return _Refusal(
         "memory",
         k,

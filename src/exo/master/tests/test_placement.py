@@ -207,7 +207,7 @@ def test_not_enough_memory_names_the_shortfall() -> None:
     model = card(storage_mb=270)
     reason = refused(place(model, cluster(a=120, b=80)))
 
-    whole = card_estimate(model, 30)
+    whole = card_estimate(model, 0, 30)
     need = whole.weights + whole.kv_cache + 2 * RUNNER_OVERHEAD_BYTES
     assert "not enough memory" in reason
     assert f"test/model needs {fmt(need)} on 2 nodes" in reason
@@ -242,7 +242,7 @@ def test_existing_instances_reserve_their_memory() -> None:
 
     free = node_free_memory(nodes, instances)
     assert free == {
-        NodeId("a"): (1000 + OVERHEAD_MB) * MB - pipeline_memory(model, 30),
+        NodeId("a"): (1000 + OVERHEAD_MB) * MB - pipeline_memory(model, 0, 30),
         NodeId("b"): (1000 + OVERHEAD_MB) * MB,
     }
     # a has 199 MB left, too little for 270 MB + overhead: the new instance goes to b.

@@ -52,4 +52,5 @@ def embedded_model_card(source: Path | None = None) -> ModelCard:
         chat_template=EMBEDDED_CHAT_TEMPLATE,
         head_dim=64,
         weight_format="Q4_1",
+        embedding_bytes=30_081_024,  # Q8_0, and tied: the head is the embedding
     )

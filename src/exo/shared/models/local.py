@@ -32,4 +32,6 @@ def card_from_path(path: Path) -> ModelCard:
         chat_template=c.chat_template,
         head_dim=c.head_dim,
         weight_format=facts.weight_format,
+        embedding_bytes=facts.embedding_bytes,
+        head_bytes=facts.head_bytes,
     )

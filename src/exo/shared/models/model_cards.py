@@ -79,6 +79,12 @@ class ModelCard(FrozenModel):
     # type ("Q4_K", "Q8_0", "F16"), a GGUF quant label ("Q4_K_M"), or a safetensors dtype
     # ("BF16"); "" when unknown (placement then counts the file's bytes).
     weight_format: str = ""
+    # Bytes in the file of the token embedding and of the output head (head 0: tied to the
+    # embedding; both 0: unknown, then every layer is counted an equal share of the file).
+    # Pipeline rank 0 holds the embedding and the last rank the head (the embedding again when
+    # tied); every tensor-parallel rank holds both whole.
+    embedding_bytes: int = 0
+    head_bytes: int = 0
 
     @property
     def attention_head_dim(self) -> int:

@@ -21,6 +21,10 @@ class ModelFacts:
     weight_format: str
     """The format holding most bytes of the layer matrices: a GGUF type name ("Q4_K",
     "Q8_0", "F16") or a safetensors dtype ("BF16")."""
+    embedding_bytes: int
+    """Bytes of the token embedding."""
+    head_bytes: int
+    """Bytes of the output head; 0 when it is tied to the embedding."""
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -37,14 +41,16 @@ def _gguf_facts(path: Path) -> ModelFacts:
             if name.startswith("blk.") and len(info.shape) == 2:
                 matrices[info.qtype.name] += info.n_bytes
         total = sum(t.n_bytes for t in f.tensors.values())
-        return ModelFacts(config, total, _most(matrices))
+        head = f.tensors.get("output.weight")
+        embedding = f.tensors["token_embd.weight"].n_bytes
+        return ModelFacts(config, total, _most(matrices), embedding, head.n_bytes if head else 0)
     finally:
         f.close()
 
 
 def _folder_facts(folder: Path) -> ModelFacts:
     config = hf_config(folder)
-    total = 0
+    total = embedding = head = 0
     matrices: Counter[str] = Counter()
     for file in sorted(folder.glob("*.safetensors")):
         st = SafetensorsFile(file)
@@ -57,9 +63,13 @@ def _folder_facts(folder: Path) -> ModelFacts:
                 total += size
                 if ".layers." in name and len(info.shape) == 2:
                     matrices[info.dtype] += size
+                elif name.endswith("embed_tokens.weight"):
+                    embedding = size
+                elif name.endswith("lm_head.weight"):
+                    head = size
         finally:
             st.close()
-    return ModelFacts(config, total, _most(matrices))
+    return ModelFacts(config, total, _most(matrices), embedding, head)
 
 
 def _most(counts: Counter[str]) -> str:

@@ -55,6 +55,7 @@ def test_a_card_is_built_from_hub_metadata_without_fetching_weights(
     assert card.chat_template == TINY_TEMPLATE  # from tokenizer_config.json
     # What placement's memory estimate needs: the head size and the weights' format.
     assert (card.head_dim, card.weight_format) == (16, "F32")
+    assert card.embedding_bytes == card.head_bytes == 160 * 96 * 4  # vocab x hidden, untied
 
 
 def test_a_gguf_card_reads_only_the_head_of_the_chosen_quant(

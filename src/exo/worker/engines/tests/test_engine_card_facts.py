@@ -20,9 +20,11 @@ def test_the_embedded_card_carries_the_files_sizes_and_shape(gguf_path: Path) ->
     """Placement's memory estimate reads these: weight bytes, their format, the kv shape."""
     embedded, read = embedded_model_card(gguf_path), card_from_path(gguf_path)
     facts = ("storage_size", "weight_format", "head_dim", "n_layers", "num_kv_heads",
-             "num_heads", "hidden_size", "context_length")  # fmt: skip
+             "num_heads", "hidden_size", "context_length", "embedding_bytes",
+             "head_bytes")  # fmt: skip
     assert {f: getattr(embedded, f) for f in facts} == {f: getattr(read, f) for f in facts}
     assert read.weight_format == "Q4_1" and read.head_dim == 64
+    assert read.embedding_bytes > 0 and read.head_bytes == 0  # a tied head
 
 
 def test_a_generated_file_can_carry_a_real_tokenizer(gguf_path: Path, tmp_path: Path) -> None:

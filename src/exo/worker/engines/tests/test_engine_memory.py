@@ -64,5 +64,5 @@ def test_load_is_memory_faithful_and_the_estimate_holds(tmp_path: Path, recipe: 
     assert abs(estimate.total - r["full"]) <= 0.10 * r["full"], (estimate.total, r)
     card = card_from_path(path)
     assert card.storage_size.in_bytes == r["file_bytes"], (card, r)
-    placed = pipeline_memory(card, card.n_layers)
+    placed = pipeline_memory(card, 0, card.n_layers)
     assert abs(placed - r["full"]) <= 0.10 * r["full"], (placed, r)
