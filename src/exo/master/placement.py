@@ -15,9 +15,11 @@ Rules
   when nodes are ordered by free memory (most first), then node id. Several nodes must
   be pairwise connected in the topology (an edge in either direction).
 * Ranks follow node ids. Pipeline layer ranges are contiguous, proportional to free
-  memory beyond a runner's runtime overhead (largest-remainder rounding), at least one layer each; when that split would
-  overfill a node, the layers it cannot hold go to the nodes with the most room left
-  below their proportional share, so a split is found whenever one fits.
+  memory beyond a runner's runtime overhead (largest-remainder rounding), at least one
+  layer each. A node's capacity assumes its layers carry the larger of the embedding and
+  the head; when the split would overfill a node, the layers it cannot hold go to the
+  nodes with the most room left below their proportional share, so a split is found
+  whenever one fits.
 * Finding the best group of linked nodes is a clique search: branch and bound, cheap
   for fully linked clusters, and bounded by ``_SEARCH_STEPS`` per call for large,
   partly linked ones (then the best group found so far, or a refusal that says so).
