@@ -36,7 +36,7 @@ from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.sampling import SamplingParams
-from exo.worker.engines.tests.generated import write_gguf
+from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 
 QUESTION = (
     "Explain in a few sentences why the sky is blue during the day and red at sunset, "
@@ -230,8 +230,9 @@ def main() -> None:
     for recipe in args.generate:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            path = write_gguf(Path(tmp) / f"generated-{recipe}.gguf", recipe,
-                              tokenizer=tokenizer, **shape)  # fmt: skip
+            path = write_gguf_with_tokenizer(
+                Path(tmp) / f"generated-{recipe}.gguf", recipe, tokenizer, **shape
+            )
             print(f"\n== generated {recipe}: {path.stat().st_size / 2**20:.1f} MB "
                   f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
             bench_file(path, args)

@@ -39,7 +39,7 @@ MB = 2**20
 def write_model(folder: Path, recipe: str, shape: dict[str, int]) -> Path:
     if recipe == "BF16-safetensors":
         return write_safetensors(folder / "hf", **shape)
-    return write_gguf(folder / f"{recipe}.gguf", recipe, tokenizer=None, **shape)
+    return write_gguf(folder / f"{recipe}.gguf", recipe, **shape)
 
 
 def probe(path: Path, max_batch: int, max_seq: int) -> dict[str, Any] | str:

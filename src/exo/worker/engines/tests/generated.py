@@ -93,12 +93,31 @@ def write_gguf(
     heads: int = 4,
     kv_heads: int = 2,
     vocab: int = 512,
-    tokenizer: Path | None = None,
 ) -> Path:
-    """A llama GGUF with random weights of `recipe` (a GGUF type name or "Q4_K_M").
+    """A llama GGUF with random weights of `recipe` (a GGUF type name or "Q4_K_M")."""
+    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, vocab), None)
 
-    With `tokenizer` (another GGUF file), its tokenizer and chat template are copied and the
-    vocabulary is its size (`vocab` is ignored): a file engines can be run on end to end."""
+
+def write_gguf_with_tokenizer(
+    path: Path,
+    recipe: str,
+    tokenizer: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 256,
+    ffn: int = 512,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Path:
+    """`write_gguf` with the tokenizer and chat template of the GGUF file `tokenizer` (and its
+    vocabulary size): a file engines can be run on end to end."""
+    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, 0), tokenizer)
+
+
+def _write_gguf(
+    path: Path, recipe: str, shape: tuple[int, int, int, int, int, int], tokenizer: Path | None
+) -> Path:
+    layers, hidden, ffn, heads, kv_heads, vocab = shape
     w = GGUFWriter(str(path), "llama")
     if tokenizer is not None:
         vocab = copy_tokenizer(w, tokenizer)

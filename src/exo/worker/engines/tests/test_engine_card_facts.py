@@ -5,7 +5,7 @@ from pathlib import Path
 from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.local import card_from_path
 from exo.worker.engines.gguf_loader import load_gguf_config
-from exo.worker.engines.tests.generated import write_gguf
+from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 from exo.worker.engines.tokenizer import load_tokenizer
 
 
@@ -30,8 +30,8 @@ def test_the_embedded_card_carries_the_files_sizes_and_shape(gguf_path: Path) ->
 def test_a_generated_file_can_carry_a_real_tokenizer(gguf_path: Path, tmp_path: Path) -> None:
     """bench/engine.py --generate runs engines on such files: SmolLM2's vocabulary and chat
     template on random weights of another shape, read back as any GGUF."""
-    path = write_gguf(tmp_path / "g.gguf", "Q8_0", layers=1, hidden=64, ffn=128, heads=2,
-                      kv_heads=1, tokenizer=gguf_path)  # fmt: skip
+    path = write_gguf_with_tokenizer(tmp_path / "g.gguf", "Q8_0", gguf_path, layers=1,
+                                     hidden=64, ffn=128, heads=2, kv_heads=1)  # fmt: skip
     source, generated = load_gguf_config(gguf_path), load_gguf_config(path)
     assert generated.vocab == source.vocab == 49152 and generated.hidden == 64
     assert generated.chat_template == source.chat_template
