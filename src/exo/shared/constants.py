@@ -22,3 +22,7 @@ EXO_MAX_CONCURRENT_REQUESTS = int(os.getenv("EXO_MAX_CONCURRENT_REQUESTS", "8"))
 # The context (prompt + output tokens) a runner serves; a model card advertising more is
 # served with this much.
 EXO_MAX_CONTEXT_TOKENS = int(os.getenv("EXO_MAX_CONTEXT_TOKENS", "2048"))
+
+# Requests one runner decodes together; its KV cache grows up to this many slots of
+# EXO_MAX_CONTEXT_TOKENS positions, and placement reserves memory for that maximum.
+EXO_RUNNER_MAX_BATCH = 8

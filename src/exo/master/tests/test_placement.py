@@ -5,13 +5,12 @@ from collections.abc import Iterable, Mapping
 import pytest
 
 from exo.master.placement import (
-    SHARD_OVERHEAD_BYTES,
     PlacementError,
-    PlacementPreview,
     node_free_memory,
     place_instance,
-    placement_previews,
 )
+from exo.master.placement_memory import RUNNER_OVERHEAD_BYTES, card_estimate, pipeline_memory
+from exo.master.placement_text import fmt
 from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import NodeId
@@ -22,18 +21,19 @@ from exo.shared.types.worker.instances import Instance, InstanceId, Sharding
 from exo.shared.types.worker.runners import RunnerId
 from exo.shared.types.worker.shards import (
     PipelineShardMetadata,
-    ShardMetadata,
     TensorShardMetadata,
 )
 
 MB = 1024 * 1024
-OVERHEAD_MB = SHARD_OVERHEAD_BYTES // MB
+OVERHEAD_MB = RUNNER_OVERHEAD_BYTES // MB
 INSTANCE_ID = InstanceId("inst")
 
 # ---------------------------------------------------------------- builders
 
 
 def card(n_layers: int = 30, storage_mb: int = 270, heads: int = 9, kv_heads: int = 3) -> ModelCard:
+    """A model whose KV cache is negligible (under 1 MB): the scenarios below are about
+    weights; the KV cache has tests of its own."""
     return ModelCard(
         model_id=ModelId("test/model"),
         n_layers=n_layers,
@@ -41,8 +41,9 @@ def card(n_layers: int = 30, storage_mb: int = 270, heads: int = 9, kv_heads: in
         num_heads=heads,
         num_kv_heads=kv_heads,
         storage_size=Memory.from_mb(storage_mb),
-        context_length=2048,
+        context_length=64,
         architecture="llama",
+        head_dim=2,
     )
 
 
@@ -68,8 +69,9 @@ def node_info(mb: int, gpu_mb: int | None = None) -> NodeInfo:
 
 
 def cluster(**free_mb: int) -> dict[NodeId, NodeInfo]:
-    """``cluster(a=1000, b=500)``: nodes ``a`` and ``b`` with that much memory free."""
-    return {NodeId(name): node_info(mb) for name, mb in free_mb.items()}
+    """``cluster(a=1000, b=500)``: nodes ``a`` and ``b`` with that much memory free for a
+    shard beyond a runner's runtime overhead."""
+    return {NodeId(name): node_info(mb + OVERHEAD_MB) for name, mb in free_mb.items()}
 
 
 def mesh(ids: Iterable[str]) -> Topology:
@@ -202,43 +204,48 @@ def test_a_share_a_node_cannot_hold_goes_to_a_node_with_room() -> None:
 
 
 def test_not_enough_memory_names_the_shortfall() -> None:
-    reason = refused(place(card(storage_mb=270), cluster(a=120, b=80)))
+    model = card(storage_mb=270)
+    reason = refused(place(model, cluster(a=120, b=80)))
 
-    need = 270 + 2 * OVERHEAD_MB
+    whole = card_estimate(model, 0, 30)
+    need = whole.weights + whole.kv_cache + 2 * RUNNER_OVERHEAD_BYTES
     assert "not enough memory" in reason
-    assert f"test/model needs {need} MB on 2 nodes" in reason
-    assert "the largest connected 2-node group has 200 MB free" in reason
-    assert "node a: 120 MB, node b: 80 MB" in reason
+    assert f"test/model needs {fmt(need)} on 2 nodes" in reason
+    assert f"the largest connected 2-node group has {200 + 2 * OVERHEAD_MB} MB free" in reason
+    assert f"node a: {120 + OVERHEAD_MB} MB, node b: {80 + OVERHEAD_MB} MB" in reason
 
 
 def test_not_enough_memory_on_one_node() -> None:
     reason = refused(place(card(storage_mb=270), cluster(a=120)))
+    free = 120 + OVERHEAD_MB
     assert reason == (
-        f"not enough memory: test/model needs {270 + OVERHEAD_MB} MB on 1 node "
-        f"(270 MB of weights + {OVERHEAD_MB} MB per node), "
-        "the node with the most free memory has 120 MB free (node a: 120 MB)"
+        f"not enough memory: test/model needs {270 + 1 + OVERHEAD_MB} MB on 1 node "
+        f"(270 MB of weights + 0.7 MB of KV cache + {OVERHEAD_MB} MB runtime per node), "
+        f"the node with the most free memory has {free} MB free (node a: {free} MB)"
     )
 
 
 def test_a_node_that_cannot_hold_one_layer_is_named() -> None:
     # Together they have enough, but b cannot hold even one layer and its overhead.
-    reason = refused(place(card(storage_mb=270), cluster(a=1000, b=70), min_nodes=2))
+    nodes = {**cluster(a=1000), NodeId("b"): node_info(OVERHEAD_MB - 10)}
+    reason = refused(place(card(storage_mb=270), nodes, min_nodes=2))
     assert "not enough memory" in reason
     assert "cannot hold one: b" in reason
 
 
 def test_existing_instances_reserve_their_memory() -> None:
     nodes = cluster(a=1000, b=1000)
-    big = placed(place(card(storage_mb=800), nodes, instance_id=InstanceId("big")))
+    model = card(storage_mb=800)
+    big = placed(place(model, nodes, instance_id=InstanceId("big")))
     assert layer_ranges(big) == {"a": (0, 30)}
     instances = {big.instance_id: big}
 
     free = node_free_memory(nodes, instances)
     assert free == {
-        NodeId("a"): 1000 * MB - 800 * MB - SHARD_OVERHEAD_BYTES,
-        NodeId("b"): 1000 * MB,
+        NodeId("a"): (1000 + OVERHEAD_MB) * MB - pipeline_memory(model, 0, 30),
+        NodeId("b"): (1000 + OVERHEAD_MB) * MB,
     }
-    # a has 136 MB left, too little for 270 MB + overhead: the new instance goes to b.
+    # a has 199 MB left, too little for 270 MB + overhead: the new instance goes to b.
     second = placed(place(card(storage_mb=270), nodes, instances=instances))
     assert layer_ranges(second) == {"b": (0, 30)}
 
@@ -247,7 +254,7 @@ def test_a_full_cluster_refuses_with_the_memory_left() -> None:
     nodes = cluster(a=1000)
     first = placed(place(card(storage_mb=800), nodes, instance_id=InstanceId("first")))
     reason = refused(place(card(storage_mb=800), nodes, instances={first.instance_id: first}))
-    assert "node a: 136 MB" in reason
+    assert "node a: 199 MB" in reason
 
 
 def test_min_nodes_forces_a_spread() -> None:
@@ -286,7 +293,7 @@ def test_the_pair_with_most_free_memory_is_preferred() -> None:
 
 
 def test_disconnected_nodes_are_not_grouped() -> None:
-    nodes = cluster(a=300, b=300)
+    nodes = cluster(a=200, b=200)
     # 270 MB + overhead fits on neither alone, only on both together.
     reason = refused(place(card(), nodes, topology=Topology()))
     assert "no 2 nodes are all connected to each other" in reason
@@ -299,14 +306,14 @@ def test_disconnected_nodes_are_not_grouped() -> None:
 
 def test_the_best_connected_group_wins_over_more_memory_elsewhere() -> None:
     # c has the most memory but no links; a and b are linked.
-    nodes = cluster(a=300, b=300, c=320)
+    nodes = cluster(a=200, b=200, c=250)
     instance = placed(place(card(), nodes, topology=edges(("a", "b"))))
     assert set(layer_ranges(instance)) == {"a", "b"}
 
 
 def test_a_group_must_be_pairwise_connected() -> None:
     # a-b and b-c are linked, a-c is not: no group of three.
-    nodes = cluster(a=190, b=190, c=190)
+    nodes = cluster(a=100, b=100, c=100)
     reason = refused(place(card(), nodes, topology=edges(("a", "b"), ("b", "c"))))
     assert "no 3 nodes are all connected to each other" in reason
 
@@ -393,91 +400,6 @@ def test_insertion_order_does_not_matter(sharding: Sharding) -> None:
     )
     assert forward == backward
     assert placed(forward).model_dump_json() == placed(backward).model_dump_json()
-
-
-# ---------------------------------------------------------------- previews
-
-
-def test_previews_list_valid_and_invalid_options_with_reasons() -> None:
-    model = embedded_model_card()
-    nodes = cluster(a=1000, b=1000, c=70)
-    previews = placement_previews(model, nodes, mesh(nodes), {})
-
-    assert [(p.sharding, p.node_count) for p in previews] == [
-        ("pipeline", 1),
-        ("pipeline", 2),
-        ("pipeline", 3),
-        ("tensor", 1),
-        ("tensor", 2),
-        ("tensor", 3),
-    ]
-    by_option = {(p.sharding, p.node_count): p for p in previews}
-
-    one = by_option["pipeline", 1]
-    assert one.valid and one.reason is None and one.instance is not None
-    assert one.memory_per_node == {NodeId("a"): 270 * MB + SHARD_OVERHEAD_BYTES}
-
-    two = by_option["pipeline", 2]
-    assert two.valid and two.instance is not None
-    assert two.memory_per_node == {
-        NodeId("a"): 135 * MB + SHARD_OVERHEAD_BYTES,
-        NodeId("b"): 135 * MB + SHARD_OVERHEAD_BYTES,
-    }
-
-    three = by_option["pipeline", 3]
-    assert not three.valid and three.instance is None and three.memory_per_node == {}
-    assert three.reason is not None and "cannot hold one: c" in three.reason
-
-    tensor_two = by_option["tensor", 2]
-    assert not tensor_two.valid
-    assert tensor_two.reason is not None
-    assert "9 heads are not divisible by 2 nodes" in tensor_two.reason
-
-    tensor_three = by_option["tensor", 3]
-    assert not tensor_three.valid
-    assert tensor_three.reason is not None and "not enough memory" in tensor_three.reason
-
-    assert by_option["tensor", 1].valid
-
-
-def test_previews_are_json() -> None:
-    nodes = cluster(a=1000, b=1000)
-    previews = placement_previews(card(), nodes, mesh(nodes), {})
-    for preview in previews:
-        assert PlacementPreview.model_validate_json(preview.model_dump_json()) == preview
-
-
-def test_previews_of_an_empty_cluster_are_empty() -> None:
-    assert placement_previews(card(), {}, Topology(), {}) == []
-
-
-def test_previews_agree_with_place_instance() -> None:
-    nodes = cluster(a=300, b=250, c=400)
-    topology = edges(("a", "b"), ("b", "c"))
-    previews = placement_previews(card(storage_mb=500), nodes, topology, {})
-    for preview in previews:
-        result = place(
-            card(storage_mb=500),
-            nodes,
-            topology=topology,
-            sharding=preview.sharding,
-            min_nodes=preview.node_count,
-        )
-        if preview.valid:
-            assert isinstance(result, Instance)
-            assert preview.instance is not None
-            assert _shards_by_node(result) == _shards_by_node(preview.instance)
-        else:
-            # min_nodes is a floor: placement may go on to more nodes.
-            assert isinstance(result, PlacementError) or result.world_size > preview.node_count
-
-
-def _shards_by_node(instance: Instance) -> dict[NodeId, ShardMetadata]:
-    assignments = instance.shard_assignments
-    return {
-        node_id: assignments.runner_to_shard[runner_id]
-        for node_id, runner_id in assignments.node_to_runner.items()
-    }
 
 
 def test_the_group_search_gives_up_on_huge_partly_linked_clusters() -> None:

@@ -1,7 +1,9 @@
 """Property tests for placement, checked against a brute-force oracle.
 
 The oracle is written from the rules, not from the implementation: a node can hold
-``L`` layers when ``ceil(storage * L / n_layers) + overhead`` fits its free memory; a
+``L`` layers when ``ceil(storage * L / n_layers) + L * kv_per_layer + overhead`` fits its
+free memory (the KV cache of a layer: keys and values of every kv head at every position of
+the runner's maximum batch, in float32; a runner's runtime overhead); a
 group of ``k`` pairwise linked nodes can take the model when each holds at least one
 layer and together they hold all of them.
 """
@@ -12,7 +14,9 @@ from itertools import combinations, pairwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo.master.placement import SHARD_OVERHEAD_BYTES, place_instance
+from exo.master.placement import place_instance
+from exo.shared.constants import EXO_RUNNER_MAX_BATCH
+from exo.shared.models.memory import RUNNER_OVERHEAD_BYTES
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import NodeId
 from exo.shared.types.memory import Memory
@@ -24,6 +28,7 @@ from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMet
 MB = 1024 * 1024
 NAMES = ["n0", "n1", "n2", "n3", "n4", "n5"]
 INSTANCE_ID = InstanceId("prop")
+OVERHEAD_MB = RUNNER_OVERHEAD_BYTES // MB
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,8 @@ def _info(mb: int) -> NodeInfo:
 def scenarios(draw: st.DrawFn) -> Scenario:
     count = draw(st.integers(1, len(NAMES)))
     names = NAMES[:count]
-    free_mb = {name: draw(st.integers(0, 4000)) for name in names}
+    # A runner's runtime overhead on each node, plus 0 to 4000 MB for a shard.
+    free_mb = {name: OVERHEAD_MB + draw(st.integers(0, 4000)) for name in names}
     all_pairs = [frozenset(p) for p in combinations(names, 2)]
     links: frozenset[frozenset[str]] = frozenset(all_pairs)
     if all_pairs and not draw(st.booleans()):  # half the time, a partial mesh
@@ -108,7 +114,7 @@ def spread_scenarios(draw: st.DrawFn) -> Scenario:
     """Fully linked clusters of 2 to 6 nodes that must all take part: the split itself."""
     count = draw(st.integers(2, len(NAMES)))
     names = NAMES[:count]
-    free_mb = {name: draw(st.integers(70, 4000)) for name in names}
+    free_mb = {name: OVERHEAD_MB + draw(st.integers(70, 4000)) for name in names}
     return Scenario(
         free_mb=free_mb,
         links=frozenset(frozenset(p) for p in combinations(names, 2)),
@@ -120,18 +126,19 @@ def spread_scenarios(draw: st.DrawFn) -> Scenario:
     )
 
 
-def _shard_bytes(storage: int, layers: int, n_layers: int) -> int:
-    return -(-storage * layers // n_layers) + SHARD_OVERHEAD_BYTES
+def _kv_per_layer(s: Scenario) -> int:
+    # k and v, kv heads of 64 // heads values, 512 positions (the card's context), float32.
+    return 2 * s.kv_heads * (64 // s.heads) * 512 * EXO_RUNNER_MAX_BATCH * 4
+
+
+def _shard_bytes(s: Scenario, layers: int) -> int:
+    weights = -(-s.storage_mb * MB * layers // s.n_layers)
+    return weights + layers * _kv_per_layer(s) + RUNNER_OVERHEAD_BYTES
 
 
 def _capacity(s: Scenario, name: str) -> int:
-    storage = s.storage_mb * MB
     free = s.free_mb[name] * MB
-    return sum(
-        1
-        for layers in range(1, s.n_layers + 1)
-        if _shard_bytes(storage, layers, s.n_layers) <= free
-    )
+    return sum(1 for layers in range(1, s.n_layers + 1) if _shard_bytes(s, layers) <= free)
 
 
 def _pipeline_groups(s: Scenario, k: int) -> list[tuple[str, ...]]:
@@ -149,7 +156,8 @@ def _pipeline_groups(s: Scenario, k: int) -> list[tuple[str, ...]]:
 def _tensor_groups(s: Scenario, k: int) -> list[tuple[str, ...]]:
     if s.heads % k or s.kv_heads % k:
         return []
-    need = -(-s.storage_mb * MB // k) + SHARD_OVERHEAD_BYTES
+    kv = s.n_layers * _kv_per_layer(s) // k
+    need = -(-s.storage_mb * MB // k) + kv + RUNNER_OVERHEAD_BYTES
     return [
         group
         for group in combinations(sorted(s.free_mb), k)
@@ -218,7 +226,7 @@ def _check_pipeline(s: Scenario) -> None:
         assert layers >= 1
         assert shard.world_size == len(shards)
         assert shard.n_layers == s.n_layers
-        assert _shard_bytes(s.storage_mb * MB, layers, s.n_layers) <= s.free_mb[name] * MB
+        assert _shard_bytes(s, layers) <= s.free_mb[name] * MB
 
     # Deterministic, whatever the insertion order.
     assert s.place("pipeline") == result

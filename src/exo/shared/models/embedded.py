@@ -43,11 +43,14 @@ def embedded_model_card(source: Path | None = None) -> ModelCard:
         hidden_size=576,
         num_heads=9,
         num_kv_heads=3,
-        # 134.5M parameters held in bfloat16 by the engine.
-        storage_size=Memory.from_mb(270),
+        # The file's tensors: Q4_1 layer matrices, a Q8_0 embedding, F32 norms.
+        storage_size=Memory(in_bytes=96_576_768),
         context_length=8192,
         architecture="llama",
         source=str(path) if path is not None else "",
         aliases=["smollm2-135m", "smollm2", "default"],
         chat_template=EMBEDDED_CHAT_TEMPLATE,
+        head_dim=64,
+        weight_format="Q4_1",
+        embedding_bytes=30_081_024,  # Q8_0, and tied: the head is the embedding
     )

@@ -13,6 +13,8 @@ measured on Linux x86 with torch 2.13 (see the test that checks this estimate).
 
 from dataclasses import dataclass
 
+from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
+
 RUNNER_OVERHEAD_BYTES = (
     256 * 2**20
 )  # measured: 240 MiB after imports + ~16 MiB of first-use buffers
@@ -47,6 +49,11 @@ def running_weight_bytes(file_bytes: int, file_format: str, *, kernels: bool = T
     if kernels:
         return round(file_bytes * _RATIO_WITH_KERNELS.get(fmt, 1.0))
     return round(file_bytes * (0.5 if fmt == "F32" else 1.0))
+
+
+def runner_max_seq(context_length: int) -> int:
+    """The positions per request a runner serves (and sizes its KV cache for)."""
+    return min(context_length, EXO_MAX_CONTEXT_TOKENS)
 
 
 KV_PAGE = 64  # positions per KV cache page (worker/engines/kv_cache.py)

@@ -57,6 +57,8 @@ class ModelCard(FrozenModel):
     hidden_size: int
     num_heads: int
     num_kv_heads: int
+    # Bytes of the weights in the model's files (the quantised bytes for a GGUF file): what a
+    # node downloads, and with weight_format what the weights take once loaded.
     storage_size: Memory
     context_length: int
     architecture: str
@@ -71,6 +73,24 @@ class ModelCard(FrozenModel):
     # files or the hub; None when it has none or it was not read. The API shows it (Ollama
     # /api/show) and never reads model files itself.
     chat_template: str | None = None
+    # Size of one attention head; None: hidden_size // num_heads (Qwen3 and Gemma 3 differ).
+    head_dim: int | None = None
+    # The format of the layer matrices in the file, which decides their running size: a GGUF
+    # type ("Q4_K", "Q8_0", "F16"), a GGUF quant label ("Q4_K_M"), or a safetensors dtype
+    # ("BF16"); "" when unknown (placement then counts the file's bytes).
+    weight_format: str = ""
+    # Bytes in the file of the token embedding and of the output head (head 0: tied to the
+    # embedding; both 0: unknown, then every layer is counted an equal share of the file).
+    # Pipeline rank 0 holds the embedding and the last rank the head (the embedding again when
+    # tied); every tensor-parallel rank holds both whole.
+    embedding_bytes: int = 0
+    head_bytes: int = 0
+
+    @property
+    def attention_head_dim(self) -> int:
+        if self.head_dim is not None:
+            return self.head_dim
+        return self.hidden_size // max(self.num_heads, 1)
 
     def layer_bytes(self) -> int:
         """Approximate bytes one transformer layer takes (weights only)."""

@@ -27,6 +27,9 @@ from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
 _HEAD_START = 1 << 20
 _HEAD_MAX = 64 << 20
+# config.json's torch_dtype -> the safetensors dtype of the weights.
+_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+_DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 
 
 def parse_model_name(name: str) -> tuple[str, str | None] | None:
@@ -76,6 +79,10 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
     raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
+    weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
+    embedding = _DTYPE_BYTES.get(weight_format, 0) * int(raw.get("vocab_size") or 0) * int(
+        raw["hidden_size"]
+    )
     return ModelCard(
         model_id=ModelId(name),
         n_layers=int(raw["num_hidden_layers"]),
@@ -88,6 +95,10 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         aliases=[name.lower()],
         hub=hub,
         chat_template=_hub_chat_template(hub, settings),
+        head_dim=int(raw["head_dim"]) if raw.get("head_dim") else None,
+        weight_format=weight_format,
+        embedding_bytes=embedding,
+        head_bytes=0 if raw.get("tie_word_embeddings", False) else embedding,
     )
 
 
@@ -121,6 +132,8 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         aliases=[name.lower()],
         hub=pinned,
         chat_template=template if isinstance(template, str) else None,
+        head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
+        weight_format=(pinned.gguf_quant or "").upper(),
     )
 
 

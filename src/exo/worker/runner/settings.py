@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from exo.shared.constants import EXO_RUNNER_MAX_BATCH
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -15,5 +17,5 @@ class RunnerSettings:
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"
-    max_batch: int = 8
+    max_batch: int = EXO_RUNNER_MAX_BATCH
     log_level: str = "INFO"

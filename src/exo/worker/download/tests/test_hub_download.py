@@ -53,6 +53,9 @@ def test_a_card_is_built_from_hub_metadata_without_fetching_weights(
     assert lfs[FILE1] == hashlib.sha256(repo.files[FILE1]).hexdigest()
     assert hub.weight_gets(SAFETENSORS_REPO) == []
     assert card.chat_template == TINY_TEMPLATE  # from tokenizer_config.json
+    # What placement's memory estimate needs: the head size and the weights' format.
+    assert (card.head_dim, card.weight_format) == (16, "F32")
+    assert card.embedding_bytes == card.head_bytes == 160 * 96 * 4  # vocab x hidden, untied
 
 
 def test_a_gguf_card_reads_only_the_head_of_the_chosen_quant(
@@ -63,6 +66,7 @@ def test_a_gguf_card_reads_only_the_head_of_the_chosen_quant(
     assert card.hub is not None and card.hub.gguf_quant == "Q8_0"
     assert [f.path for f in card.hub.files] == ["TinyLlama-Q8_0.gguf"]
     assert card.chat_template == TINY_TEMPLATE  # from the header
+    assert (card.head_dim, card.weight_format) == (16, "Q8_0")
     gets = [r for r in hub.requests if r.method == "GET" and r.file is not None]
     assert gets and all(r.range_header == f"bytes=0-{(1 << 20) - 1}" for r in gets)
     with pytest.raises(DownloadError, match="Q2_K") as e:

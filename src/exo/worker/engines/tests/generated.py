@@ -95,7 +95,35 @@ def write_gguf(
     vocab: int = 512,
 ) -> Path:
     """A llama GGUF with random weights of `recipe` (a GGUF type name or "Q4_K_M")."""
+    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, vocab), None)
+
+
+def write_gguf_with_tokenizer(
+    path: Path,
+    recipe: str,
+    tokenizer: Path,
+    *,
+    layers: int = 2,
+    hidden: int = 256,
+    ffn: int = 512,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Path:
+    """`write_gguf` with the tokenizer and chat template of the GGUF file `tokenizer` (and its
+    vocabulary size): a file engines can be run on end to end."""
+    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, 0), tokenizer)
+
+
+def _write_gguf(
+    path: Path, recipe: str, shape: tuple[int, int, int, int, int, int], tokenizer: Path | None
+) -> Path:
+    layers, hidden, ffn, heads, kv_heads, vocab = shape
     w = GGUFWriter(str(path), "llama")
+    if tokenizer is not None:
+        vocab = copy_tokenizer(w, tokenizer)
+    else:
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     w.add_block_count(layers)
     w.add_context_length(2048)
     w.add_embedding_length(hidden)
@@ -104,8 +132,6 @@ def write_gguf(
     w.add_head_count_kv(kv_heads)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
     hd = hidden // heads
     shapes: dict[str, tuple[int, int]] = {"token_embd.weight": (vocab, hidden)}
     for i in range(layers):
@@ -131,6 +157,32 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def copy_tokenizer(w: GGUFWriter, source: Path) -> int:
+    """Copy the `tokenizer.*` metadata of the GGUF file `source`; returns its vocabulary size."""
+    from exo.worker.engines.gguf_reader import GGUFFile
+
+    f = GGUFFile(source)
+    try:
+        meta = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")}
+    finally:
+        f.close()
+    for key, value in meta.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, list(value))
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        raise ValueError(f"{source} has no tokenizer.ggml.tokens")
+    return len(tokens)
 
 
 def write_safetensors(

@@ -20,34 +20,10 @@ import torch
 import exo.worker.runner.runner as _runner  # a runner's imports count in its overhead
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_config, load_shard_weights
-from exo.worker.engines.file_rows import SafetensorsFile
-from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan, release_freed_memory, shard_bytes
-
-
-def file_weight_bytes(path: Path) -> tuple[int, str]:
-    """Bytes of all tensors in the file(s), and the format of the layer matrices."""
-    if path.is_dir():
-        total, fmt = 0, ""
-        for file in sorted(path.glob("*.safetensors")):
-            st = SafetensorsFile(file)
-            for name, info in st.tensors.items():
-                n = 1
-                for d in info.shape:
-                    n *= d
-                total += n * (2 if info.dtype in ("F16", "BF16") else 4)
-                if name.endswith("down_proj.weight"):
-                    fmt = info.dtype
-            st.close()
-        return total, fmt
-    f = GGUFFile(path)
-    try:
-        total = sum(t.n_bytes for t in f.tensors.values())
-        return total, f.tensors["blk.0.ffn_down.weight"].qtype.name
-    finally:
-        f.close()
+from exo.worker.engines.model_facts import model_facts
 
 
 def main() -> None:
@@ -87,7 +63,8 @@ def main() -> None:
     with torch.inference_mode():
         model.forward(torch.tensor([[1, 2, 3]]), StepInputs.single(0, 0, 3), cache)
     cache.prepare(tuple(range(max_batch)), (0,) * max_batch, max_seq)  # every page in use
-    file_bytes, file_format = file_weight_bytes(path)
+    facts = model_facts(path)
+    file_bytes, file_format = facts.weight_bytes, facts.weight_format
     report = {
         "baseline": baseline, "peak": peak, "loaded": loaded, "full": proc.memory_info().rss,
         "running": running, "kv_bytes": cache.n_bytes, "file_bytes": file_bytes,

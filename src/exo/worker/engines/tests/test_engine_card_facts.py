@@ -5,6 +5,8 @@ from pathlib import Path
 from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.local import card_from_path
 from exo.worker.engines.gguf_loader import load_gguf_config
+from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
+from exo.worker.engines.tokenizer import load_tokenizer
 
 
 def test_cards_carry_the_files_chat_template(gguf_path: Path) -> None:
@@ -12,3 +14,29 @@ def test_cards_carry_the_files_chat_template(gguf_path: Path) -> None:
     assert template is not None and "<|im_start|>" in template
     assert embedded_model_card(gguf_path).chat_template == template
     assert card_from_path(gguf_path).chat_template == template
+
+
+def test_the_embedded_card_carries_the_files_sizes_and_shape(gguf_path: Path) -> None:
+    """Placement's memory estimate reads these: weight bytes, their format, the kv shape."""
+    embedded, read = embedded_model_card(gguf_path), card_from_path(gguf_path)
+    facts = ("storage_size", "weight_format", "head_dim", "n_layers", "num_kv_heads",
+             "num_heads", "hidden_size", "context_length", "embedding_bytes",
+             "head_bytes")  # fmt: skip
+    assert {f: getattr(embedded, f) for f in facts} == {f: getattr(read, f) for f in facts}
+    assert read.weight_format == "Q4_1" and read.head_dim == 64
+    assert read.embedding_bytes > 0 and read.head_bytes == 0  # a tied head
+
+
+def test_a_generated_file_can_carry_a_real_tokenizer(gguf_path: Path, tmp_path: Path) -> None:
+    """bench/engine.py --generate runs engines on such files: SmolLM2's vocabulary and chat
+    template on random weights of another shape, read back as any GGUF."""
+    path = write_gguf_with_tokenizer(tmp_path / "g.gguf", "Q8_0", gguf_path, layers=1,
+                                     hidden=64, ffn=128, heads=2, kv_heads=1)  # fmt: skip
+    source, generated = load_gguf_config(gguf_path), load_gguf_config(path)
+    assert generated.vocab == source.vocab == 49152 and generated.hidden == 64
+    assert generated.chat_template == source.chat_template
+    assert generated.eos_token_ids == source.eos_token_ids
+    tokenizer = load_tokenizer(path, tmp_path / "cache")
+    assert tokenizer.encode("Hello world") == load_tokenizer(gguf_path, tmp_path).encode(
+        "Hello world"
+    )

@@ -2,7 +2,9 @@
 
 For a generated model: running weights <= 1.15x their bytes in the file; peak RSS during the
 load minus RSS before it <= 1.2x the running size; and the pure estimate
-(`exo.shared.models.memory`) within 10% of the process's RSS with its KV cache at the maximum.
+(`exo.shared.models.memory`) within 10% of the process's RSS with its KV cache at the maximum,
+both as the engine sees the file and as placement sees it through the model's card (the KV
+cache at a runner's maximum: EXO_RUNNER_MAX_BATCH requests of the served context).
 """
 
 import json
@@ -14,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from exo.shared.models.memory import estimate_runner_memory
+from exo.master.placement_memory import pipeline_memory
+from exo.shared.constants import EXO_RUNNER_MAX_BATCH
+from exo.shared.models.local import card_from_path
+from exo.shared.models.memory import estimate_runner_memory, runner_max_seq
 from exo.worker.engines.tests.generated import write_gguf, write_safetensors
 
 pytestmark = [pytest.mark.slow]
@@ -22,7 +27,8 @@ pytestmark = [pytest.mark.slow]
 SHAPE: dict[str, int] = {
     "layers": 6, "hidden": 1024, "ffn": 2816, "heads": 16, "kv_heads": 4, "vocab": 16384,
 }  # fmt: skip
-MAX_BATCH, MAX_SEQ = 4, 1024
+# What a runner serves and placement reserves: 8 requests of 2048 tokens (the file's context).
+MAX_BATCH, MAX_SEQ = EXO_RUNNER_MAX_BATCH, runner_max_seq(2048)
 
 
 def probe(path: Path) -> dict[str, Any]:
@@ -56,3 +62,7 @@ def test_load_is_memory_faithful_and_the_estimate_holds(tmp_path: Path, recipe: 
     assert r["kv_bytes"] == estimate.kv_cache
     assert abs(estimate.weights - r["running"]) <= 0.02 * r["running"], (estimate, r)
     assert abs(estimate.total - r["full"]) <= 0.10 * r["full"], (estimate.total, r)
+    card = card_from_path(path)
+    assert card.storage_size.in_bytes == r["file_bytes"], (card, r)
+    placed = pipeline_memory(card, 0, card.n_layers)
+    assert abs(placed - r["full"]) <= 0.10 * r["full"], (placed, r)

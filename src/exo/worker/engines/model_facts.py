@@ -1,0 +1,76 @@
+"""What a model card needs from a model's files, read from their headers only: the shape, the
+bytes of all weights as stored, and the format of the layer matrices (which decides their
+running size: `exo.shared.models.memory.running_weight_bytes`)."""
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.file_rows import SAFETENSORS_DTYPES, SafetensorsFile
+from exo.worker.engines.gguf_loader import gguf_config
+from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.safetensors_loader import hf_config
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    config: LlamaConfig
+    weight_bytes: int
+    """Bytes of every tensor in the file(s), as stored."""
+    weight_format: str
+    """The format holding most bytes of the layer matrices: a GGUF type name ("Q4_K",
+    "Q8_0", "F16") or a safetensors dtype ("BF16")."""
+    embedding_bytes: int
+    """Bytes of the token embedding."""
+    head_bytes: int
+    """Bytes of the output head; 0 when it is tied to the embedding."""
+
+
+def model_facts(path: Path) -> ModelFacts:
+    """The facts of a GGUF file or a Hugging Face safetensors folder."""
+    return _folder_facts(path) if path.is_dir() else _gguf_facts(path)
+
+
+def _gguf_facts(path: Path) -> ModelFacts:
+    f = GGUFFile(path)
+    try:
+        config = gguf_config(f)
+        matrices: Counter[str] = Counter()
+        for name, info in f.tensors.items():
+            if name.startswith("blk.") and len(info.shape) == 2:
+                matrices[info.qtype.name] += info.n_bytes
+        total = sum(t.n_bytes for t in f.tensors.values())
+        head = f.tensors.get("output.weight")
+        embedding = f.tensors["token_embd.weight"].n_bytes
+        return ModelFacts(config, total, _most(matrices), embedding, head.n_bytes if head else 0)
+    finally:
+        f.close()
+
+
+def _folder_facts(folder: Path) -> ModelFacts:
+    config = hf_config(folder)
+    total = embedding = head = 0
+    matrices: Counter[str] = Counter()
+    for file in sorted(folder.glob("*.safetensors")):
+        st = SafetensorsFile(file)
+        try:
+            for name, info in st.tensors.items():
+                n = 1
+                for d in info.shape:
+                    n *= d
+                size = n * SAFETENSORS_DTYPES.get(info.dtype, (None, 4))[1]
+                total += size
+                if ".layers." in name and len(info.shape) == 2:
+                    matrices[info.dtype] += size
+                elif name.endswith("embed_tokens.weight"):
+                    embedding = size
+                elif name.endswith("lm_head.weight"):
+                    head = size
+        finally:
+            st.close()
+    return ModelFacts(config, total, _most(matrices), embedding, head)
+
+
+def _most(counts: Counter[str]) -> str:
+    return counts.most_common(1)[0][0] if counts else ""
