@@ -26,6 +26,7 @@ from exo.node.chunks import ChunkRouter
 from exo.node.requests import RequestTracker
 from exo.node_info import cap_memory, gather_node_info, significantly_different
 from exo.shared.apply import apply
+from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import ModelRegistry
 from exo.shared.types.chunks import Chunk
@@ -57,7 +58,7 @@ class NodeConfig:
     runner_threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"
-    max_batch: int = 8
+    max_batch: int = EXO_RUNNER_MAX_BATCH
     info_interval_s: float = 5.0
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
     cluster: ClusterConfig | None = None
