@@ -343,15 +343,26 @@ class ClusterLink:
 
     async def _as_master(self, action: Callable[[Master], Awaitable[None]]) -> bool:
         """Run ``action`` on this node's master; False when this node is not the master.
-        An action that fails is logged and counts as done: retrying it would fail again
-        and hold up everything queued behind it."""
+
+        An event the master cannot sequence (it cannot be applied or written) is refused
+        whole: the log and the master's state stay as they were, and it counts as done
+        (retrying would fail again and hold up everything queued behind it). Whatever
+        part of it reached this node's own state is undone by a resync from the master's
+        state, so no node keeps a state the log does not have; followers see only
+        sequenced events (one that was not delivered, they fetch by catching up)."""
         async with self.replica.lock:
-            if self._master is None:
+            master = self._master
+            if master is None:
                 return False
             try:
-                await action(self._master)
+                await action(master)
             except Exception:
-                logger.exception("cluster: the master failed to sequence an event; dropped")
+                logger.exception(
+                    "cluster: the master refused an event it could not sequence; "
+                    f"this node re-syncs to the master's state at event "
+                    f"{master.state.last_event_applied_idx}"
+                )
+                self.host.replace_state(master.state)
             return True
 
     async def _submit(self, command: Command, origin: NodeId | None) -> bool:

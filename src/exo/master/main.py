@@ -112,11 +112,15 @@ class Master:
                 await self._place_again(instance, event.node_id)
 
     async def _sequence(self, event: Event) -> None:
+        """Give ``event`` the next index: written to the log first, then the master's
+        state, then published. An event that cannot be applied or written raises and
+        leaves the state and the log as they were (it was never sequenced)."""
         indexed = IndexedEvent(
             idx=self.state.last_event_applied_idx + 1, event=event, command_id=self._handling
         )
-        self.state = apply(self.state, indexed)
-        self.log.append(indexed, self.state)
+        state = apply(self.state, indexed)
+        self.log.append(indexed, state)
+        self.state = state
         await self.publish(indexed)
 
     async def _place_again(self, lost: Instance, gone: NodeId) -> None:

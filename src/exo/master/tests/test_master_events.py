@@ -4,6 +4,7 @@ and commands it is given."""
 import anyio
 import pytest
 
+from exo.master.event_log import MemoryEventLog
 from exo.master.main import Master
 from exo.shared.tests.builders import (
     INSTANCE_1,
@@ -15,7 +16,7 @@ from exo.shared.tests.builders import (
     single_instance,
 )
 from exo.shared.types.commands import Command, PlaceInstance
-from exo.shared.types.common import NodeId
+from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
     Event,
@@ -25,6 +26,7 @@ from exo.shared.types.events import (
     NodeGatheredInfo,
     RunnerStatusUpdated,
 )
+from exo.shared.types.state import State
 from exo.shared.types.worker.runners import RunnerIdle, RunnerShutdown, RunnerShuttingDown
 from exo.utils.channels import channel
 
@@ -88,3 +90,47 @@ async def test_racing_placements_of_a_model_that_needs_one_make_one_instance() -
     assert len(master.state.instances) == 1
     await master.submit(PlaceInstance(model_id=MODEL_1), NODE_A)  # asked for another one
     assert len(master.state.instances) == 2
+
+
+class _FailingOnceLog:
+    """A log whose next write fails (a full disk, say), then works again."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryEventLog()
+        self.fail_next = False
+
+    def append(self, event: IndexedEvent, state_after: State) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise OSError("disk full")
+        self.inner.append(event, state_after)
+
+    def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
+        return self.inner.read_from(idx, limit)
+
+    def snapshot(self) -> State | None:
+        return self.inner.snapshot()
+
+    def restore(self) -> State:
+        return self.inner.restore()
+
+    def command_ids(self, limit: int) -> list[CommandId]:
+        return self.inner.command_ids(limit)
+
+
+async def test_an_event_that_cannot_be_written_is_never_sequenced() -> None:
+    """The master applied an event to its state before writing it: a failed write left a
+    state the log did not have (and the next event's index skipped one)."""
+    master, published = make_master()
+    log = _FailingOnceLog()
+    master.log = log
+    await master.emit(NodeGatheredInfo(node_id=NODE_A, info=node_info()))
+    log.fail_next = True
+    with pytest.raises(OSError):
+        await master.emit(InstanceCreated(instance=single_instance()))
+    assert master.state.last_event_applied_idx == 0
+    assert INSTANCE_1 not in master.state.instances
+    await master.emit(InstanceCreated(instance=single_instance()))
+    assert [e.idx for e in published] == [0, 1]
+    assert [e.idx for e in log.read_from(0, 10)] == [0, 1]
+    assert master.state.last_event_applied_idx == 1
