@@ -111,7 +111,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.get("/metrics")
     async def metrics_text() -> PlainTextResponse:
-        return PlainTextResponse(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
+        return PlainTextResponse(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     @api.get("/state")
     async def state() -> JSONResponse:
