@@ -61,7 +61,8 @@ class ModelCard(FrozenModel):
     context_length: int
     architecture: str
     tasks: list[ModelTask] = ["text_generation"]
-    # Where the weights live on nodes that have them: a GGUF file or a safetensors folder.
+    # Where the weights live on nodes that have them: a GGUF file or a safetensors folder
+    # (the embedded model's names its file inside its package; each worker finds its copy).
     # Empty for models a node would have to download.
     source: str = ""
     aliases: list[str] = []
@@ -71,7 +72,3 @@ class ModelCard(FrozenModel):
     # files or the hub; None when it has none or it was not read. The API shows it (Ollama
     # /api/show) and never reads model files itself.
     chat_template: str | None = None
-
-    def layer_bytes(self) -> int:
-        """Approximate bytes one transformer layer takes (weights only)."""
-        return self.storage_size.in_bytes // max(self.n_layers, 1)

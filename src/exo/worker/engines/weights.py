@@ -65,15 +65,6 @@ class ShardWeights:
     rope_freq_factors: Tensor | None = None  # [hd/2]  divisors of the rotary frequencies
     source_format: str = "F32"  # how the file stored the layer matrices: "Q4_1", "Q8_0", "BF16"..
 
-    @property
-    def is_first(self) -> bool:
-        return self.start_layer == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.end_layer == self.config.n_layers
-
-
 def halves_to_pairs(w: W, n_heads: int) -> W:
     """Reorder q/k rows from the half-split rotary layout to the interleaved one.
 
