@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
-from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue
+from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue, eos_token_ids
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
@@ -50,15 +50,6 @@ def _float(meta: dict[str, MetadataValue], key: str, default: float) -> float:
     if not isinstance(value, int | float):
         raise ValueError(f"GGUF metadata {key!r} should be a number, got {value!r}")
     return float(value)
-
-
-def _eos_ids(meta: dict[str, MetadataValue]) -> tuple[int, ...]:
-    ids: list[int] = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if isinstance(value, int) and value not in ids:
-            ids.append(value)
-    return tuple(ids)
 
 
 def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | None:
@@ -118,7 +109,7 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         context_length=_int(meta, f"{arch}.context_length", 4096),
         tie_embeddings="output.weight" not in f.tensors,
         bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=_eos_ids(meta),
+        eos_token_ids=eos_token_ids(meta),
         chat_template=template if isinstance(template, str) else None,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
