@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from exo.api import claude, ollama, openai_chat, openai_responses
+from exo.api import claude, ollama, openai_chat, openai_completions, openai_responses
 from exo.api.errors import ApiError, validation_error
 from exo.api.generation_events import Failed, Finished, TextDelta, Timings
 from exo.api.management import choose_preview
@@ -405,3 +405,27 @@ def test_claude_images_are_a_400_naming_vision() -> None:
     with pytest.raises(ApiError) as info:
         claude.messages_task_params(request, CARD)
     assert info.value.status == 400 and "vision" in info.value.message
+
+
+def test_completions_take_the_same_sampling_parameters_as_chat() -> None:
+    sampling = {
+        "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3, "stop": "END",
+        "presence_penalty": 0.1, "frequency_penalty": -0.2, "repetition_penalty": 1.1,
+    }  # fmt: skip
+    chat = openai_chat.chat_task_params(
+        openai_chat.ChatCompletionRequest.model_validate(
+            {"model": "m1", "messages": [{"role": "user", "content": "x"}], "max_tokens": 7}
+            | sampling
+        ),
+        CARD,
+    )
+    completion = openai_completions.completion_task_params(
+        openai_completions.CompletionRequest.model_validate(
+            {"model": "m1", "prompt": "x", "max_tokens": 7, **sampling}
+        ),
+        CARD,
+    )
+    fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+              "presence_penalty", "frequency_penalty", "repetition_penalty")  # fmt: skip
+    assert [getattr(completion, f) for f in fields] == [getattr(chat, f) for f in fields]
+    assert completion.top_k == 40 and completion.repetition_penalty == 1.1
