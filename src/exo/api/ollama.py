@@ -3,7 +3,7 @@ default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -149,12 +149,14 @@ class GenerateRequest(ApiModel):
     _images = field_validator("images")(_no_images)
 
 
-class ShowRequest(ApiModel):
+class NamedModelRequest(ApiModel):
+    """A request naming one model, as ``model`` or (older clients) ``name``."""
+
     model: str = ""
     name: str = ""
 
     @model_validator(mode="after")
-    def _named(self) -> "ShowRequest":
+    def _named(self) -> Self:
         if not (self.model or self.name):
             raise ValueError("model is required")
         return self
@@ -162,6 +164,10 @@ class ShowRequest(ApiModel):
     @property
     def model_name(self) -> str:
         return self.model or self.name
+
+
+class ShowRequest(NamedModelRequest):
+    pass
 
 
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:

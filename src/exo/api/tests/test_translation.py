@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from exo.api import claude, ollama, openai_chat, openai_completions, openai_responses
-from exo.api.errors import ApiError, validation_error
+from exo.api.errors import ApiError, ApiFamily, claude_error_type, error_body, validation_error
 from exo.api.generation_events import Failed, Finished, TextDelta, Timings
 from exo.api.management import choose_preview
 from exo.api.tests.scripted_node import small_card
@@ -429,3 +429,14 @@ def test_completions_take_the_same_sampling_parameters_as_chat() -> None:
               "presence_penalty", "frequency_penalty", "repetition_penalty")  # fmt: skip
     assert [getattr(completion, f) for f in fields] == [getattr(chat, f) for f in fields]
     assert completion.top_k == 40 and completion.repetition_penalty == 1.1
+
+
+def test_error_types_follow_each_apis_names_for_a_status() -> None:
+    claude = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+              404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+              500: "api_error", 503: "overloaded_error", 507: "api_error"}  # fmt: skip
+    assert {status: claude_error_type(status) for status in claude} == claude
+    openai = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+              413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}  # fmt: skip
+    for status, kind in openai.items():
+        assert error_body(ApiFamily.OPENAI, status, "x")["error"]["type"] == kind
