@@ -440,3 +440,33 @@ def test_error_types_follow_each_apis_names_for_a_status() -> None:
               413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}  # fmt: skip
     for status, kind in openai.items():
         assert error_body(ApiFamily.OPENAI, status, "x")["error"]["type"] == kind
+
+
+def test_response_formats_become_the_schema_the_output_is_held_to() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+    def chat(response_format: dict[str, Any]) -> str | None:
+        request = openai_chat.ChatCompletionRequest.model_validate(
+            {
+                "model": "m1",
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": response_format,
+            }
+        )
+        return openai_chat.chat_task_params(request, CARD).json_schema
+
+    def responses(text_format: dict[str, Any]) -> str | None:
+        request = openai_responses.ResponsesRequest.model_validate(
+            {"model": "m1", "input": "x", "text": {"format": text_format}}
+        )
+        return openai_responses.responses_task_params(request, CARD).json_schema
+
+    assert chat({"type": "text"}) is None and responses({"type": "text"}) is None
+    assert chat({"type": "json_object"}) == responses({"type": "json_object"})
+    assert json.loads(chat({"type": "json_object"}) or "")["type"] == "object"
+    named = {"name": "n", "schema": schema}
+    assert json.loads(chat({"type": "json_schema", "json_schema": named}) or "") == schema
+    assert json.loads(responses({"type": "json_schema", **named}) or "") == schema
+    with pytest.raises(ApiError) as caught:
+        chat({"type": "json_schema"})
+    assert caught.value.status == 400 and caught.value.param == "response_format"
