@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 import torch
 
-from exo.shared.models.embedded import EMBEDDED_MODEL_ID, find_embedded_gguf
+from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.tests.node_process import running_node
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.engine import load_engine
 from exo.worker.engines.sampling import SamplingParams
 

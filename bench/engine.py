@@ -29,8 +29,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.batch import BatchGenerator
-from exo.worker.engines.embedded import find_embedded_gguf
 from exo.worker.engines.engine import Engine, load_engine
 from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile

@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from exo.worker.engines.embedded import find_embedded_gguf
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.tokenizer import EngineTokenizer, load_gguf_tokenizer
 
 # Each schema with a document that follows it (written in the compact style).

@@ -29,7 +29,7 @@ from typing import Any
 
 from exo.master.placement_memory import card_estimate
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
-from exo.shared.models.local import card_from_path
+from exo.worker.download.local import card_from_path
 from exo.worker.engines.tests.generated import write_gguf, write_safetensors
 
 RECIPES = ("Q4_K_M", "Q8_0", "F16", "BF16-safetensors")

@@ -17,10 +17,10 @@ from exo.cluster.config import DEFAULT_DISCOVERY_PORT, DEFAULT_NODE_TIMEOUT_S, C
 from exo.main import Node, NodeConfig
 from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
-from exo.shared.models.local import card_from_path
 from exo.shared.models.model_cards import ModelCard
 from exo.worker.download.cards import card_from_hub, parse_model_name
 from exo.worker.download.hub import DownloadError, HubSettings
+from exo.worker.download.local import card_from_path
 from exo.worker.download.model_dirs import models_dirs_from_env, parse_memory, scan_models_dir
 
 DEFAULT_LISTEN = "tcp/0.0.0.0:7447"

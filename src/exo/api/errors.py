@@ -95,36 +95,22 @@ async def send_error(scope: Scope, receive: Receive, send: Send, error: ApiError
     await error_response(family_for_path(scope.get("path", "")), error)(scope, receive, send)
 
 
+# Error types by HTTP status; other statuses: a server error from 500, else a bad request.
+_OPENAI_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+_CLAUDE_TYPES = {**_OPENAI_TYPES, 413: "request_too_large", 503: "overloaded_error"}
+
+
 def _openai_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 404:
-        return "not_found_error"
-    if status == 429:
-        return "rate_limit_error"
-    if status >= 500:
-        return "server_error"
-    return "invalid_request_error"
+    return _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
 
 
 def claude_error_type(status: int) -> str:
-    if status == 401:
-        return "authentication_error"
-    if status == 403:
-        return "permission_error"
-    if status == 404:
-        return "not_found_error"
-    if status == 413:
-        return "request_too_large"
-    if status == 429:
-        return "rate_limit_error"
-    if status == 503:
-        return "overloaded_error"
-    if status >= 500:
-        return "api_error"
-    return "invalid_request_error"
+    return _CLAUDE_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 # ---------------------------------------------------------------- validation messages

@@ -40,13 +40,12 @@ from exo.shared.types.state import State
 from exo.shared.types.tasks import TextGeneration
 from exo.shared.types.text_generation import TextGenerationTaskParams
 from exo.shared.types.worker.downloads import DownloadFailed
-from exo.shared.types.worker.instances import Instance
+from exo.shared.types.worker.instances import Instance, instance_is_serving
 from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
 from exo.worker.download.cards import card_from_hub, parse_model_name
 from exo.worker.download.hub import DownloadError, HubSettings
-from exo.worker.plan import instance_is_serving
 
 Clock = Callable[[], int]
 

@@ -23,10 +23,9 @@ from exo.shared.types.commands import (
 )
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
-from exo.shared.types.worker.instances import InstanceId, Sharding
+from exo.shared.types.worker.instances import InstanceId, Sharding, instance_is_serving
 from exo.utils import metrics
 from exo.worker.download.hub import HubSettings
-from exo.worker.plan import instance_is_serving
 
 
 class PlaceInstanceRequest(ApiModel):
@@ -112,7 +111,7 @@ def router(service: GenerationService) -> APIRouter:
 
     @api.get("/metrics")
     async def metrics_text() -> PlainTextResponse:
-        return PlainTextResponse(metrics.REGISTRY.render(), media_type=metrics.CONTENT_TYPE)
+        return PlainTextResponse(metrics.render(), media_type=metrics.CONTENT_TYPE)
 
     @api.get("/state")
     async def state() -> JSONResponse:

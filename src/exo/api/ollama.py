@@ -3,7 +3,7 @@ default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -24,12 +24,10 @@ from exo.api.generation_events import (
 from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
-    INT64_MIN,
     NO_VISION,
-    UINT64_MAX,
     ApiModel,
     Sampling,
-    StopList,
+    SamplingOptions,
     build_task_params,
 )
 from exo.api.tool_models import (
@@ -64,18 +62,13 @@ _OPTION_NAMES = {
 }
 
 
-class OllamaOptions(ApiModel):
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
+class OllamaOptions(SamplingOptions):
+    # Ollama's name for it.
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, validation_alias="repeat_penalty"
+    )
     # -1: no limit, -2: until the context is full.
     num_predict: int | None = Field(default=None, ge=-2)
-    stop: StopList = []
-    repeat_penalty: float | None = Field(default=None, gt=0.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     num_ctx: int | None = Field(default=None, ge=1)
 
     @field_validator("num_predict")
@@ -87,18 +80,7 @@ class OllamaOptions(ApiModel):
 
     def sampling(self) -> Sampling:
         limit = self.num_predict if self.num_predict is not None and self.num_predict > 0 else None
-        return Sampling(
-            max_tokens=limit,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            seed=self.seed,
-            stop=tuple(self.stop),
-            repetition_penalty=self.repeat_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-        )
+        return self.to_sampling(limit)
 
 
 def _no_images(value: list[str] | None) -> list[str] | None:
@@ -169,12 +151,14 @@ class GenerateRequest(ApiModel):
     _images = field_validator("images")(_no_images)
 
 
-class ShowRequest(ApiModel):
+class NamedModelRequest(ApiModel):
+    """A request naming one model, as ``model`` or (older clients) ``name``."""
+
     model: str = ""
     name: str = ""
 
     @model_validator(mode="after")
-    def _named(self) -> "ShowRequest":
+    def _named(self) -> Self:
         if not (self.model or self.name):
             raise ValueError("model is required")
         return self
@@ -182,6 +166,10 @@ class ShowRequest(ApiModel):
     @property
     def model_name(self) -> str:
         return self.model or self.name
+
+
+class ShowRequest(NamedModelRequest):
+    pass
 
 
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:

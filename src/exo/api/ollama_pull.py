@@ -17,16 +17,14 @@ from typing import Any
 import anyio
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import model_validator
 from starlette.responses import Response
 
 from exo.api.download_wait import DownloadWatch
 from exo.api.errors import ApiError
 from exo.api.generation import GenerationService
-from exo.api.ollama import resolve
+from exo.api.ollama import NamedModelRequest, resolve
 from exo.api.ollama_models import digest
 from exo.api.streaming import ndjson
-from exo.api.task_params import ApiModel
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import DownloadAction
 from exo.shared.types.common import NodeId
@@ -44,21 +42,9 @@ _POLL_S = 1.0
 _STALE_S = 10.0
 
 
-class PullRequest(ApiModel):
-    model: str = ""
-    name: str = ""
+class PullRequest(NamedModelRequest):
     insecure: bool = False
     stream: bool = True
-
-    @model_validator(mode="after")
-    def _named(self) -> "PullRequest":
-        if not (self.model or self.name):
-            raise ValueError("model is required")
-        return self
-
-    @property
-    def model_name(self) -> str:
-        return self.model or self.name
 
 
 class PullFailed(Exception):

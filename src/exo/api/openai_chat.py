@@ -23,11 +23,8 @@ from exo.api.generation_events import (
 )
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
-    INT64_MIN,
-    UINT64_MAX,
     ApiModel,
-    Sampling,
-    StopList,
+    SamplingOptions,
     build_task_params,
     text_content,
 )
@@ -74,19 +71,16 @@ class StreamOptions(ApiModel):
 MAX_CHOICES = 16
 
 
-class ChatCompletionRequest(ApiModel):
+class ChatCompletionRequest(SamplingOptions):
+    """Sampling as ``SamplingOptions`` (``top_k``, ``min_p`` and ``repetition_penalty``
+    are extensions many OpenAI-compatible servers accept)."""
+
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
-    stop: StopList = []
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # Choices are generated one after another (each a generation of its own).
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     tools: list[FunctionTool] | None = None
@@ -96,11 +90,8 @@ class ChatCompletionRequest(ApiModel):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # Extensions many OpenAI-compatible servers accept.
+    # An extension many OpenAI-compatible servers accept.
     chat_template_kwargs: dict[str, str | bool] | None = None
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0)
 
 
 _ROLES: dict[str, Role] = {
@@ -115,18 +106,7 @@ _ROLES: dict[str, Role] = {
 def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages = [m.message() for m in request.messages]
     tools = openai_tools(request.tools, request.tool_choice)
-    sampling = Sampling(
-        max_tokens=request.max_completion_tokens or request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=request.top_k,
-        min_p=request.min_p,
-        seed=request.seed,
-        stop=tuple(request.stop),
-        repetition_penalty=request.repetition_penalty,
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-    )
+    sampling = request.to_sampling(request.max_completion_tokens or request.max_tokens)
     return build_task_params(
         card,
         messages,

@@ -21,11 +21,7 @@ from exo.api.generation_events import (
 from exo.api.openai_chat import StreamOptions, finish_reason, openai_error, usage_json
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
-    INT64_MIN,
-    UINT64_MAX,
-    ApiModel,
-    Sampling,
-    StopList,
+    SamplingOptions,
     build_task_params,
 )
 from exo.shared.models.model_cards import ModelCard
@@ -42,32 +38,18 @@ def _one_prompt(value: object) -> object:
     return value
 
 
-class CompletionRequest(ApiModel):
+class CompletionRequest(SamplingOptions):
     model: str
     prompt: Annotated[str, BeforeValidator(_one_prompt)] = Field(min_length=1)
     # OpenAI's default for this endpoint.
     max_tokens: int = Field(default=16, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
-    stop: StopList = []
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     stream: bool = False
     stream_options: StreamOptions | None = None
     echo: bool = False
 
 
 def completion_task_params(request: CompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
-    sampling = Sampling(
-        max_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        stop=tuple(request.stop),
-        presence_penalty=request.presence_penalty,
-        frequency_penalty=request.frequency_penalty,
-    )
+    sampling = request.to_sampling(request.max_tokens)
     return build_task_params(
         card,
         [InputMessage(role="user", content=request.prompt)],

@@ -5,7 +5,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, cast
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelCard
@@ -102,6 +109,35 @@ class Sampling:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+
+
+class SamplingOptions(ApiModel):
+    """The sampling parameters the OpenAI-style and Ollama requests share, with their
+    bounds; ``to_sampling`` maps them to ``Sampling``, the one way into a task."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=UINT64_MAX)
+    stop: StopList = []
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+    def to_sampling(self, max_tokens: int | None) -> Sampling:
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+            stop=tuple(self.stop),
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+        )
 
 
 def build_task_params(

@@ -127,40 +127,43 @@ class JsonSchemaSpec(ApiModel):
     strict: bool | None = None
 
 
+FormatKind = Literal["text", "json_object", "json_schema"]
+
+
 class ResponseFormat(ApiModel):
     """OpenAI chat ``response_format``."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: FormatKind
     json_schema: JsonSchemaSpec | None = None
 
     def schema_text(self, param: str) -> str | None:
-        match self.type:
-            case "text":
-                return None
-            case "json_object":
-                return JSON_OBJECT_SCHEMA
-            case "json_schema":
-                if self.json_schema is None:
-                    raise ApiError(400, f"{param}.json_schema is required", param=param)
-                return json.dumps(self.json_schema.schema_ or {})
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ApiError(400, f"{param}.json_schema is required", param=param)
+        schema = None if self.json_schema is None else self.json_schema.schema_
+        return _format_schema(self.type, schema)
 
 
 class TextFormat(ApiModel):
     """Responses ``text.format``: the schema sits beside the type."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: FormatKind
     name: str = "response"
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
     def schema_text(self) -> str | None:
-        match self.type:
-            case "text":
-                return None
-            case "json_object":
-                return JSON_OBJECT_SCHEMA
-            case "json_schema":
-                return json.dumps(self.schema_ or {})
+        return _format_schema(self.type, self.schema_)
+
+
+def _format_schema(kind: FormatKind, schema: dict[str, Any] | None) -> str | None:
+    """The JSON schema a response format constrains the output to (None: free text)."""
+    match kind:
+        case "text":
+            return None
+        case "json_object":
+            return JSON_OBJECT_SCHEMA
+        case "json_schema":
+            return json.dumps(schema or {})
 
 
 def ollama_format(value: object) -> str | None:

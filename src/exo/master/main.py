@@ -47,10 +47,9 @@ from exo.shared.types.events import (
 )
 from exo.shared.types.state import State
 from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
-from exo.shared.types.worker.instances import Instance, InstanceId
+from exo.shared.types.worker.instances import Instance, InstanceId, instance_is_serving
 from exo.shared.types.worker.runners import RunnerShutdown
 from exo.utils.channels import Receiver
-from exo.worker.plan import instance_is_serving
 
 Publish = Callable[[IndexedEvent], Awaitable[None]]
 SendChunk = Callable[[ChunkGenerated, NodeId | None], None]

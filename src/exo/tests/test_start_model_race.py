@@ -7,8 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import running_node
+from exo.worker.download.embedded import find_embedded_gguf
 
 pytestmark = pytest.mark.slow
 

@@ -42,7 +42,7 @@ from exo.shared.types.worker.runners import (
     RunnerShuttingDown,
 )
 from exo.utils.backoff import KeyedBackoff
-from exo.utils.channels import Receiver, Sender, channel
+from exo.utils.channels import Sender, channel
 from exo.utils.metrics import RUNNER_FAILURES, RUNNER_RESTARTS
 from exo.utils.wakeup import Wakeup
 from exo.worker.download.coordinator import DownloadCoordinator
@@ -302,5 +302,3 @@ class Worker:
                     return task.origin_node_id
         return None
 
-
-__all__ = ["Receiver", "Worker"]

@@ -27,7 +27,12 @@ from exo.shared.types.tasks import (
     TextGeneration,
 )
 from exo.shared.types.worker.downloads import DownloadProgress, holds_shard
-from exo.shared.types.worker.instances import BoundInstance, Instance, InstanceId
+from exo.shared.types.worker.instances import (
+    BoundInstance,
+    Instance,
+    InstanceId,
+    instance_is_serving,
+)
 from exo.shared.types.worker.runners import (
     RunnerConnected,
     RunnerConnecting,
@@ -36,8 +41,6 @@ from exo.shared.types.worker.runners import (
     RunnerIdle,
     RunnerLoaded,
     RunnerLoading,
-    RunnerReady,
-    RunnerRunning,
     RunnerShuttingDown,
     RunnerStatus,
     RunnerWarmingUp,
@@ -264,14 +267,6 @@ def _pending_tasks(runners: Mapping[RunnerId, LocalRunner], state: State) -> Tex
         if instance is not None and instance_is_serving(instance, state.runners):
             return task
     return None
-
-
-def instance_is_serving(instance: Instance, all_runners: Mapping[RunnerId, RunnerStatus]) -> bool:
-    """Every runner of the instance can take requests."""
-    return all(
-        isinstance(all_runners.get(rid), (RunnerReady, RunnerRunning))
-        for rid in _runner_ids(instance)
-    )
 
 
 def _runner_ids(instance: Instance) -> list[RunnerId]:

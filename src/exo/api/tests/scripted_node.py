@@ -21,6 +21,7 @@ from anyio.abc import TaskGroup
 from exo.master.placement import PlacementError, place_instance
 from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.tests.builders import model_card
 from exo.shared.types.chunks import Chunk, ErrorChunk, FinishReason, TokenChunk, Usage
 from exo.shared.types.commands import (
     CancelCommand,
@@ -46,17 +47,8 @@ PROMPT_TOKENS = 11
 
 
 def small_card(model_id: str, aliases: Sequence[str] = ()) -> ModelCard:
-    return ModelCard(
-        model_id=ModelId(model_id),
-        n_layers=4,
-        hidden_size=64,
-        num_heads=4,
-        num_kv_heads=2,
-        storage_size=Memory.from_mb(16),
-        context_length=512,
-        architecture="llama",
-        aliases=list(aliases),
-    )
+    card = model_card(ModelId(model_id), n_layers=4)
+    return card.model_copy(update={"aliases": list(aliases)})
 
 
 def huge_card() -> ModelCard:

@@ -1,112 +1,106 @@
-"""The Prometheus registry: text format, labels, histograms, thread safety."""
+"""The node's metrics as /metrics exposes them: names, types, labels, and a text that
+Prometheus (and our parser) reads. The registry itself is prometheus_client's."""
 
 import threading
 
 import pytest
 
 from exo.api.tests.helpers import parse_prometheus, sample
-from exo.utils.metrics import Registry
+from exo.utils import metrics
+
+# Every metric the node exposes: what dashboards and alerts are written against.
+EXPECTED = {
+    "exo_api_requests_total": ("counter", ("endpoint", "status")),
+    "exo_api_request_duration_seconds": ("histogram", ("endpoint",)),
+    "exo_tokens_generated_total": ("counter", ("model",)),
+    "exo_time_to_first_token_seconds": ("histogram", ("model",)),
+    "exo_inter_token_latency_seconds": ("histogram", ("model",)),
+    "exo_api_queue_depth": ("gauge", ()),
+    "exo_api_active_generations": ("gauge", ()),
+    "exo_runner_restarts_total": ("counter", ()),
+    "exo_runner_failures_total": ("counter", ()),
+    "exo_cluster_messages_rejected_total": ("counter", ("reason",)),
+}
 
 
-def test_counter_with_labels_renders_and_parses() -> None:
-    registry = Registry()
-    requests = registry.counter("x_requests_total", "Requests", ("endpoint", "status"))
-    requests.labels(endpoint="/a", status="200").inc()
-    requests.labels(endpoint="/a", status="200").inc(2)
-    requests.labels(endpoint="/b", status="404").inc()
-    text = registry.render()
-    assert "# TYPE x_requests_total counter" in text
-    samples = parse_prometheus(text)
-    assert sample(samples, "x_requests_total", endpoint="/a", status="200") == 3
-    assert sample(samples, "x_requests_total", endpoint="/b", status="404") == 1
-    assert requests.value(endpoint="/a", status="200") == 3
+def _types(text: str) -> dict[str, str]:
+    return {
+        line.split(" ")[2]: line.split(" ")[3]
+        for line in text.splitlines()
+        if line.startswith("# TYPE ")
+    }
 
 
-def test_metric_without_labels_starts_at_zero() -> None:
-    registry = Registry()
-    restarts = registry.counter("x_restarts_total", "Restarts")
-    samples = parse_prometheus(registry.render())
-    assert sample(samples, "x_restarts_total") == 0
-    restarts.inc()
-    assert sample(parse_prometheus(registry.render()), "x_restarts_total") == 1
+def test_the_node_exposes_exactly_its_metrics_with_their_types() -> None:
+    assert _types(metrics.render()) == {name: kind for name, (kind, _) in EXPECTED.items()}
 
 
-def test_gauge_goes_both_ways() -> None:
-    registry = Registry()
-    depth = registry.gauge("x_depth", "Depth")
-    depth.inc()
-    depth.inc()
-    depth.dec()
-    assert depth.value() == 1
-    depth.set(7.5)
-    assert sample(parse_prometheus(registry.render()), "x_depth") == 7.5
+def test_metrics_take_exactly_their_labels() -> None:
+    metrics.API_REQUESTS.labels(endpoint="/labels-check", status="200").inc()
+    metrics.CLUSTER_MESSAGES_REJECTED.labels(reason="labels-check").inc()
+    for name, labels in (
+        ("exo_api_requests_total", {"endpoint": "/labels-check", "status": "200"}),
+        ("exo_cluster_messages_rejected_total", {"reason": "labels-check"}),
+    ):
+        assert sample(parse_prometheus(metrics.render()), name, **labels) == 1
+        assert tuple(sorted(labels)) == tuple(sorted(EXPECTED[name][1]))
+    # Wrong or missing labels are refused, not exposed as a new series.
+    with pytest.raises(ValueError):
+        metrics.API_REQUESTS.labels(endpoint="/x")
+    with pytest.raises(ValueError):
+        metrics.TOKENS_GENERATED.inc()
+    with pytest.raises(ValueError):
+        metrics.TOKENS_GENERATED.labels(model="m").inc(-1)
 
 
-def test_histogram_buckets_are_cumulative() -> None:
-    registry = Registry()
-    latency = registry.histogram("x_seconds", "Latency", ("model",), buckets=(0.1, 1.0))
-    for value in (0.05, 0.1, 0.5, 3.0):
-        latency.labels(model="m").observe(value)
-    samples = parse_prometheus(registry.render())
-    assert sample(samples, "x_seconds_bucket", model="m", le="0.1") == 2
-    assert sample(samples, "x_seconds_bucket", model="m", le="1") == 3
-    assert sample(samples, "x_seconds_bucket", model="m", le="+Inf") == 4
-    assert sample(samples, "x_seconds_count", model="m") == 4
-    assert sample(samples, "x_seconds_sum", model="m") == pytest.approx(3.65)
-    assert latency.count(model="m") == 4
+def test_unlabelled_metrics_start_at_zero_and_counters_only_go_up() -> None:
+    samples = parse_prometheus(metrics.render())
+    for name, (kind, labels) in EXPECTED.items():
+        if not labels and kind != "histogram":
+            assert (name, frozenset()) in samples, name
+    before = sample(samples, "exo_runner_restarts_total")
+    metrics.RUNNER_RESTARTS.inc()
+    assert sample(parse_prometheus(metrics.render()), "exo_runner_restarts_total") == before + 1
+
+
+def test_histogram_buckets_are_cumulative_and_parse() -> None:
+    model = {"model": "test-org/histogram-check"}
+    for value in (0.004, 0.005, 0.5, 500.0):
+        metrics.TIME_TO_FIRST_TOKEN.labels(**model).observe(value)
+    samples = parse_prometheus(metrics.render())
+    bucket = "exo_time_to_first_token_seconds_bucket"
+    assert sample(samples, bucket, **model, le="0.005") == 2
+    assert sample(samples, bucket, **model, le="0.5") == 3
+    assert sample(samples, bucket, **model, le="120.0") == 3
+    assert sample(samples, bucket, **model, le="+Inf") == 4
+    assert sample(samples, "exo_time_to_first_token_seconds_count", **model) == 4
+    assert sample(samples, "exo_time_to_first_token_seconds_sum", **model) == pytest.approx(500.509)
 
 
 def test_label_values_are_escaped() -> None:
-    registry = Registry()
-    counter = registry.counter("x_total", "Help with \\ and\nnewline", ("path",))
-    counter.labels(path='a"b\\c\nd').inc()
-    text = registry.render()
-    assert 'path="a\\"b\\\\c\\nd"' in text
-    assert "# HELP x_total Help with \\\\ and\\nnewline" in text
-    parse_prometheus(text)
-
-
-def test_registering_twice_gives_the_same_metric_or_refuses_a_conflict() -> None:
-    registry = Registry()
-    first = registry.counter("x_total", "X", ("a",))
-    assert registry.counter("x_total", "X", ("a",)) is first
-    with pytest.raises(ValueError):
-        registry.gauge("x_total", "X", ("a",))
-    with pytest.raises(ValueError):
-        registry.counter("x_total", "X", ("b",))
-
-
-def test_misuse_is_refused() -> None:
-    registry = Registry()
-    counter = registry.counter("x_total", "X", ("a",))
-    with pytest.raises(ValueError):
-        counter.labels(a="1").inc(-1)
-    with pytest.raises(ValueError):
-        counter.labels(b="1")
-    with pytest.raises(ValueError):
-        counter.inc()  # labels required
-    with pytest.raises(ValueError):
-        registry.counter("bad name", "X")
-    with pytest.raises(ValueError):
-        registry.histogram("x_h", "X", ("le",))
+    metrics.TOKENS_GENERATED.labels(model='a"b\\c\nd').inc(3)
+    text = metrics.render()
+    assert 'model="a\\"b\\\\c\\nd"' in text
+    assert sample(parse_prometheus(text), "exo_tokens_generated_total", model='a\\"b\\\\c\\nd') == 3
 
 
 def test_updates_from_many_threads_are_not_lost() -> None:
-    registry = Registry()
-    counter = registry.counter("x_total", "X", ("t",))
-    histogram = registry.histogram("x_h", "X")
     per_thread = 2000
+    endpoint = "/threads-check"
 
     def work(i: int) -> None:
-        child = counter.labels(t=str(i % 2))
+        child = metrics.API_REQUESTS.labels(endpoint=endpoint, status=str(200 + i % 2))
         for _ in range(per_thread):
             child.inc()
-            histogram.observe(0.01)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert counter.value(t="0") + counter.value(t="1") == 8 * per_thread
-    assert histogram.count() == 8 * per_thread
+    samples = parse_prometheus(metrics.render())
+    total = sum(
+        sample(samples, "exo_api_requests_total", endpoint=endpoint, status=status)
+        for status in ("200", "201")
+    )
+    assert total == 8 * per_thread

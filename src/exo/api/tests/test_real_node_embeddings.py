@@ -11,8 +11,8 @@ import ollama
 import openai
 import pytest
 
-from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import NodeProcess, running_node
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.tokenizer import load_tokenizer
 
 pytestmark = [pytest.mark.slow]

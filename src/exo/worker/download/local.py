@@ -1,16 +1,20 @@
 """Finding a model's files on this node: a local source, the models folder, or the
-Hugging Face cache (for hub models). Nothing here requires the hub."""
+Hugging Face cache (for hub models); and the card of a model file a user names.
+Nothing here requires the hub."""
 
 import struct
 from collections.abc import Sequence
 from pathlib import Path
 
-from exo.shared.models.model_cards import ModelCard
+from exo.shared.models.embedded import EMBEDDED_MODEL_ID
+from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.types.memory import Memory
 from exo.shared.types.worker.downloads import (
     DownloadCompleted,
     DownloadFailed,
     DownloadProgress,
 )
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.hub import locate_hub_model
 from exo.worker.engines.gguf_reader import GGUFFile
 
@@ -38,6 +42,12 @@ def locate_model(
 
 def _candidates(card: ModelCard, models_dir: Path) -> list[Path]:
     candidates: list[Path] = []
+    if card.model_id == EMBEDDED_MODEL_ID:
+        # The card names the file inside its package (or a path on another node):
+        # this node's own copy is the one to load.
+        embedded = find_embedded_gguf()
+        if embedded is not None:
+            candidates.append(embedded)
     if card.source:
         candidates.append(Path(card.source))
     candidates.append(models_dir / card.model_id.replace("/", "--"))
@@ -84,3 +94,34 @@ def gguf_problem(path: Path) -> str | None:
             f"{needed} (copy or download it again)"
         )
     return None
+
+
+def card_from_path(path: Path) -> ModelCard:
+    """Read the model's shape from its metadata. Raises ValueError with a clear message."""
+    from exo.worker.engines.model_facts import model_facts  # torch: only when a file is named
+
+    if not path.exists():
+        raise ValueError(f"model file not found: {path}")
+    try:
+        facts = model_facts(path)
+    except Exception as e:
+        raise ValueError(f"cannot read model metadata from {path}: {e}") from e
+    c = facts.config
+    name = path.name.removesuffix(".gguf") if path.is_file() else path.name
+    return ModelCard(
+        model_id=ModelId(name),
+        n_layers=c.n_layers,
+        hidden_size=c.hidden,
+        num_heads=c.heads,
+        num_kv_heads=c.kv_heads,
+        storage_size=Memory(in_bytes=facts.weight_bytes),
+        context_length=c.context_length,
+        architecture=c.architecture,
+        source=str(path.resolve()),
+        aliases=[name.lower()],
+        chat_template=c.chat_template,
+        head_dim=c.head_dim,
+        weight_format=facts.weight_format,
+        embedding_bytes=facts.embedding_bytes,
+        head_bytes=facts.head_bytes,
+    )

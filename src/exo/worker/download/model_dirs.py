@@ -9,8 +9,8 @@ from pathlib import Path
 from loguru import logger
 
 from exo.shared.models.hub_files import quant_of
-from exo.shared.models.local import card_from_path
 from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.worker.download.local import card_from_path
 
 _CACHE_REPO = re.compile(r"^models--(?P<org>[^-].*?)--(?P<name>.+)$")
 

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
-from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue
+from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue, eos_token_ids
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
@@ -19,8 +19,8 @@ from exo.worker.engines.weights import (
     ProgressCallback,
     ShardWeights,
     TensorParallel,
+    assemble_shard,
     halves_to_pairs,
-    slice_layer,
     split_rows,
 )
 
@@ -50,15 +50,6 @@ def _float(meta: dict[str, MetadataValue], key: str, default: float) -> float:
     if not isinstance(value, int | float):
         raise ValueError(f"GGUF metadata {key!r} should be a number, got {value!r}")
     return float(value)
-
-
-def _eos_ids(meta: dict[str, MetadataValue]) -> tuple[int, ...]:
-    ids: list[int] = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        value = meta.get(f"tokenizer.ggml.{key}")
-        if isinstance(value, int) and value not in ids:
-            ids.append(value)
-    return tuple(ids)
 
 
 def _rope_scaling(meta: dict[str, MetadataValue], arch: str) -> RopeScaling | None:
@@ -118,7 +109,7 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         context_length=_int(meta, f"{arch}.context_length", 4096),
         tie_embeddings="output.weight" not in f.tensors,
         bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=_eos_ids(meta),
+        eos_token_ids=eos_token_ids(meta),
         chat_template=template if isinstance(template, str) else None,
         qkv_bias="blk.0.attn_q.bias" in f.tensors,
         qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
@@ -226,36 +217,27 @@ def load_gguf_shard(
         config = gguf_config(f)
         check_layer_range(config, start_layer, end_layer)
         src = _TensorSource(f, plan or replace(DENSE_PLAN, dtype=dtype))
-        total = end_layer - start_layer
-        layers: list[LayerWeights] = []
-        for i in range(start_layer, end_layer):
-            layer = _layer(src, config, i)
-            if tensor_parallel is not None:
-                layer = slice_layer(layer, config, tensor_parallel.rank, tensor_parallel.world)
-            layers.append(layer)
-            if progress is not None:
-                progress(len(layers), total)
-        is_last = end_layer == config.n_layers
-        embed = src.get("token_embd.weight") if start_layer == 0 else None
-        lm_head: Weight | None = None
-        if is_last:
-            tied_and_loaded = config.tie_embeddings and embed is not None
-            head_name = "token_embd.weight" if config.tie_embeddings else "output.weight"
-            lm_head = embed if tied_and_loaded else src.get(head_name)
+
+        def head(embed: Weight | None) -> Weight:
+            if config.tie_embeddings:
+                return embed if embed is not None else src.get("token_embd.weight")
+            return src.get("output.weight")
+
         freq_factors = f.tensors.get("rope_freqs.weight")
-        source = f.tensors[f"blk.{start_layer}.ffn_down.weight"].qtype.name
-        return ShardWeights(
-            config=config,
-            start_layer=start_layer,
-            end_layer=end_layer,
-            layers=layers,
-            embed=embed,
-            final_norm=src.vector("output_norm.weight") if is_last else None,
-            lm_head=lm_head,
+        return assemble_shard(
+            config,
+            start_layer,
+            end_layer,
+            layer=lambda i: _layer(src, config, i),
+            embedding=lambda: src.get("token_embd.weight"),
+            head=head,
+            final_norm=lambda: src.vector("output_norm.weight"),
+            source_format=f.tensors[f"blk.{start_layer}.ffn_down.weight"].qtype.name,
+            progress=progress,
+            tensor_parallel=tensor_parallel,
             rope_freq_factors=None
             if freq_factors is None
             else torch.from_numpy(f.load(freq_factors.name)),
-            source_format=source,
         )
     finally:
         f.close()

@@ -12,6 +12,7 @@ n_dims x u64 dims, u32 ggml type, u64 offset), padding to `general.alignment`, t
 import mmap
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,16 @@ from torch import Tensor
 from exo.worker.engines.file_rows import pread_into
 
 MetadataValue = int | float | bool | str | list[Any]
+
+
+def eos_token_ids(meta: Mapping[str, object]) -> tuple[int, ...]:
+    """Every token id that ends a generation: end of sequence, of turn and of message."""
+    ids: list[int] = []
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        value = meta.get(f"tokenizer.ggml.{key}")
+        if isinstance(value, int) and not isinstance(value, bool) and value not in ids:
+            ids.append(value)
+    return tuple(ids)
 
 _SCALARS: dict[int, tuple[str, int]] = {
     0: ("<B", 1),  # uint8

@@ -22,8 +22,8 @@ from exo.worker.engines.weights import (
     ProgressCallback,
     ShardWeights,
     TensorParallel,
+    assemble_shard,
     halves_to_pairs,
-    slice_layer,
     split_rows,
 )
 
@@ -314,32 +314,20 @@ def _load(
     progress: ProgressCallback | None,
     tensor_parallel: TensorParallel | None,
 ) -> ShardWeights:
-    source = src.stored_dtype(f"model.layers.{start_layer}.mlp.down_proj.weight")
-    total = end_layer - start_layer
-    layers: list[LayerWeights] = []
-    for i in range(start_layer, end_layer):
-        layer = _layer(src, config, i)
-        if tensor_parallel is not None:
-            layer = slice_layer(layer, config, tensor_parallel.rank, tensor_parallel.world)
-        layers.append(layer)
-        if progress is not None:
-            progress(len(layers), total)
-    is_last = end_layer == config.n_layers
-    embed = src.get("model.embed_tokens.weight") if start_layer == 0 else None
-    lm_head: Weight | None = None
-    if is_last:
-        tied = config.tie_embeddings or not src.has("lm_head.weight")
-        if tied:
-            lm_head = embed if embed is not None else src.get("model.embed_tokens.weight")
-        else:
-            lm_head = src.get("lm_head.weight")
-    return ShardWeights(
-        config=config,
-        start_layer=start_layer,
-        end_layer=end_layer,
-        layers=layers,
-        embed=embed,
-        final_norm=_norm(src, config, "model.norm.weight") if is_last else None,
-        lm_head=lm_head,
-        source_format=source,
+    def head(embed: Weight | None) -> Weight:
+        if config.tie_embeddings or not src.has("lm_head.weight"):
+            return embed if embed is not None else src.get("model.embed_tokens.weight")
+        return src.get("lm_head.weight")
+
+    return assemble_shard(
+        config,
+        start_layer,
+        end_layer,
+        layer=lambda i: _layer(src, config, i),
+        embedding=lambda: src.get("model.embed_tokens.weight"),
+        head=head,
+        final_norm=lambda: _norm(src, config, "model.norm.weight"),
+        source_format=src.stored_dtype(f"model.layers.{start_layer}.mlp.down_proj.weight"),
+        progress=progress,
+        tensor_parallel=tensor_parallel,
     )

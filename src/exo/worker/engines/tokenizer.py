@@ -21,7 +21,7 @@ from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
 
 _CACHE_VERSION = 2  # 2: SentencePiece vocabularies built natively
@@ -232,17 +232,12 @@ def _gguf_meta(meta: Mapping[str, object]) -> TokenizerMeta:
 
     bos = _meta_int(meta, "tokenizer.ggml.bos_token_id")
     eos = _meta_int(meta, "tokenizer.ggml.eos_token_id")
-    eos_ids: list[int] = []
-    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
-        i = _meta_int(meta, f"tokenizer.ggml.{key}")
-        if i is not None and i not in eos_ids:
-            eos_ids.append(i)
     return TokenizerMeta(
         chat_template=_meta_str(meta, "tokenizer.chat_template"),
         bos_token=token(bos),
         eos_token=token(eos),
         bos_token_id=bos,
-        eos_token_ids=tuple(eos_ids),
+        eos_token_ids=eos_token_ids(meta),
         # llama.cpp adds BOS to SentencePiece vocabularies that do not say otherwise
         add_bos=meta.get(
             "tokenizer.ggml.add_bos_token", meta.get("tokenizer.ggml.model") == "llama"

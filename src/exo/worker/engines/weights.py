@@ -65,15 +65,6 @@ class ShardWeights:
     rope_freq_factors: Tensor | None = None  # [hd/2]  divisors of the rotary frequencies
     source_format: str = "F32"  # how the file stored the layer matrices: "Q4_1", "Q8_0", "BF16"..
 
-    @property
-    def is_first(self) -> bool:
-        return self.start_layer == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.end_layer == self.config.n_layers
-
-
 def halves_to_pairs(w: W, n_heads: int) -> W:
     """Reorder q/k rows from the half-split rotary layout to the interleaved one.
 
@@ -164,3 +155,44 @@ def slice_shard(weights: ShardWeights, rank: int, world_size: int) -> ShardWeigh
     """Every layer of a shard sliced for one TP rank; embedding and head stay replicated."""
     layers = [slice_layer(layer, weights.config, rank, world_size) for layer in weights.layers]
     return replace(weights, layers=layers)
+
+
+def assemble_shard(
+    config: LlamaConfig,
+    start_layer: int,
+    end_layer: int,
+    *,
+    layer: Callable[[int], LayerWeights],
+    embedding: Callable[[], Weight],
+    head: Callable[[Weight | None], Weight],
+    final_norm: Callable[[], Tensor],
+    source_format: str,
+    progress: ProgressCallback | None = None,
+    tensor_parallel: TensorParallel | None = None,
+    rope_freq_factors: Tensor | None = None,
+) -> ShardWeights:
+    """The shard of layers [start_layer, end_layer), whatever the file format: each layer
+    read by ``layer`` (and sliced for a TP rank as it loads), then the embedding for the
+    first shard, the final norm and the head for the last (``head`` gets the embedding
+    when this shard loaded it, for tied heads)."""
+    layers: list[LayerWeights] = []
+    for i in range(start_layer, end_layer):
+        loaded = layer(i)
+        if tensor_parallel is not None:
+            loaded = slice_layer(loaded, config, tensor_parallel.rank, tensor_parallel.world)
+        layers.append(loaded)
+        if progress is not None:
+            progress(len(layers), end_layer - start_layer)
+    is_last = end_layer == config.n_layers
+    embed = embedding() if start_layer == 0 else None
+    return ShardWeights(
+        config=config,
+        start_layer=start_layer,
+        end_layer=end_layer,
+        layers=layers,
+        embed=embed,
+        final_norm=final_norm() if is_last else None,
+        lm_head=head(embed) if is_last else None,
+        rope_freq_factors=rope_freq_factors,
+        source_format=source_format,
+    )

@@ -408,10 +408,7 @@ def load_generation(
         return Generation(engine, settings.max_batch, leader)
     # A single runner holds the whole model: a pipeline shard of every layer, or the one
     # slice of a tensor instance of one node.
-    if isinstance(shard, PipelineShardMetadata):
-        start, end = shard.start_layer, shard.end_layer
-    else:
-        start, end = 0, shard.model_card.n_layers
+    start, end = layer_range(shard)
     engine = load_engine(
         Path(located.path),
         start,

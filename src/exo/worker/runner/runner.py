@@ -2,7 +2,6 @@
 warms it up and serves generation requests, batching them between decode steps."""
 
 import time
-import traceback
 from typing import assert_never
 
 from anyio import ClosedResourceError, EndOfStream
@@ -247,7 +246,3 @@ class Runner:
 
     def _connect(self) -> None:
         connect(self.bound_instance, EXO_RUNNER_CONNECT_TIMEOUT_S)
-
-
-def format_exception(e: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(e), e)).strip()

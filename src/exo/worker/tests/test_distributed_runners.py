@@ -33,7 +33,7 @@ from exo.shared.types.worker.shards import (
     TensorShardMetadata,
 )
 from exo.tests.node_process import free_port
-from exo.utils.channels import Receiver, channel
+from exo.utils.channels import Receiver, Sender, channel
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 
@@ -96,17 +96,24 @@ class _Group:
                         pass
 
 
-async def _answer(instance: Instance, tmp_path: Path) -> str:
-    send, receive = channel[Event]()
-    group = _Group(receive)
+def make_supervisors(
+    instance: Instance, send: Sender[Event], tmp_path: Path
+) -> list[RunnerSupervisor]:
+    """One runner supervisor per rank of ``instance``, all reporting to ``send``."""
     settings = RunnerSettings(cache_dir=tmp_path / "cache", models_dir=tmp_path / "models")
-    supervisors = [
+    return [
         RunnerSupervisor.create(
             BoundInstance(instance=instance, bound_runner_id=rid, bound_node_id=nid),
             send.clone(), settings,
         )
         for nid, rid in instance.shard_assignments.node_to_runner.items()
     ]
+
+
+async def _answer(instance: Instance, tmp_path: Path) -> str:
+    send, receive = channel[Event]()
+    group = _Group(receive)
+    supervisors = make_supervisors(instance, send, tmp_path)
     iid = instance.instance_id
     async with anyio.create_task_group() as tg:
         for s in supervisors:

@@ -14,12 +14,9 @@ from exo.shared.types.common import CommandId
 from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated, TaskStatusUpdated
 from exo.shared.types.tasks import ConnectToGroup, LoadModel, StartWarmup, TaskId, TextGeneration
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
-from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady, RunnerStatus
 from exo.utils.channels import channel
-from exo.worker.runner.runner_supervisor import RunnerSupervisor
-from exo.worker.runner.settings import RunnerSettings
-from exo.worker.tests.test_distributed_runners import make_instance
+from exo.worker.tests.test_distributed_runners import make_instance, make_supervisors
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -34,14 +31,7 @@ def anyio_backend() -> str:
 async def test_killing_rank_1_gives_the_client_a_human_error(tmp_path: Path) -> None:
     instance = make_instance("pipeline", 2)
     send, receive = channel[Event]()
-    settings = RunnerSettings(cache_dir=tmp_path / "cache", models_dir=tmp_path / "models")
-    supervisors = [
-        RunnerSupervisor.create(
-            BoundInstance(instance=instance, bound_runner_id=rid, bound_node_id=nid),
-            send.clone(), settings,
-        )
-        for nid, rid in instance.shard_assignments.node_to_runner.items()
-    ]
+    supervisors = make_supervisors(instance, send, tmp_path)
     status: dict[RunnerId, RunnerStatus] = {}
     errors: list[str] = []
     tokens = 0

@@ -10,8 +10,8 @@ import pytest
 from playwright.sync_api import expect
 
 from exo.api.dashboard.tests.browser import CHROMIUM, chromium
-from exo.shared.models.embedded import find_embedded_gguf
 from exo.tests.node_process import running_node, wait_until
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.tests.hub_server import FakeHub, HubRepo, serve_hub
 
 pytestmark = [

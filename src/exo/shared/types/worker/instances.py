@@ -5,7 +5,7 @@ from typing import Literal
 
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.common import FrozenModel, Id, NodeId
-from exo.shared.types.worker.runners import RunnerId
+from exo.shared.types.worker.runners import RunnerId, RunnerReady, RunnerRunning, RunnerStatus
 from exo.shared.types.worker.shards import ShardMetadata
 
 Sharding = Literal["pipeline", "tensor"]
@@ -60,3 +60,11 @@ class BoundInstance(FrozenModel):
         if shard is None:
             raise ValueError(f"runner {self.bound_runner_id} has no shard in this instance")
         return shard
+
+
+def instance_is_serving(instance: Instance, all_runners: Mapping[RunnerId, RunnerStatus]) -> bool:
+    """Every runner of the instance can take requests (ready or already running)."""
+    return all(
+        isinstance(all_runners.get(rid), (RunnerReady, RunnerRunning))
+        for rid in instance.shard_assignments.runner_to_shard
+    )

@@ -19,15 +19,6 @@ class PipelineShardMetadata(FrozenModel):
     end_layer: int
     n_layers: int
 
-    @property
-    def is_first_layer(self) -> bool:
-        return self.start_layer == 0
-
-    @property
-    def is_last_layer(self) -> bool:
-        return self.end_layer == self.n_layers
-
-
 class TensorShardMetadata(FrozenModel):
     """A ``1 / world_size`` slice of every layer (heads and feed-forward columns)."""
 

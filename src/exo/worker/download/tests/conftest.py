@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.shared.models.embedded import find_embedded_gguf
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.hub import HubSettings
 from exo.worker.download.tests.hub_models import (
     GGUF_REPO,

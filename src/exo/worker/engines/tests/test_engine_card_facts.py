@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from exo.shared.models.embedded import embedded_model_card
-from exo.shared.models.local import card_from_path
+from exo.worker.download.local import card_from_path
 from exo.worker.engines.gguf_loader import load_gguf_config
 from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 from exo.worker.engines.tokenizer import load_tokenizer

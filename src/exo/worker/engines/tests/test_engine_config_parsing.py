@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from exo.worker.engines.gguf_loader import load_gguf_config
+from exo.worker.engines.gguf_reader import eos_token_ids
 from exo.worker.engines.safetensors_loader import hf_config
 
 GEMMA3_270M: dict[str, Any] = {
@@ -82,3 +83,15 @@ def test_unsupported_shapes_are_refused_clearly(tmp_path: Path) -> None:
         (tmp_path / "config.json").write_text(json.dumps({**GEMMA3_270M, **change}))
         with pytest.raises(ValueError, match=message):
             hf_config(tmp_path)
+
+
+def test_generation_ends_at_every_end_token_the_gguf_names_once() -> None:
+    meta: dict[str, object] = {
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.eot_token_id": 7,
+        "tokenizer.ggml.eom_token_id": 2,
+        "tokenizer.ggml.bos_token_id": 1,
+    }
+    assert eos_token_ids(meta) == (2, 7)
+    assert eos_token_ids({"tokenizer.ggml.eos_token_id": True}) == ()
+    assert eos_token_ids({}) == ()

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exo.worker.engines.embedded import find_embedded_gguf
+from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.tokenizer import EngineTokenizer

