@@ -11,9 +11,27 @@ def digest(card: ModelCard) -> str:
     return hashlib.sha256(card.model_id.encode()).hexdigest()
 
 
+# Bits per weight of each storage format (a GGUF block type, a quant label, a float dtype).
+_BITS_PER_WEIGHT: dict[str, float] = {
+    "F32": 32, "F16": 16, "BF16": 16, "Q8_0": 8.5, "Q6_K": 6.5625, "Q5_0": 5.5, "Q5_1": 6,
+    "Q5_K": 5.5, "Q5_K_M": 5.7, "Q5_K_S": 5.5, "Q4_0": 4.5, "Q4_1": 5, "Q4_K": 4.5,
+    "Q4_K_M": 4.85, "Q4_K_S": 4.6, "Q3_K": 3.4375, "Q3_K_M": 3.9, "Q3_K_S": 3.5, "Q3_K_L": 4.3,
+    "Q2_K": 2.625,
+}
+
+
+def parameter_count(card: ModelCard) -> float:
+    """From the weights' bytes and their format; the embedding and head (when the card
+    knows their bytes) counted as 8-bit blocks, as quantised files usually keep them."""
+    bits = _BITS_PER_WEIGHT.get(card.weight_format.upper(), 16)
+    ends = card.embedding_bytes + card.head_bytes
+    if bits >= 16:
+        return card.storage_size.in_bytes * 8 / bits
+    return max(card.storage_size.in_bytes - ends, 0) * 8 / bits + ends * 8 / 8.5
+
+
 def parameter_size(card: ModelCard) -> str:
-    """Roughly: the weights are held in 16 bits."""
-    params = card.storage_size.in_bytes / 2
+    params = parameter_count(card)
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if params >= scale:
             return f"{params / scale:.1f}{unit}"
