@@ -22,8 +22,9 @@ from typing import Literal, Protocol, cast
 import torch
 
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.kv_cache import PAGE, KVCache
 from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.prefix_cache import PrefixCache
 from exo.worker.engines.sampling import RequestSampler, SamplingParams
 
 FinishReason = Literal["stop", "length", "error"]
@@ -91,6 +92,7 @@ class BatchGenerator:
         *,
         eos_token_ids: Sequence[int] = (),
         prefill_chunk: int = 512,
+        prefix_cache: bool = True,
     ) -> None:
         if max_batch < 1 or max_seq < 2 or prefill_chunk < 1:
             raise ValueError("need max_batch >= 1, max_seq >= 2 and prefill_chunk >= 1")
@@ -100,6 +102,13 @@ class BatchGenerator:
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cache = cast(KVCache, model.new_cache(max_batch, max_seq))
+        # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
+        # distributed model each hold their own, which this batcher does not see).
+        self.prefixes = (
+            PrefixCache(self.cache, prefill_chunk)
+            if prefix_cache and type(self.cache) is KVCache
+            else None
+        )
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # _running[i].slot == i
 
@@ -151,6 +160,9 @@ class BatchGenerator:
             r = self._waiting.pop(0)
             r.slot = len(self._running)
             self._running.append(r)
+            self._reuse_prefix(r)
+        if self.prefixes is not None:
+            self.prefixes.trim(sum(self._pages_needed(r) for r in self._running))
         with torch.inference_mode():
             for r in [r for r in self._running if r.prefilling]:
                 out = self._prefill_chunk(r)
@@ -224,11 +236,31 @@ class BatchGenerator:
 
     def _fail(self, r: _Request, e: Exception) -> StepOutput:
         if r in self._running:
-            self._release(r)
+            self._release(r, keep_prefix=False)
         return StepOutput(r.request_id, None, "error", f"{type(e).__name__}: {e}")
 
-    def _release(self, r: _Request) -> None:
-        """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1)."""
+    def _reuse_prefix(self, r: _Request) -> None:
+        if self.prefixes is None:
+            return
+        hit = self.prefixes.take(r.prompt)
+        if hit is not None:
+            r.cached, pages = hit
+            self.cache.attach(r.slot, pages)
+
+    def _pages_needed(self, r: _Request) -> int:
+        """The most pages r may hold: its prompt and every token it may still generate."""
+        longest = min(self.max_seq, len(r.prompt) + r.sampler.params.max_tokens)
+        return -(-longest // PAGE)
+
+    def _release(self, r: _Request, keep_prefix: bool = True) -> None:
+        """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1).
+        The whole chunks of r's prompt are kept for a next request that starts the same."""
+        if self.prefixes is not None:
+            pages = self.cache.detach(r.slot)
+            if keep_prefix:
+                self.prefixes.retain(r.prompt, r.cached, pages)
+            else:
+                self.cache.free(pages)
         last = self._running.pop()
         if last is r:
             self.cache.release(r.slot)

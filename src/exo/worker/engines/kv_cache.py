@@ -113,6 +113,20 @@ class KVCache:
             del self.pages[p]
         self.table[slot] = []
 
+    def detach(self, slot: int) -> list[int]:
+        """Take `slot`'s pages away without freeing them (the slot is left empty)."""
+        pages, self.table[slot] = self.table[slot], []
+        return pages
+
+    def attach(self, slot: int, pages: list[int]) -> None:
+        """`slot` (freed first) takes over `pages`, which hold its first positions."""
+        self.release(slot)
+        self.table[slot] = list(pages)
+
+    def free(self, pages: list[int]) -> None:
+        for p in pages:
+            del self.pages[p]
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Slot `dst` takes over the cached positions of slot `src` (its page list: no copy)."""
         if src == dst or length == 0:
