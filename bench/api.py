@@ -2,7 +2,7 @@
 aggregate throughput with 8 concurrent streams, and constrained decoding (a JSON schema)
 against free decoding, per token, in the same run. Prints its figures.
 
-    python bench/api.py [--tokens 128] [--threads 1] [--only-constrained]
+    python bench/api.py [--tokens 128] [--threads 1] [--only-constrained | --only-turns]
 """
 
 import argparse
@@ -106,13 +106,59 @@ def constrained_vs_free(url: str, tokens: int, rounds: int = 3) -> None:
           f"ratio {c_ms / f_ms:.3f}  (target <= 1.15; median of {rounds} alternating pairs)")
 
 
+LONG_TURN = " ".join(f"Fact {i}: the lighthouse at cape {i} was lit in the year {1800 + i}." for i in range(64))
+
+
+def chat_ttft(url: str, messages: list[dict[str, str]], tokens: int = 16) -> tuple[float, str, int]:
+    """TTFT of one streamed chat request, its answer and its prompt's length in tokens."""
+    body = {"model": EMBEDDED_MODEL_ID, "messages": messages, "temperature": 0,
+            "max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = None
+    parts: list[str] = []
+    prompt_tokens = 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                prompt_tokens = data["usage"]["prompt_tokens"]
+            delta = data["choices"][0]["delta"] if data.get("choices") else {}
+            if delta.get("content"):
+                first = first or time.perf_counter()
+                parts.append(delta["content"])
+    assert first is not None
+    return first - start, "".join(parts), prompt_tokens
+
+
+def second_turn(url: str) -> None:
+    """A ~1,500-token first turn, then its next turn: the prefix cache's TTFT ratio."""
+    first = [{"role": "user", "content": LONG_TURN + " Which cape was lit first?"}]
+    t1, answer, n1 = chat_ttft(url, first)
+    second = [*first, {"role": "assistant", "content": answer},
+              {"role": "user", "content": "And which one last?"}]
+    t2, _, n2 = chat_ttft(url, second)
+    print(f"conversation: first turn {n1} tokens TTFT {t1 * 1000:.0f} ms; second turn {n2} "
+          f"tokens TTFT {t2 * 1000:.0f} ms; ratio {t2 / t1:.2f}  (target <= 0.25)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--only-constrained", action="store_true",
                     help="only the constrained vs free decoding comparison")
+    ap.add_argument("--only-turns", action="store_true",
+                    help="only the second-turn TTFT of a long conversation (prefix cache)")
     args = ap.parse_args()
+    if args.only_turns:
+        with tempfile.TemporaryDirectory() as tmp, \
+                running_node(Path(tmp), "--threads", str(args.threads)) as node:
+            stream_once(node.url, 8)  # first request: connection, caches
+            second_turn(node.url)
+        return
     if args.only_constrained:
         with tempfile.TemporaryDirectory() as tmp, \
                 running_node(Path(tmp), "--threads", str(args.threads)) as node:
@@ -144,6 +190,7 @@ def main() -> None:
                   f"max {max(r['ttft_s'] for r in results) * 1000:.0f} ms")
             print(f"    aggregate / one stream = {aggregate / b['decode_tps']:.2f}  (target >= 3)")
             constrained_vs_free(node.url, args.tokens)
+            second_turn(node.url)
 
 
 if __name__ == "__main__":
