@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
-from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -18,6 +17,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
+from exo.api.generation_service import GenerationService
 from exo.api.openai_chat import StreamOptions, finish_reason, openai_error, usage_json
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
