@@ -39,9 +39,8 @@ import psutil
 
 import exo.worker.runner.bootstrap as bootstrap
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
-from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.common import CommandId
-from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated
+from exo.shared.types.events import Event
 from exo.shared.types.tasks import (
     ConnectToGroup,
     LoadModel,
@@ -55,11 +54,10 @@ from exo.shared.types.worker.instances import (
     BoundInstance,
     Sharding,
 )
-from exo.shared.types.worker.runners import RunnerId, RunnerStatus
 from exo.utils.channels import MpReceiver, MpSender, channel
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
-from exo.worker.tests.test_distributed_runners import make_instance
+from exo.worker.tests.test_distributed_runners import RunnerEvents, make_instance
 
 STATS_DIR_ENV = "EXO_BENCH_COLLECTIVE_STATS"
 TIMED = ("all_reduce", "broadcast", "send", "recv")
@@ -78,8 +76,7 @@ def timed_entrypoint(
 ) -> None:
     """The runner's own entry point, with every collective call timed; the calls
     (name, start, seconds) go to a file when the runner exits."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(settings.threads)  # before torch is imported, as bootstrap does
+    bootstrap.size_thread_pools(settings.threads)  # before torch is imported
     import torch.distributed as dist
 
     from exo.worker.runner.bootstrap import entrypoint
@@ -142,10 +139,8 @@ class Bench:
         self.args = args
         self.stats = tmp / "stats"
         self.stats.mkdir()
-        self.status: dict[RunnerId, RunnerStatus] = {}
-        self.arrivals: dict[CommandId, list[float]] = {}
-        self.finished: set[CommandId] = set()
-        send, self.events = channel[Event]()
+        send, events = channel[Event]()
+        self.seen = RunnerEvents(events)
         settings = RunnerSettings(
             cache_dir=tmp / "cache", models_dir=tmp / "models", threads=args.threads
         )
@@ -166,24 +161,8 @@ class Bench:
     def supervisors(self) -> list[RunnerSupervisor]:
         return [s for c in self.configs for s in c.supervisors]
 
-    async def until(self, done: Callable[[], bool], timeout: float) -> None:
-        with anyio.fail_after(timeout):
-            while not done():
-                event = await self.events.receive()
-                match event:
-                    case RunnerStatusUpdated():
-                        self.status[event.runner_id] = event.runner_status
-                    case ChunkGenerated(chunk=TokenChunk() as chunk):
-                        self.arrivals.setdefault(event.command_id, []).append(time.perf_counter())
-                        if chunk.finish_reason is not None:
-                            self.finished.add(event.command_id)
-                    case ChunkGenerated(chunk=ErrorChunk() as chunk):
-                        raise RuntimeError(f"{event.command_id}: {chunk.error_message}")
-                    case _:
-                        pass
-
     def all_in(self, kind: str, supervisors: list[RunnerSupervisor]) -> bool:
-        return all(type(self.status.get(s.runner_id)).__name__ == kind for s in supervisors)
+        return all(type(self.seen.status.get(s.runner_id)).__name__ == kind for s in supervisors)
 
     async def run(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -194,7 +173,7 @@ class Bench:
                 tg.start_soon(
                     s.start_task, ConnectToGroup(instance_id=s.bound_instance.instance.instance_id)
                 )
-            await self.until(lambda: self.all_in("RunnerConnected", grouped), 180)
+            await self.seen.until(lambda: self.all_in("RunnerConnected", grouped), 180)
             await self.phase(tg, LoadModel, "RunnerLoaded", 600)
             await self.phase(tg, StartWarmup, "RunnerReady", 300)
             await self.idle_cpu()
@@ -222,7 +201,7 @@ class Bench:
         print(f"{task.__name__} ...", flush=True)
         for s in self.supervisors:
             tg.start_soon(s.start_task, task(instance_id=s.bound_instance.instance.instance_id))
-        await self.until(lambda: self.all_in(reached, self.supervisors), timeout)
+        await self.seen.until(lambda: self.all_in(reached, self.supervisors), timeout)
 
     async def idle_cpu(self) -> None:
         """Runners with nothing to do must block, not spin: their CPU use over a second."""
@@ -249,8 +228,8 @@ class Bench:
                 task_params=params,
             )
         )
-        await self.until(lambda: command in self.finished, 600)
-        times = self.arrivals[command]
+        await self.seen.until(lambda: command in self.seen.finished, 600)
+        times = self.seen.arrivals[command]
         if len(times) < 8:
             raise RuntimeError(f"{config.name}: only {len(times)} tokens; try another prompt")
         rate = (len(times) - 1) / (times[-1] - times[0])

@@ -32,11 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import Engine, load_engine
-from exo.worker.engines.gguf_loader import gguf_config
-from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
+from exo.worker.engines.tests.hf_reference import transformers_llama
 
 QUESTION = (
     "Explain in a few sentences why the sky is blue during the day and red at sunset, "
@@ -83,65 +82,6 @@ def bench_ours(engine: Engine, name: str, prompt: list[int], new_tokens: int) ->
 
 
 # --- (d) transformers ------------------------------------------------------------------------
-
-
-def _hf_name(gguf_name: str) -> str:
-    if gguf_name == "token_embd.weight":
-        return "model.embed_tokens.weight"
-    if gguf_name == "output_norm.weight":
-        return "model.norm.weight"
-    if gguf_name == "output.weight":
-        return "lm_head.weight"
-    _, layer, rest = gguf_name.split(".", 2)
-    names = {
-        "attn_norm.weight": "input_layernorm.weight",
-        "ffn_norm.weight": "post_attention_layernorm.weight",
-        "attn_q.weight": "self_attn.q_proj.weight",
-        "attn_k.weight": "self_attn.k_proj.weight",
-        "attn_v.weight": "self_attn.v_proj.weight",
-        "attn_output.weight": "self_attn.o_proj.weight",
-        "ffn_gate.weight": "mlp.gate_proj.weight",
-        "ffn_up.weight": "mlp.up_proj.weight",
-        "ffn_down.weight": "mlp.down_proj.weight",
-    }
-    return f"model.layers.{layer}.{names[rest]}"
-
-
-def load_transformers(path: Path, dtype: torch.dtype) -> Any:
-    """transformers' Llama with the GGUF's tensors (q/k un-permuted by transformers itself).
-
-    `from_pretrained(gguf_file=...)` needs `accelerate`; this builds the same model directly.
-    """
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-
-    f = GGUFFile(path)
-    c = gguf_config(f)
-    config = LlamaConfig(
-        vocab_size=c.vocab,
-        hidden_size=c.hidden,
-        intermediate_size=c.ffn,
-        num_hidden_layers=c.n_layers,
-        num_attention_heads=c.heads,
-        num_key_value_heads=c.kv_heads,
-        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
-        rms_norm_eps=c.rms_eps,
-        max_position_embeddings=c.context_length,
-        tie_word_embeddings=c.tie_embeddings,
-    )
-    processor = LlamaTensorProcessor(
-        config={"num_attention_heads": c.heads, "num_key_value_heads": c.kv_heads}
-    )
-    state = {
-        _hf_name(n): torch.from_numpy(processor.process(f.load(n), n).weights).to(dtype)
-        for n in f.tensors
-    }
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model.load_state_dict(state, strict=False, assign=True)
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    model.tie_weights()
-    return model.eval()
 
 
 def bench_transformers(model: Any, name: str, prompt: list[int], new_tokens: int) -> Result:
@@ -259,7 +199,7 @@ def bench_file(path: Path, args: argparse.Namespace) -> None:
         )
         runners.append(lambda e=other, f=fmt: bench_ours(e, f"(a') exo engine [{f}]", prompt, n))
     if not args.skip_transformers:
-        model = load_transformers(path, getattr(torch, args.hf_dtype))
+        model = transformers_llama(path, getattr(torch, args.hf_dtype))
         name = f"(d) transformers [{args.hf_dtype}]"
         runners.append(lambda: bench_transformers(model, name, prompt, n))
     llm = load_llama_cpp(path, args.threads, len(prompt) + n + 8)

@@ -23,8 +23,8 @@ from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.master.main import Master
 from exo.node.chunks import ChunkRouter
+from exo.node.info import cap_memory, gather_node_info, significantly_different
 from exo.node.requests import RequestTracker
-from exo.node_info import cap_memory, gather_node_info, significantly_different
 from exo.shared.apply import apply
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.model_cards import ModelCard, ModelId

@@ -11,7 +11,6 @@ from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
 from exo.api.errors import ApiError, claude_error_type
-from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -21,6 +20,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
+from exo.api.generation_service import GenerationService
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import NO_VISION, ApiModel, Sampling, build_task_params, text_content
 from exo.api.tool_models import Tools, arguments_text, json_object, schema_text, thinking_kwargs

@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
+from exo.api.generation_service import GenerationService
 from exo.api.ollama import resolve
 from exo.api.streaming import client_gone, complete
 from exo.api.task_params import ApiModel

@@ -19,7 +19,7 @@ from exo.api import (
     openai_responses,
 )
 from exo.api.errors import install_error_handlers
-from exo.api.generation import GenerationService
+from exo.api.generation_service import GenerationService
 from exo.api.handle import NodeHandle
 from exo.api.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
 from exo.api.request_guard import RequestGuard

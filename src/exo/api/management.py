@@ -10,7 +10,7 @@ from huggingface_hub import HfApi
 from pydantic import Field
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
+from exo.api.generation_service import GenerationService
 from exo.api.task_params import ApiModel
 from exo.master.placement import PlacementPreview, model_holders, placement_previews
 from exo.shared.models import catalogue

@@ -11,7 +11,6 @@ from pydantic import Field, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService, instances_of, served_card, serving_instance
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -20,6 +19,12 @@ from exo.api.generation_events import (
     ReasoningDelta,
     TextDelta,
     ToolCallEvent,
+)
+from exo.api.generation_service import (
+    GenerationService,
+    instances_of,
+    served_card,
+    serving_instance,
 )
 from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson

@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from exo.api.download_wait import DownloadWatch
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
+from exo.api.generation_service import GenerationService
 from exo.api.ollama import NamedModelRequest, resolve
 from exo.api.ollama_models import digest
 from exo.api.streaming import ndjson

@@ -11,7 +11,6 @@ from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -21,6 +20,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
+from exo.api.generation_service import GenerationService
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
     ApiModel,
@@ -66,6 +66,11 @@ class ChatMessage(ApiModel):
 
 class StreamOptions(ApiModel):
     include_usage: bool = False
+
+
+def usage_wanted(options: StreamOptions | None) -> bool:
+    """Whether a stream ends with a usage chunk (``stream_options.include_usage``)."""
+    return options is not None and options.include_usage
 
 
 MAX_CHOICES = 16
@@ -216,9 +221,12 @@ class ChatStreamEncoder:
     def __init__(
         self, command_id: CommandId, model: str, created: int, include_usage: bool, n: int = 1
     ):
-        self._id = completion_id(command_id)
-        self._model = model
-        self._created = created
+        self._head = {
+            "id": completion_id(command_id),
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
         self._include_usage = include_usage
         self._n = n
         self._finished: list[Finished] = []
@@ -227,10 +235,7 @@ class ChatStreamEncoder:
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, index: int = 0) -> dict[str, Any]:
         chunk: dict[str, Any] = {
-            "id": self._id,
-            "object": "chat.completion.chunk",
-            "created": self._created,
-            "model": self._model,
+            **self._head,
             "choices": [
                 {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
             ],
@@ -269,15 +274,22 @@ class ChatStreamEncoder:
                 out = [sse(self._chunk({}, finish_reason(event.reason), index))]
                 if len(self._finished) < self._n:
                     return out
-                if self._include_usage:
-                    usage_chunk = self._chunk({}, None)
-                    usage_chunk["choices"] = []
-                    usage_chunk["usage"] = usage_json(total_usage(self._finished))
-                    out.append(sse(usage_chunk))
-                out.append(sse("[DONE]"))
-                return out
+                usage = total_usage(self._finished) if self._include_usage else None
+                return [*out, *stream_end(self._head, usage)]
             case Failed():
-                return [sse(openai_error(event.message, event.code or "generation_failed"))]
+                return failure_sse(event)
+
+
+def stream_end(head: dict[str, Any], usage: Usage | None) -> list[bytes]:
+    """The end of an OpenAI stream: a chunk of no choices with the ``usage`` when the
+    client asked for it (``stream_options.include_usage``), then ``[DONE]``."""
+    out = [] if usage is None else [sse({**head, "choices": [], "usage": usage_json(usage)})]
+    return [*out, sse("[DONE]")]
+
+
+def failure_sse(failed: Failed) -> list[bytes]:
+    """A failed generation, as the error event of an OpenAI stream."""
+    return [sse(openai_error(failed.message, failed.code or "generation_failed"))]
 
 
 def total_usage(finished: Sequence[Finished]) -> Usage:
@@ -316,7 +328,7 @@ def router(service: GenerationService) -> APIRouter:
         params = chat_task_params(body, card)
         created = int(time.time())
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            include_usage = usage_wanted(body.stream_options)
 
             def encoder(command_id: CommandId) -> ChatStreamEncoder:
                 return ChatStreamEncoder(command_id, card.model_id, created, include_usage, body.n)

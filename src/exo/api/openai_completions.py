@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BeforeValidator, Field
 from starlette.responses import Response
 
-from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -18,7 +17,15 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
-from exo.api.openai_chat import StreamOptions, finish_reason, openai_error, usage_json
+from exo.api.generation_service import GenerationService
+from exo.api.openai_chat import (
+    StreamOptions,
+    failure_sse,
+    finish_reason,
+    stream_end,
+    usage_json,
+    usage_wanted,
+)
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
     SamplingOptions,
@@ -92,11 +99,9 @@ class CompletionStreamEncoder:
                 return []
             case Finished():
                 out = [sse({**self._head, "choices": [choice("", finish_reason(event.reason))]})]
-                if self._include_usage:
-                    out.append(sse({**self._head, "choices": [], "usage": usage_json(event.usage)}))
-                return [*out, sse("[DONE]")]
+                return [*out, *stream_end(self._head, event.usage if self._include_usage else None)]
             case Failed():
-                return [sse(openai_error(event.message, event.code or "generation_failed"))]
+                return failure_sse(event)
 
 
 def router(service: GenerationService) -> APIRouter:
@@ -109,7 +114,7 @@ def router(service: GenerationService) -> APIRouter:
         created = int(time.time())
         echo = body.prompt if body.echo else ""
         if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            include_usage = usage_wanted(body.stream_options)
 
             def encoder(command_id: CommandId) -> CompletionStreamEncoder:
                 return CompletionStreamEncoder(

@@ -12,7 +12,6 @@ from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
 from exo.api.generation_events import (
     Failed,
     Finished,
@@ -21,6 +20,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
+from exo.api.generation_service import GenerationService
 from exo.api.openai_responses_request import ResponsesRequest, responses_task_params
 from exo.api.response_store import ResponseStore
 from exo.api.streaming import GenerationStream, client_gone, complete, sse

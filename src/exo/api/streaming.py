@@ -19,8 +19,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from exo.api.errors import ApiError, send_error
-from exo.api.generation import GenerationService, collect, failure_error
 from exo.api.generation_events import Failed, Finished, GenerationEvent
+from exo.api.generation_service import GenerationService, collect, failure_error
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import TextGenerationTaskParams

@@ -21,7 +21,7 @@ Rules
   nodes with the most room left below their proportional share, so a split is found
   whenever one fits.
 * Finding the best group of linked nodes is a clique search: branch and bound, cheap
-  for fully linked clusters, and bounded by ``_SEARCH_STEPS`` per call for large,
+  for fully linked clusters, and bounded by ``node_groups.SEARCH_STEPS`` per call for large,
   partly linked ones (then the best group found so far, or a refusal that says so).
 * An instance that lost a node is placed again (``place_again``) with the same model and
   sharding on as many of its former node count as still fit, down to one.
@@ -30,12 +30,13 @@ Rules
   shares a network with every other node of the instance.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, assert_never
 
 from exo.master.group_host import group_host
 from exo.master.layer_split import split_layers
+from exo.master.node_groups import Cluster, best_group, no_group_text
 from exo.master.placement_memory import (
     RUNNER_OVERHEAD_BYTES,
     card_estimate,
@@ -62,9 +63,6 @@ from exo.shared.types.worker.shards import (
 )
 
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
-
-# Steps (groups extended) one placement call may spend searching for groups of nodes.
-_SEARCH_STEPS = 50_000
 
 
 class PlacementError(FrozenModel):
@@ -107,7 +105,7 @@ def place_instance(
     if refusal is not None:
         return PlacementError(reason=refusal)
     last = len(nodes) if sharding == "tensor" else min(len(nodes), model_card.n_layers)
-    cluster = _Cluster.of(nodes, topology, instances)
+    cluster = Cluster.of(nodes, topology, instances)
     refusals: list[_Refusal] = []
     for k in range(first, last + 1):
         layout = _holders_layout(model_card, sharding, k, cluster, holders)
@@ -156,7 +154,7 @@ def placement_previews(
 ) -> list[PlacementPreview]:
     """Every sharding on every node count from 1 to the cluster size: valid or why not,
     and which nodes would download how much."""
-    cluster = _Cluster.of(nodes, topology, instances)
+    cluster = Cluster.of(nodes, topology, instances)
     previews: list[PlacementPreview] = []
     for sharding in SHARDINGS:
         for k in range(1, len(nodes) + 1):
@@ -165,7 +163,7 @@ def placement_previews(
 
 
 def _holders_layout(
-    card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster", holders: frozenset[NodeId]
+    card: ModelCard, sharding: Sharding, k: int, cluster: "Cluster", holders: frozenset[NodeId]
 ) -> "_Layout | _Refusal":
     if len(holders & set(cluster.free)) >= k:
         layout = _layout(card, sharding, k, cluster.only(holders))
@@ -175,7 +173,7 @@ def _holders_layout(
 
 
 def _preview(
-    card: ModelCard, sharding: Sharding, k: int, cluster: "_Cluster", holders: frozenset[NodeId]
+    card: ModelCard, sharding: Sharding, k: int, cluster: "Cluster", holders: frozenset[NodeId]
 ) -> PlacementPreview:
     refusal = _refuse_shape(card, sharding, k, len(cluster.free))
     if refusal is not None:
@@ -198,53 +196,6 @@ def _preview(
     )
 
 
-# ---------------------------------------------------------------- the cluster as seen here
-
-
-@dataclass
-class _Cluster:
-    """The nodes as one placement call sees them. ``steps_left`` bounds the work of
-    the group searches of the call: finding the best group of linked nodes is a clique
-    problem, cheap for the usual fully linked clusters but not for large, partly
-    linked ones. A search that runs out keeps the best group it has found (valid,
-    deterministic, maybe not the best); with none, the refusal says so."""
-
-    free: Mapping[NodeId, int]
-    neighbours: Mapping[NodeId, frozenset[NodeId]]
-    steps_left: int = _SEARCH_STEPS
-
-    @classmethod
-    def of(
-        cls,
-        nodes: Mapping[NodeId, NodeInfo],
-        topology: Topology,
-        instances: Mapping[InstanceId, Instance],
-    ) -> "_Cluster":
-        neighbours: dict[NodeId, set[NodeId]] = {node_id: set() for node_id in nodes}
-        for c in topology.connections:
-            if c.source != c.sink and c.source in nodes and c.sink in nodes:
-                neighbours[c.source].add(c.sink)
-                neighbours[c.sink].add(c.source)
-        return cls(
-            free=node_free_memory(nodes, instances),
-            neighbours={node_id: frozenset(linked) for node_id, linked in neighbours.items()},
-        )
-
-    def only(self, keep: frozenset[NodeId]) -> "_Cluster":
-        """The same cluster seen through a subset of its nodes."""
-        return _Cluster(
-            free={n: f for n, f in self.free.items() if n in keep},
-            neighbours={n: linked & keep for n, linked in self.neighbours.items() if n in keep},
-        )
-
-    @property
-    def exhausted(self) -> bool:
-        return self.steps_left <= 0
-
-    def describe(self, group: Sequence[NodeId]) -> str:
-        return ", ".join(f"node {n}: {fmt(self.free[n])}" for n in sorted(group))
-
-
 # A successful layout: (node, shard) in rank order.
 _Layout = list[tuple[NodeId, ShardMetadata]]
 
@@ -258,7 +209,7 @@ class _Refusal:
     text: str
 
 
-def _layout(card: ModelCard, sharding: Sharding, k: int, cluster: _Cluster) -> _Layout | _Refusal:
+def _layout(card: ModelCard, sharding: Sharding, k: int, cluster: Cluster) -> _Layout | _Refusal:
     match sharding:
         case "pipeline":
             return _pipeline_layout(card, k, cluster)
@@ -300,11 +251,11 @@ def _summarise(sharding: Sharding, first: int, last: int, refusals: list[_Refusa
 # ---------------------------------------------------------------- pipeline
 
 
-def _pipeline_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Refusal:
+def _pipeline_layout(card: ModelCard, k: int, cluster: Cluster) -> _Layout | _Refusal:
     n = card.n_layers
     caps = {node: layer_capacity(card, free) for node, free in cluster.free.items()}
     pool = [node for node in cluster.free if caps[node] >= 1]
-    group = _best_group(pool, k, cluster, score=caps, target=n)
+    group = best_group(pool, k, cluster, score=caps, target=n)
     if group is None:
         return _pipeline_shortfall(card, k, cluster, caps)
     ranked = sorted(group)
@@ -327,11 +278,11 @@ def _pipeline_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _R
 
 
 def _pipeline_shortfall(
-    card: ModelCard, k: int, cluster: _Cluster, caps: Mapping[NodeId, int]
+    card: ModelCard, k: int, cluster: Cluster, caps: Mapping[NodeId, int]
 ) -> _Refusal:
-    group = _best_group(list(cluster.free), k, cluster)
+    group = best_group(list(cluster.free), k, cluster)
     if group is None:
-        return _Refusal("topology", k, _no_group_text(k, cluster))
+        return _Refusal("topology", k, no_group_text(k, cluster))
     whole = card_estimate(card, 0, card.n_layers)
     need = whole.weights + whole.kv_cache + k * whole.overhead
     have = sum(cluster.free[x] for x in group)
@@ -365,7 +316,7 @@ def _pipeline_shortfall(
 # ---------------------------------------------------------------- tensor
 
 
-def _tensor_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Refusal:
+def _tensor_layout(card: ModelCard, k: int, cluster: Cluster) -> _Layout | _Refusal:
     indivisible = [
         f"{plural(count, noun)} {'is' if count == 1 else 'are'} not divisible by "
         f"{plural(k, 'node')}"
@@ -376,7 +327,7 @@ def _tensor_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Ref
         return _Refusal("shape", k, "; ".join(indivisible))
     need = tensor_memory(card, k)
     pool = [node for node, free in cluster.free.items() if free >= need]
-    group = _best_group(pool, k, cluster)
+    group = best_group(pool, k, cluster)
     if group is None:
         return _tensor_shortfall(card, k, cluster, need)
     return [
@@ -385,10 +336,10 @@ def _tensor_layout(card: ModelCard, k: int, cluster: _Cluster) -> _Layout | _Ref
     ]
 
 
-def _tensor_shortfall(card: ModelCard, k: int, cluster: _Cluster, need: int) -> _Refusal:
-    group = _best_group(list(cluster.free), k, cluster)
+def _tensor_shortfall(card: ModelCard, k: int, cluster: Cluster, need: int) -> _Refusal:
+    group = best_group(list(cluster.free), k, cluster)
     if group is None:
-        return _Refusal("topology", k, _no_group_text(k, cluster))
+        return _Refusal("topology", k, no_group_text(k, cluster))
     short = [x for x in sorted(group) if cluster.free[x] < need]
     part = card_estimate(card, 0, card.n_layers, k)
     return _Refusal(
@@ -400,56 +351,6 @@ def _tensor_shortfall(card: ModelCard, k: int, cluster: _Cluster, need: int) -> 
         f"({cluster.describe(group)}) {plural(len(short), 'node')} "
         f"{'has' if len(short) == 1 else 'have'} less: {', '.join(short)}",
     )
-
-
-# ---------------------------------------------------------------- choosing a group
-
-
-def _best_group(
-    pool: Sequence[NodeId],
-    k: int,
-    cluster: _Cluster,
-    score: Mapping[NodeId, int] | None = None,
-    target: int = 0,
-) -> tuple[NodeId, ...] | None:
-    """The pairwise connected group of ``k`` nodes from ``pool`` with the most free
-    memory whose ``score`` adds up to at least ``target``; equal totals go to the group
-    found first in the order (free memory descending, node id).
-
-    Branch and bound. ``score`` must not fall as free memory grows (a layer capacity
-    does not), so along the order both bounds only fall and a branch that cannot reach
-    the target, or beat the best group so far, ends the loop it is in. Usual clusters
-    cost about ``k * len(pool)`` steps, and a model too big for them about nothing."""
-    free = cluster.free
-    scores = score if score is not None else dict.fromkeys(pool, 0)
-    order = sorted(pool, key=lambda node: (-free[node], node))
-    best: tuple[NodeId, ...] | None = None
-    best_total = -1
-
-    def extend(chosen: tuple[NodeId, ...], total: int, got: int, candidates: list[NodeId]) -> None:
-        nonlocal best, best_total
-        if len(chosen) == k:
-            best, best_total = chosen, total
-            return
-        need = k - len(chosen)
-        for i, node in enumerate(candidates):
-            if cluster.steps_left <= 0:
-                return
-            cluster.steps_left -= 1
-            window = candidates[i : i + need]
-            if len(window) < need:
-                return
-            if total + sum(free[c] for c in window) <= best_total:
-                return
-            if got + sum(scores[c] for c in window) < target:
-                return
-            linked = cluster.neighbours[node]
-            rest = [c for c in candidates[i + 1 :] if c in linked]
-            extend((*chosen, node), total + free[node], got + scores[node], rest)
-
-    if k >= 1:
-        extend((), 0, 0, order)
-    return best
 
 
 # ---------------------------------------------------------------- building the result
@@ -473,15 +374,6 @@ def _instance(
             node_to_runner=node_to_runner,
         ),
     )
-
-
-def _no_group_text(k: int, cluster: _Cluster) -> str:
-    if cluster.exhausted:
-        return (
-            f"gave up searching {plural(len(cluster.free), 'node')} for {k} that are all "
-            "connected to each other and fit: too many partly linked nodes"
-        )
-    return f"no {k} nodes are all connected to each other"
 
 
 __all__ = [

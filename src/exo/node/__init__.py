@@ -1,2 +1,2 @@
-"""The node's own parts beside ``exo.main.Node``: where answers go, and which requests wait
-on what."""
+"""The node's own parts beside ``exo.main.Node``: what the node reports about itself
+(``info``), where answers go, and which requests wait on what."""

@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from exo.api.dashboard.assets import SECURITY_HEADERS, asset_names, content_type
 from exo.api.errors import ApiError
-from exo.api.generation import GenerationService
+from exo.api.generation_service import GenerationService
 from exo.api.handle import NodeHandle
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import State

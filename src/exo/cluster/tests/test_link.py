@@ -259,9 +259,9 @@ async def test_a_follower_that_missed_the_last_event_catches_up_from_the_heartbe
             await x.link.ready.wait()
             await x.host.wait_for(lambda s: {X, M2} <= set(s.nodes))
             # The master sequences an event that never reaches x (as if lost on the way).
-            epoch, m2.link._epoch = m2.link._epoch, None
-            assert await m2.link._emit_all([download(M2, "lost-on-the-way", 1)])
-            m2.link._epoch = epoch
+            epoch, m2.link.sequencer.epoch = m2.link.sequencer.epoch, None
+            assert await m2.link.sequencer.emit_all([download(M2, "lost-on-the-way", 1)])
+            m2.link.sequencer.epoch = epoch
             last = m2.host.state().last_event_applied_idx
             state = await x.host.wait_for(lambda s: s.last_event_applied_idx >= last)
             assert "test-org/lost-on-the-way-1" in state.downloads[M2]

@@ -8,11 +8,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, RopeScaling, check_layer_range
 from exo.worker.engines.gguf_reader import GGUFFile, MetadataValue, eos_token_ids
-from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
+from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
     LayerWeights,
@@ -129,27 +128,19 @@ def load_gguf_config(path: Path) -> LlamaConfig:
         f.close()
 
 
-class _TensorSource:
+class _TensorSource(TensorSource):
     def __init__(self, f: GGUFFile, plan: StoragePlan) -> None:
+        super().__init__(plan)
         self.f = f
-        self.plan = plan
 
-    def get(self, name: str) -> Weight:
+    def has(self, name: str) -> bool:
+        return name in self.f.tensors
+
+    def stored(self, name: str) -> StoredTensor:
         if name not in self.f.tensors:
             raise ValueError(f"GGUF file lacks tensor {name!r}")
         info = self.f.tensors[name]
-        return materialise(StoredTensor(self.f, name, info.qtype.name, info.shape), self.plan)
-
-    def vector(self, name: str) -> Tensor:
-        w = self.get(name)
-        assert isinstance(w, Tensor)  # vectors are always plain tensors
-        return w
-
-    def maybe(self, name: str) -> Weight | None:
-        return self.get(name) if name in self.f.tensors else None
-
-    def maybe_vector(self, name: str) -> Tensor | None:
-        return self.vector(name) if name in self.f.tensors else None
+        return StoredTensor(self.f, name, info.qtype.name, info.shape)
 
 
 def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
@@ -160,12 +151,12 @@ def _layer(src: _TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         src.maybe_vector(p + "attn_v.bias"),
     )
     hd = config.head_dim
-    if p + "attn_qkv.weight" in src.f.tensors:  # Phi-3: q|k|v in one matrix
+    if src.has(p + "attn_qkv.weight"):  # Phi-3: q|k|v in one matrix
         q_rows, kv_rows = config.heads * hd, config.kv_heads * hd
         wq, wk, wv = split_rows(src.get(p + "attn_qkv.weight"), [q_rows, kv_rows, kv_rows])
     else:
         wq, wk, wv = (src.get(p + f"attn_{x}.weight") for x in "qkv")
-    if p + "ffn_gate.weight" in src.f.tensors:
+    if src.has(p + "ffn_gate.weight"):
         w_gate, w_up = src.get(p + "ffn_gate.weight"), src.get(p + "ffn_up.weight")
     else:  # Phi-3: gate|up in one matrix
         fused = src.get(p + "ffn_up.weight")

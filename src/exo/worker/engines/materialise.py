@@ -13,6 +13,7 @@ bounded by one chunk, whatever the tensor's size. `DENSE_PLAN` (the default of t
 dequantises everything to plain float32 tensors: the exact reference.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -129,6 +130,35 @@ def materialise(t: StoredTensor, plan: StoragePlan) -> Weight:
         return QuantTensor(qtype, t.reader.read_rows(t.name, 0, rows), k)
     dense = torch.empty((rows, k), dtype=plan.dtype)
     return _chunked(t, rows, lambda raw: dequantize_rows(qtype, raw, k), dense).reshape(t.shape)
+
+
+class TensorSource(ABC):
+    """A model's tensors by name (one file format), each materialised as ``plan`` says
+    when asked for."""
+
+    def __init__(self, plan: StoragePlan) -> None:
+        self.plan = plan
+
+    @abstractmethod
+    def has(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def stored(self, name: str) -> StoredTensor:
+        """Where ``name`` is; ValueError naming it when the model lacks it."""
+
+    def get(self, name: str) -> Weight:
+        return materialise(self.stored(name), self.plan)
+
+    def vector(self, name: str) -> Tensor:
+        w = self.get(name)
+        assert isinstance(w, Tensor)  # vectors are always plain tensors
+        return w
+
+    def maybe(self, name: str) -> Weight | None:
+        return self.get(name) if self.has(name) else None
+
+    def maybe_vector(self, name: str) -> Tensor | None:
+        return self.vector(name) if self.has(name) else None
 
 
 def running_bytes(w: Weight | None) -> int:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from exo.worker.engines.config import Activation, LlamaConfig, RopeScaling, check_layer_range
 from exo.worker.engines.file_rows import SafetensorsFile
-from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, materialise
+from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
     LayerWeights,
@@ -178,11 +178,11 @@ def hf_config(folder: Path) -> LlamaConfig:
     )
 
 
-class _TensorSource:
+class _TensorSource(TensorSource):
     """Tensor name -> the safetensors file holding it; each tensor read when asked for."""
 
     def __init__(self, folder: Path, plan: StoragePlan) -> None:
-        self.plan = plan
+        super().__init__(plan)
         self.where: dict[str, SafetensorsFile] = {}
         files = sorted(folder.glob("*.safetensors"))
         if not files:
@@ -199,26 +199,15 @@ class _TensorSource:
     def has(self, name: str) -> bool:
         return name in self.where
 
-    def get(self, name: str) -> Weight:
+    def stored(self, name: str) -> StoredTensor:
         if name not in self.where:
             raise ValueError(f"tensor {name!r} not found in the safetensors files")
         info = self.where[name].tensors[name]
-        return materialise(StoredTensor(self.where[name], name, info.dtype, info.shape), self.plan)
-
-    def vector(self, name: str) -> Tensor:
-        w = self.get(name)
-        assert isinstance(w, Tensor)  # vectors are always plain tensors
-        return w
+        return StoredTensor(self.where[name], name, info.dtype, info.shape)
 
     def stored_dtype(self, name: str) -> str:
         """The file's dtype of a tensor, upper case ("BF16", "F16", "F32")."""
         return self.where[name].tensors[name].dtype.upper()
-
-    def maybe(self, name: str) -> Weight | None:
-        return self.get(name) if self.has(name) else None
-
-    def maybe_vector(self, name: str) -> Tensor | None:
-        return self.vector(name) if self.has(name) else None
 
 
 def _norm(src: _TensorSource, config: LlamaConfig, name: str) -> Tensor:

@@ -29,6 +29,13 @@ def _die_with_parent() -> None:
         logger.warning("could not ask to die with the parent process")
 
 
+def size_thread_pools(threads: int) -> None:
+    """Size every thread pool to ``threads``; before torch is imported (it reads them
+    once): several runners share the cores."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+
+
 def entrypoint(
     bound_instance: BoundInstance,
     event_sender: MpSender[Event],
@@ -39,9 +46,7 @@ def entrypoint(
     _die_with_parent()
     # Ctrl-C reaches the whole process group; the node decides when its runners stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Size every thread pool before torch is imported: several runners share the cores.
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(settings.threads)
+    size_thread_pools(settings.threads)
     logger.remove()
     logger.add(
         sys.stderr,

@@ -1,6 +1,7 @@
 """Real runner processes of one instance joined over torch.distributed (gloo on
 127.0.0.1): a 2-rank pipeline and 3-way tensor parallel answer exactly as one runner."""
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import anyio
 import pytest
 
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID, embedded_model_card
-from exo.shared.types.chunks import TokenChunk
+from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated
 from exo.shared.types.tasks import (
@@ -74,11 +75,16 @@ def make_instance(sharding: Sharding, world: int) -> Instance:
     )
 
 
-class _Group:
+class RunnerEvents:
+    """What a group of runners reports, as it comes: each runner's status, each command's
+    text and when each of its tokens arrived, and the commands that finished. An error
+    chunk raises (a failed generation fails at once, not at the deadline)."""
+
     def __init__(self, events: Receiver[Event]) -> None:
         self.events = events
         self.status: dict[RunnerId, RunnerStatus] = {}
         self.text: dict[CommandId, str] = {}
+        self.arrivals: dict[CommandId, list[float]] = {}
         self.finished: set[CommandId] = set()
 
     async def until(self, done: Callable[[], bool], timeout: float) -> None:
@@ -89,9 +95,13 @@ class _Group:
                     case RunnerStatusUpdated():
                         self.status[event.runner_id] = event.runner_status
                     case ChunkGenerated(chunk=TokenChunk() as chunk):
-                        self.text[event.command_id] = self.text.get(event.command_id, "") + chunk.text
+                        command = event.command_id
+                        self.text[command] = self.text.get(command, "") + chunk.text
+                        self.arrivals.setdefault(command, []).append(time.perf_counter())
                         if chunk.finish_reason is not None:
-                            self.finished.add(event.command_id)
+                            self.finished.add(command)
+                    case ChunkGenerated(chunk=ErrorChunk() as chunk):
+                        raise RuntimeError(f"{event.command_id}: {chunk.error_message}")
                     case _:
                         pass
 
@@ -112,7 +122,7 @@ def make_supervisors(
 
 async def _answer(instance: Instance, tmp_path: Path) -> str:
     send, receive = channel[Event]()
-    group = _Group(receive)
+    group = RunnerEvents(receive)
     supervisors = make_supervisors(instance, send, tmp_path)
     iid = instance.instance_id
     async with anyio.create_task_group() as tg:

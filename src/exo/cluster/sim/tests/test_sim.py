@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exo.cluster.link import ClusterLink
 from exo.cluster.replica import Replica
+from exo.cluster.sequencer import Sequencer
 from exo.cluster.sim.run import Result, Scenario, simulate
 
 pytestmark = [pytest.mark.slow]
@@ -64,7 +64,7 @@ def test_the_checks_catch_a_command_applied_twice(
 ) -> None:
     """With the master's memory of handled commands switched off, a duplicated command
     request is applied twice: the simulation must say so."""
-    monkeypatch.setattr(ClusterLink, "_remember", lambda self, command_id: None)  # pyright: ignore[reportUnknownLambdaType]
+    monkeypatch.setattr(Sequencer, "remember", lambda self, command_id: None)  # pyright: ignore[reportUnknownLambdaType]
     results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (0, 1)]
     assert all(any("times" in v for v in r.violations) for r in results), [
         r.violations[:2] for r in results

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from exo.cli_progress import ProgressPrinter, progress_line
-from exo.node_info import cap_memory
+from exo.node.info import cap_memory
 from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.model_cards import ModelId
 from exo.shared.tests.builders import MODEL_1, NODE_A, fold, make_state, node_info, single_instance
