@@ -5,6 +5,8 @@
  *       nibble and element j + 16 in its high one. A block's dot product with x = d_x q_x:
  *       sum_j w_j x_j = d d_x sum_j q_j q_xj + m (d_x sum_j q_xj) = d d_x isum + m s_x
  *   q8 (GGUF Q8_0): w = d q, q in -127..127: sum_j w_j x_j = d d_x sum_j q_j q_xj
+ *   Q5_0 / Q5_1: q in 0..31 (a fifth bit from qh), w = d q + m with m = -16 d for Q5_0: the
+ *       same sum as q4, d d_x isum + m s_x
  */
 #include "exo_kernels.h"
 
@@ -94,7 +96,75 @@ static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* 
 }
 #endif
 
+/* Q5_0 (has_m 0: m = -16 d) and Q5_1 blocks of `stride` bytes: {f16 d, [f16 m], qh[4], qs[16]}. */
+#if EXO_AVX2
+#define DEFINE_DOT_Q5(R)                                                                          \
+static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const BlockX* x,       \
+                              int nb, float* out) {                                              \
+    const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);                \
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,     \
+                                          4096, 8192, 16384, (short)0x8000);                     \
+    __m256 acc[R];                                                                               \
+    float accm[R];                                                                               \
+    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }                \
+    const size_t hq = has_m ? 4 : 2;                                                             \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const uint8_t* blk = w + (size_t)b * stride;                                             \
+        uint16_t d16, m16;                                                                       \
+        uint32_t qh;                                                                             \
+        memcpy(&d16, blk, 2);                                                                    \
+        memcpy(&m16, blk + 2, 2);                                                                \
+        memcpy(&qh, blk + hq, 4);                                                                \
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + hq + 4))); \
+        const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit); \
+        const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit); \
+        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(bytes, low), _mm256_and_si256(h0, sixteen)); \
+        const __m256i q1 = _mm256_or_si256(_mm256_srli_epi16(bytes, 4), _mm256_and_si256(h1, sixteen)); \
+        const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            const __m256i p = madd32(q0, q1, xb->qs);                                            \
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
+            accm[r] += m * xb->s;                                                                \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + accm[r];                              \
+}
+#else
+#define DEFINE_DOT_Q5(R)                                                                          \
+static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const BlockX* x,       \
+                              int nb, float* out) {                                              \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    const size_t hq = has_m ? 4 : 2;                                                             \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const uint8_t* blk = w + (size_t)b * stride;                                             \
+        uint16_t d16, m16;                                                                       \
+        uint32_t qh;                                                                             \
+        memcpy(&d16, blk, 2);                                                                    \
+        memcpy(&m16, blk + 2, 2);                                                                \
+        memcpy(&qh, blk + hq, 4);                                                                \
+        const uint8_t* qs = blk + hq + 4;                                                        \
+        int16_t q[QK];                                                                           \
+        for (int j = 0; j < 16; j++) {                                                           \
+            q[j] = (int16_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));                             \
+            q[j + 16] = (int16_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));                 \
+        }                                                                                        \
+        const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            int32_t isum = 0;                                                                    \
+            for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];                      \
+            acc[r] += d * xb->d * (float)isum + m * xb->s;                                       \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+#endif
+
 DEFINE_DOT_Q4(1)
 DEFINE_DOT_Q4(4)
 DEFINE_DOT_Q8(1)
 DEFINE_DOT_Q8(4)
+DEFINE_DOT_Q5(1)
+DEFINE_DOT_Q5(4)
