@@ -19,13 +19,20 @@ static inline __m256i madd32(__m256i a0, __m256i a1, const int16_t* b) {
 #endif
 
 #if EXO_AVX2
+/* Accumulators: U independent chains per activation row (an FMA's latency is ~4 cycles, a
+ * block's work ~2-3: one row with a single chain would wait on it), R rows. */
+#define EXO_CHAINS(R) ((R) == 1 ? 2 : 1)
+
 #define DEFINE_DOT_Q4(R)                                                                          \
 static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* out) {          \
+    enum { U = EXO_CHAINS(R) };                                                                  \
     const __m256i low = _mm256_set1_epi16(0x0F);                                                 \
-    __m256 acc[R];                                                                               \
-    float accm[R];                                                                               \
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }                \
-    for (int b = 0; b < nb; b++) {                                                               \
+    __m256 acc[R * U];                                                                           \
+    float accm[R * U];                                                                           \
+    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }            \
+    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
+    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
+        const int b = b0 + u;                                                                    \
         const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));    \
         const __m256i q0 = _mm256_and_si256(bytes, low);                                         \
         const __m256i q1 = _mm256_srli_epi16(bytes, 4);                                          \
@@ -33,28 +40,37 @@ static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* 
         for (int r = 0; r < R; r++) {                                                            \
             const BlockX* xb = x + (size_t)r * nb + b;                                           \
             const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
-            accm[r] += m * xb->s;                                                                \
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
+            accm[r * U + u] += m * xb->s;                                                        \
         }                                                                                        \
     }                                                                                            \
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + accm[r];                              \
+    for (int r = 0; r < R; r++) {                                                                \
+        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; } \
+        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];                                            \
+    }                                                                                            \
 }
 
 #define DEFINE_DOT_Q8(R)                                                                          \
 static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* out) {          \
-    __m256 acc[R];                                                                               \
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();                                    \
-    for (int b = 0; b < nb; b++) {                                                               \
+    enum { U = EXO_CHAINS(R) };                                                                  \
+    __m256 acc[R * U];                                                                           \
+    for (int r = 0; r < R * U; r++) acc[r] = _mm256_setzero_ps();                                \
+    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
+    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
+        const int b = b0 + u;                                                                    \
         const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));      \
         const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w[b].qs + 16))); \
         const float d = exo_h2f(w[b].d);                                                         \
         for (int r = 0; r < R; r++) {                                                            \
             const BlockX* xb = x + (size_t)r * nb + b;                                           \
             const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
         }                                                                                        \
     }                                                                                            \
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]);                                        \
+    for (int r = 0; r < R; r++) {                                                                \
+        for (int u = 1; u < U; u++) acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]);      \
+        out[r] = exo_hsum8(acc[r * U]);                                                          \
+    }                                                                                            \
 }
 #else
 /* Plain C: the weights are unpacked once per block into int16, then integer dot products. */
@@ -101,15 +117,17 @@ static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* 
 #define DEFINE_DOT_Q5(R)                                                                          \
 static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const BlockX* x,       \
                               int nb, float* out) {                                              \
+    enum { U = EXO_CHAINS(R) };                                                                  \
     const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);                \
     const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,     \
                                           4096, 8192, 16384, (short)0x8000);                     \
-    __m256 acc[R];                                                                               \
-    float accm[R];                                                                               \
-    for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }                \
+    __m256 acc[R * U];                                                                           \
+    float accm[R * U];                                                                           \
+    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }            \
     const size_t hq = has_m ? 4 : 2;                                                             \
-    for (int b = 0; b < nb; b++) {                                                               \
-        const uint8_t* blk = w + (size_t)b * stride;                                             \
+    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
+    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
+        const uint8_t* blk = w + (size_t)(b0 + u) * stride;                                      \
         uint16_t d16, m16;                                                                       \
         uint32_t qh;                                                                             \
         memcpy(&d16, blk, 2);                                                                    \
@@ -122,13 +140,16 @@ static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const 
         const __m256i q1 = _mm256_or_si256(_mm256_srli_epi16(bytes, 4), _mm256_and_si256(h1, sixteen)); \
         const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
         for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            const BlockX* xb = x + (size_t)r * nb + b0 + u;                                      \
             const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);  \
-            accm[r] += m * xb->s;                                                                \
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
+            accm[r * U + u] += m * xb->s;                                                        \
         }                                                                                        \
     }                                                                                            \
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + accm[r];                              \
+    for (int r = 0; r < R; r++) {                                                                \
+        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; } \
+        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];                                            \
+    }                                                                                            \
 }
 #else
 #define DEFINE_DOT_Q5(R)                                                                          \
