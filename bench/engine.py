@@ -10,6 +10,7 @@ best run of each is reported (the machine may be shared). Every engine gets `--t
 """
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -17,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# as a runner does (worker/runner/bootstrap.py), before torch (libgomp) loads
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 
