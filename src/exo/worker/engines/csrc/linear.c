@@ -47,13 +47,12 @@ static size_t row_bytes(int kind, int nb) {
     }
 }
 
-/* Dot products of weight row `wr` (layout `kind`) with R activation rows from xr (R = 4 only
- * for the 32-value layouts). */
+/* Dot products of weight row `wr` (layout `kind`) with R activation rows from xr (R = 1 or 4). */
 static inline void dot_row(int kind, const void* wr, const BlockX* xr, int nb, int R, float* out) {
     switch (kind) {
-        case KIND_Q4_K: out[0] = dot_q4k((const BlockQ4K*)wr, xr, nb / 8); break;
-        case KIND_Q5_K: out[0] = dot_q5k((const BlockQ5K*)wr, xr, nb / 8); break;
-        case KIND_Q6_K: out[0] = dot_q6k((const BlockQ6K*)wr, xr, nb / 8); break;
+        case KIND_Q4_K: dot_q4k((const BlockQ4K*)wr, xr, nb / 8, R, out); break;
+        case KIND_Q5_K: dot_q5k((const BlockQ5K*)wr, xr, nb / 8, R, out); break;
+        case KIND_Q6_K: dot_q6k((const BlockQ6K*)wr, xr, nb / 8, R, out); break;
         case KIND_Q4:
             if (R == 4) dot_q4_4((const BlockQ4*)wr, xr, nb, out);
             else dot_q4_1((const BlockQ4*)wr, xr, nb, out);
@@ -92,7 +91,7 @@ static void linear_part(void* ctx, int part, int parts) {
                 const void* wr = (const char*)s->w[p] + (size_t)(n - base) * rb;
                 const float bn = j->bias ? j->bias[n] : 0.0f;
                 for (int m = m0; m < m1;) {
-                    const int R = !is_kquant(kind) && m1 - m >= 4 ? 4 : 1;
+                    const int R = m1 - m >= 4 ? 4 : 1;
                     dot_row(kind, wr, j->x + (size_t)m * nb, nb, R, out);
                     for (int r = 0; r < R; r++) {
                         const size_t i = (size_t)(m + r) * j->N + n;
