@@ -189,3 +189,32 @@ DEFINE_DOT_Q8(1)
 DEFINE_DOT_Q8(4)
 DEFINE_DOT_Q5(1)
 DEFINE_DOT_Q5(4)
+
+/* Two q8 weight rows against one activation row (decode): the activation blocks are loaded
+ * once for both, and each row keeps its own chain; one reduction for both sums. */
+static inline void dot_q8_1x2(const BlockQ8* w0, const BlockQ8* w1, const BlockX* x, int nb, float* out) {
+#if EXO_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i*)x[b].qs);
+        const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[b].qs + 16));
+        const __m256i p0 = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w0[b].qs)), x0),
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0[b].qs + 16))), x1));
+        const __m256i p1 = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w1[b].qs)), x0),
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w1[b].qs + 16))), x1));
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w0[b].d) * x[b].d), _mm256_cvtepi32_ps(p0), a0);
+        a1 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w1[b].d) * x[b].d), _mm256_cvtepi32_ps(p1), a1);
+    }
+    /* both horizontal sums at once: [a0 | a1] pairwise */
+    const __m256 h = _mm256_hadd_ps(a0, a1); /* a0 01 23, a1 01 23 | a0 45 67, a1 45 67 */
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 r = _mm_hadd_ps(q, q); /* a0, a1, a0, a1 */
+    out[0] = _mm_cvtss_f32(r);
+    out[1] = _mm_cvtss_f32(_mm_shuffle_ps(r, r, 1));
+#else
+    dot_q8_1(w0, x, nb, out);
+    dot_q8_1(w1, x, nb, out + 1);
+#endif
+}
