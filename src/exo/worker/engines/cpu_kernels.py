@@ -4,9 +4,10 @@ Why: decoding a small model on a CPU is bound by the bytes of weights read per t
 number of operations per token. torch's own low-bit CPU kernels are slow on AVX2-only machines
 (measured: int4/int8 weight-only matmuls at 1-4 GB/s against ~14 GB/s of memory bandwidth), so
 reading 5 bits per weight instead of 16 only pays off with a kernel that keeps up with memory.
-These do: 4- or 8-bit weight blocks (GGUF's Q4_1 / Q8_0 layouts, and the K-quant super-blocks
-Q4_K / Q5_K / Q6_K read from the file as they are) times activations quantised per block to 16
-bits, with integer multiply-adds (see `csrc/`). A second kernel runs a whole decode step of
+These do: 4- to 8-bit weight blocks (GGUF's Q4_1 / Q8_0 / Q5_0 / Q5_1 layouts, and the K-quant
+super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a layer's parts may differ in
+type) times activations quantised per block to 16 bits, with integer multiply-adds (see
+`csrc/`); a layer may end with Gemma's norm of its output before the residual add. A second kernel runs a whole decode step of
 attention (rotate q and k, append to the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
