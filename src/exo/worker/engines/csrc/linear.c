@@ -12,6 +12,10 @@
 #include "exo_kernels.h"
 #include "dot_q.h"
 #include "dot_kquants.h"
+#include "unpacked.h"
+
+/* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
+#define UNPACK_ROWS 8
 
 typedef struct {
     int M, N, nb;
@@ -88,6 +92,28 @@ static void linear_part(void* ctx, int part, int parts) {
             const int kind = kind_of_part(s, p);
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
+            if (!is_kquant(kind) && m1 - m0 >= UNPACK_ROWS) { /* prefill: unpack each row once */
+                const size_t bytes = (size_t)nb * QK * sizeof(int16_t) + 2 * (size_t)nb * sizeof(float);
+                char* buf = exo_scratch(SCRATCH_UNPACK, bytes);
+                if (buf != NULL) {
+                    const UnpackedRow u = {(int16_t*)buf, (float*)(buf + (size_t)nb * QK * sizeof(int16_t)),
+                                           (float*)(buf + (size_t)nb * QK * sizeof(int16_t)) + nb};
+                    for (; n < hi; n++) {
+                        unpack_row(kind, (const char*)s->w[p] + (size_t)(n - base) * rb, nb, u);
+                        const float bn = j->bias ? j->bias[n] : 0.0f;
+                        for (int m = m0; m < m1;) {
+                            const int R = m1 - m >= 4 ? 4 : 1;
+                            if (R == 4) dot_unpacked_4(u, j->x + (size_t)m * nb, nb, out);
+                            else dot_row(kind, (const char*)s->w[p] + (size_t)(n - base) * rb, j->x + (size_t)m * nb, nb, 1, out);
+                            for (int r = 0; r < R; r++) {
+                                const size_t i = (size_t)(m + r) * j->N + n;
+                                j->y[i] = out[r] + bn + (j->residual ? j->residual[i] : 0.0f);
+                            }
+                            m += R;
+                        }
+                    }
+                }
+            }
             if (kind == KIND_Q8 && m1 - m0 < 4) { /* decode: rows n and n + half in one pass (two
                                                     * streams far apart: adjacent rows interleaved
                                                     * defeat the prefetchers) */
