@@ -119,6 +119,7 @@ static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const 
                               int nb, float* out) {                                              \
     enum { U = EXO_CHAINS(R) };                                                                  \
     const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);                \
+    const __m256i minus16 = _mm256_set1_epi16(-16);                                              \
     const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,     \
                                           4096, 8192, 16384, (short)0x8000);                     \
     __m256 acc[R * U];                                                                           \
@@ -136,14 +137,18 @@ static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const 
         const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + hq + 4))); \
         const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit); \
         const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit); \
-        const __m256i q0 = _mm256_or_si256(_mm256_and_si256(bytes, low), _mm256_and_si256(h0, sixteen)); \
-        const __m256i q1 = _mm256_or_si256(_mm256_srli_epi16(bytes, 4), _mm256_and_si256(h1, sixteen)); \
-        const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
+        /* Q5_1: q = nib | 16 h, plus m s_x; Q5_0: q - 16 = nib + (h ? 0 : -16) as signed int16 */ \
+        const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);       \
+        const __m256i q0 = has_m ? _mm256_or_si256(n0, _mm256_and_si256(h0, sixteen))            \
+                                 : _mm256_add_epi16(n0, _mm256_andnot_si256(h0, minus16));        \
+        const __m256i q1 = has_m ? _mm256_or_si256(n1, _mm256_and_si256(h1, sixteen))            \
+                                 : _mm256_add_epi16(n1, _mm256_andnot_si256(h1, minus16));        \
+        const float d = exo_h2f(d16);                                                            \
         for (int r = 0; r < R; r++) {                                                            \
             const BlockX* xb = x + (size_t)r * nb + b0 + u;                                      \
             const __m256i p = madd32(q0, q1, xb->qs);                                            \
             acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
-            accm[r * U + u] += m * xb->s;                                                        \
+            if (has_m) accm[r * U + u] += exo_h2f(m16) * xb->s;                                  \
         }                                                                                        \
     }                                                                                            \
     for (int r = 0; r < R; r++) {                                                                \

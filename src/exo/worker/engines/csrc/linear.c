@@ -61,14 +61,14 @@ static inline void dot_row(int kind, const void* wr, const BlockX* xr, int nb, i
             if (R == 4) dot_q4_4((const BlockQ4*)wr, xr, nb, out);
             else dot_q4_1((const BlockQ4*)wr, xr, nb, out);
             break;
-        case KIND_Q5_0:
-        case KIND_Q5_1: {
-            const int has_m = kind == KIND_Q5_1;
-            const size_t stride = has_m ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
-            if (R == 4) dot_q5_4((const uint8_t*)wr, stride, has_m, xr, nb, out);
-            else dot_q5_1((const uint8_t*)wr, stride, has_m, xr, nb, out);
+        case KIND_Q5_0: /* has_m a constant at each call: the unpacking specialises */
+            if (R == 4) dot_q5_4((const uint8_t*)wr, sizeof(BlockQ5_0), 0, xr, nb, out);
+            else dot_q5_1((const uint8_t*)wr, sizeof(BlockQ5_0), 0, xr, nb, out);
             break;
-        }
+        case KIND_Q5_1:
+            if (R == 4) dot_q5_4((const uint8_t*)wr, sizeof(BlockQ5_1), 1, xr, nb, out);
+            else dot_q5_1((const uint8_t*)wr, sizeof(BlockQ5_1), 1, xr, nb, out);
+            break;
         default:
             if (R == 4) dot_q8_4((const BlockQ8*)wr, xr, nb, out);
             else dot_q8_1((const BlockQ8*)wr, xr, nb, out);

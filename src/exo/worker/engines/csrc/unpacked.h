@@ -44,10 +44,14 @@ static inline void unpack_row(int kind, const void* row, int nb, UnpackedRow u) 
             const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + (has_m ? 8 : 6))));
             const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit);
             const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
-            q0 = _mm256_or_si256(_mm256_and_si256(bytes, low), _mm256_and_si256(h0, sixteen));
-            q1 = _mm256_or_si256(_mm256_srli_epi16(bytes, 4), _mm256_and_si256(h1, sixteen));
+            const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);
+            /* Q5_0: q - 16 as signed values (no offset term), as dot_q.h does */
+            q0 = has_m ? _mm256_or_si256(n0, _mm256_and_si256(h0, sixteen))
+                       : _mm256_add_epi16(n0, _mm256_andnot_si256(h0, _mm256_set1_epi16(-16)));
+            q1 = has_m ? _mm256_or_si256(n1, _mm256_and_si256(h1, sixteen))
+                       : _mm256_add_epi16(n1, _mm256_andnot_si256(h1, _mm256_set1_epi16(-16)));
             u.d[b] = exo_h2f(d16);
-            u.m[b] = has_m ? exo_h2f(m16) : -16.0f * u.d[b];
+            u.m[b] = has_m ? exo_h2f(m16) : 0.0f;
         }
         _mm256_storeu_si256((__m256i*)q, q0);
         _mm256_storeu_si256((__m256i*)(q + 16), q1);
