@@ -223,3 +223,39 @@ static inline void dot_q8_1x2(const BlockQ8* w0, const BlockQ8* w1, const BlockX
     dot_q8_1(w1, x, nb, out + 1);
 #endif
 }
+
+/* Two Q5_0 weight rows against one activation row (decode), as dot_q8_1x2. */
+static inline void dot_q5_0_1x2(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
+#if EXO_AVX2
+    const __m256i low = _mm256_set1_epi16(0x0F), minus16 = _mm256_set1_epi16(-16);
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                          4096, 8192, 16384, (short)0x8000);
+    __m256 a[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b = 0; b < nb; b++) {
+        const __m256i x0 = _mm256_loadu_si256((const __m256i*)x[b].qs);
+        const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[b].qs + 16));
+        for (int r = 0; r < 2; r++) {
+            const uint8_t* blk = (r ? w1 : w0) + (size_t)b * sizeof(BlockQ5_0);
+            uint16_t d16;
+            uint32_t qh;
+            memcpy(&d16, blk, 2);
+            memcpy(&qh, blk + 2, 4);
+            const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + 6)));
+            const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit);
+            const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
+            const __m256i q0 = _mm256_add_epi16(_mm256_and_si256(bytes, low), _mm256_andnot_si256(h0, minus16));
+            const __m256i q1 = _mm256_add_epi16(_mm256_srli_epi16(bytes, 4), _mm256_andnot_si256(h1, minus16));
+            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+            a[r] = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(d16) * x[b].d), _mm256_cvtepi32_ps(p), a[r]);
+        }
+    }
+    const __m256 h = _mm256_hadd_ps(a[0], a[1]);
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 r = _mm_hadd_ps(q, q);
+    out[0] = _mm_cvtss_f32(r);
+    out[1] = _mm_cvtss_f32(_mm_shuffle_ps(r, r, 1));
+#else
+    dot_q5_1(w0, sizeof(BlockQ5_0), 0, x, nb, out);
+    dot_q5_1(w1, sizeof(BlockQ5_0), 0, x, nb, out + 1);
+#endif
+}

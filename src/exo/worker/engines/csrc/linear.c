@@ -114,17 +114,20 @@ static void linear_part(void* ctx, int part, int parts) {
                     }
                 }
             }
-            if (kind == KIND_Q8 && m1 - m0 < 4) { /* decode: rows n and n + half in one pass (two
+            if ((kind == KIND_Q8 || kind == KIND_Q5_0) && m1 - m0 < 4) { /* decode: rows n and n + half in one pass (two
                                                     * streams far apart: adjacent rows interleaved
                                                     * defeat the prefetchers) */
                 const int half = (hi - lo) / 2;
                 for (; n < lo + half; n++) {
                     const int rows[2] = {n, n + half};
                     const char* w = (const char*)s->w[p];
-                    const BlockQ8* w0 = (const BlockQ8*)(w + (size_t)(rows[0] - base) * rb);
-                    const BlockQ8* w1 = (const BlockQ8*)(w + (size_t)(rows[1] - base) * rb);
+                    const char* w0 = w + (size_t)(rows[0] - base) * rb;
+                    const char* w1 = w + (size_t)(rows[1] - base) * rb;
                     for (int m = m0; m < m1; m++) {
-                        dot_q8_1x2(w0, w1, j->x + (size_t)m * nb, nb, out);
+                        if (kind == KIND_Q8)
+                            dot_q8_1x2((const BlockQ8*)w0, (const BlockQ8*)w1, j->x + (size_t)m * nb, nb, out);
+                        else
+                            dot_q5_0_1x2((const uint8_t*)w0, (const uint8_t*)w1, j->x + (size_t)m * nb, nb, out);
                         for (int r = 0; r < 2; r++) {
                             const size_t i = (size_t)m * j->N + rows[r];
                             j->y[i] = out[r] + (j->bias ? j->bias[rows[r]] : 0.0f) + (j->residual ? j->residual[i] : 0.0f);
