@@ -76,7 +76,7 @@ def timed_entrypoint(
 ) -> None:
     """The runner's own entry point, with every collective call timed; the calls
     (name, start, seconds) go to a file when the runner exits."""
-    bootstrap.size_thread_pools(settings.threads)  # before torch is imported
+    bootstrap.size_thread_pools(os.environ, settings.threads)  # before torch is imported
     import torch.distributed as dist
 
     from exo.worker.runner.bootstrap import entrypoint

@@ -4,9 +4,10 @@ Why: decoding a small model on a CPU is bound by the bytes of weights read per t
 number of operations per token. torch's own low-bit CPU kernels are slow on AVX2-only machines
 (measured: int4/int8 weight-only matmuls at 1-4 GB/s against ~14 GB/s of memory bandwidth), so
 reading 5 bits per weight instead of 16 only pays off with a kernel that keeps up with memory.
-These do: 4- or 8-bit weight blocks (GGUF's Q4_1 / Q8_0 layouts, and the K-quant super-blocks
-Q4_K / Q5_K / Q6_K read from the file as they are) times activations quantised per block to 16
-bits, with integer multiply-adds (see `csrc/`). A second kernel runs a whole decode step of
+These do: 4- to 8-bit weight blocks (GGUF's Q4_1 / Q8_0 / Q5_0 / Q5_1 layouts, and the K-quant
+super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a layer's parts may differ in
+type) times activations quantised per block to 16 bits, with integer multiply-adds (see
+`csrc/`); a layer may end with Gemma's norm of its output before the residual add. A second kernel runs a whole decode step of
 attention (rotate q and k, append to the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
@@ -39,10 +40,15 @@ from exo.worker.engines.kernel_build import (
 )
 from exo.worker.engines.kv_cache import PagedLayer
 
-PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU = 0, 1, 2
+PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU, PROLOGUE_GEGLU = 0, 1, 2, 3
+_GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
-KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 4, 8, 104, 105, 106  # `exo_qlinear` layouts
-_BLOCK_BYTES = {KIND_Q4: 20, KIND_Q8: 34, KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210}
+KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
+KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
+_BLOCK_BYTES = {
+    KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
+    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210,
+}  # fmt: skip
 _INT_MAX = 2**31 - 1
 
 
@@ -77,6 +83,9 @@ class _LinearSpec(ctypes.Structure):
         ("w", ctypes.c_void_p * MAX_PARTS),
         ("part_rows", ctypes.c_int * MAX_PARTS),
         ("bias", ctypes.c_void_p),
+        ("part_kind", ctypes.c_int * MAX_PARTS),
+        ("post_g", ctypes.c_void_p),
+        ("post_eps", ctypes.c_float),
     ]
 
 
@@ -85,7 +94,9 @@ class QuantWeights:
 
     `parts`: up to MAX_PARTS block matrices uint8 [rows_i, row bytes] whose rows stack into the
     layer's N outputs (q | k | v): the kernel reads each where it lies, so stacking them costs
-    no copy. The object holds every tensor whose address the spec carries.
+    no copy; `part_kinds` gives each part's layout (default: `bits` for all). With `post_gain`
+    [N] the layer computes y = residual + rmsnorm(x W^T + bias) * post_gain (Gemma 3). The
+    object holds every tensor whose address the spec carries.
     """
 
     def __init__(
@@ -97,18 +108,25 @@ class QuantWeights:
         eps: float,
         bias: Tensor | None,
         k: int,
+        part_kinds: list[int] | None = None,
+        post_gain: Tensor | None = None,
+        post_eps: float = 0.0,
     ) -> None:
-        if bits not in _BLOCK_BYTES:
-            raise KernelArgumentError(f"unknown weight layout {bits}")
-        if prologue not in (PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU):
+        kinds = [bits] * len(parts) if part_kinds is None else list(part_kinds)
+        if len(kinds) != len(parts):
+            raise KernelArgumentError("one layout per part")
+        for kind in {bits, *kinds}:
+            if kind not in _BLOCK_BYTES:
+                raise KernelArgumentError(f"unknown weight layout {kind}")
+        if prologue not in (PROLOGUE_NONE, PROLOGUE_RMS_NORM, *_GLU_PROLOGUES):
             raise KernelArgumentError(f"unknown prologue {prologue}")
         if not 1 <= len(parts) <= MAX_PARTS:
             raise KernelArgumentError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
-        block = 32 if bits < 100 else 256
+        block = 256 if max(kinds) > 100 else 32
         if k <= 0 or k % block != 0 or k > _INT_MAX:
             raise KernelArgumentError(f"k must be a positive multiple of {block}, got {k}")
-        row_bytes = k // block * _BLOCK_BYTES[bits]
-        for i, p in enumerate(parts):
+        for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
+            row_bytes = k // (256 if kind > 100 else 32) * _BLOCK_BYTES[kind]
             if p.dtype != torch.uint8 or p.device.type != "cpu" or p.dim() != 2:
                 raise KernelArgumentError(f"part {i} must be a 2-D uint8 CPU tensor")
             if p.shape[1] != row_bytes:
@@ -123,13 +141,19 @@ class QuantWeights:
             raise KernelArgumentError("the RMSNorm prologue needs a gain")
         self.gain = None if gain is None else gain.detach().float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
-        for name, t, size in (("gain", self.gain, k), ("bias", self.bias, self.n)):
+        self.post_gain = None if post_gain is None else post_gain.detach().float().contiguous()
+        for name, t, size in (
+            ("gain", self.gain, k),
+            ("bias", self.bias, self.n),
+            ("post_gain", self.post_gain, self.n),
+        ):
             if t is not None:
                 _float_cpu(name, t)
                 _shape(name, t, (size,))
-        self.bits, self.k, self.prologue = bits, k, prologue
-        pointers = [p.data_ptr() for p in self.parts] + [0] * (MAX_PARTS - len(parts))
-        rows = [p.shape[0] for p in self.parts] + [0] * (MAX_PARTS - len(parts))
+        self.bits, self.k, self.prologue, self.kinds = bits, k, prologue, kinds
+        pad = [0] * (MAX_PARTS - len(parts))
+        pointers = [p.data_ptr() for p in self.parts] + pad
+        rows = [p.shape[0] for p in self.parts] + pad
         self.spec = _LinearSpec(
             bits,
             prologue,
@@ -140,6 +164,9 @@ class QuantWeights:
             (ctypes.c_void_p * MAX_PARTS)(*pointers),
             (ctypes.c_int * MAX_PARTS)(*rows),
             None if self.bias is None else self.bias.data_ptr(),
+            (ctypes.c_int * MAX_PARTS)(*kinds, *pad),
+            None if self.post_gain is None else self.post_gain.data_ptr(),
+            post_eps,
         )
         self.spec_address = ctypes.addressof(self.spec)
 
@@ -166,10 +193,10 @@ class QKernels:
     def linear(self, w: QuantWeights, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out.
 
-        x [..., k] ([..., 2k] for SwiGLU); residual [..., n]. Inputs that are not contiguous
+        x [..., k] ([..., 2k] for SwiGLU / GeGLU); residual [..., n]. Inputs that are not contiguous
         are copied; the copies live (as locals here) until the C call has returned."""
         _float_cpu("x", x)
-        width = 2 * w.k if w.prologue == PROLOGUE_SWIGLU else w.k
+        width = 2 * w.k if w.prologue in _GLU_PROLOGUES else w.k
         if x.dim() < 1 or x.shape[-1] != width:
             raise KernelArgumentError(f"x must be [..., {width}], got {list(x.shape)}")
         rows = x.numel() // width

@@ -3,8 +3,9 @@
     y = prologue(x) W^T (+ b) (+ residual)
 
 The prologue is the operation that always precedes the layer in a transformer block, fused so a
-block costs fewer operations: RMSNorm with its gain (before qkv and gate|up) or SwiGLU (before
-down). Formats, measured on a 2-core x86 CPU (AVX2, no AVX-512), one thread, SmolLM2-135M,
+block costs fewer operations: RMSNorm with its gain (before qkv and gate|up) or SwiGLU / GeGLU
+(before down). A layer may also end with a norm of its own output before the residual add
+(`post_norm`, Gemma 3): y = residual + rmsnorm(prologue(x) W^T + b) * g_post. Formats, measured on a 2-core x86 CPU (AVX2, no AVX-512), one thread, SmolLM2-135M,
 where decoding is bound by the bytes of weights read per token:
 
 * "dense": `F.linear` with weights in the engine dtype (any device; the exact reference).
@@ -17,8 +18,8 @@ where decoding is bound by the bytes of weights read per token:
 
 Those formats apply to weights held as plain tensors. Weights kept in a GGUF file's blocks
 (`QuantTensor`, see `materialise.py`) run in their own format: Q8_0, Q4_1 (and Q4_0, repacked
-as Q4_1 on load), Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's bytes in
-place (measured, one thread, 2048 x 2048, one token: Q4_K 2.7 GB/s, Q6_K 3.6, q8 6.5); other
+as Q4_1 on load), Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's
+bytes in place, parts of different types in one call (Q5_0 q | k with a Q8_0 v) (measured, one thread, 2048 x 2048, one token: Q4_K 2.7 GB/s, Q6_K 3.6, q8 6.5); other
 types, or any type without the kernels, by `StreamingLinear`, which dequantises a bounded
 number of rows per call (memory-faithful, ~50x slower: the load log says which layers run so).
 """
@@ -34,21 +35,38 @@ from torch import Tensor
 from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
     KIND_Q4_K,
+    KIND_Q5_0,
+    KIND_Q5_1,
     KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
     MAX_PARTS,
+    PROLOGUE_GEGLU,
     PROLOGUE_NONE,
     PROLOGUE_RMS_NORM,
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
 )
-from exo.worker.engines.qtensor import Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, QuantTensor, Weight, row_chunk
+from exo.worker.engines.q_blocks import QUANT_BLOCK as QUANT_BLOCK
+from exo.worker.engines.q_blocks import dequantize_blocks as dequantize_blocks
+from exo.worker.engines.q_blocks import quantize_q4 as quantize_q4
+from exo.worker.engines.q_blocks import quantize_q8 as quantize_q8
+from exo.worker.engines.qtensor import (
+    Q4_1,
+    Q4_K,
+    Q5_0,
+    Q5_1,
+    Q5_K,
+    Q6_K,
+    Q8_0,
+    QuantTensor,
+    Weight,
+    row_chunk,
+)
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
-QUANT_BLOCK = 32
 
 
 @dataclass(frozen=True)
@@ -64,7 +82,12 @@ class SwiGLU:
     """x = [a | b] (2 * in features) -> silu(a) * b."""
 
 
-Prologue = RmsNorm | SwiGLU | None
+@dataclass(frozen=True)
+class GeGLU:
+    """x = [a | b] (2 * in features) -> gelu_tanh(a) * b (Gemma)."""
+
+
+Prologue = RmsNorm | SwiGLU | GeGLU | None
 
 
 class Linear(Protocol):
@@ -85,9 +108,11 @@ def _torch_prologue(x: Tensor, prologue: Prologue) -> Tensor:
     """The prologue with torch ops; an RmsNorm's gain is folded into the weights."""
     if isinstance(prologue, RmsNorm):
         return F.rms_norm(x, (x.shape[-1],), None, prologue.eps)
-    if isinstance(prologue, SwiGLU):
+    if isinstance(prologue, SwiGLU | GeGLU):
         half = x.shape[-1] // 2
-        return F.silu(x[..., :half]) * x[..., half:]
+        a = x[..., :half]
+        act = F.silu(a) if isinstance(prologue, SwiGLU) else F.gelu(a, approximate="tanh")
+        return act * x[..., half:]
     return x
 
 
@@ -147,55 +172,12 @@ class PackedFp16Linear:
         return y if residual is None else residual + y
 
 
-def _f16_bytes(t: Tensor) -> Tensor:
-    """float values [..] -> their float16 bytes [.., 2]."""
-    return t.to(torch.float16).contiguous().view(torch.uint8).reshape(*t.shape, 2)
-
-
-def quantize_q4(weight: Tensor) -> Tensor:
-    """[N, K] -> q4 blocks uint8 [N, K/32, 20]: {f16 d, f16 m, 16 bytes of nibbles}.
-
-    w = d q + m with q in 0..15 (d, m from the block's min and max, like GGUF's Q4_1);
-    byte j of a block holds element j in its low nibble and element j + 16 in its high one.
-    """
-    n, k = weight.shape
-    blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
-    lo = blocks.amin(-1).half().float()
-    scale = ((blocks.amax(-1) - lo) / 15).half().float()
-    inv = torch.where(scale > 0, 1 / scale, 0.0)
-    q = torch.round((blocks - lo[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8)
-    half = QUANT_BLOCK // 2
-    nibbles = q[..., :half] | (q[..., half:] << 4)
-    return torch.cat([_f16_bytes(scale), _f16_bytes(lo), nibbles], dim=-1).contiguous()
-
-
-def quantize_q8(weight: Tensor) -> Tensor:
-    """[N, K] -> q8 blocks uint8 [N, K/32, 34]: {f16 d, 32 x int8}; w = d q, |q| <= 127."""
-    n, k = weight.shape
-    blocks = weight.float().reshape(n, k // QUANT_BLOCK, QUANT_BLOCK)
-    scale = (blocks.abs().amax(-1) / 127).half().float()
-    inv = torch.where(scale > 0, 1 / scale, 0.0)
-    q = torch.round(blocks * inv[..., None]).clamp(-127, 127).to(torch.int8).view(torch.uint8)
-    return torch.cat([_f16_bytes(scale), q], dim=-1).contiguous()
-
-
-def dequantize_blocks(blocks: Tensor, bits: int) -> Tensor:
-    """q4 / q8 blocks [..., K/32, 20 or 34] -> float32 [..., K]."""
-    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [..., nb, 1]
-    if bits == 4:
-        minimum = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        nibbles = blocks[..., 4:]
-        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
-        return (q * scale + minimum).flatten(-2)
-    q = blocks[..., 2:].contiguous().view(torch.int8).float()
-    return (q * scale).flatten(-2)
-
-
 class QuantLinear:
-    """q4 / q8 weight blocks run by the compiled CPU kernels (float32 activations in and out).
+    """Weight blocks run by the compiled CPU kernels (float32 activations in and out).
 
-    `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, K/32 * bytes]) whose
-    rows stack into the output; they are read where they lie (no concatenation).
+    `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, row bytes]) whose rows
+    stack into the output; they are read where they lie (no concatenation). `kinds`: each part's
+    layout (default: `bits` for all); `post_norm`: the norm of the output before the residual.
     """
 
     def __init__(
@@ -206,8 +188,11 @@ class QuantLinear:
         prologue: Prologue,
         bits: int,
         kernels: QKernels,
+        kinds: list[int] | None = None,
+        post_norm: RmsNorm | None = None,
     ) -> None:
         self.bits = bits
+        self.kinds = [bits] * len(parts) if kinds is None else kinds
         self.blocks = parts[0]  # the first part (the whole matrix for a single-part layer)
         self._kernels = kernels
         kind, gain, eps = PROLOGUE_NONE, None, 0.0
@@ -215,8 +200,13 @@ class QuantLinear:
             kind, gain, eps = PROLOGUE_RMS_NORM, prologue.gain, prologue.eps
         elif isinstance(prologue, SwiGLU):
             kind = PROLOGUE_SWIGLU
+        elif isinstance(prologue, GeGLU):
+            kind = PROLOGUE_GEGLU
         flat = [p.reshape(p.shape[0], -1) for p in parts]
-        self._weights = QuantWeights(bits, kind, flat, gain, eps, bias, k)
+        post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
+        self._weights = QuantWeights(
+            bits, kind, flat, gain, eps, bias, k, self.kinds, post_gain, post_eps
+        )
 
     @property
     def out_features(self) -> int:
@@ -224,7 +214,9 @@ class QuantLinear:
 
     @property
     def kernel(self) -> str:
-        return f"{_KIND_NAMES[self.bits]} C kernel"
+        names = " + ".join(dict.fromkeys(_KIND_NAMES[k] for k in self.kinds))
+        post = ", post-norm" if self._weights.post_gain is not None else ""
+        return f"{names} C kernel{post}"
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         return self._kernels.linear(self._weights, x, residual)
@@ -281,6 +273,26 @@ class StreamingLinear:
         return y if residual is None else residual + y
 
 
+class PostNormLinear:
+    """y = residual + rmsnorm(inner(x)) * gain: a layer's output norm where no kernel fuses it."""
+
+    def __init__(self, inner: Linear, norm: RmsNorm) -> None:
+        self.inner, self.norm = inner, norm
+
+    @property
+    def out_features(self) -> int:
+        return self.inner.out_features
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.inner.kernel}, post-norm in torch"
+
+    def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        y = self.inner(x)
+        y = F.rms_norm(y, (y.shape[-1],), self.norm.gain.to(y.device, y.dtype), self.norm.eps)
+        return y if residual is None else residual + y
+
+
 class SplitLinear:
     """Parts of different formats (Q4_K q | k with Q6_K v): one prologue, then each part."""
 
@@ -334,12 +346,15 @@ def make_linear(
     dtype: torch.dtype = torch.float32,
     device: torch.device | None = None,
     kernels: QKernels | None = None,
+    post_norm: RmsNorm | None = None,
 ) -> Linear:
-    """A linear layer y = prologue(x) W^T + b; `dtype` is the activation dtype.
+    """A linear layer y = prologue(x) W^T + b (then `post_norm`, if given, before the residual
+    add); `dtype` is the activation dtype.
 
     `weight` is one matrix or the parts whose rows stack into it (q | k | v). Plain tensors run
-    in format `fmt`; file blocks run in their own format: the compiled kernel for Q8_0 / Q4_1,
-    else dequantised a few rows at a time (`StreamingLinear`).
+    in format `fmt`; file blocks run in their own format: the compiled kernel for the types it
+    knows (parts of different types in one call), else dequantised a few rows at a time
+    (`StreamingLinear`).
     """
     device = device or torch.device("cpu")
     parts = [weight] if isinstance(weight, Tensor | QuantTensor) else list(weight)
@@ -347,55 +362,69 @@ def make_linear(
     if len(plain) == len(parts):
         return _plain_linear(
             plain[0] if len(plain) == 1 else torch.cat(plain), bias, fmt, prologue, dtype, device,
-            kernels,
+            kernels, post_norm,
         )  # fmt: skip
-    bits = _kernel_bits(parts, device, dtype, kernels)
-    if bits is not None and kernels is not None:
+    kinds = _kernel_kinds(parts, device, dtype, kernels)
+    if kinds is not None and kernels is not None:
         blocks = [p.raw for p in parts if isinstance(p, QuantTensor)]
-        return QuantLinear(blocks, parts[0].shape[1], bias, prologue, bits, kernels)
+        k = parts[0].shape[1]
+        return QuantLinear(blocks, k, bias, prologue, kinds[0], kernels, kinds, post_norm)
+    lin: Linear
     if len(parts) == 1 and isinstance(parts[0], QuantTensor):
         why = "no kernel for it"
         if parts[0].qtype in _KERNEL_KINDS:
             why = "the compiled kernels run on CPUs with float32 activations only"
             if kernels is None:
                 why = "the compiled CPU kernels are not available here"
-        return StreamingLinear(parts[0], bias, prologue, dtype, device, why)
-    groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] Q6_K
-    for p in parts:
-        if groups and _kernel_bits([*groups[-1], p], device, dtype, kernels) is not None:
-            groups[-1].append(p)
-        else:
-            groups.append([p])
-    return SplitLinear(
-        [make_linear(g, None, fmt, dtype=dtype, device=device, kernels=kernels) for g in groups],
-        bias,
-        prologue,
-    )
+        lin = StreamingLinear(parts[0], bias, prologue, dtype, device, why)
+    else:
+        groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] Q2_K
+        for p in parts:
+            if groups and _kernel_kinds([*groups[-1], p], device, dtype, kernels) is not None:
+                groups[-1].append(p)
+            else:
+                groups.append([p])
+        lin = SplitLinear(
+            [
+                make_linear(g, None, fmt, dtype=dtype, device=device, kernels=kernels)
+                for g in groups
+            ],
+            bias,
+            prologue,
+        )
+    return lin if post_norm is None else PostNormLinear(lin, post_norm)
 
 
 _KERNEL_KINDS = {
-    Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q4_K: KIND_Q4_K, Q5_K: KIND_Q5_K, Q6_K: KIND_Q6_K
+    Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q5_0: KIND_Q5_0, Q5_1: KIND_Q5_1,
+    Q4_K: KIND_Q4_K, Q5_K: KIND_Q5_K, Q6_K: KIND_Q6_K,
 }  # fmt: skip
 _KIND_NAMES = {
     KIND_Q4: "q4",
     KIND_Q8: "q8",
+    KIND_Q5_0: "Q5_0",
+    KIND_Q5_1: "Q5_1",
     KIND_Q4_K: "Q4_K",
     KIND_Q5_K: "Q5_K",
     KIND_Q6_K: "Q6_K",
 }
 
 
-def _kernel_bits(
+def _kernel_kinds(
     parts: list[Weight], device: torch.device, dtype: torch.dtype, kernels: QKernels | None
-) -> int | None:
-    """The compiled kernel's layout when every part is Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K blocks
-    of one type that it can run together."""
+) -> list[int] | None:
+    """The compiled kernel's layout of each part, when every part is blocks of a type it runs
+    (Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; types may differ between parts)."""
     if kernels is None or device.type != "cpu" or dtype != torch.float32:
         return None
-    if len(parts) > MAX_PARTS or not all(isinstance(p, QuantTensor) for p in parts):
+    if len(parts) > MAX_PARTS:
         return None
-    kinds = {p.qtype for p in parts if isinstance(p, QuantTensor)}
-    return _KERNEL_KINDS.get(kinds.pop()) if len(kinds) == 1 else None
+    kinds: list[int] = []
+    for p in parts:
+        if not isinstance(p, QuantTensor) or p.qtype not in _KERNEL_KINDS:
+            return None
+        kinds.append(_KERNEL_KINDS[p.qtype])
+    return kinds
 
 
 def _plain_linear(
@@ -406,6 +435,7 @@ def _plain_linear(
     dtype: torch.dtype,
     device: torch.device,
     kernels: QKernels | None,
+    post_norm: RmsNorm | None = None,
 ) -> Linear:
     if fmt in ("fp16", "q8", "q4") and (device.type != "cpu" or dtype != torch.float32):
         raise ValueError(f"the {fmt} weight format needs device 'cpu' and dtype float32")
@@ -417,14 +447,18 @@ def _plain_linear(
         else:
             blocks = quantize_q4(weight) if fmt == "q4" else quantize_q8(weight)
             bits = 4 if fmt == "q4" else 8
-            return QuantLinear([blocks], weight.shape[1], bias, prologue, bits, kernels)
+            k = weight.shape[1]
+            return QuantLinear([blocks], k, bias, prologue, bits, kernels, None, post_norm)
     if isinstance(prologue, RmsNorm):
         prologue = RmsNorm(prologue.gain.to(device), prologue.eps)
     folded = _fold_gain(weight, prologue)
+    lin: Linear
     if fmt == "fp16":
-        return PackedFp16Linear(folded, bias, prologue)
-    return DenseLinear(
-        folded.to(device=device, dtype=dtype).contiguous(),
-        None if bias is None else bias.to(device=device, dtype=dtype),
-        prologue,
-    )
+        lin = PackedFp16Linear(folded, bias, prologue)
+    else:
+        lin = DenseLinear(
+            folded.to(device=device, dtype=dtype).contiguous(),
+            None if bias is None else bias.to(device=device, dtype=dtype),
+            prologue,
+        )
+    return lin if post_norm is None else PostNormLinear(lin, post_norm)

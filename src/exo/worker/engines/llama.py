@@ -14,8 +14,8 @@
     logits = cap * tanh(logits / cap)                        (if the config caps them)
 
 Implementation choices, all for fewer and cheaper operations per token: each linear layer fuses
-the operation before it (RMSNorm with its gain, or SwiGLU) and the residual add after it (see
-`linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
+the operation before it (RMSNorm with its gain, or SwiGLU / GeGLU) and the residual add after it
+(with Gemma's norm before the add, unless an all-reduce comes between them; see `linear.py`); q, k, v are one matmul with the rows stacked, gate and up another; q and k rotate
 together in one complex multiply; attention is `scaled_dot_product_attention` over the paged
 cache (`kv_cache.py`), sliding-window layers masking by position. A model-specific attention
 scale is folded into q (its per-head norm's gain, its float weights, or, for weights kept in a
@@ -40,7 +40,15 @@ from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
 from exo.worker.engines.embedding import Embedding
 from exo.worker.engines.kv_cache import KVCache, LayerCache
-from exo.worker.engines.linear import Linear, Prologue, RmsNorm, SwiGLU, WeightFormat, make_linear
+from exo.worker.engines.linear import (
+    GeGLU,
+    Linear,
+    Prologue,
+    RmsNorm,
+    SwiGLU,
+    WeightFormat,
+    make_linear,
+)
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.rope import apply_rope, rope_frequencies, rope_table
 from exo.worker.engines.weights import LayerWeights, ShardWeights
@@ -94,10 +102,9 @@ class Block:
     kv_heads: int  # KV
     qk_norm: Tensor | None  # [H + KV, hd]  per-head norm gains (Qwen3, Gemma), q heads then k
     q_scale: float  # q *= q_scale after the matmul (1.0 unless it could not be folded in)
-    post_attn_norm: Tensor | None  # [D]  Gemma 3: norm of the attention output
-    post_ffn_norm: Tensor | None  # [D]  Gemma 3: norm of the MLP output
+    post_attn_norm: Tensor | None  # [D]  Gemma 3: norm of the attention output (unless fused)
+    post_ffn_norm: Tensor | None  # [D]  Gemma 3: norm of the MLP output (unless fused)
     sliding: bool  # attends to the last `config.sliding_window` positions only
-    gated: int  # F: width of the gate (and up) projection on this rank
 
 
 def _q_scale(config: LlamaConfig) -> float:
@@ -113,8 +120,11 @@ def build_block(
     dtype: torch.dtype,
     device: torch.device,
     kernels: QKernels | None,
+    fuse_post_norms: bool = True,
 ) -> Block:
-    """Block `index` (a global layer number) in compute form."""
+    """Block `index` (a global layer number) in compute form. `fuse_post_norms`: Gemma's norms
+    after attention / MLP run inside o / down (not with tensor parallelism: the all-reduce comes
+    between the layer and its norm)."""
     hd, eps = config.head_dim, config.rms_eps
     heads, kv_heads = layer.wq.shape[0] // hd, layer.wk.shape[0] // hd
     wq, bq, q_scale = layer.wq, layer.bq, _q_scale(config)
@@ -135,29 +145,47 @@ def build_block(
         return None if t is None else t.to(device=device, dtype=dtype)
 
     def linear(
-        w: Weight | list[Weight], bias: Tensor | None = None, prologue: Prologue = None
+        w: Weight | list[Weight],
+        bias: Tensor | None = None,
+        prologue: Prologue = None,
+        post: Tensor | None = None,
     ) -> Linear:
+        post_norm = RmsNorm(post.to(device), eps) if post is not None and fuse_post_norms else None
         return make_linear(
-            w, bias, fmt, prologue=prologue, dtype=dtype, device=device, kernels=kernels
+            w,
+            bias,
+            fmt,
+            prologue=prologue,
+            dtype=dtype,
+            device=device,
+            kernels=kernels,
+            post_norm=post_norm,
         )
+
+    def unfused(norm: Tensor | None) -> Tensor | None:
+        return None if fuse_post_norms else to_dev(norm)
 
     bias = None  # [(H + 2KV) * hd]  (Qwen2)
     if bq is not None and layer.bk is not None and layer.bv is not None:
         bias = torch.cat([bq, layer.bk, layer.bv])
     return Block(
         qkv=linear([wq, layer.wk, layer.wv], bias, RmsNorm(layer.attn_norm, eps)),
-        o=linear(layer.wo),
+        o=linear(layer.wo, post=layer.post_attn_norm),
         gate_up=linear([layer.w_gate, layer.w_up], None, RmsNorm(layer.ffn_norm, eps)),
-        # SiLU gating is fused into the down projection; GELU-tanh runs in torch before it
-        down=linear(layer.w_down, None, SwiGLU() if config.activation == "silu" else None),
+        # the gating (SiLU or GELU-tanh) is fused into the down projection
+        down=linear(
+            layer.w_down,
+            None,
+            SwiGLU() if config.activation == "silu" else GeGLU(),
+            post=layer.post_ffn_norm,
+        ),
         heads=heads,
         kv_heads=kv_heads,
         qk_norm=qk_norm,
         q_scale=q_scale,
-        post_attn_norm=to_dev(layer.post_attn_norm),
-        post_ffn_norm=to_dev(layer.post_ffn_norm),
+        post_attn_norm=unfused(layer.post_attn_norm),
+        post_ffn_norm=unfused(layer.post_ffn_norm),
         sliding=config.is_sliding(index),
-        gated=layer.w_gate.shape[0],
     )
 
 
@@ -193,8 +221,11 @@ class LlamaModel:
         self.weight_format: WeightFormat = weight_format
         # The compiled decode attention runs whenever the kernels are loaded (float32 CPU).
         self._kernels = kernels if dtype == torch.float32 and self.device.type == "cpu" else None
+        fuse = all_reduce is no_all_reduce
         self.blocks = [
-            build_block(w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels)
+            build_block(
+                w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels, fuse
+            )
             for i, w in enumerate(weights.layers)
         ]
         self.kv_heads = self.blocks[0].kv_heads if self.blocks else c.kv_heads
@@ -299,13 +330,11 @@ class LlamaModel:
 
     def _block(self, b: Block, h: Tensor, t: _StepTensors, layer_cache: LayerCache) -> Tensor:
         h = self._residual(h, b.o, self._attention(b, h, t, layer_cache), b.post_attn_norm)
-        x = b.gate_up(h)  # [B, T, 2F]   (norm fused in)
-        if self.config.activation == "gelu_tanh":
-            x = F.gelu(x[..., : b.gated], approximate="tanh") * x[..., b.gated :]  # [B, T, F]
+        x = b.gate_up(h)  # [B, T, 2F]   (norm fused in; the gating is down's prologue)
         return self._residual(h, b.down, x, b.post_ffn_norm)
 
     def _residual(self, h: Tensor, layer: Linear, x: Tensor, post_norm: Tensor | None) -> Tensor:
-        """h + [rmsnorm](allreduce(layer(x))); without TP or a post-norm the add is fused."""
+        """h + [rmsnorm](allreduce(layer(x))); without TP the norm and the add are fused."""
         if self.all_reduce is no_all_reduce and post_norm is None:
             return layer(x, residual=h)
         y = self.all_reduce(layer(x))

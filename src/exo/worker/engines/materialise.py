@@ -21,6 +21,7 @@ import torch
 from gguf import GGMLQuantizationType
 from torch import Tensor
 
+from exo.worker.engines.file_rows import weight_buffer
 from exo.worker.engines.linear import QUANT_BLOCK, quantize_q8
 from exo.worker.engines.qtensor import (
     Q4_0,
@@ -113,7 +114,7 @@ def materialise(t: StoredTensor, plan: StoragePlan) -> Weight:
     is_matrix = len(t.shape) == 2
     if t.kind in FLOAT_KINDS:
         if is_matrix and plan.float_matrices == "q8" and k % QUANT_BLOCK == 0:
-            out = torch.empty((rows, k // QUANT_BLOCK * 34), dtype=torch.uint8)
+            out = weight_buffer(rows, k // QUANT_BLOCK * 34)
 
             def to_q8(raw: Tensor) -> Tensor:
                 return quantize_q8(_float_rows(t.kind, raw)).reshape(raw.shape[0], -1)
@@ -125,7 +126,7 @@ def materialise(t: StoredTensor, plan: StoragePlan) -> Weight:
     qtype = GGMLQuantizationType[t.kind]
     if is_matrix and plan.keep_blocks:
         if qtype == Q4_0 and plan.q4_0_as_q4_1:
-            out = torch.empty((rows, k // QUANT_BLOCK * 20), dtype=torch.uint8)
+            out = weight_buffer(rows, k // QUANT_BLOCK * 20)
             return QuantTensor(Q4_1, _chunked(t, rows, q4_0_to_q4_1, out), k)
         return QuantTensor(qtype, t.reader.read_rows(t.name, 0, rows), k)
     dense = torch.empty((rows, k), dtype=plan.dtype)

@@ -24,6 +24,8 @@ SCRATCH_VALUES = 1 << 20
 
 Q4_0 = GGMLQuantizationType.Q4_0
 Q4_1 = GGMLQuantizationType.Q4_1
+Q5_0 = GGMLQuantizationType.Q5_0
+Q5_1 = GGMLQuantizationType.Q5_1
 Q8_0 = GGMLQuantizationType.Q8_0
 Q4_K = GGMLQuantizationType.Q4_K
 Q5_K = GGMLQuantizationType.Q5_K

@@ -97,25 +97,33 @@ static inline __m256 exo_exp8(__m256 x) {
 /* Weight layouts (GGUF's), see linear.c and dot_kquants.h. */
 typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4;   /* w = d q + m  (f16 d, m) */
 typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8;       /* w = d q      (f16 d) */
+/* Q5_0: w = d (q - 16); Q5_1: w = d q + m; q = nibble | (bit j of qh) << 4, 0..31; byte j of qs
+ * holds element j (low nibble) and j + 16 (high nibble). */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } BlockQ5_0;          /* 22 B */
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } BlockQ5_1;       /* 24 B */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } BlockQ4K; /* 144 B */
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } BlockQ5K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } BlockQ6K; /* 210 B */
 /* An activation block: x = d q, s = d sum(q). */
 typedef struct { float d, s; int16_t qs[32]; } BlockX;
 
-enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106 };
-enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2 };
+enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q5_0 = 50, KIND_Q5_1 = 51,
+       KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106 };
+enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 
 /* A linear layer's constant part, built once by the caller. */
 typedef struct {
     int kind;       /* KIND_*: the layout of the weight rows */
-    int prologue;   /* PROLOGUE_*: RMSNorm uses gain g and eps */
+    int prologue;   /* PROLOGUE_*: RMSNorm uses gain g and eps; SwiGLU / GeGLU read [a | b] */
     int K, N;
     float eps;
     const float* g; /* [K] or NULL */
     const void* w[MAX_PARTS];  /* parts of the weight rows, stacked: q | k | v, gate | up */
     int part_rows[MAX_PARTS];  /* rows of each part (0 for unused ones); they sum to N */
     const float* bias; /* [N] or NULL */
+    int part_kind[MAX_PARTS]; /* each part's layout; 0: `kind` (parts may differ: q | k Q5_0, v Q8_0) */
+    const float* post_g;      /* [N] or NULL: y = residual + rmsnorm(x W^T + bias) * post_g */
+    float post_eps;
 } LinearSpec;
 
 /* ---- public entry points (loaded with ctypes) ---- */
@@ -134,14 +142,14 @@ typedef void (*task_fn)(void* ctx, int part, int parts);
  * returns when all are done. Concurrent callers take turns. */
 void exo_run_parallel(task_fn fn, void* ctx, int parts);
 
-/* Prologue of one row: src [K] (or [2K] for SwiGLU) -> dst [K]; K a multiple of 32. */
+/* Prologue of one row: src [K] (or [2K] for SwiGLU / GeGLU) -> dst [K]; K a multiple of 32. */
 void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst);
 /* x [K] -> K/32 int16 blocks (d = max|x| / 32767, q = round(x / d), s = d * sum(q)). */
 void exo_quantize_row(const float* x, int K, BlockX* out);
 /* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
  * freed when the thread exits. NULL if out of memory. */
-#define EXO_SCRATCH_SLOTS 3
-enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2 };
+#define EXO_SCRATCH_SLOTS 5
+enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2, SCRATCH_POST = 3, SCRATCH_UNPACK = 4 };
 void* exo_scratch(int slot, size_t bytes);
 
 #endif

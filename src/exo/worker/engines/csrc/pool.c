@@ -1,23 +1,29 @@
-/* A small thread pool: the calling thread is part 0, workers wait between jobs.
+/* A small thread pool: the calling thread takes part in every job, workers wait between jobs.
+ *
+ * Parts are claimed, not assigned: a job's parts are taken one at a time (an atomic claim on a
+ * word holding the job's generation, its number of parts and the next part), by the caller and
+ * by whichever workers are awake. A worker that is asleep or descheduled (a shared machine)
+ * holds nothing back: the caller runs the parts nobody has claimed, and waits only for parts
+ * that others are running. Jobs are split into a few parts per thread so that the threads
+ * that run share the work.
  *
  * Waiting: a decode step dispatches ~150 small jobs back to back, so waking a sleeping thread
- * each time (tens to hundreds of microseconds) would eat the gain of a second thread; worse,
- * a dispatcher that sleeps wakes late, by then its workers have gone to sleep too, and every
- * job pays two wake-ups (measured: 4x slower at 2 threads than at 1). So a worker done with a
- * job spins (pause instructions, watching an atomic counter) for spin_idle_ns before it sleeps
- * on a condition variable: no spinning when idle; and a dispatcher waiting for workers that
- * are running its job spins up to spin_wait_ns before it sleeps. Spinning pays only where the
- * threads have their cores (a node's runners share its cores without oversubscription:
- * worker/thread_share.py); yielding in the spin was measured slower on a loaded machine.
+ * each time (tens to hundreds of microseconds) would eat the gain of a second thread. So a
+ * worker done with a job spins (pause instructions, watching the generation) for spin_idle_ns
+ * before it sleeps on a condition variable: no spinning when idle; and a caller waiting for
+ * parts others are running spins up to spin_wait_ns (while they make progress) before it
+ * sleeps. Spinning pays only where the threads have their cores (a node's runners share its
+ * cores without oversubscription: worker/thread_share.py).
  *
  * Invariants:
- *   - a job's fn, ctx and parts are written before its generation is published (release
- *     store; workers load it with acquire), and are not written again before every worker
- *     has finished it (pending == 0), so a worker that saw the generation reads them safely;
- *   - a worker starts at the generation current when it was created (start_gen, under mu), so
- *     it never runs a job dispatched before it existed and always runs one dispatched after;
- *   - `pending` counts the workers that have not yet finished the current job: a dispatch
- *     waits for all of them, so ctx (on the caller's stack) outlives every use;
+ *   - a job's fn and ctx are written before its claim word and generation are published
+ *     (release stores; readers acquire), and are not written again before every part has
+ *     finished (finished == parts), so whoever claimed a part reads them safely;
+ *   - a part is run only by whoever claimed it (a successful compare-and-swap on the claim
+ *     word of the current generation): each part runs exactly once; a claim word of another
+ *     generation is never taken (generations only grow: no ABA);
+ *   - the caller returns only once finished == parts, so ctx (on its stack) outlives every use,
+ *     and no worker touches the job after it has finished its claimed part;
  *   - sleepers check the counters under mu, and whoever changes one signals under mu: no
  *     wake-up is lost;
  *   - `dispatch` serialises jobs and thread-count changes: exo_set_threads never changes the
@@ -28,12 +34,18 @@
 
 #include "exo_kernels.h"
 
-/* a worker waiting for the next job spins this long, then sleeps; a dispatcher waiting for
- * its workers (running its job) spins up to spin_wait_ns. exo_set_spin changes them. */
+#define PARTS_PER_THREAD 4
+/* claim word: generation << 24 | parts << 12 | next part (parts <= MAX_THREADS * 4 < 4096) */
+#define CLAIM_GEN(c) ((c) >> 24)
+#define CLAIM_PARTS(c) ((int)(((c) >> 12) & 0xFFF))
+#define CLAIM_NEXT(c) ((int)((c) & 0xFFF))
+
+/* a worker waiting for the next job spins this long, then sleeps; a caller waiting for parts
+ * others run spins up to spin_wait_ns without progress. exo_set_spin changes them. */
 static long spin_idle_ns = 50000L, spin_wait_ns = 100000L;
 
-/* Spin limits in nanoseconds (0: sleep at once, the pool's behaviour before it spun); a
- * negative value keeps the current one. Returns 0. */
+/* Spin limits in nanoseconds (0: sleep at once); a negative value keeps the current one.
+ * Returns 0. */
 int exo_set_spin(long idle_ns, long wait_ns) {
     if (idle_ns >= 0) __atomic_store_n(&spin_idle_ns, idle_ns, __ATOMIC_RELAXED);
     if (wait_ns >= 0) __atomic_store_n(&spin_wait_ns, wait_ns, __ATOMIC_RELAXED);
@@ -76,22 +88,42 @@ static struct {
     pthread_mutex_t mu, dispatch;
     pthread_cond_t wake, done;
     int n_workers;  /* started worker threads (under mu) */
-    int n_active;   /* threads a job may use, the caller included (under mu) */
+    int n_active;   /* threads a job may use, the caller included (written under mu, read atomically) */
     long generation; /* atomic: bumped (release) once a job is ready */
-    long start_gen[MAX_THREADS];
-    long pending;   /* atomic: workers yet to finish the current job */
+    long claim;      /* atomic: the current job's claim word */
+    long finished;   /* atomic: parts of the current job finished */
     task_fn fn;
     void* ctx;
-    int parts;
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 1, 0, {0}, 0, NULL, NULL, 0};
+          PTHREAD_COND_INITIALIZER, 0, 1, 0, 0, 0, NULL, NULL};
 
 static inline long load_generation(void) { return __atomic_load_n(&pool.generation, __ATOMIC_ACQUIRE); }
+
+/* Claim and run parts of job `gen` until none is left; returns how many this thread ran. The
+ * thread that finishes the job's last part wakes a caller sleeping on it. */
+static int run_parts(long gen) {
+    int ran = 0;
+    long c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+    while (CLAIM_GEN(c) == gen && CLAIM_NEXT(c) < CLAIM_PARTS(c)) {
+        if (!__atomic_compare_exchange_n(&pool.claim, &c, c + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue; /* c now holds the current word: try again */
+        const int parts = CLAIM_PARTS(c);
+        pool.fn(pool.ctx, CLAIM_NEXT(c), parts);
+        ran++;
+        if (__atomic_add_fetch(&pool.finished, 1, __ATOMIC_ACQ_REL) == parts) {
+            pthread_mutex_lock(&pool.mu);
+            pthread_cond_broadcast(&pool.done);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+    }
+    return ran;
+}
 
 static void* pool_worker(void* arg) {
     const int id = (int)(intptr_t)arg;
     pthread_mutex_lock(&pool.mu);
-    long seen = pool.start_gen[id];
+    long seen = pool.generation;
     pthread_mutex_unlock(&pool.mu);
     for (;;) {
         if (spin_while_equal(&pool.generation, seen, __atomic_load_n(&spin_idle_ns, __ATOMIC_RELAXED)) == seen) {
@@ -100,15 +132,7 @@ static void* pool_worker(void* arg) {
             pthread_mutex_unlock(&pool.mu);
         }
         seen = load_generation();
-        const task_fn fn = pool.fn;
-        void* ctx = pool.ctx;
-        const int parts = pool.parts;
-        if (id < parts) fn(ctx, id, parts);
-        if (__atomic_sub_fetch(&pool.pending, 1, __ATOMIC_ACQ_REL) == 0) {
-            pthread_mutex_lock(&pool.mu);
-            pthread_cond_signal(&pool.done);
-            pthread_mutex_unlock(&pool.mu);
-        }
+        if (id < __atomic_load_n(&pool.n_active, __ATOMIC_RELAXED)) run_parts(seen);
     }
     return NULL;
 }
@@ -121,7 +145,6 @@ static void pool_after_fork_in_child(void) {
     pthread_cond_init(&pool.done, NULL);
     pool.n_workers = 0;
     pool.n_active = 1;
-    pool.pending = 0;
 }
 
 static pthread_once_t fork_handler_once = PTHREAD_ONCE_INIT;
@@ -137,23 +160,19 @@ int exo_set_threads(int n) {
     while (pool.n_workers < n - 1) {
         const int id = pool.n_workers + 1;
         pthread_t t;
-        pool.start_gen[id] = pool.generation;
         if (pthread_create(&t, NULL, pool_worker, (void*)(intptr_t)id) != 0) break;
         pthread_detach(t);
         pool.n_workers++;
     }
-    pool.n_active = n < pool.n_workers + 1 ? n : pool.n_workers + 1;
-    const int active = pool.n_active;
+    const int active = n < pool.n_workers + 1 ? n : pool.n_workers + 1;
+    __atomic_store_n(&pool.n_active, active, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&pool.mu);
     pthread_mutex_unlock(&pool.dispatch);
     return active;
 }
 
 int exo_get_threads(void) {
-    pthread_mutex_lock(&pool.mu);
-    const int n = pool.n_active;
-    pthread_mutex_unlock(&pool.mu);
-    return n;
+    return __atomic_load_n(&pool.n_active, __ATOMIC_RELAXED);
 }
 
 void exo_run_parallel(task_fn fn, void* ctx, int parts) {
@@ -162,31 +181,33 @@ void exo_run_parallel(task_fn fn, void* ctx, int parts) {
         return;
     }
     pthread_mutex_lock(&pool.dispatch);
-    pthread_mutex_lock(&pool.mu);
-    if (parts > pool.n_active) parts = pool.n_active;
+    const int active = __atomic_load_n(&pool.n_active, __ATOMIC_RELAXED);
+    const int most = active * PARTS_PER_THREAD < MAX_THREADS ? active * PARTS_PER_THREAD : MAX_THREADS;
+    if (active <= 1 || parts > most) parts = active <= 1 ? 1 : most;
     if (parts <= 1) {
-        pthread_mutex_unlock(&pool.mu);
         pthread_mutex_unlock(&pool.dispatch);
         fn(ctx, 0, 1);
         return;
     }
+    pthread_mutex_lock(&pool.mu);
     pool.fn = fn;
     pool.ctx = ctx;
-    pool.parts = parts;
-    __atomic_store_n(&pool.pending, (long)pool.n_workers, __ATOMIC_RELAXED);
-    __atomic_store_n(&pool.generation, pool.generation + 1, __ATOMIC_RELEASE);
+    const long gen = pool.generation + 1;
+    __atomic_store_n(&pool.finished, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&pool.claim, (gen << 24) | ((long)parts << 12), __ATOMIC_RELEASE);
+    __atomic_store_n(&pool.generation, gen, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.mu);
-    fn(ctx, 0, parts);
-    long left = __atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE);
-    while (left > 0) {
-        const long now = spin_while_equal(&pool.pending, left, __atomic_load_n(&spin_wait_ns, __ATOMIC_RELAXED));
+    run_parts(gen);
+    long left = parts - __atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE);
+    while (left > 0) { /* parts others claimed: spin while they make progress */
+        const long now = parts - spin_while_equal(&pool.finished, parts - left, __atomic_load_n(&spin_wait_ns, __ATOMIC_RELAXED));
         if (now == left) break; /* none finished for spin_wait_ns (descheduled?): sleep */
         left = now;
     }
-    if (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) > 0) {
+    if (__atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) < parts) {
         pthread_mutex_lock(&pool.mu);
-        while (__atomic_load_n(&pool.pending, __ATOMIC_ACQUIRE) > 0)
+        while (__atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) < parts)
             pthread_cond_wait(&pool.done, &pool.mu);
         pthread_mutex_unlock(&pool.mu);
     }

@@ -25,16 +25,24 @@ void exo_prologue_row(int kind, const float* src, const float* g, float eps, int
 #endif
         const float scale = 1.0f / sqrtf(sum / (float)K + eps);
         for (int k = 0; k < K; k++) dst[k] = src[k] * scale * g[k];
-    } else if (kind == PROLOGUE_SWIGLU) {
+    } else if (kind == PROLOGUE_SWIGLU || kind == PROLOGUE_GEGLU) {
+        /* silu(a) = a / (1 + e^-a); gelu_tanh(a) = a / (1 + e^-2u), u = sqrt(2/pi) (a + 0.044715 a^3) */
+        const int gelu = kind == PROLOGUE_GEGLU;
+        const float c1 = 1.5957691216f, c3 = 1.5957691216f * 0.044715f; /* 2 sqrt(2/pi), its a^3 term */
 #if EXO_AVX2
-        const __m256 one = _mm256_set1_ps(1.0f);
+        const __m256 one = _mm256_set1_ps(1.0f), v1 = _mm256_set1_ps(c1), v3 = _mm256_set1_ps(c3);
         for (int k = 0; k < K; k += 8) {
             __m256 a = _mm256_loadu_ps(src + k), b = _mm256_loadu_ps(src + K + k);
-            __m256 e = exo_exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+            __m256 t = a;
+            if (gelu) t = _mm256_mul_ps(a, _mm256_fmadd_ps(_mm256_mul_ps(a, a), v3, v1));
+            __m256 e = exo_exp8(_mm256_sub_ps(_mm256_setzero_ps(), t));
             _mm256_storeu_ps(dst + k, _mm256_mul_ps(_mm256_div_ps(a, _mm256_add_ps(one, e)), b));
         }
 #else
-        for (int k = 0; k < K; k++) dst[k] = src[k] / (1.0f + exo_expf(-src[k])) * src[K + k];
+        for (int k = 0; k < K; k++) {
+            const float a = src[k], t = gelu ? a * (c1 + c3 * a * a) : a;
+            dst[k] = a / (1.0f + exo_expf(-t)) * src[K + k];
+        }
 #endif
     } else {
         memcpy(dst, src, (size_t)K * sizeof(float));

@@ -12,8 +12,12 @@ from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason,
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_has_avx2
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import (
+    GeGLU,
+    PostNormLinear,
+    QuantLinear,
     RmsNorm,
     SwiGLU,
+    WeightFormat,
     dequantize_blocks,
     make_linear,
     quantize_q4,
@@ -59,6 +63,30 @@ def test_quantised_linear_matches_torch(kernels: QKernels, bits: int, rows: int)
     swiglu = make_linear(w, None, fmt, prologue=SwiGLU(), kernels=kernels)
     want = F.linear(F.silu(x2[:, :k]) * x2[:, k:], dense)
     torch.testing.assert_close(swiglu(x2), want, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8", "dense"])
+@pytest.mark.parametrize("rows", [1, 6])
+def test_geglu_prologue_and_post_norm_match_torch(
+    kernels: QKernels, fmt: WeightFormat, rows: int
+) -> None:
+    """Gemma 3's MLP end: y = h + rmsnorm(gelu_tanh(a) * b Wd^T) * g_post, fused in the kernel
+    (q4 / q8) or in torch around the layer (dense)."""
+    torch.manual_seed(rows)
+    n, k = 160, 96
+    w, bias, post = torch.randn(n, k) * 0.1, torch.randn(n), torch.rand(n) + 0.5
+    x, residual = torch.randn(rows, 2 * k) * 2, torch.randn(rows, n)
+    dense = w
+    if fmt != "dense":
+        bits = 4 if fmt == "q4" else 8
+        dense = dequantize_blocks(quantize_q4(w) if bits == 4 else quantize_q8(w), bits)
+    lin = make_linear(
+        w, bias, fmt, prologue=GeGLU(), kernels=kernels, post_norm=RmsNorm(post, 1e-6)
+    )
+    assert isinstance(lin, PostNormLinear if fmt == "dense" else QuantLinear)
+    t = F.linear(F.gelu(x[:, :k], approximate="tanh") * x[:, k:], dense, bias)
+    want = residual + F.rms_norm(t, (n,), post, 1e-6)
+    torch.testing.assert_close(lin(x, residual=residual), want, atol=2e-3, rtol=1e-3)
 
 
 def _reference_attention(

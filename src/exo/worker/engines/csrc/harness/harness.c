@@ -32,19 +32,27 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
     return p;
 }
 
-static const int KINDS[5] = {KIND_Q4, KIND_Q8, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+static const int KINDS[7] = {KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+
+/* A random layout that rows of K values can take. */
+static int random_kind(Rng* r, int K) {
+    for (;;) {
+        const int kind = KINDS[rng_int(r, 0, 6)];
+        if (kind < 100 || K % 256 == 0) return kind;
+    }
+}
 
 /* One random linear call against the reference. Returns 0 if it matched. */
 static int check_linear(Rng* r, int quiet) {
     char msg[256];
-    const int kind = KINDS[rng_int(r, 0, 4)];
+    const int kind = KINDS[rng_int(r, 0, 6)];
     const int kq = kind > 100;
     const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 24);
     const int N = rng_int(r, 1, 300);
     const int M = rng_int(r, 0, 9);
-    const int prologue = rng_int(r, 0, 2);
+    const int prologue = rng_int(r, 0, 3);
     const int n_parts = rng_int(r, 1, MAX_PARTS < N ? MAX_PARTS : N);
-    const size_t rb = ref_row_bytes(kind, K);
+    const int mixed = rng_int(r, 0, 1); /* parts in layouts of their own */
     LinearSpec s;
     memset(&s, 0, sizeof s);
     s.kind = kind;
@@ -56,16 +64,19 @@ static int check_linear(Rng* r, int quiet) {
     int row = 0;
     for (int p = 0; p < n_parts; p++) { /* split the rows into parts, each its own allocation */
         const int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
+        const int pk = mixed ? random_kind(r, K) : kind;
+        if (pk != kind) s.part_kind[p] = pk;
+        const size_t rb = ref_row_bytes(pk, K);
         uint8_t* part = xmalloc(rb * (size_t)rows);
         for (int i = 0; i < rows; i++) {
-            ref_random_row(r, kind, K, part + rb * (size_t)i);
-            ref_dequant_row(kind, part + rb * (size_t)i, K, w + (size_t)(row + i) * K);
+            ref_random_row(r, pk, K, part + rb * (size_t)i);
+            ref_dequant_row(pk, part + rb * (size_t)i, K, w + (size_t)(row + i) * K);
         }
         s.w[p] = part;
         s.part_rows[p] = rows;
         row += rows;
     }
-    const size_t xw = (size_t)(prologue == PROLOGUE_SWIGLU ? 2 * K : K);
+    const size_t xw = (size_t)(prologue >= PROLOGUE_SWIGLU ? 2 * K : K);
     float* x = xmalloc(sizeof(float) * M * xw);
     for (size_t i = 0; i < M * xw; i++) x[i] = rng_normalish(r) * 3.0f;
     float* g = NULL;
@@ -80,6 +91,13 @@ static int check_linear(Rng* r, int quiet) {
         for (int n = 0; n < N; n++) bias[n] = rng_normalish(r);
     }
     s.bias = bias;
+    float* post_g = NULL;
+    if (rng_int(r, 0, 3) == 0) { /* Gemma's norm after the layer */
+        post_g = xmalloc(sizeof(float) * N);
+        for (int n = 0; n < N; n++) post_g[n] = 0.5f + (float)rng_unit(r);
+        s.post_g = post_g;
+        s.post_eps = 1e-6f;
+    }
     const int with_residual = rng_int(r, 0, 2); /* 0 none, 1 its own array, 2 y itself */
     float* y = xmalloc(sizeof(float) * M * N);
     float* residual = NULL;
@@ -89,7 +107,7 @@ static int check_linear(Rng* r, int quiet) {
     }
     double* want = xmalloc(sizeof(double) * ((size_t)M * N + 1));
     double* tol = xmalloc(sizeof(double) * ((size_t)M * N + 1));
-    ref_linear(prologue, x, M, K, N, w, g, s.eps, bias, residual, want, tol);
+    ref_linear(prologue, x, M, K, N, w, g, s.eps, bias, residual, post_g, want, tol);
     const int rc = exo_qlinear(&s, x, M, residual, y);
     int bad = rc != 0;
     if (rc != 0) {
@@ -99,8 +117,8 @@ static int check_linear(Rng* r, int quiet) {
     for (int i = 0; !bad && i < M * N; i++) {
         if (!(fabs(y[i] - want[i]) <= tol[i])) {
             snprintf(msg, sizeof msg,
-                     "exo_qlinear kind %d prologue %d M %d N %d K %d parts %d: y[%d] = %g, want %g (tol %g)",
-                     kind, prologue, M, N, K, n_parts, i, (double)y[i], want[i], tol[i]);
+                     "exo_qlinear kind %d prologue %d post %d M %d N %d K %d parts %d mixed %d: y[%d] = %g, want %g (tol %g)",
+                     kind, prologue, post_g != NULL, M, N, K, n_parts, mixed, i, (double)y[i], want[i], tol[i]);
             fail(msg);
             bad = 1;
         }
@@ -108,7 +126,7 @@ static int check_linear(Rng* r, int quiet) {
     if (!quiet && !bad) printf("ok linear kind %d prologue %d M %d N %d K %d\n", kind, prologue, M, N, K);
     for (int p = 0; p < n_parts; p++) free((void*)s.w[p]);
     if (with_residual == 1) free(residual);
-    free(w), free(x), free(g), free(bias), free(y), free(want), free(tol);
+    free(w), free(x), free(g), free(bias), free(post_g), free(y), free(want), free(tol);
     return bad;
 }
 
@@ -315,6 +333,13 @@ static void check_refusals(void) {
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("RMSNorm without gain accepted");
     s.prologue = 0, s.kind = KIND_Q4_K;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant with K % 256 != 0 accepted");
+    s.kind = KIND_Q8, s.part_kind[0] = KIND_Q6_K;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant part with K % 256 != 0 accepted");
+    s.part_kind[0] = 9;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("an unknown part kind accepted");
+    s.part_kind[0] = 0, s.prologue = 4;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("an unknown prologue accepted");
+    s.prologue = 0;
     int64_t pages[1] = {0}, pos[1] = {0};
     if (exo_attend_decode(x, 1, 1, 1, 2, x, NULL, 1e-5f, pages, 1, 4, 0, pos, y) != -4)
         fail("a missing page accepted");

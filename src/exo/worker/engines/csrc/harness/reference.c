@@ -40,6 +40,8 @@ static size_t block_bytes(int kind) {
     switch (kind) {
         case 4: return 20;
         case 8: return 34;
+        case 50: return 22;
+        case 51: return 24;
         case 104: return 144;
         case 105: return 176;
         default: return 210;
@@ -60,9 +62,11 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);
     for (size_t b = 0; b < n / bb; b++) {
         uint8_t* blk = row + b * bb;
-        if (kind == 4 || kind == 104 || kind == 105) {
+        if (kind == 4 || kind == 51 || kind == 104 || kind == 105) {
             put_half(blk, rng_half(r, -8, -3));
             put_half(blk + 2, rng_half(r, -8, -3));
+        } else if (kind == 50) {
+            put_half(blk, rng_half(r, -8, -3));
         } else if (kind == 8) {
             put_half(blk, rng_half(r, -9, -5));
             if ((int8_t)blk[2] == -128) blk[2] = 0; /* q8 holds -127..127 */
@@ -100,6 +104,16 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
         } else if (kind == 8) {
             const double d = ref_half(get_half(blk));
             for (int i = 0; i < 32; i++) o[i] = d * (int8_t)blk[2 + i];
+        } else if (kind == 50 || kind == 51) { /* {d, [m], qh[4], qs[16]}: 5-bit q, fifth bit i of qh */
+            const double d = ref_half(get_half(blk));
+            const double m = kind == 51 ? ref_half(get_half(blk + 2)) : -16.0 * d;
+            const uint8_t* qh = blk + (kind == 51 ? 4 : 2);
+            const uint8_t* qs = qh + 4;
+            for (int i = 0; i < 32; i++) {
+                const int nib = i < 16 ? qs[i] % 16 : qs[i - 16] / 16;
+                const int high = (qh[i / 8] >> (i % 8)) & 1;
+                o[i] = d * (nib + 16 * high) + m;
+            }
         } else if (kind == 104 || kind == 105) {
             const double d = ref_half(get_half(blk)), dmin = ref_half(get_half(blk + 2));
             const uint8_t* scales = blk + 4;
@@ -131,11 +145,11 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
 }
 
 void ref_linear(int prologue, const float* x, int M, int K, int N, const double* w,
-                const float* g, float eps, const float* bias, const float* residual, double* y,
-                double* tol) {
+                const float* g, float eps, const float* bias, const float* residual,
+                const float* post_g, double* y, double* tol) {
     double h[4096 * 4];
     for (int m = 0; m < M; m++) {
-        const float* xr = x + (size_t)m * (prologue == 2 ? 2 * K : K);
+        const float* xr = x + (size_t)m * (prologue >= 2 ? 2 * K : K);
         double hmax = 0.0;
         if (prologue == 1) {
             double ss = 0.0;
@@ -144,6 +158,12 @@ void ref_linear(int prologue, const float* x, int M, int K, int N, const double*
             for (int k = 0; k < K; k++) h[k] = xr[k] * scale * g[k];
         } else if (prologue == 2) {
             for (int k = 0; k < K; k++) h[k] = xr[k] / (1.0 + exp(-(double)xr[k])) * xr[K + k];
+        } else if (prologue == 3) { /* GeGLU: gelu with the tanh approximation */
+            for (int k = 0; k < K; k++) {
+                const double a = xr[k];
+                const double u = sqrt(2.0 / 3.14159265358979323846) * (a + 0.044715 * a * a * a);
+                h[k] = 0.5 * a * (1.0 + tanh(u)) * xr[K + k];
+            }
         } else {
             for (int k = 0; k < K; k++) h[k] = xr[k];
         }
@@ -156,10 +176,25 @@ void ref_linear(int prologue, const float* x, int M, int K, int N, const double*
                 wabs += fabs(w[(size_t)n * K + k]);
             }
             const size_t i = (size_t)m * N + n;
-            const double add = (bias ? bias[n] : 0.0) + (residual ? residual[i] : 0.0);
+            const double add = (bias ? bias[n] : 0.0) + (post_g == NULL && residual ? residual[i] : 0.0);
             y[i] = s + add;
             /* activations to 15 bits: |error| <= max|h| / 32767 per value; float sums */
             tol[i] = wabs * hmax / 32767.0 + 1e-5 * sabs + 1e-6 * fabs(add) + 1e-6;
+        }
+        if (post_g == NULL) continue;
+        /* y = residual + rmsnorm(t) * post_g: the error of t scales by the norm's factor */
+        double ss = 0.0, tmax = 0.0;
+        for (int n = 0; n < N; n++) ss += y[(size_t)m * N + n] * y[(size_t)m * N + n];
+        const double scale = 1.0 / sqrt(ss / N + eps);
+        for (int n = 0; n < N; n++) tmax = tol[(size_t)m * N + n] > tmax ? tol[(size_t)m * N + n] : tmax;
+        for (int n = 0; n < N; n++) {
+            const size_t i = (size_t)m * N + n;
+            const double res = residual ? residual[i] : 0.0;
+            const double t = y[i], v = t * scale * post_g[n];
+            y[i] = res + v;
+            /* each t off by at most tol (<= tmax): the norm changes by at most sqrt(N) tmax */
+            const double rel = sqrt((double)N) * tmax / sqrt(ss + 1e-30);
+            tol[i] = 1.5 * (tol[i] + fabs(t) * rel) * scale * post_g[n] + 1e-5 * fabs(v) + 1e-6 * fabs(res) + 1e-6;
         }
     }
 }

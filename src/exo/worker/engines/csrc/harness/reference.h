@@ -21,10 +21,11 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row);
 /* The K values a weight row stands for. */
 void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
 
-/* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]. Also the
- * error bound per output: tol [M, N]. */
+/* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
+ * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
+ * output: tol [M, N]. */
 void ref_linear(int prologue, const float* x, int M, int K, int N, const double* w,
-                const float* g, float eps, const float* bias, const float* residual, double* y,
-                double* tol);
+                const float* g, float eps, const float* bias, const float* residual,
+                const float* post_g, double* y, double* tol);
 
 #endif
