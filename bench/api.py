@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -59,31 +60,49 @@ STORY_SCHEMA = {
 }
 
 
-def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = None,
-                extra: dict[str, object] | None = None) -> dict[str, float]:
-    body = {"model": EMBEDDED_MODEL_ID, "messages": [{"role": "user", "content": PROMPT}],
-            "temperature": 0, "max_tokens": tokens, "stream": True,
-            "stream_options": {"include_usage": True}, **(extra or {})}
+@dataclass
+class Streamed:
+    """One streamed chat answer: when it started, its first text came and it ended."""
+
+    start: float
+    first: float
+    end: float
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def stream_chat(url: str, messages: list[dict[str, str]], tokens: int,
+                extra: dict[str, object] | None = None) -> Streamed:
+    body = {"model": EMBEDDED_MODEL_ID, "messages": messages, "temperature": 0,
+            "max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True},
+            **(extra or {})}
     start = time.perf_counter()
     first = None
-    n = 0
-    prompt_tokens = 0
+    parts: list[str] = []
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             data = json.loads(line[6:])
-            if data.get("usage"):
-                prompt_tokens = data["usage"]["prompt_tokens"]
-                n = data["usage"]["completion_tokens"]
+            usage = data.get("usage") or usage
             delta = data["choices"][0]["delta"] if data.get("choices") else {}
-            if delta.get("content") and first is None:
-                first = time.perf_counter()
-    end = time.perf_counter()
+            if delta.get("content"):
+                first = first or time.perf_counter()
+                parts.append(delta["content"])
     assert first is not None
-    result = {"ttft_s": first - start, "prefill_tps": prompt_tokens / (first - start),
-              "decode_tps": (n - 1) / (end - first), "tokens": n, "wall_s": end - start}
+    return Streamed(start, first, time.perf_counter(), "".join(parts),
+                    usage["prompt_tokens"], usage["completion_tokens"])
+
+
+def stream_once(url: str, tokens: int, results: list[dict[str, float]] | None = None,
+                extra: dict[str, object] | None = None) -> dict[str, float]:
+    s = stream_chat(url, [{"role": "user", "content": PROMPT}], tokens, extra)
+    n = s.completion_tokens
+    result = {"ttft_s": s.first - s.start, "prefill_tps": s.prompt_tokens / (s.first - s.start),
+              "decode_tps": (n - 1) / (s.end - s.first), "tokens": n, "wall_s": s.end - s.start}
     if results is not None:
         results.append(result)
     return result
@@ -109,39 +128,17 @@ def constrained_vs_free(url: str, tokens: int, rounds: int = 3) -> None:
 LONG_TURN = " ".join(f"Fact {i}: the lighthouse at cape {i} was lit in the year {1800 + i}." for i in range(64))
 
 
-def chat_ttft(url: str, messages: list[dict[str, str]], tokens: int = 16) -> tuple[float, str, int]:
-    """TTFT of one streamed chat request, its answer and its prompt's length in tokens."""
-    body = {"model": EMBEDDED_MODEL_ID, "messages": messages, "temperature": 0,
-            "max_tokens": tokens, "stream": True, "stream_options": {"include_usage": True}}
-    start = time.perf_counter()
-    first = None
-    parts: list[str] = []
-    prompt_tokens = 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            if data.get("usage"):
-                prompt_tokens = data["usage"]["prompt_tokens"]
-            delta = data["choices"][0]["delta"] if data.get("choices") else {}
-            if delta.get("content"):
-                first = first or time.perf_counter()
-                parts.append(delta["content"])
-    assert first is not None
-    return first - start, "".join(parts), prompt_tokens
-
-
 def second_turn(url: str) -> None:
     """A ~1,500-token first turn, then its next turn: the prefix cache's TTFT ratio."""
     first = [{"role": "user", "content": LONG_TURN + " Which cape was lit first?"}]
-    t1, answer, n1 = chat_ttft(url, first)
-    second = [*first, {"role": "assistant", "content": answer},
+    a = stream_chat(url, first, 16)
+    second = [*first, {"role": "assistant", "content": a.text},
               {"role": "user", "content": "And which one last?"}]
-    t2, _, n2 = chat_ttft(url, second)
-    print(f"conversation: first turn {n1} tokens TTFT {t1 * 1000:.0f} ms; second turn {n2} "
-          f"tokens TTFT {t2 * 1000:.0f} ms; ratio {t2 / t1:.2f}  (target <= 0.25)")
+    b = stream_chat(url, second, 16)
+    t1, t2 = a.first - a.start, b.first - b.start
+    print(f"conversation: first turn {a.prompt_tokens} tokens TTFT {t1 * 1000:.0f} ms; second "
+          f"turn {b.prompt_tokens} tokens TTFT {t2 * 1000:.0f} ms; ratio {t2 / t1:.2f}  "
+          "(target <= 0.25)")
 
 
 def main() -> None:
