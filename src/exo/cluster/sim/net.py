@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo.cluster.network import ClusterNetwork, Inbox, Presence
+from exo.cluster.sim.loop import Machine, current_machine
 from exo.routing import Endpoint, Topic
 from exo.routing.errors import NoReply, RemoteError, RequestTimeout
 from exo.routing.presence import Joined, Left, PresenceEvent
@@ -103,6 +104,8 @@ class _Port:
     services: dict[str, _Handler] = field(default_factory=dict[str, _Handler])
     presences: list[_PresenceStream] = field(default_factory=list[_PresenceStream])
     open: bool = True
+    machine: Machine | None = None
+    """The simulated machine the node runs on (its CPU is charged for what arrives)."""
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None] | None = None
 
 
@@ -144,8 +147,11 @@ class SimNetwork:
         for stream in observer.presences:
             stream.change(subject, alive)
 
-    def _later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
-        asyncio.get_running_loop().call_later(delay, fn, *args)
+    def _later(self, delay: float, fn: Callable[..., None], *args: Any,
+               on: Machine | None = None) -> None:
+        """Call ``fn`` after ``delay``; on the machine ``on`` (charged to it), if given."""
+        context = on.context() if on is not None else None
+        asyncio.get_running_loop().call_later(delay, fn, *args, context=context)
 
     def _delay(self) -> float:
         return self.faults.latency_s + self.rng.random() * self.faults.jitter_s
@@ -157,8 +163,10 @@ class SimNetwork:
         if not self.reaches(src, dst) or self.rng.random() < self.faults.loss:
             return
         copies = 2 if self.rng.random() < self.faults.duplication else 1
-        for _ in range(copies):
-            self._later(self._delay(), self._arrive, src, dst, data, deliver)
+        port = self.ports.get(dst)
+        machine = port.machine if port is not None else None
+        for _ in range(copies):  # decoding it is the receiver's work
+            self._later(self._delay(), self._arrive, src, dst, data, deliver, on=machine)
 
     def _arrive(self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None]) -> None:
         if dst in self.ports and self.reaches(src, dst):
@@ -198,6 +206,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         return [f"sim/{self._port.node_id}"]
 
     async def __aenter__(self) -> Self:
+        self._port.machine = current_machine()
         self._net._open(self._port)  # pyright: ignore[reportPrivateUsage]
         return self
 
