@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-
 RETRY_S = 1e-4
 _RETRY = "_deliver_cancellation"
 
