@@ -88,7 +88,8 @@ class Bench:
         return [n for n in self.nodes if n.up]
 
     def agreed(self) -> SimNode | None:
-        """The master every up node follows, once all are in sync at one index."""
+        """The master every up node follows, once all are in sync at one index, with every
+    up node in the state and linked to every other."""
         up = self.up()
         masters = {n.link.master_id for n in up if n.link is not None}
         if len(masters) != 1:
@@ -101,7 +102,13 @@ class Bench:
         last = {h.state().last_event_applied_idx for h in hosts}
         if len(last) != 1 or not all(h.in_sync for h in hosts):
             return None
-        if len(hosts[0].state().nodes) != len(up):
+        state = hosts[0].state()
+        if len(state.nodes) != len(up):
+            return None
+        # And the mesh is complete (every node linked to every other: N(N-1) links are
+        # N(N-1) events after the nodes join), so that a steady state is steady.
+        linked = {(c.source, c.sink) for c in state.topology.connections}
+        if len(linked) != len(up) * (len(up) - 1):
             return None
         return master
 

@@ -87,6 +87,8 @@ MAX_BUFFERED = 10_000
 """Out-of-order events a follower holds before it drops them and catches up instead."""
 REMEMBERED_COMMANDS = 10_000
 LOCAL_BATCH = 256
+GAP_WAIT_S = 0.02
+"""How long a follower that sees a gap waits for the missing event before it asks."""
 
 
 class NotMaster(Exception):
@@ -454,6 +456,14 @@ class ClusterLink:
     async def _catch_up_loop(self) -> None:
         while True:
             await self._catch_up.wait()
+            if self._synced and self._buffer:
+                # A gap: the event before what is buffered is most likely still on its
+                # way (overtaken by the next ones). Asking at once made a catch-up storm
+                # (every follower, for every burst of events).
+                missing = self.replica.last_idx + 1
+                await anyio.sleep(GAP_WAIT_S)
+                if self.replica.last_idx >= missing:
+                    continue  # it came (a later gap wakes this loop again)
             await self._catch_up_with_master()
 
     async def _catch_up_with_master(self) -> None:

@@ -46,6 +46,15 @@ class Faults:
 class Traffic:
     messages: int = 0
     bytes: int = 0
+    by_kind: dict[str, list[int]] = field(default_factory=dict[str, list[int]])
+    """Topic or endpoint name -> [messages, bytes]."""
+
+    def count(self, kind: str, size: int) -> None:
+        self.messages += 1
+        self.bytes += size
+        entry = self.by_kind.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += size
 
 
 class _Stream(Generic[T]):
@@ -156,10 +165,10 @@ class SimNetwork:
     def _delay(self) -> float:
         return self.faults.latency_s + self.rng.random() * self.faults.jitter_s
 
-    def _transmit(self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None]) -> None:
-        traffic = self.traffic.setdefault(src, Traffic())
-        traffic.messages += 1
-        traffic.bytes += len(data)
+    def _transmit(
+        self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None], kind: str
+    ) -> None:
+        self.traffic.setdefault(src, Traffic()).count(kind, len(data))
         if not self.reaches(src, dst) or self.rng.random() < self.faults.loss:
             return
         copies = 2 if self.rng.random() < self.faults.duplication else 1
@@ -239,14 +248,14 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
             if dst is self._port:
                 self._deliverer(dst, topic, False)(data)
             else:
-                self._net._transmit(self._port.node_id, dst.node_id, data, self._deliverer(dst, topic, False))  # pyright: ignore[reportPrivateUsage]
+                self._net._transmit(self._port.node_id, dst.node_id, data, self._deliverer(dst, topic, False), topic.name)  # pyright: ignore[reportPrivateUsage]
 
     async def send_to(self, topic: Topic[T], node_id: str, message: T) -> None:
         dst = self._net.ports.get(node_id)
         if dst is None:
             return
         data = topic.encode(message)
-        self._net._transmit(self._port.node_id, node_id, data, self._deliverer(dst, topic, True))  # pyright: ignore[reportPrivateUsage]
+        self._net._transmit(self._port.node_id, node_id, data, self._deliverer(dst, topic, True), topic.name)  # pyright: ignore[reportPrivateUsage]
 
     def subscribe(self, topic: Topic[T], *, include_self: bool = False) -> Inbox[T]:
         stream = _Stream[T]()
@@ -291,6 +300,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         if dst is None:
             await anyio.sleep(net.faults.latency_s)
             raise NoReply(f"nobody serves {endpoint}")
+        reply_kind = f"{endpoint.name} (reply)"
         box: list[tuple[bool, bytes]] = []
         done = anyio.Event()
 
@@ -304,7 +314,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         def at_server(data: bytes) -> None:
             handler = dst.services.get(endpoint.name)
             if handler is None or dst.spawn is None:
-                net._transmit(dst.node_id, me, b"no such service", reply(False))  # pyright: ignore[reportPrivateUsage]
+                net._transmit(dst.node_id, me, b"no such service", reply(False), reply_kind)  # pyright: ignore[reportPrivateUsage]
                 return
             request = endpoint.request.decode(data)
 
@@ -312,13 +322,13 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
                 try:
                     result = await handler(request)
                 except Exception as e:  # the remote handler's failure, as text
-                    net._transmit(dst.node_id, me, str(e).encode(), reply(False))  # pyright: ignore[reportPrivateUsage]
+                    net._transmit(dst.node_id, me, str(e).encode(), reply(False), reply_kind)  # pyright: ignore[reportPrivateUsage]
                     return
-                net._transmit(dst.node_id, me, endpoint.reply.encode(result), reply(True))  # pyright: ignore[reportPrivateUsage]
+                net._transmit(dst.node_id, me, endpoint.reply.encode(result), reply(True), reply_kind)  # pyright: ignore[reportPrivateUsage]
 
             dst.spawn(answer)
 
-        net._transmit(me, dst.node_id, endpoint.request.encode(message), at_server)  # pyright: ignore[reportPrivateUsage]
+        net._transmit(me, dst.node_id, endpoint.request.encode(message), at_server, endpoint.name)  # pyright: ignore[reportPrivateUsage]
         with anyio.move_on_after(timeout if timeout is not None else 5.0):
             await done.wait()
         if not box:
