@@ -63,9 +63,11 @@ def test_the_checks_catch_a_command_applied_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the master's memory of handled commands switched off, a duplicated command
-    request is applied twice: the simulation must say so."""
+    request is applied twice: the simulation must say so. (Seeds in which a duplicate
+    reaches the master while the command is new; which ones do depends on the protocol's
+    timing.)"""
     monkeypatch.setattr(ClusterLink, "_remember", lambda self, command_id: None)  # pyright: ignore[reportUnknownLambdaType]
-    results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (0, 1)]
+    results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (1, 4)]
     assert all(any("times" in v for v in r.violations) for r in results), [
         r.violations[:2] for r in results
     ]
