@@ -9,6 +9,7 @@ import pytest
 
 import exo.cluster.link as link_module
 from exo.cluster.config import ClusterConfig
+from exo.cluster.messages import CatchUpReply, CatchUpRequest
 from exo.cluster.sim.loop import VirtualTimeLoop
 from exo.cluster.sim.net import Faults, SimNetwork
 from exo.cluster.sim.node import SimNode
@@ -68,3 +69,36 @@ def test_reordered_events_do_not_make_a_catch_up_storm(
     monkeypatch.setattr(link_module, "GAP_WAIT_S", 0.0)  # ask at once, as before
     storm = _catch_ups_while_joining(tmp_path / "storm", n)
     assert storm >= 1.5 * calm, (storm, calm)
+
+
+def test_a_node_far_behind_catches_up_from_the_masters_current_state(tmp_path: Path) -> None:
+    """A new node gets the master's state as it is now, not its last snapshot plus a tail
+    of events to apply one by one (at 64 nodes, a tail of ~1000 link events, each applied
+    in O(links), made catch-up slow)."""
+    replies: list[CatchUpReply] = []
+
+    async def main() -> None:
+        net = SimNetwork(random.Random(5), Faults(latency_s=0.001, jitter_s=0.002))
+        config = ClusterConfig(secret="s", listen=(), node_timeout_s=1.0)
+        clock: Callable[[], float] = anyio.current_time
+        nodes = [SimNode(net, NodeId(f"n{i}"), tmp_path / f"n{i}", config, clock,
+                         snapshot_every=5) for i in range(4)]
+        async with anyio.create_task_group() as tg:
+            for node in nodes:
+                node.start(tg, lambda _node, _event: None)
+            with anyio.fail_after(60):
+                while not _meshed(nodes):
+                    await anyio.sleep(0.01)
+            master = next(n.link for n in nodes if n.link is not None and n.link.is_master)
+            assert master is not None
+            request = CatchUpRequest(last_idx=-1, lineage=())
+            replies.append(await master._serve_catch_up(request))  # pyright: ignore[reportPrivateUsage]
+            for node in nodes:
+                node.crash()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio", backend_options={"loop_factory": VirtualTimeLoop})
+    (reply,) = replies
+    assert reply.last_idx > 5 and (reply.last_idx + 1) % 5 != 0  # a tail after a snapshot
+    assert reply.base is not None and reply.events == []
+    assert reply.base.last_event_applied_idx == reply.last_idx
