@@ -11,9 +11,10 @@ in index order, and ask it for what they missed:
   and its lineage. The master answers with the next page; with its current state (the
   snapshot plus the tail, applied) when the follower's log is older than the master keeps,
   or diverged from its own, or is ahead of it. Rule: *the master's log is the truth.*
-  A new master is by construction the most up-to-date live node, so a follower is only ahead of it with events no live node
-  confirmed (a dead master's last ones, or a node that comes back from a partition):
-  it drops them and starts again from the master's state; nothing wedges.
+  A new master is by construction the most up-to-date live node, so a follower is only
+  ahead of it with events no live node confirmed (a dead master's last ones, or a node
+  that comes back from a partition): it drops them and starts again from the master's
+  state; nothing wedges.
 * **Presence.** The master emits ``NodeTimedOut`` for every node the state knows that is
   not live (gone from liveliness, or silent for the node timeout) and links every two
   live nodes that reported their info (``membership``). A node sends its own info when it
