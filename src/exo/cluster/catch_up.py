@@ -3,16 +3,17 @@ and asks it for what it missed.
 
 A follower that sees a gap, lags behind the master's heartbeat, or starts following a new
 master asks for the events after its log, telling where its log ends and its lineage. The
-master answers (``catch_up_reply``) with the next page; with its snapshot plus the tail
-when the follower's log is older than the master keeps; and with its snapshot (or the
-empty state) plus the tail when the follower's log diverged from its own or is ahead of
-it. Rule: *the master's log is the truth.* A new master is by construction the most
+master answers (``catch_up_reply``) with the next page; with its current state (the
+snapshot plus the tail, applied: one parse for the follower instead of a page of events to
+apply one by one) when the follower's log is older than the master keeps, or diverged from
+its own, or is ahead of it. Rule: *the master's log is the truth.* A new master is by construction the most
 up-to-date live node, so a follower is only ahead of it with events no live node
 confirmed (a dead master's last ones, or a node that comes back from a partition): it
 drops them and starts again from the master's state; nothing wedges."""
 
 from collections.abc import Awaitable, Callable
 
+import anyio
 from loguru import logger
 
 from exo.cluster.config import ClusterConfig
@@ -31,10 +32,13 @@ PAGE = 2000
 """Events per catch-up reply."""
 MAX_BUFFERED = 10_000
 """Out-of-order events a follower holds before it drops them and catches up instead."""
+GAP_WAIT_S = 0.02
+"""How long a follower that sees a gap waits for the missing event before it asks."""
 
 
-def catch_up_reply(replica: Replica, request: CatchUpRequest) -> CatchUpReply:
-    """The master's answer to ``request`` from its log (the caller holds the lock)."""
+def catch_up_reply(replica: Replica, current: State, request: CatchUpRequest) -> CatchUpReply:
+    """The master's answer to ``request`` from its log, or its ``current`` state (the
+    caller holds the lock)."""
     last = replica.last_idx
     lineage = replica.lineage
     log = replica.log
@@ -42,9 +46,7 @@ def catch_up_reply(replica: Replica, request: CatchUpRequest) -> CatchUpReply:
         events = log.read_from(request.last_idx + 1, PAGE)
         if events or request.last_idx >= last:
             return CatchUpReply(base=None, events=events, last_idx=last, lineage=lineage)
-    base = log.snapshot() or State()
-    events = log.read_from(base.last_event_applied_idx + 1, PAGE)
-    return CatchUpReply(base=base, events=events, last_idx=last, lineage=lineage)
+    return CatchUpReply(base=current, events=[], last_idx=last, lineage=lineage)
 
 
 class Follower:
@@ -139,6 +141,14 @@ class Follower:
     async def loop(self) -> None:
         while True:
             await self._catch_up.wait()
+            if self.synced and self._buffer:
+                # A gap: the event before what is buffered is most likely still on its
+                # way (overtaken by the next ones). Asking at once made a catch-up storm
+                # (every follower, for every burst of events).
+                missing = self._replica.last_idx + 1
+                await anyio.sleep(GAP_WAIT_S)
+                if self._replica.last_idx >= missing:
+                    continue  # it came (a later gap wakes this loop again)
             await self._catch_up_with_master()
 
     async def _catch_up_with_master(self) -> None:

@@ -44,8 +44,8 @@ class CatchUpRequest(FrozenModel):
 
 class CatchUpReply(FrozenModel):
     base: State | None
-    """Set when the follower must start again from this state (the master's snapshot,
-    or the empty state): its log is older than the master keeps, or it diverged."""
+    """Set when the follower must start again from this state (the master's current
+    state, at ``last_idx``): its log is older than the master keeps, or it diverged."""
     events: list[IndexedEvent]
     """The events after the follower's log (or after ``base``), one page at most."""
     last_idx: int

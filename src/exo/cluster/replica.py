@@ -40,6 +40,8 @@ class Replica:
 
     def save(self, term: int, lineage: Lineage | None = None) -> None:
         """Persist the term (and lineage) before anyone hears of them."""
+        if term == self.term and (lineage is None or lineage == self.lineage):
+            return  # unchanged (the election calls this on every step, per heartbeat)
         self.term = term
         if lineage is not None:
             self.lineage = lineage

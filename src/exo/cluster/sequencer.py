@@ -171,7 +171,7 @@ class Sequencer:
         async with self._replica.lock:
             if self.master is None:
                 raise NotMaster(f"{self.node_id} is not the master")
-            return catch_up_reply(self._replica, request)
+            return catch_up_reply(self._replica, self.master.state, request)
 
 
 def _describe(event: Event) -> str:

@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo.cluster.network import ClusterNetwork, Inbox, Presence
+from exo.cluster.sim.loop import Machine, current_machine
 from exo.routing import Endpoint, Topic
 from exo.routing.errors import NoReply, RemoteError, RequestTimeout
 from exo.routing.presence import Joined, Left, PresenceEvent
@@ -45,6 +46,15 @@ class Faults:
 class Traffic:
     messages: int = 0
     bytes: int = 0
+    by_kind: dict[str, list[int]] = field(default_factory=dict[str, list[int]])
+    """Topic or endpoint name -> [messages, bytes]."""
+
+    def count(self, kind: str, size: int) -> None:
+        self.messages += 1
+        self.bytes += size
+        entry = self.by_kind.setdefault(kind, [0, 0])
+        entry[0] += 1
+        entry[1] += size
 
 
 class _Stream(Generic[T]):
@@ -103,6 +113,8 @@ class _Port:
     services: dict[str, _Handler] = field(default_factory=dict[str, _Handler])
     presences: list[_PresenceStream] = field(default_factory=list[_PresenceStream])
     open: bool = True
+    machine: Machine | None = None
+    """The simulated machine the node runs on (its CPU is charged for what arrives)."""
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None] | None = None
 
 
@@ -144,21 +156,26 @@ class SimNetwork:
         for stream in observer.presences:
             stream.change(subject, alive)
 
-    def _later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
-        asyncio.get_running_loop().call_later(delay, fn, *args)
+    def _later(self, delay: float, fn: Callable[..., None], *args: Any,
+               on: Machine | None = None) -> None:
+        """Call ``fn`` after ``delay``; on the machine ``on`` (charged to it), if given."""
+        context = on.context() if on is not None else None
+        asyncio.get_running_loop().call_later(delay, fn, *args, context=context)
 
     def _delay(self) -> float:
         return self.faults.latency_s + self.rng.random() * self.faults.jitter_s
 
-    def _transmit(self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None]) -> None:
-        traffic = self.traffic.setdefault(src, Traffic())
-        traffic.messages += 1
-        traffic.bytes += len(data)
+    def _transmit(
+        self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None], kind: str
+    ) -> None:
+        self.traffic.setdefault(src, Traffic()).count(kind, len(data))
         if not self.reaches(src, dst) or self.rng.random() < self.faults.loss:
             return
         copies = 2 if self.rng.random() < self.faults.duplication else 1
-        for _ in range(copies):
-            self._later(self._delay(), self._arrive, src, dst, data, deliver)
+        port = self.ports.get(dst)
+        machine = port.machine if port is not None else None
+        for _ in range(copies):  # decoding it is the receiver's work
+            self._later(self._delay(), self._arrive, src, dst, data, deliver, on=machine)
 
     def _arrive(self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None]) -> None:
         if dst in self.ports and self.reaches(src, dst):
@@ -198,6 +215,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         return [f"sim/{self._port.node_id}"]
 
     async def __aenter__(self) -> Self:
+        self._port.machine = current_machine()
         self._net._open(self._port)  # pyright: ignore[reportPrivateUsage]
         return self
 
@@ -230,14 +248,14 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
             if dst is self._port:
                 self._deliverer(dst, topic, False)(data)
             else:
-                self._net._transmit(self._port.node_id, dst.node_id, data, self._deliverer(dst, topic, False))  # pyright: ignore[reportPrivateUsage]
+                self._net._transmit(self._port.node_id, dst.node_id, data, self._deliverer(dst, topic, False), topic.name)  # pyright: ignore[reportPrivateUsage]
 
     async def send_to(self, topic: Topic[T], node_id: str, message: T) -> None:
         dst = self._net.ports.get(node_id)
         if dst is None:
             return
         data = topic.encode(message)
-        self._net._transmit(self._port.node_id, node_id, data, self._deliverer(dst, topic, True))  # pyright: ignore[reportPrivateUsage]
+        self._net._transmit(self._port.node_id, node_id, data, self._deliverer(dst, topic, True), topic.name)  # pyright: ignore[reportPrivateUsage]
 
     def subscribe(self, topic: Topic[T], *, include_self: bool = False) -> Inbox[T]:
         stream = _Stream[T]()
@@ -282,6 +300,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         if dst is None:
             await anyio.sleep(net.faults.latency_s)
             raise NoReply(f"nobody serves {endpoint}")
+        reply_kind = f"{endpoint.name} (reply)"
         box: list[tuple[bool, bytes]] = []
         done = anyio.Event()
 
@@ -295,7 +314,7 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
         def at_server(data: bytes) -> None:
             handler = dst.services.get(endpoint.name)
             if handler is None or dst.spawn is None:
-                net._transmit(dst.node_id, me, b"no such service", reply(False))  # pyright: ignore[reportPrivateUsage]
+                net._transmit(dst.node_id, me, b"no such service", reply(False), reply_kind)  # pyright: ignore[reportPrivateUsage]
                 return
             request = endpoint.request.decode(data)
 
@@ -303,13 +322,13 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
                 try:
                     result = await handler(request)
                 except Exception as e:  # the remote handler's failure, as text
-                    net._transmit(dst.node_id, me, str(e).encode(), reply(False))  # pyright: ignore[reportPrivateUsage]
+                    net._transmit(dst.node_id, me, str(e).encode(), reply(False), reply_kind)  # pyright: ignore[reportPrivateUsage]
                     return
-                net._transmit(dst.node_id, me, endpoint.reply.encode(result), reply(True))  # pyright: ignore[reportPrivateUsage]
+                net._transmit(dst.node_id, me, endpoint.reply.encode(result), reply(True), reply_kind)  # pyright: ignore[reportPrivateUsage]
 
             dst.spawn(answer)
 
-        net._transmit(me, dst.node_id, endpoint.request.encode(message), at_server)  # pyright: ignore[reportPrivateUsage]
+        net._transmit(me, dst.node_id, endpoint.request.encode(message), at_server, endpoint.name)  # pyright: ignore[reportPrivateUsage]
         with anyio.move_on_after(timeout if timeout is not None else 5.0):
             await done.wait()
         if not box:

@@ -11,6 +11,7 @@ from anyio.abc import TaskGroup
 
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
+from exo.cluster.sim.loop import Machine, run_on
 from exo.cluster.sim.net import SimNetwork
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
@@ -93,6 +94,8 @@ class SimNode:
         """``snapshot_every``: the log snapshots (and compacts) every so many events; small
         in short runs, so that catch-ups from a snapshot happen."""
         self.snapshot_every = snapshot_every
+        self.machine = Machine(node_id)
+        """Its CPU (charged only on a loop that charges CPU time), across restarts."""
         self.net = net
         self.node_id = node_id
         self.data_dir = data_dir
@@ -138,6 +141,7 @@ class SimNode:
         self.links.append(link)
 
         async def run() -> None:
+            run_on(self.machine)
             try:
                 with scope:
                     await link.run()

@@ -63,9 +63,11 @@ def test_the_checks_catch_a_command_applied_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the master's memory of handled commands switched off, a duplicated command
-    request is applied twice: the simulation must say so."""
+    request is applied twice: the simulation must say so. (Seeds in which a duplicate
+    reaches the master while the command is new; which ones do depends on the protocol's
+    timing.)"""
     monkeypatch.setattr(Sequencer, "remember", lambda self, command_id: None)  # pyright: ignore[reportUnknownLambdaType]
-    results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (0, 1)]
+    results = [run(seed, 3, tmp_path, duplication=0.2) for seed in (1, 4)]
     assert all(any("times" in v for v in r.violations) for r in results), [
         r.violations[:2] for r in results
     ]
@@ -75,13 +77,15 @@ def test_merges_report_the_commands_they_drop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seeds where a partition's two sides both wrote: the merge drops acknowledged
-    commands and says so; with the report switched off, the simulation must object."""
-    reporting = [run(seed, 3, tmp_path / "on") for seed in (0, 10)]
+    commands and says so; with the report switched off, the simulation must object.
+    (Seeds where a dropped command was acknowledged; which ones are depends on the
+    protocol's timing.)"""
+    reporting = [run(seed, 3, tmp_path / "on") for seed in (2, 10)]
     assert all(r.dropped > 0 and not r.violations for r in reporting), [
         (r.dropped, r.violations[:2]) for r in reporting
     ]
     monkeypatch.setattr(Replica, "_report_dropped", lambda self, reply: None)  # pyright: ignore[reportUnknownLambdaType]
-    silent = [run(seed, 3, tmp_path / "off") for seed in (0, 10)]
+    silent = [run(seed, 3, tmp_path / "off") for seed in (2, 10)]
     assert all(any("no merge reported" in v for v in r.violations) for r in silent), [
         r.violations[:2] for r in silent
     ]
