@@ -11,7 +11,7 @@ import pytest
 
 from exo.cluster.observer import ClusterObserver, agreed_master
 from exo.cluster.tests.nodes import NODE_TIMEOUT_S, SECRET, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import ids_of, model_instance, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import master_seen, model_instance, two_nodes, wait_agreed
 from exo.routing import loopback_config
 from exo.shared.types.commands import CreateInstance
 from exo.shared.types.common import NodeId
@@ -30,20 +30,10 @@ async def test_a_write_acknowledged_by_a_new_master_survives_the_stalled_old_mas
     tmp_path: Path,
 ) -> None:
     async with node_group(tmp_path) as group:
-        a = group.start("a")
-        await group.up(a)
-        b = group.start("b", [a.endpoint])
-        await group.up(b)
-        by_id = await ids_of(a, b)
-        await wait_agreed([a, b], set(by_id))
+        a, b, by_id = await two_nodes(group)
         config = loopback_config("observer", SECRET, peers=[a.endpoint, b.endpoint])
         async with ClusterObserver.open(config) as observer:
-            beats = await observer.wait_for(
-                lambda b: len(b) == 2 and agreed_master(b) is not None, timeout=10
-            )
-            old_id = agreed_master(beats)
-            assert old_id is not None
-            old = by_id[old_id]
+            old = by_id[await master_seen(observer, 2)]
             new = b if old is a else a
             new_id = NodeId(next(n for n, p in by_id.items() if p is new))
 
@@ -85,20 +75,12 @@ async def test_a_restarted_node_acts_only_once_caught_up(tmp_path: Path) -> None
     """b hosts an instance, dies, the instance goes with it; b comes back with its old log
     (which still holds the instance) and must not start a runner for it."""
     async with node_group(tmp_path) as group:
-        a = group.start("a")
-        await group.up(a)
-        b = group.start("b", [a.endpoint])
-        await group.up(b)
-        by_id = await ids_of(a, b)
-        await wait_agreed([a, b], set(by_id))
+        a, b, by_id = await two_nodes(group)
         b_id = NodeId(await b.node_id())
         config = loopback_config("observer", SECRET, peers=[a.endpoint, b.endpoint])
         async with ClusterObserver.open(config) as observer:
-            beats = await observer.wait_for(
-                lambda b: len(b) == 2 and agreed_master(b) is not None, timeout=10
-            )
-            master_id = agreed_master(beats)
-            assert master_id is not None and by_id[master_id] is a
+            master_id = await master_seen(observer, 2)
+            assert by_id[master_id] is a
             instance = model_instance(b_id)
             assert await observer.send_command(CreateInstance(instance=instance), master_id)
         created = f"creating runner for instance {instance.instance_id}"

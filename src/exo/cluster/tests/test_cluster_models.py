@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
-from exo.cluster.observer import ClusterObserver, agreed_master
+from exo.cluster.observer import ClusterObserver
 from exo.cluster.tests.nodes import SECRET, NodeGroup, NodeProc, node_group, wait_until
-from exo.cluster.tests.test_cluster_nodes import ids_of, wait_agreed
+from exo.cluster.tests.test_cluster_nodes import ids_of, master_seen, wait_agreed
 from exo.master.main import Master
 from exo.master.placement import group_host, place_instance
 from exo.routing import loopback_config
@@ -297,11 +297,7 @@ async def test_split_models_answer_like_one_node_and_a_lost_node_is_healed_aroun
         by_id = await ids_of(*procs)
         config = loopback_config("observer", SECRET, peers=[p.endpoint for p in procs])
         async with ClusterObserver.open(config) as observer:
-            beats = await observer.wait_for(
-                lambda b: len(b) == 3 and agreed_master(b) is not None, timeout=10
-            )
-        master_id = agreed_master(beats)
-        assert master_id is not None
+            master_id = await master_seen(observer, 3)
         master = by_id[master_id]
         others = [p for p in procs if p is not master]
         for node in (await master.state())["nodes"].values():  # its addresses, loopback last

@@ -81,6 +81,27 @@ async def wait_agreed(procs: list[NodeProc], node_ids: set[str], timeout: float 
     return found
 
 
+async def two_nodes(group: NodeGroup) -> tuple[NodeProc, NodeProc, dict[str, NodeProc]]:
+    """a, then b joining it, agreed on each other."""
+    a = group.start("a")
+    await group.up(a)
+    b = group.start("b", [a.endpoint])
+    await group.up(b)
+    by_id = await ids_of(a, b)
+    await wait_agreed([a, b], set(by_id))
+    return a, b, by_id
+
+
+async def master_seen(observer: ClusterObserver, n: int) -> NodeId:
+    """The master all ``n`` nodes follow, as their heartbeats say."""
+    beats = await observer.wait_for(
+        lambda b: len(b) == n and agreed_master(b) is not None, timeout=10
+    )
+    master_id = agreed_master(beats)
+    assert master_id is not None
+    return master_id
+
+
 async def three_nodes(group: NodeGroup) -> tuple[list[NodeProc], dict[str, NodeProc]]:
     a = group.start("a")
     await group.up(a)
@@ -99,11 +120,7 @@ async def test_three_nodes_elect_one_master_agree_survive_its_death_and_its_rest
         await wait_agreed(procs, set(by_id))
         config = loopback_config("observer", SECRET, peers=[p.endpoint for p in procs])
         async with ClusterObserver.open(config) as observer:
-            beats = await observer.wait_for(
-                lambda b: len(b) == 3 and agreed_master(b) is not None, timeout=10
-            )
-            master_id = agreed_master(beats)
-            assert master_id is not None
+            master_id = await master_seen(observer, 3)
             master = by_id[master_id]
             survivors = [p for p in procs if p is not master]
 
@@ -251,12 +268,7 @@ async def test_a_request_to_one_node_is_served_by_an_instance_on_another(tmp_pat
     """The one test that loads a model: commands cross to the master, chunks come back
     point-to-point to the node that took the request."""
     async with node_group(tmp_path) as group:
-        a = group.start("a")
-        await group.up(a)
-        b = group.start("b", [a.endpoint])
-        await group.up(b)
-        by_id = await ids_of(a, b)
-        await wait_agreed([a, b], set(by_id))
+        a, b, by_id = await two_nodes(group)
         async with httpx.AsyncClient(timeout=60) as client:
             placed = await client.post(f"{b.url}/place_instance", json={"model": MODEL})
             assert placed.status_code == 200, placed.text

@@ -18,13 +18,13 @@ from exo.api.dashboard.tests.browser import (
     CHROMIUM,
     Browser,
     Tab,
-    chromium,
     update_docs_screenshot,
 )
 from exo.tests.node_process import NodeProcess, running_node, wait_until
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("close_pages"),
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
                        reason=f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"),
 ]
@@ -49,18 +49,6 @@ WATCH_STATUSES = """() => {
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     with running_node(tmp_path_factory.mktemp("dash-node"), env=FAST_RETRIES) as n:
         yield n
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    with chromium(tmp_path_factory.mktemp("dash-profile")) as b:
-        yield b
-
-
-@pytest.fixture(autouse=True)
-def close_pages(browser: Browser) -> Iterator[None]:
-    yield
-    browser.close_pages()
 
 
 def answer(tab: Tab) -> Locator:

@@ -5,36 +5,24 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import expect
 
-from exo.api.dashboard.tests.browser import CHROMIUM, Browser, chromium
+from exo.api.dashboard.tests.browser import CHROMIUM, Browser
 from exo.cluster.tests.nodes import NodeGroup, NodeProc
 from exo.tests.node_process import NodeProcess, free_port, wait_until
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.usefixtures("close_pages"),
     pytest.mark.skipif(not Path(CHROMIUM).exists(),
                        reason=f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does)"),
 ]
 
 KEY = "browser-test-key"
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
-    with chromium(tmp_path_factory.mktemp("dash-profile")) as b:
-        yield b
-
-
-@pytest.fixture(autouse=True)
-def close_pages(browser: Browser) -> Iterator[None]:
-    yield
-    browser.close_pages()
 
 
 def start_node(tmp: Path, port: int, *args: str) -> NodeProcess:
