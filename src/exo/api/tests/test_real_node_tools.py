@@ -86,6 +86,7 @@ def test_openai_chat_two_turn_tool_loop(node: NodeProcess) -> None:
         tools=tools,
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=60,
+        temperature=0,
         stream=True,
     )
     deltas = [c.choices[0].delta for c in stream if c.choices]
@@ -143,8 +144,10 @@ def test_claude_two_turn_tool_loop(node: NodeProcess) -> None:
         {"name": "get_weather", "description": FUNCTION["description"], "input_schema": PARAMS}
     ]
     messages: list[Any] = [{"role": "user", "content": QUESTION}]
+    # Greedy: Claude's default temperature is 1, and a sampled call may run past max_tokens.
     first = client.messages.create(
-        model=MODEL, max_tokens=60, messages=messages, tools=tools, tool_choice={"type": "any"}
+        model=MODEL, max_tokens=60, messages=messages, tools=tools, tool_choice={"type": "any"},
+        extra_body={"temperature": 0},
     )
     assert first.stop_reason == "tool_use"
     uses = [b for b in first.content if b.type == "tool_use"]
@@ -157,11 +160,14 @@ def test_claude_two_turn_tool_loop(node: NodeProcess) -> None:
             "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": RESULT}],
         }
     )
-    second = client.messages.create(model=MODEL, max_tokens=30, messages=messages, tools=tools)
+    second = client.messages.create(
+        model=MODEL, max_tokens=30, messages=messages, tools=tools, extra_body={"temperature": 0}
+    )
     assert second.content and second.content[0].type == "text"
     with client.messages.stream(
         model=MODEL,
         max_tokens=60,
+        extra_body={"temperature": 0},
         messages=[{"role": "user", "content": QUESTION}],
         tools=tools,
         tool_choice={"type": "tool", "name": "get_weather"},
@@ -183,7 +189,7 @@ def test_ollama_two_turn_tool_loop(node: NodeProcess) -> None:
             "tools": tools,
             "tool_choice": "required",
             "stream": False,
-            "options": {"num_predict": 60},
+            "options": {"num_predict": 60, "temperature": 0},
         },
         timeout=180,
     )
