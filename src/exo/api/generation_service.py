@@ -6,6 +6,7 @@ wait for a free slot, send the ``GenerateText`` command and read its chunks. Lea
 runner has not finished it (the client went away, or the answer ended early).
 """
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -51,6 +52,8 @@ Clock = Callable[[], int]
 
 # How long cleanup may take to tell the master a command is cancelled.
 _CANCEL_SEND_TIMEOUT_S = 5.0
+_OWN_INFO_WAIT_S = 30.0
+"""How long a placement waits for this node to have reported its own memory."""
 
 
 def find_model(cards: Sequence[ModelCard], name: str) -> ModelCard | None:
@@ -383,6 +386,12 @@ class GenerationService:
         # The card goes along: the master may not know the model (a hub card, or a file only
         # the nodes that listed it know of). Another node may be placing it too: one instance.
         command = PlaceInstance(model_id=card.model_id, model_card=card, unless_present=True)
+        # A node that just started has not reported its own memory yet: placing now would
+        # find no node at all. Its first report comes within seconds.
+        with contextlib.suppress(TimeoutError):
+            await self.handle.wait_for_state(
+                lambda state: self.handle.node_id in state.nodes, _OWN_INFO_WAIT_S
+            )
         receiver = self.handle.open_response(command.command_id)
         try:
             await self.send(command)
