@@ -22,7 +22,7 @@ from typing import Literal, Protocol, cast
 import torch
 
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.kv_cache import PAGE, KVCache
+from exo.worker.engines.kv_cache import KVCache, pages_for
 from exo.worker.engines.llama import StepInputs
 from exo.worker.engines.prefix_cache import PrefixCache
 from exo.worker.engines.sampling import RequestSampler, SamplingParams
@@ -250,7 +250,7 @@ class BatchGenerator:
     def _pages_needed(self, r: _Request) -> int:
         """The most pages r may hold: its prompt and every token it may still generate."""
         longest = min(self.max_seq, len(r.prompt) + r.sampler.params.max_tokens)
-        return -(-longest // PAGE)
+        return pages_for(longest)
 
     def _release(self, r: _Request, keep_prefix: bool = True) -> None:
         """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1).

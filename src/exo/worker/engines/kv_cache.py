@@ -23,6 +23,11 @@ from torch import Tensor
 PAGE = 64  # positions per page
 
 
+def pages_for(positions: int) -> int:
+    """The pages that hold `positions` cache positions."""
+    return -(-positions // PAGE)
+
+
 @dataclass(frozen=True)
 class PagedLayer:
     """One layer of the pages of a step's rows, as the compiled decode attention reads them."""
@@ -145,7 +150,7 @@ class KVCache:
                 raise ValueError(f"slot {slot} / positions up to {start + n_new} out of range")
             if start == 0:
                 self.release(slot)
-            need = -(-(start + n_new) // PAGE)
+            need = pages_for(start + n_new)
             while len(self.table[slot]) < need:
                 self.table[slot].append(self._new_page())
         self.step_slots, self.step_starts = tuple(slots), tuple(starts)
@@ -172,6 +177,11 @@ class KVCache:
         return len(self.pages) * self.page_bytes
 
     @property
+    def max_pages(self) -> int:
+        """Pages with every slot at the maximum length."""
+        return self.max_batch * pages_for(self.max_seq)
+
+    @property
     def max_bytes(self) -> int:
         """Bytes with every slot at the maximum length."""
-        return self.max_batch * -(-self.max_seq // PAGE) * self.page_bytes
+        return self.max_pages * self.page_bytes

@@ -15,7 +15,7 @@ reserved for a full cache).
 
 from dataclasses import dataclass, field
 
-from exo.worker.engines.kv_cache import PAGE, KVCache
+from exo.worker.engines.kv_cache import KVCache, pages_for
 
 
 @dataclass
@@ -39,13 +39,13 @@ class PrefixCache:
 
     @property
     def budget_pages(self) -> int:
-        return self.cache.max_batch * -(-self.cache.max_seq // PAGE)
+        return self.cache.max_pages
 
     def retain(self, prompt: list[int], prefilled: int, pages: list[int]) -> None:
         """Keep the whole chunks of ``prompt`` among its first ``prefilled`` positions (the
         pages of a finished request's slot); free the rest."""
         keep = min(prefilled, len(prompt)) // self.chunk * self.chunk
-        n_pages = -(-keep // PAGE)
+        n_pages = pages_for(keep)
         if keep < self.chunk * self.min_chunks:
             self.cache.free(pages)
             return
@@ -71,7 +71,7 @@ class PrefixCache:
             return None
         n, e = best
         self._entries.remove(e)
-        n_pages = -(-n // PAGE)
+        n_pages = pages_for(n)
         self.cache.free(e.pages[n_pages:])
         return n, e.pages[:n_pages]
 
