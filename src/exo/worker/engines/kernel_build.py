@@ -22,7 +22,7 @@ from loguru import logger
 Isa = Literal["avx2", "portable"]
 ISAS: tuple[Isa, ...] = ("avx2", "portable")
 KERNEL_SOURCES = ("pool.c", "vec.c", "linear.c", "attention.c")
-KERNEL_HEADERS = ("exo_kernels.h", "dot_q.h", "dot_kquants.h", "unpacked.h")
+KERNEL_HEADERS = ("exo_kernels.h", "dot_q.h", "dot_kquants.h", "unpacked.h", "tile.h")
 HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c")
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")

@@ -148,8 +148,9 @@ void exo_prologue_row(int kind, const float* src, const float* g, float eps, int
 void exo_quantize_row(const float* x, int K, BlockX* out);
 /* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
  * freed when the thread exits. NULL if out of memory. */
-#define EXO_SCRATCH_SLOTS 5
-enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2, SCRATCH_POST = 3, SCRATCH_UNPACK = 4 };
+#define EXO_SCRATCH_SLOTS 6
+enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2, SCRATCH_POST = 3, SCRATCH_UNPACK = 4,
+       SCRATCH_TILE = 5 };
 void* exo_scratch(int slot, size_t bytes);
 
 #endif

@@ -13,9 +13,14 @@
 #include "dot_q.h"
 #include "dot_kquants.h"
 #include "unpacked.h"
+#include "tile.h"
 
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
+/* activation rows from which 8 weight rows are interleaved into a tile (tile.h, AVX2) */
+#ifndef TILE_ROWS
+#define TILE_ROWS 2
+#endif
 
 typedef struct {
     int M, N, nb;
@@ -92,7 +97,37 @@ static void linear_part(void* ctx, int part, int parts) {
             const int kind = kind_of_part(s, p);
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
-            if (!is_kquant(kind) && m1 - m0 >= UNPACK_ROWS) { /* prefill: unpack each row once */
+#if EXO_AVX2
+            if (m1 - m0 >= TILE_ROWS && n < hi) { /* batched decode, prefill: 8 weight rows at once */
+                void* buf = exo_scratch(SCRATCH_TILE, tile_bytes(nb));
+                if (buf != NULL) {
+                    const Tile t = tile_at(buf, nb);
+                    for (; n < hi; n += TILE_COLS) {
+                        const int cols = hi - n < TILE_COLS ? hi - n : TILE_COLS;
+                        const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
+                        for (int c = 0; c < TILE_COLS; c++)
+                            rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
+                        tile_build(kind, rows, nb, t);
+                        for (int m = m0; m < m1;) {
+                            const int R = m1 - m >= 4 ? 4 : m1 - m;
+                            __m256 acc[4];
+                            float o[TILE_COLS];
+                            tile_dot(t, nb, j->x + (size_t)m * nb, kind, R, acc);
+                            for (int r = 0; r < R; r++) {
+                                _mm256_storeu_ps(o, acc[r]);
+                                for (int c = 0; c < cols; c++) {
+                                    const size_t i = (size_t)(m + r) * j->N + n + c;
+                                    j->y[i] = o[c] + (j->bias ? j->bias[n + c] : 0.0f) + (j->residual ? j->residual[i] : 0.0f);
+                                }
+                            }
+                            m += R;
+                        }
+                    }
+                    n = hi;
+                }
+            }
+#endif
+            if (!is_kquant(kind) && m1 - m0 >= UNPACK_ROWS && n < hi) { /* prefill: unpack each row once */
                 const size_t bytes = (size_t)nb * QK * sizeof(int16_t) + 2 * (size_t)nb * sizeof(float);
                 char* buf = exo_scratch(SCRATCH_UNPACK, bytes);
                 if (buf != NULL) {
@@ -114,7 +149,7 @@ static void linear_part(void* ctx, int part, int parts) {
                     }
                 }
             }
-            if ((kind == KIND_Q8 || kind == KIND_Q5_0) && m1 - m0 < 4) { /* decode: rows n and n + half in one pass (two
+            if ((kind == KIND_Q8 || kind == KIND_Q5_0) && m1 - m0 < 4 && n == lo) { /* decode: rows n and n + half in one pass (two
                                                     * streams far apart: adjacent rows interleaved
                                                     * defeat the prefetchers) */
                 const int half = (hi - lo) / 2;
