@@ -17,9 +17,28 @@
 
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
-/* activation rows from which 8 weight rows are interleaved into a tile (tile.h, AVX2) */
-#ifndef TILE_ROWS
-#define TILE_ROWS 2
+/* activation rows from which 8 weight rows are interleaved into a tile (tile.h, AVX2): below
+ * it, the dot products of dot_q.h / dot_kquants.h are as fast (measured per layout) */
+static inline int tile_min_rows(int kind) {
+#ifdef TILE_ROWS
+    (void)kind;
+    return TILE_ROWS;
+#else
+    switch (kind) {
+        case KIND_Q8: return 4;
+        case KIND_Q4_K: case KIND_Q5_K: return 8;
+        default: return 2;
+    }
+#endif
+}
+#ifndef TILE_PF
+#define TILE_PF 1 /* tiles ahead whose weights are prefetched (into L2) */
+#endif
+#ifndef TILE_PF_HINT
+#define TILE_PF_HINT _MM_HINT_T1
+#endif
+#ifndef TILE_PASS_R
+#define TILE_PASS_R 4
 #endif
 
 typedef struct {
@@ -84,7 +103,9 @@ static inline void dot_row(int kind, const void* wr, const BlockX* xr, int nb, i
 static void linear_part(void* ctx, int part, int parts) {
     const LinearJob* j = (const LinearJob*)ctx;
     const LinearSpec* s = j->s;
-    const int n0 = (int)((long)j->N * part / parts), n1 = (int)((long)j->N * (part + 1) / parts);
+    /* part boundaries on multiples of 8 rows: a tile (tile.h) never straddles two parts */
+    const int n0 = (int)((long)j->N * part / parts) & ~7;
+    const int n1 = part == parts - 1 ? j->N : (int)((long)j->N * (part + 1) / parts) & ~7;
     const int TM = 64; /* activation rows per pass over the weights (they stay in L2) */
     const int nb = j->nb;
     float out[4];
@@ -98,7 +119,7 @@ static void linear_part(void* ctx, int part, int parts) {
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
 #if EXO_AVX2
-            if (m1 - m0 >= TILE_ROWS && n < hi) { /* batched decode, prefill: 8 weight rows at once */
+            if (m1 - m0 >= tile_min_rows(kind) && n < hi) { /* batched decode, prefill: 8 weight rows at once */
                 void* buf = exo_scratch(SCRATCH_TILE, tile_bytes(nb));
                 if (buf != NULL) {
                     const Tile t = tile_at(buf, nb);
@@ -107,10 +128,16 @@ static void linear_part(void* ctx, int part, int parts) {
                         const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
                         for (int c = 0; c < TILE_COLS; c++)
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
+                        if (n + TILE_PF * TILE_COLS < hi) { /* a later tile's rows, one run of bytes: the
+                                                   * prefetchers miss 8 short streams */
+                            const char* next = (const char*)s->w[p] + (size_t)(n + TILE_PF * TILE_COLS - base) * rb;
+                            const int more = hi - n - TILE_PF * TILE_COLS < TILE_COLS ? hi - n - TILE_PF * TILE_COLS : TILE_COLS;
+                            for (size_t off = 0; off < (size_t)more * rb; off += 64) _mm_prefetch(next + off, TILE_PF_HINT);
+                        }
                         tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
-                            const int R = m1 - m >= 4 ? 4 : m1 - m;
-                            __m256 acc[4];
+                            const int R = m1 - m >= TILE_PASS_R ? TILE_PASS_R : m1 - m;
+                            __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
                             tile_dot(t, nb, j->x + (size_t)m * nb, kind, R, acc);
                             for (int r = 0; r < R; r++) {

@@ -20,21 +20,22 @@
 
 #if EXO_AVX2
 #define TILE_COLS 8
+#define TILE_MAX_R 8 /* activation rows per pass over a tile, at most */
 
 typedef struct {
-    __m256i* q; /* [nb * 16] */
+    int8_t* q; /* [nb * 256]: see tile_build_kind */
     float* d;   /* [nb * 8]: scale of values 0..15 (and 16..31 unless `halves`) */
     float* d2;  /* [nb * 8]: scale of values 16..31 (Q6_K) */
     float* m;   /* [nb * 8]: offset per value */
 } Tile;
 
-static inline size_t tile_bytes(int nb) { return (size_t)nb * (16 * sizeof(__m256i) + 3 * TILE_COLS * sizeof(float)); }
+static inline size_t tile_bytes(int nb) { return (size_t)nb * (256 + 3 * TILE_COLS * sizeof(float)); }
 
 static inline Tile tile_at(void* buf, int nb) {
     char* p = (char*)buf;
     Tile t;
-    t.q = (__m256i*)p;
-    t.d = (float*)(p + (size_t)nb * 16 * sizeof(__m256i));
+    t.q = (int8_t*)p;
+    t.d = (float*)(p + (size_t)nb * 256);
     t.d2 = t.d + (size_t)nb * TILE_COLS;
     t.m = t.d2 + (size_t)nb * TILE_COLS;
     return t;
@@ -44,26 +45,26 @@ static inline int tile_has_m(int kind) {
     return kind == KIND_Q4 || kind == KIND_Q5_1 || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
-/* Block b (32 values) of weight row `row` in layout `kind` -> int16 q[32], d, d2, m. */
-static inline __attribute__((always_inline)) void unpack_block32(int kind, const uint8_t* row, int b, int16_t* q, float* d, float* d2, float* m) {
-    const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);
-    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
-                                          4096, 8192, 16384, (short)0x8000);
-    __m256i q0, q1;
+
+/* Block b (32 values) of weight row `row` in layout `kind` -> its 32 values as int8 (all fit:
+ * -128..127), and its scales: the f16 bits of d and m (dh, mh) for the 32-value layouts, else
+ * d, m (Q4_K, Q5_K) or d, d2 (Q6_K) as floats; a layout's unused ones are left alone. */
+static inline __attribute__((always_inline)) __m256i unpack_block8(int kind, const uint8_t* row, int b, float* d,
+                                                                   float* d2, float* m, uint16_t* dh, uint16_t* mh) {
+    const __m128i low = _mm_set1_epi8(0x0F);
     if (kind == KIND_Q8) {
         const BlockQ8* w = (const BlockQ8*)row + b;
-        q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w->qs));
-        q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w->qs + 16)));
-        *d = *d2 = exo_h2f(w->d);
-        *m = 0.0f;
-    } else if (kind == KIND_Q4) {
+        *dh = w->d;
+        return _mm256_loadu_si256((const __m256i*)w->qs);
+    }
+    if (kind == KIND_Q4) {
         const BlockQ4* w = (const BlockQ4*)row + b;
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w->qs));
-        q0 = _mm256_and_si256(bytes, low);
-        q1 = _mm256_srli_epi16(bytes, 4);
-        *d = *d2 = exo_h2f(w->d);
-        *m = exo_h2f(w->m);
-    } else if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
+        const __m128i v = _mm_loadu_si128((const __m128i*)w->qs);
+        *dh = w->d;
+        *mh = w->m;
+        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+    }
+    if (kind == KIND_Q5_0 || kind == KIND_Q5_1) {
         const int has_m = kind == KIND_Q5_1;
         const uint8_t* blk = row + (size_t)b * (has_m ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
         uint16_t d16, m16;
@@ -71,17 +72,21 @@ static inline __attribute__((always_inline)) void unpack_block32(int kind, const
         memcpy(&d16, blk, 2);
         memcpy(&m16, blk + 2, 2);
         memcpy(&qh, blk + (has_m ? 4 : 2), 4);
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + (has_m ? 8 : 6))));
-        const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit);
-        const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
-        const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);
-        q0 = has_m ? _mm256_or_si256(n0, _mm256_and_si256(h0, sixteen))
-                   : _mm256_add_epi16(n0, _mm256_andnot_si256(h0, _mm256_set1_epi16(-16)));
-        q1 = has_m ? _mm256_or_si256(n1, _mm256_and_si256(h1, sixteen))
-                   : _mm256_add_epi16(n1, _mm256_andnot_si256(h1, _mm256_set1_epi16(-16)));
-        *d = *d2 = exo_h2f(d16);
-        *m = has_m ? exo_h2f(m16) : 0.0f;
-    } else if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
+        const __m128i v = _mm_loadu_si128((const __m128i*)(blk + (has_m ? 8 : 6)));
+        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        /* byte l gets bit l of qh: byte l of the broadcast word holds bits 8 (l / 8) .. */
+        const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                                   _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL,
+                                                                      0x0202020202020202LL, 0x0303030303030303LL));
+        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m256i h = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        *dh = d16;
+        *mh = m16;
+        /* Q5_1: q = nib | 16 h; Q5_0: q - 16 = nib + (h ? 0 : -16) */
+        return has_m ? _mm256_or_si256(nib, _mm256_and_si256(h, _mm256_set1_epi8(16)))
+                     : _mm256_add_epi8(nib, _mm256_andnot_si256(h, _mm256_set1_epi8(-16)));
+    }
+    if (kind == KIND_Q4_K || kind == KIND_Q5_K) {
         const int five = kind == KIND_Q5_K;
         const uint8_t* blk = row + (size_t)(b / 8) * (five ? sizeof(BlockQ5K) : sizeof(BlockQ4K));
         const int j = b % 8, c = j / 2;
@@ -90,6 +95,8 @@ static inline __attribute__((always_inline)) void unpack_block32(int kind, const
         memcpy(&dmin16, blk + 2, 2);
         int sc, mn;
         q4k_scale_min(blk + 4, j, &sc, &mn);
+        *d = exo_h2f(d16) * (float)sc;
+        *m = -exo_h2f(dmin16) * (float)mn;
         const uint8_t* qs = blk + 16 + (five ? 32 : 0);
         const __m256i bytes = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
         __m256i v = _mm256_and_si256(j & 1 ? _mm256_srli_epi16(bytes, 4) : bytes, _mm256_set1_epi8(0x0F));
@@ -98,73 +105,108 @@ static inline __attribute__((always_inline)) void unpack_block32(int kind, const
                                                 _mm256_set1_epi8(1));
             v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
         }
-        q0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v));
-        q1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
-        *d = *d2 = exo_h2f(d16) * (float)sc;
-        *m = -exo_h2f(dmin16) * (float)mn;
-    } else { /* Q6_K */
-        const BlockQ6K* w = (const BlockQ6K*)row + b / 8;
-        const int g = b % 8, n = g / 4, k = g % 4;
-        const __m256i vl = _mm256_loadu_si256((const __m256i*)(w->ql + 64 * n + 32 * (k & 1)));
-        const __m256i vh = _mm256_loadu_si256((const __m256i*)(w->qh + 32 * n));
-        const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(vl, 4) : vl, _mm256_set1_epi8(0x0F));
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(vh, 2 * k), _mm256_set1_epi8(0x03));
-        const __m256i v = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-        q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-        q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
-        const float dd = exo_h2f(w->d);
-        *d = dd * (float)w->scales[2 * g];
-        *d2 = dd * (float)w->scales[2 * g + 1];
-        *m = 0.0f;
+        return v;
     }
-    _mm256_storeu_si256((__m256i*)q, q0);
-    _mm256_storeu_si256((__m256i*)(q + 16), q1);
+    /* Q6_K */
+    const BlockQ6K* w = (const BlockQ6K*)row + b / 8;
+    const int g = b % 8, n = g / 4, k = g % 4;
+    const __m256i vl = _mm256_loadu_si256((const __m256i*)(w->ql + 64 * n + 32 * (k & 1)));
+    const __m256i vh = _mm256_loadu_si256((const __m256i*)(w->qh + 32 * n));
+    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(vl, 4) : vl, _mm256_set1_epi8(0x0F));
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(vh, 2 * k), _mm256_set1_epi8(0x03));
+    const float dd = exo_h2f(w->d);
+    *d = dd * (float)w->scales[2 * g];
+    *d2 = dd * (float)w->scales[2 * g + 1];
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
 }
 
-/* Transpose 8 vectors of 8 int32: out[i] lane c = in[c] lane i. */
-static inline void transpose8x8(const __m256i* in, __m256i* out) {
-    const __m256i t0 = _mm256_unpacklo_epi32(in[0], in[1]), t1 = _mm256_unpackhi_epi32(in[0], in[1]);
-    const __m256i t2 = _mm256_unpacklo_epi32(in[2], in[3]), t3 = _mm256_unpackhi_epi32(in[2], in[3]);
-    const __m256i t4 = _mm256_unpacklo_epi32(in[4], in[5]), t5 = _mm256_unpackhi_epi32(in[4], in[5]);
-    const __m256i t6 = _mm256_unpacklo_epi32(in[6], in[7]), t7 = _mm256_unpackhi_epi32(in[6], in[7]);
-    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-    const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-    const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-    _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(u0, u4, 0x20));
-    _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(u1, u5, 0x20));
-    _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(u2, u6, 0x20));
-    _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(u3, u7, 0x20));
-    _mm256_storeu_si256(out + 4, _mm256_permute2x128_si256(u0, u4, 0x31));
-    _mm256_storeu_si256(out + 5, _mm256_permute2x128_si256(u1, u5, 0x31));
-    _mm256_storeu_si256(out + 6, _mm256_permute2x128_si256(u2, u6, 0x31));
-    _mm256_storeu_si256(out + 7, _mm256_permute2x128_si256(u3, u7, 0x31));
-}
-
-/* The tile of 8 weight rows (rows[c], layout `kind`, nb blocks of 32). */
+/* The tile of 8 weight rows (rows[c], layout `kind`, nb blocks of 32): per block, 8 vectors v_j
+ * whose low 128-bit lane holds pair j of the 8 rows (as int8: row c's values 2j, 2j + 1 in bytes
+ * 2c, 2c + 1) and whose high lane holds pair j + 8. */
 static inline __attribute__((always_inline)) void tile_build_kind(int kind, const uint8_t* const* rows, int nb, Tile t) {
-    int16_t buf[TILE_COLS * QK] __attribute__((aligned(32)));
+    const int f16_scales = kind == KIND_Q4 || kind == KIND_Q8 || kind == KIND_Q5_0 || kind == KIND_Q5_1;
     for (int b = 0; b < nb; b++) {
+        __m256i q[TILE_COLS]; /* word i of row c's block: its pair i */
+        uint16_t dh[TILE_COLS], mh[TILE_COLS];
         for (int c = 0; c < TILE_COLS; c++)
-            unpack_block32(kind, rows[c], b, buf + c * QK, t.d + (size_t)b * TILE_COLS + c,
-                           t.d2 + (size_t)b * TILE_COLS + c, t.m + (size_t)b * TILE_COLS + c);
-        __m256i lo[TILE_COLS], hi[TILE_COLS];
-        for (int c = 0; c < TILE_COLS; c++) {
-            lo[c] = _mm256_load_si256((const __m256i*)(buf + c * QK));
-            hi[c] = _mm256_load_si256((const __m256i*)(buf + c * QK + 16));
+            q[c] = unpack_block8(kind, rows[c], b, t.d + (size_t)b * TILE_COLS + c, t.d2 + (size_t)b * TILE_COLS + c,
+                                 t.m + (size_t)b * TILE_COLS + c, dh + c, mh + c);
+        if (f16_scales) { /* the 8 rows' scales converted at once */
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)dh)));
+            if (tile_has_m(kind))
+                _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)mh)));
         }
-        transpose8x8(lo, t.q + (size_t)b * 16);
-        transpose8x8(hi, t.q + (size_t)b * 16 + 8);
+        /* an 8 x 8 transpose of 16-bit pairs within each 128-bit lane */
+        const __m256i t0 = _mm256_unpacklo_epi16(q[0], q[1]), t1 = _mm256_unpackhi_epi16(q[0], q[1]);
+        const __m256i t2 = _mm256_unpacklo_epi16(q[2], q[3]), t3 = _mm256_unpackhi_epi16(q[2], q[3]);
+        const __m256i t4 = _mm256_unpacklo_epi16(q[4], q[5]), t5 = _mm256_unpackhi_epi16(q[4], q[5]);
+        const __m256i t6 = _mm256_unpacklo_epi16(q[6], q[7]), t7 = _mm256_unpackhi_epi16(q[6], q[7]);
+        const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+        const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+        const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+        const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+        __m256i* out = (__m256i*)(t.q + (size_t)b * 256);
+        _mm256_storeu_si256(out + 0, _mm256_unpacklo_epi64(u0, u4));
+        _mm256_storeu_si256(out + 1, _mm256_unpackhi_epi64(u0, u4));
+        _mm256_storeu_si256(out + 2, _mm256_unpacklo_epi64(u1, u5));
+        _mm256_storeu_si256(out + 3, _mm256_unpackhi_epi64(u1, u5));
+        _mm256_storeu_si256(out + 4, _mm256_unpacklo_epi64(u2, u6));
+        _mm256_storeu_si256(out + 5, _mm256_unpackhi_epi64(u2, u6));
+        _mm256_storeu_si256(out + 6, _mm256_unpacklo_epi64(u3, u7));
+        _mm256_storeu_si256(out + 7, _mm256_unpackhi_epi64(u3, u7));
     }
 }
 
-/* An empty asm that "changes" v: the compiler keeps each sum a running chain in a register
- * (left alone, it reassociates the 16 adds into a tree and spills the products to the stack). */
-#define TILE_KEEP(v) __asm__("" : "+x"(v))
+/* Q4_1 without unpacking first: 16-bit word i of a block's 16 bytes holds pair i in its low
+ * nibbles and pair i + 8 in its high ones, so the 8 rows' bytes are transposed as they are (two
+ * blocks at once, one per 128-bit lane) and split into nibbles after. */
+static void tile_build_q4(const uint8_t* const* rows, int nb, Tile t) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    int b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m256i a[TILE_COLS];
+        uint16_t dh[2][TILE_COLS], mh[2][TILE_COLS];
+        for (int c = 0; c < TILE_COLS; c++) {
+            const BlockQ4* w = (const BlockQ4*)rows[c] + b;
+            a[c] = _mm256_loadu2_m128i((const __m128i*)w[1].qs, (const __m128i*)w[0].qs);
+            dh[0][c] = w[0].d, mh[0][c] = w[0].m, dh[1][c] = w[1].d, mh[1][c] = w[1].m;
+        }
+        for (int h = 0; h < 2; h++) {
+            _mm256_storeu_ps(t.d + (size_t)(b + h) * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)dh[h])));
+            _mm256_storeu_ps(t.m + (size_t)(b + h) * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)mh[h])));
+        }
+        const __m256i t0 = _mm256_unpacklo_epi16(a[0], a[1]), t1 = _mm256_unpackhi_epi16(a[0], a[1]);
+        const __m256i t2 = _mm256_unpacklo_epi16(a[2], a[3]), t3 = _mm256_unpackhi_epi16(a[2], a[3]);
+        const __m256i t4 = _mm256_unpacklo_epi16(a[4], a[5]), t5 = _mm256_unpackhi_epi16(a[4], a[5]);
+        const __m256i t6 = _mm256_unpacklo_epi16(a[6], a[7]), t7 = _mm256_unpackhi_epi16(a[6], a[7]);
+        const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+        const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+        const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+        const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+        const __m256i v[8] = {_mm256_unpacklo_epi64(u0, u4), _mm256_unpackhi_epi64(u0, u4),
+                              _mm256_unpacklo_epi64(u1, u5), _mm256_unpackhi_epi64(u1, u5),
+                              _mm256_unpacklo_epi64(u2, u6), _mm256_unpackhi_epi64(u2, u6),
+                              _mm256_unpacklo_epi64(u3, u7), _mm256_unpackhi_epi64(u3, u7)};
+        __m256i* out0 = (__m256i*)(t.q + (size_t)b * 256);
+        __m256i* out1 = (__m256i*)(t.q + (size_t)(b + 1) * 256);
+        for (int i = 0; i < 8; i++) { /* v[i]: word c = word i of row c (block b | block b + 1) */
+            const __m256i lo = _mm256_and_si256(v[i], low), hi = _mm256_and_si256(_mm256_srli_epi16(v[i], 4), low);
+            _mm256_storeu_si256(out0 + i, _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_storeu_si256(out1 + i, _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+    }
+    if (b < nb) { /* an odd last block */
+        const uint8_t* last[TILE_COLS];
+        for (int c = 0; c < TILE_COLS; c++) last[c] = rows[c] + (size_t)b * sizeof(BlockQ4);
+        const Tile tb = {t.q + (size_t)b * 256, t.d + (size_t)b * TILE_COLS, t.d2 + (size_t)b * TILE_COLS,
+                         t.m + (size_t)b * TILE_COLS};
+        tile_build_kind(KIND_Q4, last, 1, tb);
+    }
+}
 
 static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
     switch (kind) { /* one copy per layout: the unpacking specialises */
-        case KIND_Q4: tile_build_kind(KIND_Q4, rows, nb, t); break;
+        case KIND_Q4: tile_build_q4(rows, nb, t); break;
         case KIND_Q8: tile_build_kind(KIND_Q8, rows, nb, t); break;
         case KIND_Q5_0: tile_build_kind(KIND_Q5_0, rows, nb, t); break;
         case KIND_Q5_1: tile_build_kind(KIND_Q5_1, rows, nb, t); break;
@@ -174,10 +216,14 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
     }
 }
 
+/* An empty asm that "changes" v: the compiler keeps each sum a running chain in a register
+ * (left alone, it reassociates the 16 adds into a tree and spills the products to the stack). */
+#define TILE_KEEP(v) __asm__("" : "+x"(v))
+
 /* pairs j0..j0+7 of block b against R activation rows: s[r] += sum over lanes of 8 rows */
 #define TILE_PAIRS(s, j0)                                                                         \
     for (int j = j0; j < (j0) + 8; j++) {                                                        \
-        const __m256i w = _mm256_loadu_si256(W + j);                                             \
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(W + 32 * (j & 7) + 16 * (j >> 3)))); \
         for (int r = 0; r < R; r++) {                                                            \
             int32_t xv;                                                                          \
             memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);                             \
@@ -186,33 +232,33 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
         }                                                                                        \
     }
 
-/* out[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 4. */
+/* acc[r] += (scales of the 8 rows) * d_x * s[r] */
+#define TILE_TAIL(s, dsrc)                                                                        \
+    {                                                                                            \
+        const __m256 dv = _mm256_loadu_ps((dsrc) + (size_t)b * TILE_COLS);                       \
+        for (int r = 0; r < R; r++) {                                                            \
+            const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);                           \
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);   \
+        }                                                                                        \
+    }
+
+/* acc[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 8. */
 static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, const BlockX* x, int R,
-                                                            int has_m, int halves, __m256* out) {
-    __m256 acc[4];
+                                                            int has_m, int halves, __m256* acc) {
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const __m256i* W = t.q + (size_t)b * 16;
-        __m256i s[4], s2[4];
+        const int8_t* W = t.q + (size_t)b * 256;
+        __m256i s[TILE_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         TILE_PAIRS(s, 0)
-        if (halves) {
-            for (int r = 0; r < R; r++) s2[r] = _mm256_setzero_si256();
-            TILE_PAIRS(s2, 8)
+        if (halves) { /* Q6_K: values 16..31 have a scale of their own */
+            TILE_TAIL(s, t.d)
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+            TILE_PAIRS(s, 8)
+            TILE_TAIL(s, t.d2)
         } else {
             TILE_PAIRS(s, 8)
-        }
-        const __m256 dv = _mm256_loadu_ps(t.d + (size_t)b * TILE_COLS);
-        for (int r = 0; r < R; r++) {
-            const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);
-        }
-        if (halves) {
-            const __m256 dv2 = _mm256_loadu_ps(t.d2 + (size_t)b * TILE_COLS);
-            for (int r = 0; r < R; r++) {
-                const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);
-                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv2, xd), _mm256_cvtepi32_ps(s2[r]), acc[r]);
-            }
+            TILE_TAIL(s, t.d)
         }
         if (has_m) {
             const __m256 mv = _mm256_loadu_ps(t.m + (size_t)b * TILE_COLS);
@@ -220,7 +266,6 @@ static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, cons
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x[(size_t)r * nb + b].s), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 #define TILE_ROWS_FOR(R)                                                                          \
@@ -233,10 +278,18 @@ TILE_ROWS_FOR(1)
 TILE_ROWS_FOR(2)
 TILE_ROWS_FOR(3)
 TILE_ROWS_FOR(4)
+TILE_ROWS_FOR(5)
+TILE_ROWS_FOR(6)
+TILE_ROWS_FOR(7)
+TILE_ROWS_FOR(8)
 
-/* out[r] for R = 1..4 activation rows. */
+/* out[r] for R = 1..TILE_MAX_R activation rows. */
 static inline void tile_dot(Tile t, int nb, const BlockX* x, int kind, int R, __m256* out) {
     switch (R) {
+        case 8: tile_rows_8(t, nb, x, kind, out); break;
+        case 7: tile_rows_7(t, nb, x, kind, out); break;
+        case 6: tile_rows_6(t, nb, x, kind, out); break;
+        case 5: tile_rows_5(t, nb, x, kind, out); break;
         case 4: tile_rows_4(t, nb, x, kind, out); break;
         case 3: tile_rows_3(t, nb, x, kind, out); break;
         case 2: tile_rows_2(t, nb, x, kind, out); break;
