@@ -141,11 +141,17 @@ static void linear_part(void* ctx, int part, int parts) {
                             float o[TILE_COLS];
                             tile_dot(t, nb, j->x + (size_t)m * nb, kind, R, acc);
                             for (int r = 0; r < R; r++) {
-                                _mm256_storeu_ps(o, acc[r]);
-                                for (int c = 0; c < cols; c++) {
-                                    const size_t i = (size_t)(m + r) * j->N + n + c;
-                                    j->y[i] = o[c] + (j->bias ? j->bias[n + c] : 0.0f) + (j->residual ? j->residual[i] : 0.0f);
+                                const size_t i = (size_t)(m + r) * j->N + n;
+                                if (cols == TILE_COLS) { /* residual may be y itself: read before the write */
+                                    __m256 v = acc[r];
+                                    if (j->bias) v = _mm256_add_ps(v, _mm256_loadu_ps(j->bias + n));
+                                    if (j->residual) v = _mm256_add_ps(v, _mm256_loadu_ps(j->residual + i));
+                                    _mm256_storeu_ps(j->y + i, v);
+                                    continue;
                                 }
+                                _mm256_storeu_ps(o, acc[r]);
+                                for (int c = 0; c < cols; c++)
+                                    j->y[i + c] = o[c] + (j->bias ? j->bias[n + c] : 0.0f) + (j->residual ? j->residual[i + c] : 0.0f);
                             }
                             m += R;
                         }

@@ -244,7 +244,8 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
 
 /* acc[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 8. */
 static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, const BlockX* x, int R,
-                                                            int has_m, int halves, __m256* acc) {
+                                                            int has_m, int halves, __m256* out) {
+    __m256 acc[TILE_MAX_R]; /* a local array: the sums stay in registers */
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const int8_t* W = t.q + (size_t)b * 256;
@@ -266,6 +267,7 @@ static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, cons
                 acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(x[(size_t)r * nb + b].s), acc[r]);
         }
     }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 #define TILE_ROWS_FOR(R)                                                                          \

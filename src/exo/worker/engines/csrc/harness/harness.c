@@ -49,7 +49,9 @@ static int check_linear(Rng* r, int quiet) {
     const int kq = kind > 100;
     const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 24);
     const int N = rng_int(r, 1, 300);
-    const int M = rng_int(r, 0, 9);
+    /* decode batches (M = 0..9), and one time in eight a prefill (several passes over a tile,
+     * more than one chunk of 64 rows) */
+    const int M = rng_int(r, 0, 7) == 0 ? rng_int(r, 10, 70) : rng_int(r, 0, 9);
     const int prologue = rng_int(r, 0, 3);
     const int n_parts = rng_int(r, 1, MAX_PARTS < N ? MAX_PARTS : N);
     const int mixed = rng_int(r, 0, 1); /* parts in layouts of their own */
