@@ -32,7 +32,7 @@ static inline int tile_min_rows(int kind) {
 #endif
 }
 #ifndef TILE_PF
-#define TILE_PF 1 /* tiles ahead whose weights are prefetched (into L2) */
+#define TILE_PF 2 /* tiles ahead whose weights are prefetched (into L2) */
 #endif
 #ifndef TILE_PF_HINT
 #define TILE_PF_HINT _MM_HINT_T1
@@ -139,7 +139,7 @@ static void linear_part(void* ctx, int part, int parts) {
                             const int R = m1 - m >= TILE_PASS_R ? TILE_PASS_R : m1 - m;
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
-                            tile_dot(t, nb, j->x + (size_t)m * nb, kind, R, acc);
+                            tile_dot(&t, nb, j->x + (size_t)m * nb, kind, R, acc);
                             for (int r = 0; r < R; r++) {
                                 const size_t i = (size_t)(m + r) * j->N + n;
                                 if (cols == TILE_COLS) { /* residual may be y itself: read before the write */

@@ -243,8 +243,9 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
     }
 
 /* acc[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 8. */
-static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, const BlockX* x, int R,
+static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int nb, const BlockX* x, int R,
                                                             int has_m, int halves, __m256* out) {
+    const Tile t = *tp;
     __m256 acc[TILE_MAX_R]; /* a local array: the sums stay in registers */
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -271,7 +272,7 @@ static inline __attribute__((always_inline)) void tile_rows(Tile t, int nb, cons
 }
 
 #define TILE_ROWS_FOR(R)                                                                          \
-static void tile_rows_##R(Tile t, int nb, const BlockX* x, int kind, __m256* out) {              \
+static void tile_rows_##R(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {       \
     if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);                                    \
     else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);                                \
     else tile_rows(t, nb, x, R, 0, 0, out);                                                      \
@@ -286,7 +287,7 @@ TILE_ROWS_FOR(7)
 TILE_ROWS_FOR(8)
 
 /* out[r] for R = 1..TILE_MAX_R activation rows. */
-static inline void tile_dot(Tile t, int nb, const BlockX* x, int kind, int R, __m256* out) {
+static inline void tile_dot(const Tile* t, int nb, const BlockX* x, int kind, int R, __m256* out) {
     switch (R) {
         case 8: tile_rows_8(t, nb, x, kind, out); break;
         case 7: tile_rows_7(t, nb, x, kind, out); break;
