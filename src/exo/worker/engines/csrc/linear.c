@@ -17,18 +17,18 @@
 
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
-/* activation rows from which 8 weight rows are interleaved into a tile (tile.h, AVX2): below
- * it, the dot products of dot_q.h / dot_kquants.h are as fast (measured per layout) */
-static inline int tile_min_rows(int kind) {
+/* Whether `rows` activation rows take the tile path (tile.h, AVX2) for weights of `kind`: where
+ * dot_q.h / dot_kquants.h run 4 rows at once (R = 4) and unpack faster than a tile is built, Q8_0
+ * at 2 or 4 rows and Q4_K / Q5_K at 2, 4 or 5, they stay (measured with weights not in cache). */
+static inline int use_tile(int kind, int rows) {
 #ifdef TILE_ROWS
     (void)kind;
-    return TILE_ROWS;
+    return rows >= TILE_ROWS;
 #else
-    switch (kind) {
-        case KIND_Q8: return 4;
-        case KIND_Q4_K: case KIND_Q5_K: return 8;
-        default: return 2;
-    }
+    if (rows < 2) return 0;
+    if (kind == KIND_Q8) return rows != 2 && rows != 4;
+    if (kind == KIND_Q4_K || kind == KIND_Q5_K) return rows == 3 || rows >= 6;
+    return 1;
 #endif
 }
 #ifndef TILE_PF
@@ -119,21 +119,24 @@ static void linear_part(void* ctx, int part, int parts) {
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
 #if EXO_AVX2
-            if (m1 - m0 >= tile_min_rows(kind) && n < hi) { /* batched decode, prefill: 8 weight rows at once */
+            if (use_tile(kind, m1 - m0) && n < hi) { /* batched decode, prefill: 8 weight rows at once */
                 void* buf = exo_scratch(SCRATCH_TILE, tile_bytes(nb));
                 if (buf != NULL) {
                     const Tile t = tile_at(buf, nb);
+                    /* the weights of the tiles ahead, as one run of bytes (the hardware prefetchers
+                     * miss 8 short streams): the first ones now, then one tile per tile */
+                    const char* wp = (const char*)s->w[p] - (size_t)base * rb;
+                    const char* pf_end = wp + (size_t)hi * rb;
+                    const char* pf = wp + (size_t)n * rb;
+                    for (; pf < pf_end && pf < wp + (size_t)(n + TILE_PF * TILE_COLS) * rb; pf += 64)
+                        _mm_prefetch(pf, TILE_PF_HINT);
                     for (; n < hi; n += TILE_COLS) {
                         const int cols = hi - n < TILE_COLS ? hi - n : TILE_COLS;
                         const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
                         for (int c = 0; c < TILE_COLS; c++)
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
-                        if (n + TILE_PF * TILE_COLS < hi) { /* a later tile's rows, one run of bytes: the
-                                                   * prefetchers miss 8 short streams */
-                            const char* next = (const char*)s->w[p] + (size_t)(n + TILE_PF * TILE_COLS - base) * rb;
-                            const int more = hi - n - TILE_PF * TILE_COLS < TILE_COLS ? hi - n - TILE_PF * TILE_COLS : TILE_COLS;
-                            for (size_t off = 0; off < (size_t)more * rb; off += 64) _mm_prefetch(next + off, TILE_PF_HINT);
-                        }
+                        for (; pf < pf_end && pf < wp + (size_t)(n + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
+                            _mm_prefetch(pf, TILE_PF_HINT);
                         tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
                             const int R = m1 - m >= TILE_PASS_R ? TILE_PASS_R : m1 - m;
