@@ -7,8 +7,10 @@ reading 5 bits per weight instead of 16 only pays off with a kernel that keeps u
 These do: 4- to 8-bit weight blocks (GGUF's Q4_1 / Q8_0 / Q5_0 / Q5_1 layouts, and the K-quant
 super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a layer's parts may differ in
 type) times activations quantised per block to 16 bits, with integer multiply-adds (see
-`csrc/`); a layer may end with Gemma's norm of its output before the residual add. A second kernel runs a whole decode step of
-attention (rotate q and k, append to the paged cache, attend) in one call.
+`csrc/`; with several rows, batched decode or prefill, 8 weight rows at a time share each
+activation load: `csrc/tile.h`); a layer may end with Gemma's norm of its output before the
+residual add. A second kernel runs a whole decode step of attention (rotate q and k, append to
+the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
 has it, else the portable C path) into a cache folder (the file name carries a hash of sources,

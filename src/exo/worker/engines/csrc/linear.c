@@ -3,9 +3,11 @@
  *
  * Activations are quantised on the fly to int16 blocks of 32 (15 bits keep the result within
  * ~1e-4 of float32), so a block's dot product is integer multiply-adds and one float
- * multiply-add (dot_q.h, dot_kquants.h). The weight rows come in up to MAX_PARTS parts stacked
- * along the output (q | k | v), each in its own layout. Threads split the output rows: each
- * streams its own contiguous rows of the weights.
+ * multiply-add (dot_q.h, dot_kquants.h). With several activation rows (batched decode,
+ * prefill) the AVX2 build takes 8 weight rows at a time into a tile whose vector lanes are the 8
+ * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. The
+ * weight rows come in up to MAX_PARTS parts stacked along the output (q | k | v), each in its own
+ * layout. Threads split the output rows: each streams its own contiguous rows of the weights.
  */
 #include <math.h>
 

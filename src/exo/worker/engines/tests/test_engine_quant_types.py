@@ -85,6 +85,31 @@ def test_linear_on_file_blocks_matches_gguf(
     torch.testing.assert_close(lin(x, residual=residual), want, atol=2e-3 * scale, rtol=1e-3)
 
 
+KERNEL_TYPES = [T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+
+
+@pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
+def test_rows_of_a_batch_match_the_same_rows_alone(
+    qtype: GGMLQuantizationType, kernels: QKernels | None
+) -> None:
+    """9 rows at once (the AVX2 build's 8-row weight tiles, in passes of 4, 4 and 1 rows) give
+    each row what it gets alone (one row: the plain dot products), to float rounding: a batched
+    request decodes the tokens it would decode alone. 37 outputs: a part tile at the end."""
+    if kernels is None:
+        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
+    raw = random_blocks(qtype, 37, K, seed=7)
+    torch.manual_seed(1)
+    bias, x, residual = torch.randn(37), torch.randn(9, K), torch.randn(9, 37)
+    lin = make_linear(QuantTensor(qtype, torch.from_numpy(raw), K), bias, "dense", kernels=kernels)
+    assert isinstance(lin, QuantLinear)
+    batched = lin(x, residual=residual)
+    alone = torch.cat([lin(x[i : i + 1], residual=residual[i : i + 1]) for i in range(9)])
+    want = F.linear(x, _reference(qtype, raw), bias) + residual
+    scale = want.abs().max().item()
+    torch.testing.assert_close(batched, alone, atol=1e-5 * scale, rtol=1e-5)
+    torch.testing.assert_close(batched, want, atol=2e-3 * scale, rtol=1e-3)
+
+
 @pytest.mark.parametrize("path", ["kernels", "portable", "torch"])
 def test_parts_of_mixed_types_stack_like_their_concatenation(
     path: str, kernels: QKernels | None, portable_kernels: QKernels | None
