@@ -23,25 +23,14 @@
  * dot_q.h / dot_kquants.h run 4 rows at once (R = 4) and unpack faster than a tile is built, Q8_0
  * at 2 or 4 rows and Q4_K / Q5_K at 2, 4 or 5, they stay (measured with weights not in cache). */
 static inline int use_tile(int kind, int rows) {
-#ifdef TILE_ROWS
-    (void)kind;
-    return rows >= TILE_ROWS;
-#else
     if (rows < 2) return 0;
     if (kind == KIND_Q8) return rows != 2 && rows != 4;
     if (kind == KIND_Q4_K || kind == KIND_Q5_K) return rows == 3 || rows >= 6;
     return 1;
-#endif
 }
-#ifndef TILE_PF
-#define TILE_PF 2 /* tiles ahead whose weights are prefetched (into L2) */
-#endif
-#ifndef TILE_PF_HINT
-#define TILE_PF_HINT _MM_HINT_T1
-#endif
-#ifndef TILE_PASS_R
-#define TILE_PASS_R 4
-#endif
+/* tiles ahead whose weights are prefetched, into L2 (into L1 measured slower: they evict the
+ * tile being used) */
+#define TILE_PF 2
 
 typedef struct {
     int M, N, nb;
@@ -131,17 +120,17 @@ static void linear_part(void* ctx, int part, int parts) {
                     const char* pf_end = wp + (size_t)hi * rb;
                     const char* pf = wp + (size_t)n * rb;
                     for (; pf < pf_end && pf < wp + (size_t)(n + TILE_PF * TILE_COLS) * rb; pf += 64)
-                        _mm_prefetch(pf, TILE_PF_HINT);
+                        _mm_prefetch(pf, _MM_HINT_T1);
                     for (; n < hi; n += TILE_COLS) {
                         const int cols = hi - n < TILE_COLS ? hi - n : TILE_COLS;
                         const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
                         for (int c = 0; c < TILE_COLS; c++)
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
                         for (; pf < pf_end && pf < wp + (size_t)(n + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
-                            _mm_prefetch(pf, TILE_PF_HINT);
+                            _mm_prefetch(pf, _MM_HINT_T1);
                         tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
-                            const int R = m1 - m >= TILE_PASS_R ? TILE_PASS_R : m1 - m;
+                            const int R = m1 - m >= TILE_MAX_R ? TILE_MAX_R : m1 - m;
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
                             tile_dot(&t, nb, j->x + (size_t)m * nb, kind, R, acc);

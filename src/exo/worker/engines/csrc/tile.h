@@ -8,25 +8,26 @@
  * activation pair (x_2j, x_2j+1) gives 8 rows' partial sums, and one convert and one FMA with
  * a vector of the 8 rows' block scales finishes a block for all 8.
  *
- * The tile: per 32-value block b, 16 vectors (pair j: lane c = the int16 pair (q_c,2j, q_c,2j+1)
- * of weight row c) and per row c the block's scale d (d2: the scale of values 16..31 where it
+ * The tile: per 32-value block b, the 8 rows' values as int8 in 256 bytes (pair j of row c,
+ * values 2j and 2j + 1, at bytes 32 (j % 8) + 16 (j / 8) + 2c: 16 bytes widen to the int16
+ * vector of pair j), and per row c the block's scale d (d2: the scale of values 16..31 where it
  * differs, Q6_K's 16-value sub-blocks) and offset m (w = d q + m). Every layout unpacks to it:
  * Q4_1, Q8_0, Q5_0 (q - 16, no offset), Q5_1, Q4_K / Q5_K (d sc, -dmin m per sub-block) and
  * Q6_K ((q - 32), d sc per 16 values). The tile is built once per 8 weight rows and used by
- * every activation row of the pass. Integer sums per lane stay below 2^31: 32 products of
- * |q| <= 128 and |x| <= 32767.
+ * every activation row of the pass, 4 rows at a time. Integer sums per lane stay below 2^31:
+ * 32 products of |q| <= 128 and |x| <= 32767.
  */
 #include "exo_kernels.h" /* and dot_kquants.h before it (q4k_scale_min) */
 
 #if EXO_AVX2
 #define TILE_COLS 8
-#define TILE_MAX_R 8 /* activation rows per pass over a tile, at most */
+#define TILE_MAX_R 4 /* activation rows per pass over a tile (8 measured slower: registers) */
 
 typedef struct {
     int8_t* q; /* [nb * 256]: see tile_build_kind */
-    float* d;   /* [nb * 8]: scale of values 0..15 (and 16..31 unless `halves`) */
-    float* d2;  /* [nb * 8]: scale of values 16..31 (Q6_K) */
-    float* m;   /* [nb * 8]: offset per value */
+    float* d;  /* [nb * 8]: scale of values 0..15 (and 16..31 unless `halves`) */
+    float* d2; /* [nb * 8]: scale of values 16..31 (Q6_K) */
+    float* m;  /* [nb * 8]: offset per value */
 } Tile;
 
 static inline size_t tile_bytes(int nb) { return (size_t)nb * (256 + 3 * TILE_COLS * sizeof(float)); }
@@ -242,7 +243,7 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
         }                                                                                        \
     }
 
-/* acc[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 8. */
+/* out[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 4. */
 static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int nb, const BlockX* x, int R,
                                                             int has_m, int halves, __m256* out) {
     const Tile t = *tp;
@@ -281,18 +282,10 @@ TILE_ROWS_FOR(1)
 TILE_ROWS_FOR(2)
 TILE_ROWS_FOR(3)
 TILE_ROWS_FOR(4)
-TILE_ROWS_FOR(5)
-TILE_ROWS_FOR(6)
-TILE_ROWS_FOR(7)
-TILE_ROWS_FOR(8)
 
 /* out[r] for R = 1..TILE_MAX_R activation rows. */
 static inline void tile_dot(const Tile* t, int nb, const BlockX* x, int kind, int R, __m256* out) {
     switch (R) {
-        case 8: tile_rows_8(t, nb, x, kind, out); break;
-        case 7: tile_rows_7(t, nb, x, kind, out); break;
-        case 6: tile_rows_6(t, nb, x, kind, out); break;
-        case 5: tile_rows_5(t, nb, x, kind, out); break;
         case 4: tile_rows_4(t, nb, x, kind, out); break;
         case 3: tile_rows_3(t, nb, x, kind, out); break;
         case 2: tile_rows_2(t, nb, x, kind, out); break;
