@@ -116,18 +116,18 @@ static void linear_part(void* ctx, int part, int parts) {
                     const Tile t = tile_at(buf, nb);
                     /* the weights of the tiles ahead, as one run of bytes (the hardware prefetchers
                      * miss 8 short streams): the first ones now, then one tile per tile */
-                    const char* wp = (const char*)s->w[p] - (size_t)base * rb;
-                    const char* pf_end = wp + (size_t)hi * rb;
-                    const char* pf = wp + (size_t)n * rb;
-                    for (; pf < pf_end && pf < wp + (size_t)(n + TILE_PF * TILE_COLS) * rb; pf += 64)
-                        _mm_prefetch(pf, _MM_HINT_T1);
+                    const char* wp = (const char*)s->w[p];
+                    const size_t pf_end = (size_t)(hi - base) * rb;
+                    size_t pf = (size_t)(n - base) * rb; /* bytes into the part */
+                    for (; pf < pf_end && pf < (size_t)(n - base + TILE_PF * TILE_COLS) * rb; pf += 64)
+                        _mm_prefetch(wp + pf, _MM_HINT_T1);
                     for (; n < hi; n += TILE_COLS) {
                         const int cols = hi - n < TILE_COLS ? hi - n : TILE_COLS;
                         const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
                         for (int c = 0; c < TILE_COLS; c++)
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
-                        for (; pf < pf_end && pf < wp + (size_t)(n + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
-                            _mm_prefetch(pf, _MM_HINT_T1);
+                        for (; pf < pf_end && pf < (size_t)(n - base + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
+                            _mm_prefetch(wp + pf, _MM_HINT_T1);
                         tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
                             const int R = m1 - m >= TILE_MAX_R ? TILE_MAX_R : m1 - m;
