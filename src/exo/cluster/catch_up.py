@@ -83,6 +83,8 @@ class Follower:
         self._buffer: dict[int, tuple[NodeId, EventMsg]] = {}
         self._master_was_at = -1
         self._catch_up = Wakeup()
+        self._must_ask = False
+        """Ask the master even if no gap is left (a lost last event, an overflow)."""
 
     def follow(self, master: NodeId | None) -> None:
         """Start following ``master`` (None: no master yet)."""
@@ -114,6 +116,7 @@ class Follower:
             self._buffer[msg.event.idx] = (sender, msg)
             if len(self._buffer) > MAX_BUFFERED:
                 self._buffer.clear()
+                self._must_ask = True
                 self._catch_up.set()
             elif self.synced:
                 async with self._replica.lock:
@@ -146,20 +149,26 @@ class Follower:
         """Still behind where the master was one heartbeat ago: an event went missing
         (a gap shows only when a later event comes; this catches a lost last one)."""
         if self.synced and self._replica.last_idx < self._master_was_at:
+            self._must_ask = True
             self._catch_up.set()
         self._master_was_at = master_last_idx
 
     async def loop(self) -> None:
         while True:
             await self._catch_up.wait()
-            if self.synced and self._buffer:
+            if self.synced and not self._must_ask:
                 # A gap: the event before what is buffered is most likely still on its
                 # way (overtaken by the next ones). Asking at once made a catch-up storm
-                # (every follower, for every burst of events).
+                # (every follower, for every burst of events); so did asking for a gap
+                # that had closed by the time this loop ran (every follower, after every
+                # burst, for nothing).
+                if not self._buffer:
+                    continue  # closed already
                 missing = self._replica.last_idx + 1
                 await anyio.sleep(GAP_WAIT_S)
-                if self._replica.last_idx >= missing:
+                if self._replica.last_idx >= missing and not self._must_ask:
                     continue  # it came (a later gap wakes this loop again)
+            self._must_ask = False
             await self._catch_up_with_master()
 
     async def _catch_up_with_master(self) -> None:
