@@ -2,13 +2,16 @@
 a restart, so that a master taking over from it acknowledges a retry instead of
 applying it again (the at-most-once guarantee)."""
 
+import sqlite3
 from pathlib import Path
+
+from pydantic import TypeAdapter
 
 from exo.master.event_log import MemoryEventLog, SqliteEventLog
 from exo.shared.apply import apply
 from exo.shared.tests.builders import node_info
 from exo.shared.types.common import CommandId, NodeId
-from exo.shared.types.events import IndexedEvent, NodeGatheredInfo
+from exo.shared.types.events import Event, IndexedEvent, NodeGatheredInfo
 from exo.shared.types.state import State
 
 
@@ -43,3 +46,21 @@ def test_a_reset_forgets_the_commands_of_the_log_it_replaces(tmp_path: Path) -> 
     state = _fill(log, 12)
     log.reset(state)
     assert log.command_ids(100) == []
+
+
+def test_a_log_from_before_remembers_what_its_events_say(tmp_path: Path) -> None:
+    """A log written before the commands were kept apart: its kept events' commands."""
+    path = tmp_path / "events.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE events (idx INTEGER PRIMARY KEY, body TEXT NOT NULL, "
+               "command_id TEXT)")
+    db.execute("CREATE TABLE snapshots (idx INTEGER PRIMARY KEY, state TEXT NOT NULL)")
+    event = NodeGatheredInfo(node_id=NodeId("n0"), info=node_info())
+    body = TypeAdapter[Event](Event).dump_json(event).decode()
+    db.executemany("INSERT INTO events VALUES (?, ?, ?)",
+                   [(0, body, "c0"), (1, body, None), (2, body, "c2")])
+    db.commit()
+    db.close()
+    log = SqliteEventLog(path)
+    assert log.command_ids(10) == [CommandId("c0"), CommandId("c2")]
+    assert log.restore().last_event_applied_idx == 2
