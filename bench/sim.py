@@ -16,7 +16,11 @@ Each node runs on its own simulated machine: the CPU time its code spends (apply
 snapshotting, serialising, handling each message) delays that node's next steps, as on
 a real machine, while other nodes go on. (Earlier, all nodes' CPU time went to one clock,
 as if N nodes shared one core: the simulated cluster then slowed down as N^2 and fell
-apart at N=64.) The message and byte counts are exact. Each phase starts from a cluster
+apart at N=64.) Not charged: the simulator's own work of delivering a message to each
+of N nodes (a real node hands one message to the network), and garbage collection (one
+process holds all N nodes' objects, so a collection walks N heaps where a real node walks
+one; charged, it stalled a random node for seconds at N=64). The message and byte counts
+are exact. Each phase starts from a cluster
 whose mesh is complete (every node linked to every other), so that a burst of N(N-1)
 link events does not run into the measurement.
 """

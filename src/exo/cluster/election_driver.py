@@ -20,6 +20,12 @@ from exo.utils.wakeup import Wakeup
 OnChange = Callable[[Election, Election], Awaitable[None]]
 """Called with the election before and after a step that changed the master."""
 
+JOINED_BEAT_GAP_S = 0.05
+"""A node that joins hears this node's heartbeat at once, not a heartbeat interval
+later; the nodes that join in the next this-many seconds share one more. (One heartbeat
+per join made a cluster of N nodes that start together send N^3 messages: 250,000 at
+64 nodes.)"""
+
 
 class ElectionDriver:
     def __init__(
@@ -39,6 +45,7 @@ class ElectionDriver:
             peers.node_id, config.force_master, replica.term, clock()
         )
         self._wake = Wakeup()
+        self._joined = Wakeup()
         self._master_changed = anyio.Event()
 
     @property
@@ -76,6 +83,16 @@ class ElectionDriver:
         self._master_changed = anyio.Event()
         await self.send_heartbeat()
         await on_changed()
+
+    async def joined(self) -> None:
+        """A node joined: it should hear this node's heartbeat (``beat_on_joins``)."""
+        self._joined.set()
+
+    async def beat_on_joins(self) -> None:
+        while True:
+            await self._joined.wait()
+            await self.send_heartbeat()
+            await anyio.sleep(JOINED_BEAT_GAP_S)  # joins meanwhile: one more, then
 
     async def send_heartbeat(self) -> None:
         beat = self.election.heartbeat(self._replica.last_idx, self._replica.log_term)

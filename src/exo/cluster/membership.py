@@ -31,8 +31,7 @@ def membership_events(state: State, live: Set[NodeId]) -> list[Event]:
         NodeTimedOut(node_id=node_id) for node_id in sorted(known_nodes(state) - live)
     ]
     present = sorted(set(state.nodes) & live)
-    # One pass over the links (a check per pair would scan them all: O(N^4) at N nodes).
-    linked = {(c.source, c.sink) for c in state.topology.connections}
+    linked = state.topology.links()
     for source in present:
         for sink in present:
             if source != sink and (source, sink) not in linked:

@@ -18,6 +18,10 @@ from exo.shared.types.state import State
 
 _EVENT = TypeAdapter[Event](Event)
 
+REMEMBERED_COMMANDS = 10_000
+"""Commands a log remembers having applied, compaction or not (a master that takes over
+from it must not apply a retry of one again, however many events came since)."""
+
 
 class EventLog(Protocol):
     def append(self, event: IndexedEvent, state_after: State) -> None: ...
@@ -32,12 +36,17 @@ class MemoryEventLog:
 
     def __init__(self, snapshot_every: int = 1000, keep_tail: int = 1000) -> None:
         self._events: list[IndexedEvent] = []
+        self._commands: list[CommandId] = []
         self._snapshot: State | None = None
         self._snapshot_every = snapshot_every
         self._keep_tail = keep_tail
 
     def append(self, event: IndexedEvent, state_after: State) -> None:
         self._events.append(event)
+        if event.command_id is not None:
+            self._commands.append(event.command_id)
+            if len(self._commands) > 2 * REMEMBERED_COMMANDS:
+                self._commands = self._commands[-REMEMBERED_COMMANDS:]
         if (event.idx + 1) % self._snapshot_every == 0:
             self._snapshot = state_after
             if len(self._events) > self._keep_tail:
@@ -53,9 +62,9 @@ class MemoryEventLog:
         return self._snapshot
 
     def command_ids(self, limit: int) -> list[CommandId]:
-        """The commands behind the last events kept, oldest first (at most ``limit``)."""
-        found = [e.command_id for e in self._events if e.command_id is not None]
-        return list(dict.fromkeys(found))[-limit:]
+        """The commands behind the last events (compacted or not), oldest first (at
+        most ``limit``)."""
+        return list(dict.fromkeys(self._commands))[-limit:]
 
     def restore(self) -> State:
         state = self._snapshot or State()
@@ -80,6 +89,15 @@ class SqliteEventLog:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(events)")}
         if "command_id" not in columns:  # a log written before command ids were kept
             self._db.execute("ALTER TABLE events ADD COLUMN command_id TEXT")
+        tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+        if "commands" not in tables:  # (a log from before: its events say what they can)
+            self._db.execute(
+                "CREATE TABLE commands (idx INTEGER PRIMARY KEY, command_id TEXT NOT NULL)"
+            )
+            self._db.execute(
+                "INSERT INTO commands SELECT idx, command_id FROM events "
+                "WHERE command_id IS NOT NULL"
+            )
         self._snapshot_every = snapshot_every
         self._keep_tail = keep_tail
 
@@ -95,6 +113,11 @@ class SqliteEventLog:
                     "INSERT OR REPLACE INTO events (idx, body, command_id) VALUES (?, ?, ?)",
                     (event.idx, body, event.command_id),
                 )
+                if event.command_id is not None:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO commands (idx, command_id) VALUES (?, ?)",
+                        (event.idx, event.command_id),
+                    )
                 if (event.idx + 1) % self._snapshot_every == 0:
                     self._write_snapshot(state_after)
 
@@ -104,6 +127,8 @@ class SqliteEventLog:
         with self._transaction():
             self._db.execute("DELETE FROM events")
             self._db.execute("DELETE FROM snapshots")
+            # What the base holds is the other log's (its commands are not known here).
+            self._db.execute("DELETE FROM commands")
             if base.last_event_applied_idx >= 0:
                 self._db.execute(
                     "INSERT INTO snapshots (idx, state) VALUES (?, ?)",
@@ -121,6 +146,11 @@ class SqliteEventLog:
         )
         self._db.execute("DELETE FROM snapshots WHERE idx < ?", (idx,))
         self._db.execute("DELETE FROM events WHERE idx <= ?", (idx - self._keep_tail,))
+        self._db.execute(
+            "DELETE FROM commands WHERE idx <= "
+            "(SELECT idx FROM commands ORDER BY idx DESC LIMIT 1 OFFSET ?)",
+            (REMEMBERED_COMMANDS,),
+        )
 
     def first_kept(self) -> int | None:
         """The index of the oldest event still kept (None: none is)."""
@@ -140,11 +170,10 @@ class SqliteEventLog:
         ]
 
     def command_ids(self, limit: int) -> list[CommandId]:
-        """The commands behind the last events kept, oldest first (at most ``limit``)."""
+        """The commands behind the last events, compacted or not (the last
+        ``REMEMBERED_COMMANDS``), oldest first (at most ``limit``)."""
         rows = self._db.execute(
-            "SELECT command_id FROM events WHERE command_id IS NOT NULL "
-            "ORDER BY idx DESC LIMIT ?",
-            (limit,),
+            "SELECT command_id FROM commands ORDER BY idx DESC LIMIT ?", (limit,)
         ).fetchall()
         return list(dict.fromkeys(CommandId(row[0]) for row in reversed(rows)))
 

@@ -16,7 +16,7 @@ from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from exo.cluster.network import ClusterNetwork, Inbox, Presence
-from exo.cluster.sim.loop import Machine, current_machine
+from exo.cluster.sim.loop import Machine, current_machine, not_charged
 from exo.routing import Endpoint, Topic
 from exo.routing.errors import NoReply, RemoteError, RequestTimeout
 from exo.routing.presence import Joined, Left, PresenceEvent
@@ -168,6 +168,12 @@ class SimNetwork:
     def _transmit(
         self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None], kind: str
     ) -> None:
+        with not_charged():  # the network's work, not the sender's (encoding is)
+            self._schedule(src, dst, data, deliver, kind)
+
+    def _schedule(
+        self, src: str, dst: str, data: bytes, deliver: Callable[[bytes], None], kind: str
+    ) -> None:
         self.traffic.setdefault(src, Traffic()).count(kind, len(data))
         if not self.reaches(src, dst) or self.rng.random() < self.faults.loss:
             return
@@ -187,6 +193,10 @@ class SimNetwork:
         return SimPort(self, node_id)
 
     def _open(self, port: _Port) -> None:
+        with not_charged():
+            self._join(port)
+
+    def _join(self, port: _Port) -> None:
         if port.node_id in self.ports:
             raise RuntimeError(f"{port.node_id} is on the network twice")
         self.ports[port.node_id] = port
@@ -196,6 +206,10 @@ class SimNetwork:
                 self._later(self.faults.latency_s, self._presence_check, port, other.node_id)
 
     def _close(self, port: _Port) -> None:
+        with not_charged():
+            self._leave(port)
+
+    def _leave(self, port: _Port) -> None:
         port.open = False
         if self.ports.get(port.node_id) is port:
             del self.ports[port.node_id]
@@ -244,6 +258,10 @@ class SimPort(ClusterNetwork, AbstractAsyncContextManager["SimPort"]):
 
     async def publish(self, topic: Topic[T], message: T) -> None:
         data = topic.encode(message)
+        with not_charged():  # one message to the network; reaching every node is its work
+            self._fan_out(topic, data)
+
+    def _fan_out(self, topic: Topic[T], data: bytes) -> None:
         for dst in list(self._net.ports.values()):
             if dst is self._port:
                 self._deliverer(dst, topic, False)(data)

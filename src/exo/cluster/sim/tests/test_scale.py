@@ -9,7 +9,7 @@ import pytest
 
 import exo.cluster.catch_up as catch_up_module
 from exo.cluster.config import ClusterConfig
-from exo.cluster.messages import CatchUpReply, CatchUpRequest
+from exo.cluster.messages import HEARTBEATS, CatchUpReply, CatchUpRequest
 from exo.cluster.sim.loop import VirtualTimeLoop
 from exo.cluster.sim.net import Faults, SimNetwork
 from exo.cluster.sim.node import SimNode
@@ -102,3 +102,34 @@ def test_a_node_far_behind_catches_up_from_the_masters_current_state(tmp_path: P
     assert reply.last_idx > 5 and (reply.last_idx + 1) % 5 != 0  # a tail after a snapshot
     assert reply.base is not None and reply.events == []
     assert reply.base.last_event_applied_idx == reply.last_idx
+
+
+def test_nodes_that_start_together_do_not_flood_each_other_with_heartbeats(
+    tmp_path: Path,
+) -> None:
+    """Each node answers the others' joining with one heartbeat, not one per join (with
+    N nodes joining at once that was N^3 messages: 250,000 at 64 nodes)."""
+    n = 16
+    sent: list[int] = []
+
+    async def main() -> None:
+        net = SimNetwork(random.Random(7), Faults(latency_s=0.001, jitter_s=0.002))
+        config = ClusterConfig(secret="s", listen=(), node_timeout_s=5.0)  # beats every 1 s
+        clock: Callable[[], float] = anyio.current_time
+        nodes = [SimNode(net, NodeId(f"n{i}"), tmp_path / f"n{i}", config, clock)
+                 for i in range(n)]
+        async with anyio.create_task_group() as tg:
+            for node in nodes:
+                node.start(tg, lambda _node, _event: None)
+            await anyio.sleep(0.5)  # before the first regular heartbeat
+            sent.append(sum(
+                t.by_kind.get(HEARTBEATS.name, [0, 0])[0] for t in net.traffic.values()
+            ))
+            for node in nodes:
+                node.crash()
+            tg.cancel_scope.cancel()
+
+    anyio.run(main, backend="asyncio", backend_options={"loop_factory": VirtualTimeLoop})
+    # Each node's first heartbeat, one at the first join and one for the joins that
+    # followed, each to n - 1 others (one per join: 16 * 15 * 15 more).
+    assert sent[0] <= 4 * n * (n - 1), sent
