@@ -17,8 +17,10 @@ Rules, in order:
    the older claim (lower claim term), then the smaller node id; the other steps down.
 3. **Failover.** With no live master (at start, after the join grace; after a loss, once
    the views settled), the live node with the newest log claims, ties to the smaller
-   node id. It takes a term above every term it has
-   seen, and its own persisted term: a term is never claimed twice by one node.
+   node id. It takes a term above every term it has seen and its own persisted term,
+   and a term only it can take (``claim_term_for``): a term is never claimed by two nodes,
+   not even by the two sides of a partition that each elect a master (there is no quorum:
+   each side stays available and the merge on healing reports what it drops).
 
 A log is newer than another when the term of the master that wrote its last event is
 higher, or, for the same term, when it is longer: ``(log_term, last_idx)``.
@@ -29,6 +31,7 @@ node waits instead of electing: that peer may still see the master (a partial pa
 or a connection still being made), and electing would split the cluster.
 """
 
+import zlib
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
 
@@ -158,9 +161,23 @@ def step(
     return waiting
 
 
+NODE_BITS = 32
+"""A term is ``round << NODE_BITS | node hash``: the round orders claims, the low bits say
+whose claim it is (terms stay below 2**53 for two million rounds: exact in JSON readers)."""
+
+
+def claim_term_for(term: int, node_id: NodeId) -> int:
+    """The term ``node_id`` claims when the highest term it knows is ``term``: the next
+    round, with the node id's 32-bit CRC in the low bits. Two nodes that claim in the same
+    round (the two sides of a partition) get different terms unless their ids share a
+    CRC (odds about N^2 / 2^33: 5e-7 for 64 nodes), so an epoch's term names its master."""
+    return ((term >> NODE_BITS) + 1) << NODE_BITS | zlib.crc32(node_id.encode())
+
+
 def _claim(election: Election, term: int, now: float) -> Election:
-    return replace(election, term=term + 1, master=election.node_id, since=now, joined=True,
-                   claim_term=term + 1)
+    claimed = claim_term_for(term, election.node_id)
+    return replace(election, term=claimed, master=election.node_id, since=now, joined=True,
+                   claim_term=claimed)
 
 
 def _may_force(

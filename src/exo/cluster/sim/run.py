@@ -66,8 +66,6 @@ class Result:
     failed: int = 0
     lost_with_gone: int = 0
     """Acknowledged commands that only nodes gone for good ever held."""
-    shared_terms: int = 0
-    """Terms two masters claimed (on two sides of a partition)."""
 
     def report(self) -> str:
         s = self.scenario
@@ -136,10 +134,9 @@ class _World:
     # -- invariants while it runs ------------------------------------------------------
 
     def check_step(self) -> None:
-        """Masters: a node never claims a term twice (or a lower one after a higher);
-        two masters that reach each other resolve within the node timeout. (Two sides of a
-        partition may each claim the same term number: the protocol has no quorum, and
-        an epoch is named by (term, master); counted in ``Result.shared_terms``.)"""
+        """Masters: at most one master per term, ever (not even on two sides of a
+        partition); a node never claims a term twice (or a lower one after a higher); two
+        masters that reach each other resolve within the node timeout."""
         now = self.clock()
         masters: list[tuple[NodeId, int]] = []
         for node in self.nodes:
@@ -155,8 +152,8 @@ class _World:
                 claimed.append(term)
                 holders = self.claims.setdefault(term, set())
                 holders.add(node.node_id)
-                if len(holders) == 2:
-                    self.result.shared_terms += 1
+                if len(holders) > 1:
+                    self.violation(f"term {term} has more than one master: {sorted(holders)}")
         live_pairs: set[tuple[NodeId, NodeId]] = set()
         for a, term_a in masters:
             for b, term_b in masters:

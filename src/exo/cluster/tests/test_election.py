@@ -5,10 +5,17 @@ when the node (re)starts, as a monotonic clock does."""
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from exo.cluster.election import Election, Heard, Timing, step
+from exo.cluster.election import NODE_BITS, Election, Heard, Timing, claim_term_for, step
 from exo.shared.types.common import NodeId
 
 A, B, C, D = NodeId("a"), NodeId("b"), NodeId("c"), NodeId("d")
+
+
+def round_of(term: int) -> int:
+    """Which election round a term was claimed in (its low bits name the claimer)."""
+    return term >> NODE_BITS
+
+
 TIMING = Timing(node_timeout_s=1.0, settle_s=0.2, join_grace_s=0.5)
 TICK = 0.05
 
@@ -114,7 +121,7 @@ def test_a_node_alone_waits_for_the_join_grace_then_is_its_own_master() -> None:
     assert sim.masters() == {A: None}
     sim.run(4 * TICK)
     assert sim.masters() == {A: A}
-    assert sim.term(A) == 5  # above the term it persisted: never claimed twice
+    assert sim.term(A) == claim_term_for(4, A) > 4  # above the term it persisted: never claimed twice
 
 
 def test_nodes_starting_together_elect_the_most_up_to_date_then_the_smallest_id() -> None:
@@ -124,7 +131,7 @@ def test_nodes_starting_together_elect_the_most_up_to_date_then_the_smallest_id(
     sim.start(C, last_idx=12)
     sim.run(1.0)
     assert agreed(sim, B)
-    assert sim.term(A) == sim.term(B) == sim.term(C) == 1
+    assert sim.term(A) == sim.term(B) == sim.term(C) == claim_term_for(0, B)
 
 
 def test_a_joining_or_restarting_node_never_flips_a_live_master() -> None:
@@ -157,7 +164,7 @@ def test_when_the_master_dies_the_most_up_to_date_live_node_takes_over_after_set
     assert sim.masters() == {B: None, C: None}  # noticed at once, settling
     sim.run(TIMING.settle_s + 2 * TICK)
     assert agreed(sim, C)
-    assert sim.term(C) == 2
+    assert round_of(sim.term(C)) == 2
 
 
 def test_a_hung_master_is_replaced_after_the_node_timeout() -> None:
@@ -184,14 +191,14 @@ def test_a_restarted_former_master_follows_the_new_one_and_cannot_wedge() -> Non
     assert agreed(sim, B)
     # A comes back with a longer log than anyone (events it never published), its old
     # persisted term and a clock that starts at zero: it follows B.
-    sim.start(A, last_idx=25, term=1)
+    sim.start(A, last_idx=25, term=claim_term_for(0, A))
     sim.run(2.0)
     assert agreed(sim, B)
     # When B dies, A (most up-to-date) takes over with a fresh term.
     sim.kill(B)
     sim.run(1.0)
     assert agreed(sim, A)
-    assert sim.term(A) == 3
+    assert round_of(sim.term(A)) == 3
 
 
 def test_the_whole_cluster_restarting_elects_again() -> None:
@@ -204,10 +211,10 @@ def test_the_whole_cluster_restarting_elects_again() -> None:
         sim.kill(node_id)
     sim.run(0.5)
     for node_id, idx in ((A, 7), (B, 9), (C, 7)):
-        sim.start(node_id, last_idx=idx, term=1)
+        sim.start(node_id, last_idx=idx, term=claim_term_for(0, A))
     sim.run(1.0)
     assert agreed(sim, B)
-    assert sim.term(B) == 2
+    assert sim.term(B) == claim_term_for(claim_term_for(0, A), B)
 
 
 def test_force_master_takes_over_once_caught_up() -> None:
@@ -249,7 +256,7 @@ def test_split_and_merge_the_side_with_more_followers_wins() -> None:
     sim.partition({A, B}, {C})
     sim.run(2.0)
     assert sim.masters() == {A: A, B: A, C: C}  # C alone elects itself
-    assert sim.term(C) == 2
+    assert round_of(sim.term(C)) == 2
     sim.heal()
     sim.run(0.5)
     assert agreed(sim, A)  # two followers beat one; C steps down
@@ -303,7 +310,7 @@ def test_terms_only_grow_and_are_shared() -> None:
     sim.start(B, term=8)
     sim.run(1.0)
     assert agreed(sim, A)  # terms do not decide a failover: logs and ids do
-    assert sim.term(A) == sim.term(B) == 9
+    assert sim.term(A) == sim.term(B) == claim_term_for(8, A) > 8
 
 
 def test_a_stalled_master_that_resumes_never_wins_over_the_newer_log() -> None:
@@ -312,6 +319,7 @@ def test_a_stalled_master_that_resumes_never_wins_over_the_newer_log() -> None:
     sim.start(B, last_idx=3)
     sim.run(1.0)
     assert agreed(sim, A)
+    first = sim.nodes[A].election.claim_term
     sim.hang(A)  # SIGSTOP: A still believes it is the master
     sim.run(2.0)
     assert sim.masters() == {B: B}
@@ -319,7 +327,27 @@ def test_a_stalled_master_that_resumes_never_wins_over_the_newer_log() -> None:
     sim.resume(A)
     sim.run(0.5)
     assert agreed(sim, B)  # the newer log wins: B's write is kept
-    assert sim.nodes[B].election.claim_term == 2
+    assert sim.nodes[B].election.claim_term == claim_term_for(first, B)  # the next round
+
+
+def test_two_nodes_claiming_in_the_same_round_claim_different_terms() -> None:
+    """Two sides of a partition each elect from the same known term: their masters'
+    terms differ, so a term names one master; rounds still order claims."""
+    assert claim_term_for(7, A) != claim_term_for(7, B)
+    assert min(claim_term_for(7, A), claim_term_for(7, B)) > 7
+    later = claim_term_for(max(claim_term_for(7, A), claim_term_for(7, B)), A)
+    assert later > max(claim_term_for(7, A), claim_term_for(7, B))
+    sim = Sim()
+    for node_id in (A, B, C):
+        sim.start(node_id, last_idx=3)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.partition({A}, {B}, {C})  # B and C each lose A and elect, from the same term
+    sim.run(3.0)
+    assert sim.masters() == {A: A, B: B, C: C}
+    claims = {n: sim.nodes[n].election.claim_term for n in (A, B, C)}
+    assert len(set(claims.values())) == 3, claims
+    assert claims[B] > claims[A] and claims[C] > claims[A]
 
 
 def test_claims_carry_their_own_term_not_the_highest_known() -> None:
@@ -330,7 +358,7 @@ def test_claims_carry_their_own_term_not_the_highest_known() -> None:
     assert agreed(sim, A)
     beat_a = sim.nodes[A].election.heartbeat(3)
     beat_b = sim.nodes[B].election.heartbeat(3)
-    assert beat_a.claim_term == 6 and beat_a.term == 6
+    assert beat_a.claim_term == claim_term_for(5, A) == beat_a.term
     assert beat_b.claim_term == 0  # a follower claims nothing
 
 
