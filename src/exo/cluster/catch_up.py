@@ -22,6 +22,7 @@ from exo.cluster.lineage import agreed_prefix
 from exo.cluster.messages import CATCH_UP, CatchUpReply, CatchUpRequest, EventMsg
 from exo.cluster.network import ClusterNetwork, Inbox
 from exo.cluster.replica import Replica
+from exo.master.event_log import REMEMBERED_COMMANDS
 from exo.routing import RequestError
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import MergeReported
@@ -46,7 +47,8 @@ def catch_up_reply(replica: Replica, current: State, request: CatchUpRequest) ->
         events = log.read_from(request.last_idx + 1, PAGE)
         if events or request.last_idx >= last:
             return CatchUpReply(base=None, events=events, last_idx=last, lineage=lineage)
-    return CatchUpReply(base=current, events=[], last_idx=last, lineage=lineage)
+    return CatchUpReply(base=current, events=[], last_idx=last, lineage=lineage,
+                        commands=log.command_ids(REMEMBERED_COMMANDS))
 
 
 class Follower:

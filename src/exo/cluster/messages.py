@@ -6,7 +6,7 @@ from exo.cluster.election import Heartbeat
 from exo.cluster.lineage import Epoch, Lineage
 from exo.routing import Endpoint, Topic
 from exo.shared.types.commands import Command
-from exo.shared.types.common import FrozenModel, NodeId
+from exo.shared.types.common import CommandId, FrozenModel, NodeId
 from exo.shared.types.events import ChunkGenerated, Event, IndexedEvent
 from exo.shared.types.state import State
 
@@ -51,6 +51,11 @@ class CatchUpReply(FrozenModel):
     last_idx: int
     """The master's last index: more pages follow while the follower is below it."""
     lineage: Lineage
+    commands: list[CommandId] = Field(default_factory=list[CommandId])
+    """With a base: the commands behind the master's last events (the last
+    ``REMEMBERED_COMMANDS``, oldest first), which the base's state does not say: a node
+    that starts again from the base and later becomes the master must still know them,
+    or it would apply a client's retry of one of them a second time."""
 
 
 HEARTBEATS = Topic("cluster/heartbeat", Heartbeat)

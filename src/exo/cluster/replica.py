@@ -67,7 +67,7 @@ class Replica:
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
             )
             self.host.replace_state(reply.base)
-            self.log.reset(reply.base)
+            self.log.reset(reply.base, reply.commands)
         events = [e for e in reply.events if e.idx > self.last_idx]
         end = self.last_idx + len(events)
         if events and [e.idx for e in events] != list(range(self.last_idx + 1, end + 1)):

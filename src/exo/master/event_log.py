@@ -5,7 +5,7 @@ the events before it (keeping a short tail for peers that lag a little), so the 
 stays bounded and a new node catches up from a snapshot plus the tail."""
 
 import sqlite3
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -121,14 +121,20 @@ class SqliteEventLog:
                 if (event.idx + 1) % self._snapshot_every == 0:
                     self._write_snapshot(state_after)
 
-    def reset(self, base: State) -> None:
+    def reset(self, base: State, commands: Sequence[CommandId] = ()) -> None:
         """Forget every event and snapshot and start again from ``base`` (a state received
-        from another node's log: its snapshot, or the empty state)."""
+        from another node's log: its snapshot, or the empty state), whose log applied
+        ``commands`` last (oldest first): they are remembered in place of this log's."""
         with self._transaction():
             self._db.execute("DELETE FROM events")
             self._db.execute("DELETE FROM snapshots")
-            # What the base holds is the other log's (its commands are not known here).
             self._db.execute("DELETE FROM commands")
+            # Their events are not here: numbered just below the base, in their order.
+            first = base.last_event_applied_idx - len(commands) + 1
+            self._db.executemany(
+                "INSERT INTO commands (idx, command_id) VALUES (?, ?)",
+                [(first + i, command_id) for i, command_id in enumerate(commands)],
+            )
             if base.last_event_applied_idx >= 0:
                 self._db.execute(
                     "INSERT INTO snapshots (idx, state) VALUES (?, ?)",

@@ -8,18 +8,19 @@ from typing import Any
 import anyio
 import pytest
 
-from exo.cluster.catch_up import Follower
+from exo.cluster.catch_up import Follower, catch_up_reply
 from exo.cluster.config import ClusterConfig
 from exo.cluster.lineage import Epoch
-from exo.cluster.messages import CatchUpReply, EventMsg
+from exo.cluster.messages import CatchUpReply, CatchUpRequest, EventMsg
 from exo.cluster.network import ClusterNetwork
 from exo.cluster.replica import Replica
 from exo.cluster.sim.node import SimHost
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.routing.topics import Delivery
+from exo.shared.apply import apply
 from exo.shared.tests.builders import node_info
-from exo.shared.types.common import NodeId
+from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import IndexedEvent, MergeReported, TopologyEdgeCreated
 from exo.shared.types.state import State
 from exo.shared.types.topology import Connection
@@ -124,3 +125,31 @@ async def test_a_gap_that_closed_before_the_follower_looked_costs_no_request(
         tg.start_soon(follower.loop)
         await anyio.sleep(0.2)  # ten times the gap wait
         tg.cancel_scope.cancel()
+
+
+async def test_a_node_that_starts_again_from_the_masters_state_knows_its_commands(
+    tmp_path: Path,
+) -> None:
+    """A follower far behind gets the master's state, not its events; it must still learn
+    which commands the master's log applied. Else, once it is the master, a client's
+    retry of one of them is applied a second time (at-most-once lost)."""
+    master_log = SqliteEventLog(tmp_path / "master.db", snapshot_every=5, keep_tail=5)
+    state = State()
+    for idx in range(30):
+        indexed = IndexedEvent(idx=idx, event=_edge(idx).event.event,
+                               command_id=CommandId(f"c{idx}"))
+        state = apply(state, indexed)
+        master_log.append(indexed, state)
+    master = Replica(SimHost(MASTER, state, lambda: 0.0, node_info()), master_log,
+                     ElectionStore(tmp_path / "master.json"))
+    master.save(1, (EPOCH,))
+    reply = catch_up_reply(master, state, CatchUpRequest(last_idx=-1, lineage=()))
+    assert reply.base is not None  # event 0 was compacted away: the state it is
+    follower, replica = _follower(tmp_path)
+    assert await follower._apply(MASTER, reply)  # pyright: ignore[reportPrivateUsage]
+    assert replica.last_idx == 29
+    assert replica.log.command_ids(100) == [CommandId(f"c{i}") for i in range(30)]
+    # what it applies next is remembered after them, in order
+    await replica.apply(EventMsg(epoch=EPOCH, event=IndexedEvent(
+        idx=30, event=_edge(30).event.event, command_id=CommandId("c30"))))
+    assert replica.log.command_ids(2) == [CommandId("c29"), CommandId("c30")]
