@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as a runner does, before torch loads
+# as a runner does, before torch (libgomp) loads
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -64,13 +64,17 @@ def main() -> None:
     path = args.gguf or find_embedded_gguf()
     with tempfile.TemporaryDirectory() as tmp:
         engine = load_engine(path, threads=1, cache_dir=Path(tmp))
-    print(f"{path.name}: CPU ms per decode step at 1 thread, context {args.context}, best of "
-          f"{args.repeat} x {args.steps} steps")
+    print(
+        f"{path.name}: CPU ms per decode step at 1 thread, context {args.context}, best of "
+        f"{args.repeat} x {args.steps} steps"
+    )
     for rows in args.rows:
         gen = BatchGenerator(engine.model, rows, args.context + args.steps + 8, eos_token_ids=())
         best = min(time_steps(gen, rows, args.context, args.steps) for _ in range(args.repeat))
-        print(f"  {rows:2d} rows: {best * 1e3:7.2f} ms/step  {best * 1e3 / rows:6.2f} ms/token",
-              flush=True)
+        print(
+            f"  {rows:2d} rows: {best * 1e3:7.2f} ms/step  {best * 1e3 / rows:6.2f} ms/token",
+            flush=True,
+        )
         if args.profile:
             from torch.profiler import ProfilerActivity, profile
 
