@@ -111,10 +111,10 @@ def argmax_rows(logits: Tensor, rows: Sequence[int]) -> list[int]:
     if not rows:
         return []
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
-        picked = logits.numpy()[list(rows)].argmax(-1)
-    else:
-        picked = logits[list(rows)].argmax(-1).cpu().numpy()
-    return [int(t) for t in picked]
+        # every row's argmax (cheaper than copying the rows asked for out first)
+        best = logits.numpy().argmax(-1)
+        return [int(best[r]) for r in rows]
+    return [int(t) for t in logits[list(rows)].argmax(-1).tolist()]
 
 
 def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
