@@ -107,8 +107,9 @@ static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
 /* Ask for the keys and values of positions [t0, t1) of task (b, j) (into L2: a task's 2 L hd
  * floats outgrow L1). Between layers they have left the caches (a step streams every layer's
  * weights) and a row's positions of one head are short runs (a page each) that the hardware
- * prefetchers start late on; asked for in slices while the task before computes (one burst
- * would stall on the memory queue), they load in its shadow. */
+ * prefetchers start late on; asked for in slices while the task before computes, they load in
+ * its shadow (measured: ~8% less CPU time for a call whose cache is not in L3, 8 rows of 120
+ * positions; asking for all of a task at once measured no better). */
 static void prefetch_span(const AttendJob* a, int b, int j, int t0, int t1) {
     const size_t row = (size_t)a->hd * sizeof(float);
     while (t0 < t1) {
