@@ -122,10 +122,10 @@ static inline __attribute__((always_inline)) __m256i unpack_block8(int kind, con
 }
 
 /* The f16 words at byte offsets off and off + 2 of the 8 rows' blocks (rows[c] + off) as floats:
- * d (offset off) and m (off + 2), one per lane. Built in registers: 16-bit stores read back by
- * one vector load would not forward (the load waits for the stores to leave). Used for Q4_1
- * (measured ~3% less CPU at 8 rows, weights in cache); the other layouts keep the stores (Q8_0
- * measured slower this way). */
+ * d (offset off) and m (off + 2), one per lane, built in registers rather than by 16-bit stores
+ * read back with one vector load (which cannot be forwarded from the stores). Used for Q4_1:
+ * measured ~3% less CPU at 8 rows with weights in cache; the other layouts keep the stores
+ * (Q8_0 measured no faster this way, with this for every f16 layout slower). */
 static inline __attribute__((always_inline)) void tile_scales8(const uint8_t* const* rows, size_t off, __m256* d,
                                                               __m256* m) {
     int32_t w[TILE_COLS];
