@@ -25,7 +25,7 @@ from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.kv_cache import KVCache, pages_for
 from exo.worker.engines.llama import StepInputs
 from exo.worker.engines.prefix_cache import PrefixCache
-from exo.worker.engines.sampling import RequestSampler, SamplingParams
+from exo.worker.engines.sampling import RequestSampler, SamplingParams, argmax_rows
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -209,10 +209,9 @@ class BatchGenerator:
 
     def _sample_rows(self, rows: list[_Request], logits: torch.Tensor) -> list[StepOutput]:
         greedy_rows = [i for i, r in enumerate(rows) if r.sampler.is_plain_greedy]
-        greedy: dict[int, int] = {}
-        if greedy_rows:  # one argmax for every plain greedy row
-            picked = logits[greedy_rows].argmax(-1).tolist()
-            greedy = {i: int(t) for i, t in zip(greedy_rows, picked, strict=True)}
+        # one argmax for every plain greedy row
+        picked = argmax_rows(logits, greedy_rows)
+        greedy = dict(zip(greedy_rows, picked, strict=True))
         outputs: list[StepOutput] = []
         for i, r in enumerate(rows):
             try:

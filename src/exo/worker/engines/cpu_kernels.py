@@ -65,7 +65,7 @@ def default_kernel_dir() -> Path:
 def _float_cpu(name: str, t: Tensor) -> None:
     if t.dtype != torch.float32:
         raise KernelArgumentError(f"{name} must be float32, got {t.dtype}")
-    if t.device.type != "cpu":
+    if not t.is_cpu:  # (cheaper than t.device: called for every tensor of every call)
         raise KernelArgumentError(f"{name} must be on the CPU, got {t.device}")
 
 
@@ -210,7 +210,7 @@ class QKernels:
             _float_cpu("residual", residual)
             _shape("residual", residual, (*x.shape[:-1], w.n))
             res_c = residual.contiguous()
-        y = torch.empty((*x.shape[:-1], w.n), dtype=torch.float32)
+        y = torch.empty(*x.shape[:-1], w.n, dtype=torch.float32)  # (sizes as arguments: cheaper)
         rc = self._fn(
             w.spec_address,
             x_c.data_ptr(),
@@ -261,18 +261,18 @@ class QKernels:
             raise KernelArgumentError(f"qkv must be [B, 1, W], got {list(qkv.shape)}")
         bsz = qkv.shape[0]
         _shape("qkv", qkv, (bsz, 1, (heads + 2 * kv_heads) * head_dim))
-        if rope.dtype != torch.complex64 or rope.device.type != "cpu":
+        if rope.dtype != torch.complex64 or not rope.is_cpu:
             raise KernelArgumentError(f"rope must be complex64 on the CPU, got {rope.dtype}")
         if rope.dim() != 2 or rope.shape[1] != head_dim // 2:
             raise KernelArgumentError(f"rope must be [P, {head_dim // 2}], got {list(rope.shape)}")
         if qk_norm is not None:
             _float_cpu("qk_norm", qk_norm)
             _shape("qk_norm", qk_norm, (heads + kv_heads, head_dim))
-        if positions.dtype != torch.int64 or positions.device.type != "cpu":
+        if positions.dtype != torch.int64 or not positions.is_cpu:
             raise KernelArgumentError("positions must be int64 on the CPU")
         _shape("positions", positions, (bsz,))
         pages = cache.pages
-        if pages.dtype != torch.int64 or pages.device.type != "cpu" or pages.dim() != 2:
+        if pages.dtype != torch.int64 or not pages.is_cpu or pages.dim() != 2:
             raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
         _shape("the cache's pages", pages, (bsz, pages.shape[1]))
         if cache.kv_heads != kv_heads or cache.head_dim != head_dim:
@@ -294,7 +294,7 @@ class QKernels:
             positions.contiguous(),
         )
         norm_c = None if qk_norm is None else qk_norm.contiguous()
-        out = torch.empty((bsz, 1, heads * head_dim), dtype=torch.float32)
+        out = torch.empty(bsz, 1, heads * head_dim, dtype=torch.float32)
         rc = self._attend(
             qkv_c.data_ptr(),
             bsz,

@@ -104,6 +104,19 @@ def apply_penalties(
     return z
 
 
+def argmax_rows(logits: Tensor, rows: Sequence[int]) -> list[int]:
+    """The index of the largest logit in each of `rows` of logits [B, V], the first one on ties
+    and on NaN (as torch's argmax). On the CPU this is numpy's argmax: at [8, 49152] torch's
+    took ~420 us, numpy's ~30 us, a step's worth of overhead at batch 8."""
+    if not rows:
+        return []
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        # every row's argmax (cheaper than copying the rows asked for out first)
+        best = logits.numpy().argmax(-1)
+        return [int(best[r]) for r in rows]
+    return [int(t) for t in logits[list(rows)].argmax(-1).tolist()]
+
+
 def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from (already penalised) logits [V] (steps 3-4 of the module docstring)."""
     if params.greedy:

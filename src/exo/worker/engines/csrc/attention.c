@@ -104,8 +104,37 @@ static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
     return page + a->layer_off + (((size_t)kv * a->KV + j) * a->P + t % a->P) * a->hd;
 }
 
-/* Task (b, j): row b's kv head j and the G query heads that share it. */
-static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
+/* Ask for the keys and values of positions [t0, t1) of task (b, j) (into L2: a task's 2 L hd
+ * floats outgrow L1). Between layers they have left the caches (a step streams every layer's
+ * weights) and a row's positions of one head are short runs (a page each) that the hardware
+ * prefetchers start late on; asked for in slices while the task before computes, they load in
+ * its shadow (measured: ~8% less CPU time for a call whose cache is not in L3, 8 rows of 120
+ * positions; asking for all of a task at once measured no better). */
+static void prefetch_span(const AttendJob* a, int b, int j, int t0, int t1) {
+    const size_t row = (size_t)a->hd * sizeof(float);
+    while (t0 < t1) {
+        const int in_page = a->P - t0 % a->P;
+        const int n = t1 - t0 < in_page ? t1 - t0 : in_page;
+        const char* k = (const char*)cached(a, b, 0, j, t0);
+        const char* v = (const char*)cached(a, b, 1, j, t0);
+        for (size_t off = 0; off < (size_t)n * row; off += 64) {
+            __builtin_prefetch(k + off, 0, 2);
+            __builtin_prefetch(v + off, 0, 2);
+        }
+        t0 += n;
+    }
+}
+
+/* Slice `i` of `n` of the prefetch of task `next` (-1: none). */
+static inline void prefetch_slice(const AttendJob* a, int next, int i, int n) {
+    if (next < 0) return;
+    const int b = next / a->KV, j = next % a->KV, L = (int)a->pos[b] + 1;
+    prefetch_span(a, b, j, (int)((long)L * i / n), (int)((long)L * (i + 1) / n));
+}
+
+/* Task (b, j): row b's kv head j and the G query heads that share it; the keys and values of
+ * task `next` (-1: none) are asked for meanwhile. */
+static void attend_task(const AttendJob* a, int b, int j, int next, float* scratch) {
     const int G = a->H / a->KV, hd = a->hd;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
     const int p = (int)a->pos[b], P = a->P;
@@ -129,6 +158,7 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
+        prefetch_slice(a, next, 2 * g, 2 * G);
         for (int t0 = 0; t0 < L; t0 += P) /* a page's keys are contiguous */
             scores_f32(qg, cached(a, b, 0, j, t0), L - t0 < P ? L - t0 : P, hd, scale, scores + t0);
         float mx = -INFINITY;
@@ -153,6 +183,7 @@ static void attend_task(const AttendJob* a, int b, int j, float* scratch) {
         for (t = 0; t < L; t++) scores[t] *= inv;
         float* o = a->out + ((size_t)b * a->H + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
+        prefetch_slice(a, next, 2 * g + 1, 2 * G);
         for (int t0 = 0; t0 < L; t0 += P)
             weighted_sum_f32(scores + t0, cached(a, b, 1, j, t0), L - t0 < P ? L - t0 : P, hd, o);
     }
@@ -167,8 +198,10 @@ static void attend_part(void* ctx, int part, int parts) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    for (int t = tasks * part / parts; t < tasks * (part + 1) / parts; t++)
-        attend_task(a, t / a->KV, t % a->KV, scratch_att);
+    const int first = tasks * part / parts, end = tasks * (part + 1) / parts;
+    if (first < end) prefetch_slice(a, first, 0, 1);
+    for (int t = first; t < end; t++)
+        attend_task(a, t / a->KV, t % a->KV, t + 1 < end ? t + 1 : -1, scratch_att);
 }
 
 /* One decoding step of B rows, one new token each:

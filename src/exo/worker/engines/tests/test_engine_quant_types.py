@@ -28,7 +28,7 @@ from exo.worker.engines.linear import (
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.materialise import kernel_plan
-from exo.worker.engines.qtensor import QuantTensor, q4_0_to_q4_1
+from exo.worker.engines.qtensor import QuantTensor, dequantize_rows, q4_0_to_q4_1
 from exo.worker.engines.tests.generated import random_blocks, write_gguf
 from exo.worker.engines.tests.kquants import quantize_q4_k, quantize_q6_k
 from exo.worker.engines.weights import TensorParallel
@@ -214,3 +214,14 @@ def test_k_quant_packing_round_trips_through_gguf(qtype: GGMLQuantizationType) -
     levels = 15 if qtype == T.Q4_K else 31
     err = np.abs(y - x).reshape(6, -1, group).max(-1)
     assert (err <= 0.75 * span / levels + 1e-3).all()  # half a step, plus the 6/8-bit scale
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES)
+def test_dequantize_rows_equals_the_reference_exactly(qtype: GGMLQuantizationType) -> None:
+    """Row lookups (the embedding, every step) give the reference's float32 values bit for bit,
+    NaN and infinite scales included (Q8_0 has a torch path of its own)."""
+    raw = random_blocks(qtype, 5, K, seed=11)
+    raw[1, :2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)  # a NaN scale
+    raw[2, :2] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)
+    got = dequantize_rows(qtype, torch.from_numpy(raw.copy()), K)
+    torch.testing.assert_close(got, _reference(qtype, raw), rtol=0, atol=0, equal_nan=True)

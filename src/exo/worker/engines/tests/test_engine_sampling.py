@@ -8,6 +8,7 @@ from exo.worker.engines.sampling import (
     RequestSampler,
     SamplingParams,
     apply_penalties,
+    argmax_rows,
     sample_token,
 )
 
@@ -86,3 +87,19 @@ def test_extreme_temperature_and_penalties_still_sample() -> None:
         SamplingParams(temperature=1.0, top_k=2, min_p=0.5),
     ):
         assert sample_token(logits, params, torch.Generator().manual_seed(0)) == 1
+
+
+def test_argmax_rows_is_torch_argmax_ties_and_nan_included() -> None:
+    """The batch's greedy argmax (numpy on the CPU) picks what torch's argmax picks."""
+    z = torch.randn(6, 300, generator=torch.Generator().manual_seed(3))
+    z[1, 7] = z[1, 250] = 50.0  # a tie: the first one
+    z[2] = 0.0  # all equal: index 0
+    z[3, 11] = z[3, 90] = float("nan")  # NaN counts as the largest, the first one
+    z[4, 299] = float("inf")
+    z[5, :] = float("-inf")
+    rows = [5, 0, 3, 1, 2, 4]
+    want = [int(z[r].argmax()) for r in rows]
+    assert want[:4] == [0, want[1], 11, 7]
+    assert argmax_rows(z, rows) == want
+    assert argmax_rows(z.double(), rows) == want  # the torch path for other dtypes
+    assert argmax_rows(z, []) == []
