@@ -61,7 +61,9 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
-    path = args.gguf or find_embedded_gguf()
+    path: Path | None = args.gguf or find_embedded_gguf()
+    if path is None:
+        sys.exit("the embedded model is not installed: pass --gguf FILE")
     with tempfile.TemporaryDirectory() as tmp:
         engine = load_engine(path, threads=1, cache_dir=Path(tmp))
     print(
