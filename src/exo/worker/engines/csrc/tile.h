@@ -139,6 +139,22 @@ static inline __attribute__((always_inline)) void tile_scales8(const uint8_t* co
     *m = _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1));
 }
 
+/* An 8 x 8 transpose of 16-bit words within each 128-bit lane: word c of v[i] = word i of q[c]. */
+static inline __attribute__((always_inline)) void transpose8_words(const __m256i q[8], __m256i v[8]) {
+    const __m256i t0 = _mm256_unpacklo_epi16(q[0], q[1]), t1 = _mm256_unpackhi_epi16(q[0], q[1]);
+    const __m256i t2 = _mm256_unpacklo_epi16(q[2], q[3]), t3 = _mm256_unpackhi_epi16(q[2], q[3]);
+    const __m256i t4 = _mm256_unpacklo_epi16(q[4], q[5]), t5 = _mm256_unpackhi_epi16(q[4], q[5]);
+    const __m256i t6 = _mm256_unpacklo_epi16(q[6], q[7]), t7 = _mm256_unpackhi_epi16(q[6], q[7]);
+    const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
+    const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
+    const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+    v[0] = _mm256_unpacklo_epi64(u0, u4), v[1] = _mm256_unpackhi_epi64(u0, u4);
+    v[2] = _mm256_unpacklo_epi64(u1, u5), v[3] = _mm256_unpackhi_epi64(u1, u5);
+    v[4] = _mm256_unpacklo_epi64(u2, u6), v[5] = _mm256_unpackhi_epi64(u2, u6);
+    v[6] = _mm256_unpacklo_epi64(u3, u7), v[7] = _mm256_unpackhi_epi64(u3, u7);
+}
+
 /* The tile of 8 weight rows (rows[c], layout `kind`, nb blocks of 32): per block, 8 vectors v_j
  * whose low 128-bit lane holds pair j of the 8 rows (as int8: row c's values 2j, 2j + 1 in bytes
  * 2c, 2c + 1) and whose high lane holds pair j + 8. */
@@ -155,24 +171,10 @@ static inline __attribute__((always_inline)) void tile_build_kind(int kind, cons
             if (tile_has_m(kind))
                 _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)mh)));
         }
-        /* an 8 x 8 transpose of 16-bit pairs within each 128-bit lane */
-        const __m256i t0 = _mm256_unpacklo_epi16(q[0], q[1]), t1 = _mm256_unpackhi_epi16(q[0], q[1]);
-        const __m256i t2 = _mm256_unpacklo_epi16(q[2], q[3]), t3 = _mm256_unpackhi_epi16(q[2], q[3]);
-        const __m256i t4 = _mm256_unpacklo_epi16(q[4], q[5]), t5 = _mm256_unpackhi_epi16(q[4], q[5]);
-        const __m256i t6 = _mm256_unpacklo_epi16(q[6], q[7]), t7 = _mm256_unpackhi_epi16(q[6], q[7]);
-        const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
-        const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
-        const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
-        const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
+        __m256i v[8];
+        transpose8_words(q, v);
         __m256i* out = (__m256i*)(t.q + (size_t)b * 256);
-        _mm256_storeu_si256(out + 0, _mm256_unpacklo_epi64(u0, u4));
-        _mm256_storeu_si256(out + 1, _mm256_unpackhi_epi64(u0, u4));
-        _mm256_storeu_si256(out + 2, _mm256_unpacklo_epi64(u1, u5));
-        _mm256_storeu_si256(out + 3, _mm256_unpackhi_epi64(u1, u5));
-        _mm256_storeu_si256(out + 4, _mm256_unpacklo_epi64(u2, u6));
-        _mm256_storeu_si256(out + 5, _mm256_unpackhi_epi64(u2, u6));
-        _mm256_storeu_si256(out + 6, _mm256_unpacklo_epi64(u3, u7));
-        _mm256_storeu_si256(out + 7, _mm256_unpackhi_epi64(u3, u7));
+        for (int i = 0; i < 8; i++) _mm256_storeu_si256(out + i, v[i]);
     }
 }
 
@@ -195,18 +197,8 @@ static __attribute__((noinline)) void tile_build_q4(const uint8_t* const* rows, 
             _mm256_storeu_ps(t.d + (size_t)(b + h) * TILE_COLS, dv);
             _mm256_storeu_ps(t.m + (size_t)(b + h) * TILE_COLS, mv);
         }
-        const __m256i t0 = _mm256_unpacklo_epi16(a[0], a[1]), t1 = _mm256_unpackhi_epi16(a[0], a[1]);
-        const __m256i t2 = _mm256_unpacklo_epi16(a[2], a[3]), t3 = _mm256_unpackhi_epi16(a[2], a[3]);
-        const __m256i t4 = _mm256_unpacklo_epi16(a[4], a[5]), t5 = _mm256_unpackhi_epi16(a[4], a[5]);
-        const __m256i t6 = _mm256_unpacklo_epi16(a[6], a[7]), t7 = _mm256_unpackhi_epi16(a[6], a[7]);
-        const __m256i u0 = _mm256_unpacklo_epi32(t0, t2), u1 = _mm256_unpackhi_epi32(t0, t2);
-        const __m256i u2 = _mm256_unpacklo_epi32(t1, t3), u3 = _mm256_unpackhi_epi32(t1, t3);
-        const __m256i u4 = _mm256_unpacklo_epi32(t4, t6), u5 = _mm256_unpackhi_epi32(t4, t6);
-        const __m256i u6 = _mm256_unpacklo_epi32(t5, t7), u7 = _mm256_unpackhi_epi32(t5, t7);
-        const __m256i v[8] = {_mm256_unpacklo_epi64(u0, u4), _mm256_unpackhi_epi64(u0, u4),
-                              _mm256_unpacklo_epi64(u1, u5), _mm256_unpackhi_epi64(u1, u5),
-                              _mm256_unpacklo_epi64(u2, u6), _mm256_unpackhi_epi64(u2, u6),
-                              _mm256_unpacklo_epi64(u3, u7), _mm256_unpackhi_epi64(u3, u7)};
+        __m256i v[8];
+        transpose8_words(a, v);
         __m256i* out0 = (__m256i*)(t.q + (size_t)b * 256);
         __m256i* out1 = (__m256i*)(t.q + (size_t)(b + 1) * 256);
         for (int i = 0; i < 8; i++) { /* v[i]: word c = word i of row c (block b | block b + 1) */
