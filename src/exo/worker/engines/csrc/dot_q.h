@@ -74,6 +74,15 @@ static inline void dot_q8_##R(const BlockQ8* w, const BlockX* x, int nb, float* 
 }
 #else
 /* Plain C: the weights are unpacked once per block into int16, then integer dot products. */
+/* acc[r] += block b of row r (xb + r * nb) dotted with the unpacked weights q, scaled: w = d q + m */
+static inline void dot_block_rows(const int16_t* q, float d, float m, const BlockX* xb, int nb, int R,
+                                  float* acc) {
+    for (int r = 0; r < R; r++, xb += nb) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];
+        acc[r] += d * xb->d * (float)isum + m * xb->s;
+    }
+}
 #define DEFINE_DOT_Q4(R)                                                                          \
 static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* out) {          \
     float acc[R];                                                                                \
@@ -85,12 +94,7 @@ static inline void dot_q4_##R(const BlockQ4* w, const BlockX* x, int nb, float* 
             q[j + 16] = (int16_t)(w[b].qs[j] >> 4);                                              \
         }                                                                                        \
         const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);                                    \
-        for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b;                                           \
-            int32_t isum = 0;                                                                    \
-            for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];                      \
-            acc[r] += d * xb->d * (float)isum + m * xb->s;                                       \
-        }                                                                                        \
+        dot_block_rows(q, d, m, x + b, nb, R, acc);                                              \
     }                                                                                            \
     for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
 }
@@ -177,12 +181,7 @@ static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const 
             q[j + 16] = (int16_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));                 \
         }                                                                                        \
         const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
-        for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b;                                           \
-            int32_t isum = 0;                                                                    \
-            for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];                      \
-            acc[r] += d * xb->d * (float)isum + m * xb->s;                                       \
-        }                                                                                        \
+        dot_block_rows(q, d, m, x + b, nb, R, acc);                                              \
     }                                                                                            \
     for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
 }

@@ -10,6 +10,17 @@ typedef struct {
     float* m;   /* [nb]: the offset per value (0 for q8, -16 d for Q5_0) */
 } UnpackedRow;
 
+/* Block b of a Q5_0 (has_m 0) or Q5_1 row: its f16 d and m (m only in Q5_1) and fifth bits qh;
+ * returns its 16 bytes of nibbles. */
+static inline const uint8_t* q5_block(const void* row, int b, int has_m, uint16_t* d16, uint16_t* m16,
+                                      uint32_t* qh) {
+    const uint8_t* blk = (const uint8_t*)row + (size_t)b * (has_m ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
+    memcpy(d16, blk, 2);
+    memcpy(m16, blk + 2, 2);
+    memcpy(qh, blk + (has_m ? 4 : 2), 4);
+    return blk + (has_m ? 8 : 6);
+}
+
 static inline void unpack_row(int kind, const void* row, int nb, UnpackedRow u) {
 #if EXO_AVX2
     const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);
@@ -35,13 +46,10 @@ static inline void unpack_row(int kind, const void* row, int nb, UnpackedRow u) 
             u.m[b] = exo_h2f(w->m);
         } else {
             const int has_m = kind == KIND_Q5_1;
-            const uint8_t* blk = (const uint8_t*)row + (size_t)b * (has_m ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
             uint16_t d16, m16;
             uint32_t qh;
-            memcpy(&d16, blk, 2);
-            memcpy(&m16, blk + 2, 2);
-            memcpy(&qh, blk + (has_m ? 4 : 2), 4);
-            const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + (has_m ? 8 : 6))));
+            const uint8_t* qs = q5_block(row, b, has_m, &d16, &m16, &qh);
+            const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)qs));
             const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit);
             const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
             const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);
@@ -71,13 +79,9 @@ static inline void unpack_row(int kind, const void* row, int nb, UnpackedRow u) 
             u.m[b] = exo_h2f(w->m);
         } else { /* Q5_0, Q5_1 */
             const int has_m = kind == KIND_Q5_1;
-            const uint8_t* blk = (const uint8_t*)row + (size_t)b * (has_m ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0));
             uint16_t d16, m16;
             uint32_t qh;
-            memcpy(&d16, blk, 2);
-            memcpy(&m16, blk + 2, 2);
-            memcpy(&qh, blk + (has_m ? 4 : 2), 4);
-            const uint8_t* qs = blk + (has_m ? 8 : 6);
+            const uint8_t* qs = q5_block(row, b, has_m, &d16, &m16, &qh);
             for (int j = 0; j < 16; j++) {
                 q[j] = (int16_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));
                 q[j + 16] = (int16_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
