@@ -29,7 +29,7 @@ from torch import Tensor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from exo.worker.engines.cpu_kernels import KIND_Q4, PROLOGUE_NONE, QuantWeights, load_kernels
-from exo.worker.engines.q_blocks import dequantize_blocks, quantize_q4
+from exo.worker.engines.q_blocks import dequantize_blocks, quantize_q4, unpack_q4
 
 LAYERS = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
 GROUP = 32
@@ -40,11 +40,9 @@ _int4_mm = torch._weight_int4pack_mm_for_cpu  # pyright: ignore[reportPrivateImp
 
 def torch_int4(blocks: Tensor) -> tuple[Tensor, Tensor]:
     """q4 blocks [N, K/32, 20] -> torch's packed weight and scales-and-zeros [K/32, N, 2]."""
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()[..., 0]  # [N, nb]
-    m = blocks[..., 2:4].contiguous().view(torch.float16).float()[..., 0]
-    nibbles = blocks[..., 4:]
-    q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).flatten(-2).to(torch.int32)  # [N, K]
-    packed = _to_int4pack(q, 2)
+    q, d, m = unpack_q4(blocks)  # q [N, nb, 32], d and m [N, nb, 1]
+    d, m = d[..., 0], m[..., 0]
+    packed = _to_int4pack(q.flatten(-2).to(torch.int32), 2)  # q as [N, K]
     scales_zeros = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous()
     return packed, scales_zeros
 

@@ -42,13 +42,20 @@ def quantize_q8(weight: Tensor) -> Tensor:
     return torch.cat([_f16_bytes(scale), q], dim=-1).contiguous()
 
 
+def unpack_q4(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q4 blocks [..., nb, 20] -> (q uint8 [..., nb, 32] in element order, d and m float32
+    [..., nb, 1]): w = d q + m."""
+    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()
+    minimum = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    nibbles = blocks[..., 4:]
+    return torch.cat([nibbles & 15, nibbles >> 4], dim=-1), scale, minimum
+
+
 def dequantize_blocks(blocks: Tensor, bits: int) -> Tensor:
     """q4 / q8 blocks [..., K/32, 20 or 34] -> float32 [..., K]."""
-    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [..., nb, 1]
     if bits == 4:
-        minimum = blocks[..., 2:4].contiguous().view(torch.float16).float()
-        nibbles = blocks[..., 4:]
-        q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
-        return (q * scale + minimum).flatten(-2)
+        q, scale, minimum = unpack_q4(blocks)
+        return (q.float() * scale + minimum).flatten(-2)
+    scale = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [..., nb, 1]
     q = blocks[..., 2:].contiguous().view(torch.int8).float()
     return (q * scale).flatten(-2)
