@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from playwright.sync_api import Locator, Route, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from exo.api.dashboard.tests.browser import (
     CHROMIUM,
@@ -42,6 +43,12 @@ WATCH_STATUSES = """() => {
   });
   new MutationObserver(seen).observe(document.body,
     {subtree: true, childList: true, characterData: true});
+}"""
+
+SHOWED_RECOVERY = """() => {
+  const s = window.__statuses || [];
+  return s.length > 0 && s[s.length - 1] === 'ready'
+    && s.some((x) => !x.startsWith('ready') && !x.startsWith('running'));
 }"""
 
 
@@ -340,6 +347,13 @@ def test_a_killed_runner_shows_its_error_then_recovers(node: NodeProcess, browse
     tab.page.click("text=Models")
     expect(tab.page.locator(".instance .badge")).to_have_text("serving", timeout=90_000)
     wait_until(lambda: node.runner_pids() not in ([], [runner]), 30, "a new runner")
+    # The badge may still say "serving" from before the kill when the new runner starts: wait
+    # for the page to have shown the failure and then the new runner ready (the asserts below
+    # say which of the two it did not show, if it never does).
+    try:
+        tab.page.wait_for_function(SHOWED_RECOVERY, timeout=60_000)
+    except PlaywrightTimeoutError:
+        pass
     seen = tab.page.evaluate("window.__statuses")
     print("runner statuses shown:", seen)
     assert seen[-1] == "ready", seen
