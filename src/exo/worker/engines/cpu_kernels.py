@@ -47,10 +47,13 @@ _GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
 KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
+KIND_Q4_G8 = 204  # Q4_1 rows re-laid in groups of 8 (`group_q4_rows`, csrc/grouped.h)
+GROUP_ROWS = 8
 _BLOCK_BYTES = {
     KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
-    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210,
+    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20,
 }  # fmt: skip
+_BLOCK_VALUES = {KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256}  # (else 32)
 _INT_MAX = 2**31 - 1
 
 
@@ -124,17 +127,25 @@ class QuantWeights:
             raise KernelArgumentError(f"unknown prologue {prologue}")
         if not 1 <= len(parts) <= MAX_PARTS:
             raise KernelArgumentError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
-        block = 256 if max(kinds) > 100 else 32
+        block = max(_BLOCK_VALUES.get(kind, 32) for kind in kinds)
         if k <= 0 or k % block != 0 or k > _INT_MAX:
             raise KernelArgumentError(f"k must be a positive multiple of {block}, got {k}")
         for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
-            row_bytes = k // (256 if kind > 100 else 32) * _BLOCK_BYTES[kind]
+            row_bytes = k // _BLOCK_VALUES.get(kind, 32) * _BLOCK_BYTES[kind]
             if p.dtype != torch.uint8 or p.device.type != "cpu" or p.dim() != 2:
                 raise KernelArgumentError(f"part {i} must be a 2-D uint8 CPU tensor")
             if p.shape[1] != row_bytes:
                 raise KernelArgumentError(
                     f"part {i} must have rows of {row_bytes} bytes, got {p.shape[1]}"
                 )
+        start = 0
+        for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
+            if kind == KIND_Q4_G8 and (p.shape[0] % GROUP_ROWS or start % GROUP_ROWS):
+                raise KernelArgumentError(
+                    f"part {i} is laid in groups of {GROUP_ROWS} rows: it must have a multiple "
+                    f"of {GROUP_ROWS} rows and start on one (rows {start}..{start + p.shape[0]})"
+                )
+            start += p.shape[0]
         self.parts = [p.contiguous() for p in parts]
         self.n = sum(p.shape[0] for p in self.parts)
         if not 0 < self.n <= _INT_MAX:
@@ -171,6 +182,34 @@ class QuantWeights:
             post_eps,
         )
         self.spec_address = ctypes.addressof(self.spec)
+
+
+_GROUP_CHUNK = 1024  # groups re-laid at a time (bounds the temporary copy)
+
+
+def group_q4_rows(rows: Tensor, out: Tensor) -> None:
+    """Q4_1 rows uint8 [n, nb * 20] (n a multiple of 8) re-laid in groups of 8 rows into `out`
+    (same shape; may be `rows` itself), the layout KIND_Q4_G8 reads (`csrc/grouped.h`): per group
+    and block of 32 values, the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1
+    of each row's 16 bytes of nibbles, row after row."""
+    n, width = rows.shape
+    if rows.dtype != torch.uint8 or not rows.is_cpu or width % 20 or n % GROUP_ROWS:
+        raise KernelArgumentError(
+            f"Q4_1 rows must be a uint8 CPU [8k, 20 nb] tensor, got {list(rows.shape)}"
+        )
+    if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
+        raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
+    nb, groups = width // 20, n // GROUP_ROWS
+    src = rows.contiguous().numpy().reshape(groups, GROUP_ROWS, nb, 20)
+    dst = out.numpy().reshape(groups, nb, 160)
+    for g0 in range(0, groups, _GROUP_CHUNK):
+        blocks = src[g0 : g0 + _GROUP_CHUNK].transpose(0, 2, 1, 3).copy()  # [G, nb, row, 20]
+        g = blocks.shape[0]
+        laid = dst[g0 : g0 + g]
+        laid[:, :, 0:16] = blocks[..., 0:2].reshape(g, nb, 16)  # d of rows 0..7
+        laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
+        words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
+        laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
 
 
 class QKernels:

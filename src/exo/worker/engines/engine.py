@@ -151,7 +151,10 @@ def load_engine(
         path, start_layer, end, dtype=load_dtype, progress=progress, plan=plan
     )
     fmt = weight_format or choose_weight_format(weights.source_format, dev, dtype, kernels)
-    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
+    # the weights were loaded for this model alone: it may re-lay their blocks in place
+    model = LlamaModel(
+        weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels, own_weights=True
+    )
     release_freed_memory()
     log_load(path, weights, model, time.monotonic() - started)
     return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

@@ -22,7 +22,6 @@ from loguru import logger
 Isa = Literal["avx2", "portable"]
 ISAS: tuple[Isa, ...] = ("avx2", "portable")
 KERNEL_SOURCES = ("pool.c", "vec.c", "linear.c", "attention.c")
-KERNEL_HEADERS = ("exo_kernels.h", "dot_q.h", "dot_kquants.h", "unpacked.h", "tile.h")
 HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c")
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
@@ -96,7 +95,9 @@ def library_flags(isa: Isa) -> tuple[str, ...]:
 
 
 def library_name(compiler: str, isa: Isa) -> str:
-    text = source_text(KERNEL_SOURCES + KERNEL_HEADERS)
+    # every header of csrc/ (a new one cannot be left out of the key)
+    headers = tuple(sorted(p.name for p in csrc_dir().glob("*.h")))
+    text = source_text(KERNEL_SOURCES + headers)
     key = hashlib.sha256("\0".join([text, compiler, *library_flags(isa)]).encode()).hexdigest()
     return f"exo_kernels_{isa}_{key[:16]}.so"
 

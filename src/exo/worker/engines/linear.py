@@ -33,7 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import (
+    GROUP_ROWS,
     KIND_Q4,
+    KIND_Q4_G8,
     KIND_Q4_K,
     KIND_Q5_0,
     KIND_Q5_1,
@@ -47,7 +49,9 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
+    group_q4_rows,
 )
+from exo.worker.engines.file_rows import weight_buffer
 from exo.worker.engines.q_blocks import QUANT_BLOCK as QUANT_BLOCK
 from exo.worker.engines.q_blocks import dequantize_blocks as dequantize_blocks
 from exo.worker.engines.q_blocks import quantize_q4 as quantize_q4
@@ -172,12 +176,19 @@ class PackedFp16Linear:
         return y if residual is None else residual + y
 
 
+Regroup = Literal["in_place", "copy", "no"]
+"""What a layer may do with Q4_1 blocks it is given, to re-lay them in groups of 8 rows for the
+AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them over: a model built by its
+loader), copy them (the caller may still read them), or leave them."""
+
+
 class QuantLinear:
     """Weight blocks run by the compiled CPU kernels (float32 activations in and out).
 
     `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, row bytes]) whose rows
     stack into the output; they are read where they lie (no concatenation). `kinds`: each part's
     layout (default: `bits` for all); `post_norm`: the norm of the output before the residual.
+    Q4_1 parts of whole groups of 8 rows are re-laid for the AVX2 build as `regroup` allows.
     """
 
     def __init__(
@@ -190,9 +201,10 @@ class QuantLinear:
         kernels: QKernels,
         kinds: list[int] | None = None,
         post_norm: RmsNorm | None = None,
+        regroup: Regroup = "copy",
     ) -> None:
         self.bits = bits
-        self.kinds = [bits] * len(parts) if kinds is None else kinds
+        self.kinds = [bits] * len(parts) if kinds is None else list(kinds)
         self.blocks = parts[0]  # the first part (the whole matrix for a single-part layer)
         self._kernels = kernels
         kind, gain, eps = PROLOGUE_NONE, None, 0.0
@@ -203,14 +215,32 @@ class QuantLinear:
         elif isinstance(prologue, GeGLU):
             kind = PROLOGUE_GEGLU
         flat = [p.reshape(p.shape[0], -1) for p in parts]
+        if regroup != "no" and kernels.isa == "avx2":
+            self._regroup(flat, regroup)
         post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
         self._weights = QuantWeights(
             bits, kind, flat, gain, eps, bias, k, self.kinds, post_gain, post_eps
         )
 
+    def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
+        """Q4_1 parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
+        start = 0
+        for i, (p, kind) in enumerate(zip(flat, self.kinds, strict=True)):
+            rows = p.shape[0]
+            if kind == KIND_Q4 and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
+                out = p if regroup == "in_place" and p.is_contiguous() else weight_buffer(*p.shape)
+                group_q4_rows(p, out)
+                flat[i], self.kinds[i] = out, KIND_Q4_G8
+            start += rows
+
     @property
     def out_features(self) -> int:
         return self._weights.n
+
+    @property
+    def parts(self) -> list[Tensor]:
+        """The weight parts as the kernel reads them (uint8 [rows_i, row bytes], see `kinds`)."""
+        return self._weights.parts
 
     @property
     def kernel(self) -> str:
@@ -347,9 +377,10 @@ def make_linear(
     device: torch.device | None = None,
     kernels: QKernels | None = None,
     post_norm: RmsNorm | None = None,
+    regroup: Regroup = "copy",
 ) -> Linear:
     """A linear layer y = prologue(x) W^T + b (then `post_norm`, if given, before the residual
-    add); `dtype` is the activation dtype.
+    add); `dtype` is the activation dtype; `regroup`: see `Regroup` (file blocks given).
 
     `weight` is one matrix or the parts whose rows stack into it (q | k | v). Plain tensors run
     in format `fmt`; file blocks run in their own format: the compiled kernel for the types it
@@ -368,7 +399,9 @@ def make_linear(
     if kinds is not None and kernels is not None:
         blocks = [p.raw for p in parts if isinstance(p, QuantTensor)]
         k = parts[0].shape[1]
-        return QuantLinear(blocks, k, bias, prologue, kinds[0], kernels, kinds, post_norm)
+        return QuantLinear(
+            blocks, k, bias, prologue, kinds[0], kernels, kinds, post_norm, regroup
+        )
     lin: Linear
     if len(parts) == 1 and isinstance(parts[0], QuantTensor):
         why = "no kernel for it"
@@ -386,7 +419,9 @@ def make_linear(
                 groups.append([p])
         lin = SplitLinear(
             [
-                make_linear(g, None, fmt, dtype=dtype, device=device, kernels=kernels)
+                make_linear(
+                    g, None, fmt, dtype=dtype, device=device, kernels=kernels, regroup=regroup
+                )
                 for g in groups
             ],
             bias,
@@ -401,6 +436,7 @@ _KERNEL_KINDS = {
 }  # fmt: skip
 _KIND_NAMES = {
     KIND_Q4: "q4",
+    KIND_Q4_G8: "q4 (8-row groups)",
     KIND_Q8: "q8",
     KIND_Q5_0: "Q5_0",
     KIND_Q5_1: "Q5_1",
@@ -448,7 +484,10 @@ def _plain_linear(
             blocks = quantize_q4(weight) if fmt == "q4" else quantize_q8(weight)
             bits = 4 if fmt == "q4" else 8
             k = weight.shape[1]
-            return QuantLinear([blocks], k, bias, prologue, bits, kernels, None, post_norm)
+            # fresh blocks: nobody else reads them
+            return QuantLinear(
+                [blocks], k, bias, prologue, bits, kernels, None, post_norm, "in_place"
+            )
     if isinstance(prologue, RmsNorm):
         prologue = RmsNorm(prologue.gain.to(device), prologue.eps)
     folded = _fold_gain(weight, prologue)

@@ -44,6 +44,7 @@ from exo.worker.engines.linear import (
     GeGLU,
     Linear,
     Prologue,
+    Regroup,
     RmsNorm,
     SwiGLU,
     WeightFormat,
@@ -121,10 +122,12 @@ def build_block(
     device: torch.device,
     kernels: QKernels | None,
     fuse_post_norms: bool = True,
+    regroup: Regroup = "copy",
 ) -> Block:
     """Block `index` (a global layer number) in compute form. `fuse_post_norms`: Gemma's norms
     after attention / MLP run inside o / down (not with tensor parallelism: the all-reduce comes
-    between the layer and its norm)."""
+    between the layer and its norm). `regroup`: what its linears may do with the layer's blocks
+    (`Regroup`)."""
     hd, eps = config.head_dim, config.rms_eps
     heads, kv_heads = layer.wq.shape[0] // hd, layer.wk.shape[0] // hd
     wq, bq, q_scale = layer.wq, layer.bq, _q_scale(config)
@@ -160,6 +163,7 @@ def build_block(
             device=device,
             kernels=kernels,
             post_norm=post_norm,
+            regroup=regroup,
         )
 
     def unfused(norm: Tensor | None) -> Tensor | None:
@@ -206,7 +210,11 @@ class LlamaModel:
         device: torch.device | str = "cpu",
         all_reduce: AllReduce = no_all_reduce,
         kernels: QKernels | None = None,
+        own_weights: bool = False,
     ) -> None:
+        """`own_weights`: the model may overwrite the blocks of `weights` (re-laid for the
+        kernels in place, `Regroup`): its loader hands them over. Otherwise they are copied
+        where re-laid, and `weights` stays as it was."""
         c = weights.config
         self.config: LlamaConfig = c
         self.start_layer = weights.start_layer
@@ -222,9 +230,11 @@ class LlamaModel:
         # The compiled decode attention runs whenever the kernels are loaded (float32 CPU).
         self._kernels = kernels if dtype == torch.float32 and self.device.type == "cpu" else None
         fuse = all_reduce is no_all_reduce
+        regroup: Regroup = "in_place" if own_weights else "copy"
         self.blocks = [
             build_block(
-                w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels, fuse
+                w, c, weights.start_layer + i, weight_format, dtype, self.device, kernels, fuse,
+                regroup,
             )
             for i, w in enumerate(weights.layers)
         ]
@@ -243,6 +253,8 @@ class LlamaModel:
                 dtype=dtype,
                 device=self.device,
                 kernels=kernels,
+                # a tied head's blocks are also the embedding's rows: left as they are
+                regroup="no" if weights.embed is weights.lm_head else regroup,
             )
         # The embedding table in its running format (shared with a tied q8 head).
         self.embedding: Embedding | None = None

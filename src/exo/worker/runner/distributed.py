@@ -266,11 +266,13 @@ def load_local_model(
                                      progress=progress, plan=plan, tensor_parallel=tp)
         all_reduce = _all_reduce
     fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
+    # (the weights were loaded for this model alone: it may re-lay their blocks in place)
     if all_reduce is None:
-        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels)
+        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
+                           own_weights=True)
     else:
         model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
-                           all_reduce=all_reduce)
+                           all_reduce=all_reduce, own_weights=True)
     if shard.device_rank != 0:
         return model, None
     engine = Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

@@ -5,7 +5,8 @@
  * ~1e-4 of float32), so a block's dot product is integer multiply-adds and one float
  * multiply-add (dot_q.h, dot_kquants.h). With several activation rows (batched decode,
  * prefill) the AVX2 build takes 8 weight rows at a time into a tile whose vector lanes are the 8
- * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. The
+ * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. Q4_1
+ * weights re-laid that way at load (KIND_Q4_G8, grouped.h) need no tile, at any number of rows. The
  * weight rows come in up to MAX_PARTS parts stacked along the output (q | k | v), each in its own
  * layout. Threads split the output rows: each streams its own contiguous rows of the weights.
  */
@@ -16,6 +17,7 @@
 #include "dot_kquants.h"
 #include "unpacked.h"
 #include "tile.h"
+#include "grouped.h"
 
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
@@ -50,13 +52,14 @@ static inline int is_kquant(int kind) {
 
 static int known_kind(int kind) {
     return kind == KIND_Q4 || kind == KIND_Q8 || kind == KIND_Q5_0 || kind == KIND_Q5_1 ||
-           is_kquant(kind);
+           is_kquant(kind) || kind == KIND_Q4_G8;
 }
 
 /* Bytes of one weight row of `kind` holding nb blocks of 32 values. */
 static size_t row_bytes(int kind, int nb) {
     switch (kind) {
-        case KIND_Q4: return (size_t)nb * sizeof(BlockQ4);
+        case KIND_Q4:
+        case KIND_Q4_G8: return (size_t)nb * sizeof(BlockQ4); /* a group: 8 rows' bytes */
         case KIND_Q8: return (size_t)nb * sizeof(BlockQ8);
         case KIND_Q5_0: return (size_t)nb * sizeof(BlockQ5_0);
         case KIND_Q5_1: return (size_t)nb * sizeof(BlockQ5_1);
@@ -109,6 +112,23 @@ static void linear_part(void* ctx, int part, int parts) {
             const int kind = kind_of_part(s, p);
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
+            if (kind == KIND_Q4_G8) { /* lo - base and hi - base are multiples of 8 (check_spec) */
+                for (; n < hi; n += G8_ROWS) {
+                    const uint8_t* grp = (const uint8_t*)s->w[p] + (size_t)(n - base) * rb;
+                    for (int m = m0; m < m1;) {
+                        const int R = m1 - m >= G8_MAX_R ? G8_MAX_R : m1 - m;
+                        float o[G8_MAX_R * G8_ROWS];
+                        g8_dot(grp, nb, j->x + (size_t)m * nb, R, o);
+                        for (int r = 0; r < R; r++)
+                            for (int c = 0; c < G8_ROWS; c++) {
+                                const size_t i = (size_t)(m + r) * j->N + n + c;
+                                j->y[i] = o[G8_ROWS * r + c] + (j->bias ? j->bias[n + c] : 0.0f) +
+                                          (j->residual ? j->residual[i] : 0.0f);
+                            }
+                        m += R;
+                    }
+                }
+            }
 #if EXO_AVX2
             if (use_tile(kind, m1 - m0) && n < hi) { /* batched decode, prefill: 8 weight rows at once */
                 void* buf = exo_scratch(SCRATCH_TILE, tile_bytes(nb));
@@ -242,6 +262,10 @@ static int check_spec(const LinearSpec* s) {
         if (s->part_rows[p] < 0 || (s->part_rows[p] > 0 && s->w[p] == NULL)) return -2;
         if (s->part_kind[p] != 0 && !known_kind(s->part_kind[p])) return -2;
         if (s->part_rows[p] > 0 && is_kquant(kind_of_part(s, p)) && K % QK_K != 0) return -2;
+        /* groups of 8 rows that start on a multiple of 8 (partitions split on those) */
+        if (s->part_rows[p] > 0 && kind_of_part(s, p) == KIND_Q4_G8 &&
+            (s->part_rows[p] % G8_ROWS != 0 || rows % G8_ROWS != 0))
+            return -2;
         if (s->part_rows[p] > N - rows) return -2;
         rows += s->part_rows[p];
     }

@@ -64,15 +64,28 @@ static int check_linear(Rng* r, int quiet) {
     s.eps = 1e-5f;
     double* w = xmalloc(sizeof(double) * (size_t)N * K);
     int row = 0;
+    int grouped = 0;
     for (int p = 0; p < n_parts; p++) { /* split the rows into parts, each its own allocation */
-        const int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
+        int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
         const int pk = mixed ? random_kind(r, K) : kind;
         if (pk != kind) s.part_kind[p] = pk;
+        /* Q4_1 parts of whole groups starting on a multiple of 8 are re-laid half the time */
+        const int group = pk == KIND_Q4 && row % 8 == 0 && rng_int(r, 0, 1) &&
+                          (p < n_parts - 1 ? rows >= 8 : rows % 8 == 0);
+        if (group && p < n_parts - 1) rows -= rows % 8;
         const size_t rb = ref_row_bytes(pk, K);
         uint8_t* part = xmalloc(rb * (size_t)rows);
         for (int i = 0; i < rows; i++) {
             ref_random_row(r, pk, K, part + rb * (size_t)i);
             ref_dequant_row(pk, part + rb * (size_t)i, K, w + (size_t)(row + i) * K);
+        }
+        if (group) {
+            uint8_t* laid = xmalloc(rb * (size_t)rows);
+            ref_group_q4(part, rows, K, laid);
+            free(part);
+            part = laid;
+            s.part_kind[p] = KIND_Q4_G8;
+            grouped++;
         }
         s.w[p] = part;
         s.part_rows[p] = rows;
@@ -119,13 +132,14 @@ static int check_linear(Rng* r, int quiet) {
     for (int i = 0; !bad && i < M * N; i++) {
         if (!(fabs(y[i] - want[i]) <= tol[i])) {
             snprintf(msg, sizeof msg,
-                     "exo_qlinear kind %d prologue %d post %d M %d N %d K %d parts %d mixed %d: y[%d] = %g, want %g (tol %g)",
-                     kind, prologue, post_g != NULL, M, N, K, n_parts, mixed, i, (double)y[i], want[i], tol[i]);
+                     "exo_qlinear kind %d prologue %d post %d M %d N %d K %d parts %d mixed %d grouped %d: y[%d] = %g, want %g (tol %g)",
+                     kind, prologue, post_g != NULL, M, N, K, n_parts, mixed, grouped, i, (double)y[i], want[i], tol[i]);
             fail(msg);
             bad = 1;
         }
     }
-    if (!quiet && !bad) printf("ok linear kind %d prologue %d M %d N %d K %d\n", kind, prologue, M, N, K);
+    if (!quiet && !bad)
+        printf("ok linear kind %d prologue %d M %d N %d K %d grouped %d\n", kind, prologue, M, N, K, grouped);
     for (int p = 0; p < n_parts; p++) free((void*)s.w[p]);
     if (with_residual == 1) free(residual);
     free(w), free(x), free(g), free(bias), free(post_g), free(y), free(want), free(tol);
@@ -339,6 +353,11 @@ static void check_refusals(void) {
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant part with K % 256 != 0 accepted");
     s.part_kind[0] = 9;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("an unknown part kind accepted");
+    s.part_kind[0] = KIND_Q4_G8; /* one row: not a group of 8 */
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a group of fewer than 8 rows accepted");
+    s.N = 9, s.part_rows[0] = 1, s.w[1] = x, s.part_rows[1] = 8, s.part_kind[0] = KIND_Q4, s.part_kind[1] = KIND_Q4_G8;
+    if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("groups not starting on a multiple of 8 accepted");
+    s.N = 1, s.w[1] = NULL, s.part_rows[1] = 0, s.part_kind[1] = 0;
     s.part_kind[0] = 0, s.prologue = 4;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("an unknown prologue accepted");
     s.prologue = 0;

@@ -57,6 +57,20 @@ static uint16_t get_half(const uint8_t* p) {
     return h;
 }
 
+void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nb = K / 32;
+    for (int g = 0; g < n_rows / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t* o = out + ((size_t)g * nb + b) * 160;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 20 + (size_t)b * 20; /* d, m, qs[16] */
+                memcpy(o + 2 * c, blk, 2);
+                memcpy(o + 16 + 2 * c, blk + 2, 2);
+                for (int i = 0; i < 8; i++) memcpy(o + 32 + 16 * i + 2 * c, blk + 4 + 2 * i, 2);
+            }
+        }
+}
+
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);

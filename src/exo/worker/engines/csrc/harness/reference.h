@@ -21,6 +21,11 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row);
 /* The K values a weight row stands for. */
 void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
 
+/* n_rows (a multiple of 8) Q4_1 rows of K values re-laid in groups of 8 rows (KIND_Q4_G8): per
+ * group and block of 32 values, the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes
+ * 2i, 2i + 1 of each row's 16 bytes of nibbles, row after row. */
+void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
  * output: tol [M, N]. */

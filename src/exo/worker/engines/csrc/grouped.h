@@ -1,0 +1,114 @@
+/* Q4_1 weights re-laid at load in groups of 8 rows (KIND_Q4_G8), dotted with 1 to 4 activation
+ * rows at a time; included by linear.c.
+ *
+ * Why: one Q4_1 row dotted with one activation row ends every 32-value block with a float tail
+ * (convert the 8 int32 lanes, scale by d_w d_x, add the m s_x term) that costs as much as its
+ * multiply-adds, and the tile path (tile.h) that shares the tail among 8 rows first has to
+ * build its tile from 8 rows on every pass. Stored as a tile already, the weights need neither:
+ * vector lane c is row c of the group, one multiply-add of a broadcast activation pair gives 8
+ * rows' partial sums, and one convert and two FMAs finish a block for all 8 rows; decode (one
+ * activation row) runs this way too. Measured against the per-row kernel with weights not in
+ * cache, one thread: 1.9-2.2x at 1 row, 1.2-1.3x at 8 rows (SmolLM2's layer shapes).
+ *
+ * The layout, per group of 8 rows (rows 8g .. 8g + 7 of a part) and per block b of 32 values,
+ * 160 bytes at (g nb + b) 160: the 8 rows' f16 d (16 bytes, row c at 2c), their 8 f16 m, then 8
+ * vectors of 16 bytes: vector i holds word i of each row's 16 bytes of nibbles (bytes 2i, 2i + 1
+ * of row c at bytes 2c, 2c + 1). Word i's low nibbles are the row's values 2i, 2i + 1 (pair i),
+ * its high nibbles values 2i + 16, 2i + 17 (pair i + 8). A group has the bytes of its 8 rows,
+ * so offsets by rows stay those of Q4_1; a part so laid has a multiple of 8 rows.
+ *
+ * Both builds sum a block's 32 products per row as integers, then add d_w d_x isum and m s_x
+ * in the same order, so a row's result does not depend on how many rows are in the call.
+ */
+#include "exo_kernels.h"
+
+#define G8_ROWS 8
+#define G8_BLOCK 160 /* bytes of a group's block: 8 d, 8 m (f16), 8 x 16 bytes of nibbles */
+#define G8_MAX_R 4   /* activation rows per pass over a group (registers) */
+
+#if EXO_AVX2
+/* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */
+#define G8_KEEP(v) __asm__("" : "+x"(v))
+
+/* out[r] lane c = dot of row c of the group at `grp` with activation row r (x + r nb). */
+static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
+                                                          __m256* out) {
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    __m256 acc[G8_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
+        __m256i s[G8_MAX_R];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i++) {
+            /* byte 2c + e -> word 2c + e: its low nibble is row c's value 2i + e, its high one
+             * value 2i + 16 + e */
+            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + 32 + 16 * i)));
+            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_srli_epi16(v, 4);
+            for (int r = 0; r < R; r++) {
+                int32_t x0, x1; /* activation pairs i and i + 8 */
+                memcpy(&x0, x[(size_t)r * nb + b].qs + 2 * i, sizeof x0);
+                memcpy(&x1, x[(size_t)r * nb + b].qs + 2 * i + 16, sizeof x1);
+                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(x0)),
+                                                   _mm256_madd_epi16(hi, _mm256_set1_epi32(x1)));
+                s[r] = _mm256_add_epi32(s[r], p);
+                G8_KEEP(s[r]);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16)));
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b;
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s[r]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* one copy per R (not inlined into the caller's loop: measured faster so in tile.h) */
+#define G8_ROWS_FOR(R)                                                                            \
+static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
+    g8_rows(grp, nb, x, R, out);                                                                 \
+}
+G8_ROWS_FOR(1)
+G8_ROWS_FOR(2)
+G8_ROWS_FOR(3)
+G8_ROWS_FOR(4)
+#endif
+
+/* out[r * 8 + c] = dot of row c of the group with activation row r, for R = 1..G8_MAX_R rows. */
+static inline void g8_dot(const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
+#if EXO_AVX2
+    __m256 acc[G8_MAX_R];
+    switch (R) {
+        case 4: g8_rows_4(grp, nb, x, acc); break;
+        case 3: g8_rows_3(grp, nb, x, acc); break;
+        case 2: g8_rows_2(grp, nb, x, acc); break;
+        default: g8_rows_1(grp, nb, x, acc);
+    }
+    for (int r = 0; r < R; r++) _mm256_storeu_ps(out + G8_ROWS * r, acc[r]);
+#else
+    for (int r = 0; r < R; r++) {
+        float acc[G8_ROWS] = {0.0f};
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
+            const BlockX* xb = x + (size_t)r * nb + b;
+            for (int c = 0; c < G8_ROWS; c++) {
+                uint16_t d16, m16;
+                memcpy(&d16, blk + 2 * c, 2);
+                memcpy(&m16, blk + 16 + 2 * c, 2);
+                int32_t isum = 0;
+                for (int i = 0; i < 8; i++)
+                    for (int e = 0; e < 2; e++) {
+                        const uint8_t byte = blk[32 + 16 * i + 2 * c + e];
+                        isum += (int32_t)(byte & 15) * xb->qs[2 * i + e] + (int32_t)(byte >> 4) * xb->qs[2 * i + 16 + e];
+                    }
+                acc[c] += exo_h2f(d16) * xb->d * (float)isum;
+                acc[c] += exo_h2f(m16) * xb->s;
+            }
+        }
+        for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
+    }
+#endif
+}

@@ -1,0 +1,154 @@
+"""Q4_1 weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the same
+results as the file's rows, a row's result independent of the batch, the caller's blocks left
+alone unless handed over, and refusals for parts that are not whole groups."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+
+from exo.worker.engines.cpu_kernels import (
+    KIND_Q4,
+    KIND_Q4_G8,
+    PROLOGUE_NONE,
+    KernelArgumentError,
+    QKernels,
+    QuantWeights,
+    group_q4_rows,
+    kernels_unavailable_reason,
+    load_kernels_for,
+)
+from exo.worker.engines.engine import load_shard_weights
+from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
+from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.load_report import load_plan
+from exo.worker.engines.qtensor import QuantTensor
+from exo.worker.engines.tests.generated import random_blocks
+
+Q4_1 = GGMLQuantizationType.Q4_1
+K = 256
+
+
+def _kernels(isa: str) -> QKernels:
+    k = load_kernels_for("avx2" if isa == "avx2" else "portable")
+    if k is None:
+        pytest.skip(kernels_unavailable_reason() or f"no {isa} kernels here (see the log)")
+    return k
+
+
+def _q4(rows: int, seed: int) -> QuantTensor:
+    return QuantTensor(Q4_1, torch.from_numpy(random_blocks(Q4_1, rows, K, seed=seed)), K)
+
+
+def test_regrouping_keeps_every_value() -> None:
+    """Row c of group g, block b, read back from the groups' layout is the file's block."""
+    raw = _q4(24, 3).raw
+    laid = torch.empty_like(raw)
+    group_q4_rows(raw, laid)
+    assert not torch.equal(laid, raw)
+    g = laid.reshape(3, K // 32, 160)  # [group, block, bytes]
+    for row in (0, 7, 8, 21):
+        grp, c = divmod(row, 8)
+        for b in (0, K // 32 - 1):
+            block = raw[row, 20 * b : 20 * b + 20]
+            assert torch.equal(g[grp, b, 2 * c : 2 * c + 2], block[0:2])  # d
+            assert torch.equal(g[grp, b, 16 + 2 * c : 18 + 2 * c], block[2:4])  # m
+            words = torch.stack([g[grp, b, 32 + 16 * i + 2 * c : 34 + 16 * i + 2 * c] for i in range(8)])
+            assert torch.equal(words.flatten(), block[4:20])  # nibbles, word by word
+    again = raw.clone()
+    group_q4_rows(again, again)  # in place: the same bytes
+    assert torch.equal(again, laid)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_grouped_rows_match_the_file_rows(isa: str) -> None:
+    """The same layer as groups and as the file's rows: equal to float rounding at every
+    batch size (1 to 9 rows: passes of 4, 4 and 1; 70: two chunks of activation rows), and a
+    row's result exactly the same alone as in any batch."""
+    kernels = _kernels(isa)
+    parts = [_q4(40, 1), _q4(16, 2)]  # q | k: two parts, both of whole groups
+    torch.manual_seed(0)
+    bias = torch.randn(56)
+    plain = QuantWeights(4, PROLOGUE_NONE, [p.raw for p in parts], None, 0.0, bias, K)
+    laid = [torch.empty_like(p.raw) for p in parts]
+    for p, out in zip(parts, laid, strict=True):
+        group_q4_rows(p.raw, out)
+    grouped = QuantWeights(4, PROLOGUE_NONE, laid, None, 0.0, bias, K, [KIND_Q4_G8] * 2)
+    x, residual = torch.randn(70, K), torch.randn(70, 56)
+    alone = torch.cat([kernels.linear(grouped, x[i : i + 1], residual[i : i + 1]) for i in range(9)])
+    for m in (1, 2, 3, 4, 5, 8, 9, 70):
+        got = kernels.linear(grouped, x[:m], residual[:m])
+        want = kernels.linear(plain, x[:m], residual[:m])
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, atol=1e-5 * scale, rtol=1e-5)
+        assert torch.equal(got[: min(m, 9)], alone[: min(m, 9)])  # bit for bit
+
+
+def test_a_layer_regroups_whole_groups_only_and_copies_unless_handed_over() -> None:
+    """q | k | v with v of 5 rows: q and k are re-laid, v stays in the file's layout; a part
+    that starts off a group boundary stays too. "copy" leaves the caller's blocks as they were,
+    "in_place" re-lays them where they lie."""
+    kernels = _kernels("avx2")
+    q, k, v = _q4(40, 1), _q4(16, 2), _q4(5, 3)
+    before = [p.raw.clone() for p in (q, k, v)]
+    torch.manual_seed(1)
+    gain, x = torch.rand(K) + 0.5, torch.randn(6, K)
+    layer = make_linear([q, k, v], None, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels)
+    assert isinstance(layer, QuantLinear)
+    assert layer.kinds == [KIND_Q4_G8, KIND_Q4_G8, KIND_Q4]
+    assert all(torch.equal(p.raw, b) for p, b in zip((q, k, v), before, strict=True))
+    dense = torch.cat([p.dequantize() for p in (q, k, v)])
+    want = F.linear(F.rms_norm(x, (K,), gain, 1e-5), dense)
+    scale = want.abs().max().item()
+    torch.testing.assert_close(layer(x), want, atol=2e-3 * scale, rtol=1e-3)
+
+    off = make_linear([v, k], None, "dense", kernels=kernels)  # k starts at row 5
+    assert isinstance(off, QuantLinear) and off.kinds == [KIND_Q4, KIND_Q4]
+
+    owned = make_linear(
+        [q, k, v], None, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels, regroup="in_place"
+    )
+    assert not torch.equal(q.raw, before[0]) and torch.equal(v.raw, before[2])
+    assert torch.equal(owned(x), layer(x))
+    never = make_linear([_q4(40, 1)], None, "dense", kernels=kernels, regroup="no")
+    assert isinstance(never, QuantLinear) and never.kinds == [KIND_Q4]
+
+
+def test_parts_that_are_not_whole_groups_are_refused() -> None:
+    raw = _q4(16, 1).raw
+    laid = torch.empty_like(raw)
+    group_q4_rows(raw, laid)
+    with pytest.raises(KernelArgumentError, match="multiple of 8 rows"):
+        QuantWeights(4, PROLOGUE_NONE, [laid[:12]], None, 0.0, None, K, [KIND_Q4_G8])
+    with pytest.raises(KernelArgumentError, match="start on one"):
+        QuantWeights(4, PROLOGUE_NONE, [raw[:3], laid[:8]], None, 0.0, None, K, [KIND_Q4, KIND_Q4_G8])
+    with pytest.raises(KernelArgumentError, match="Q4_1 rows"):
+        group_q4_rows(raw[:12], torch.empty_like(raw[:12]))
+    with pytest.raises(KernelArgumentError, match="same shape"):
+        group_q4_rows(raw, torch.empty_like(raw[:8]))
+
+
+def test_a_model_overwrites_its_weights_only_when_it_owns_them(gguf_path: Path) -> None:
+    """Built from weights a caller keeps (tests, tools), a model copies what it re-lays; built
+    by its loader (`own_weights`), it re-lays them where they lie: no second copy in memory."""
+    kernels = _kernels("avx2")
+    plan = load_plan(torch.device("cpu"), torch.float32, kernels, None)
+    weights = load_shard_weights(gguf_path, 0, 1, plan=plan)
+    w_gate = weights.layers[0].w_gate
+    assert isinstance(w_gate, QuantTensor) and w_gate.qtype == Q4_1
+    before = w_gate.raw.clone()
+    kept = LlamaModel(weights, weight_format="q4", kernels=kernels)
+    assert torch.equal(w_gate.raw, before)
+    owned = LlamaModel(weights, weight_format="q4", kernels=kernels, own_weights=True)
+    assert not torch.equal(w_gate.raw, before)
+    gate_up = owned.blocks[0].gate_up
+    assert isinstance(gate_up, QuantLinear) and gate_up.kinds == [KIND_Q4_G8] * 2
+    assert gate_up.parts[0].data_ptr() == w_gate.raw.data_ptr()
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    step = StepInputs.single(0, 0, 4)
+    with torch.inference_mode():
+        a = owned.forward_layers(owned.embed(tokens), step, owned.new_cache(1, 8))
+        b = kept.forward_layers(kept.embed(tokens), step, kept.new_cache(1, 8))
+    assert torch.equal(a, b)
