@@ -2,7 +2,8 @@
 
     python bench/kernels.py [--threads 1] [--rows 1 2 4 8 60] [--cold] [--model smollm2 gemma3]
 
-Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0) or of Gemma 3 270M's
+Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0; "Q4_1 g8": the same
+layer re-laid in groups of 8 rows, as the engine runs it on AVX2) or of Gemma 3 270M's
 Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K), with random weights
 of that layout, called through the checked wrapper an engine uses (`QKernels.linear`). A column
 per number of activation rows: 1 is a decode step of one stream, 8 a step of 8 streams batched,
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
+    KIND_Q4_G8,
     KIND_Q4_K,
     KIND_Q5_0,
     KIND_Q6_K,
@@ -36,6 +38,7 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
+    group_q4_rows,
     load_kernels,
 )
 
@@ -73,15 +76,25 @@ def random_weights(kind: int, n: int, k: int, rng: np.random.Generator) -> torch
 
 
 def time_layer(
-    kernels: QKernels, layer: tuple[str, int, int, int, int], rows: int, cold: bool, repeat: int
+    kernels: QKernels,
+    layer: tuple[str, int, int, int, int],
+    rows: int,
+    cold: bool,
+    repeat: int,
+    grouped: bool = False,
 ) -> float:
     _, kind, prologue, k, n = layer
     rng = np.random.default_rng(0)
     first = random_weights(kind, n, k, rng)
+    if grouped:
+        group_q4_rows(first, first)
     copies = max(1, LAST_LEVEL_CACHE // first.numel() + 1) if cold else 1
     gain = torch.rand(k) + 0.5
+    part_kinds = [KIND_Q4_G8] if grouped else None
     weights = [
-        QuantWeights(kind, prologue, [first if i == 0 else first.clone()], gain, 1e-5, None, k)
+        QuantWeights(
+            kind, prologue, [first if i == 0 else first.clone()], gain, 1e-5, None, k, part_kinds
+        )
         for i in range(copies)
     ]
     width = 2 * k if prologue == PROLOGUE_SWIGLU else k
@@ -115,10 +128,15 @@ def main() -> None:
     for model in args.model:
         for layer in MODELS[model]:
             name, kind, _, k, n = layer
-            times = [time_layer(kernels, layer, m, args.cold, args.repeat) for m in args.rows]
-            rate = max(m * n * k / (t * 1e3) for m, t in zip(args.rows, times, strict=True))
-            label = f"{model} {name} {NAMES[kind]}"
-            print(f"{label:<22}" + "".join(f"{t:>10.1f}" for t in times) + f"{rate:>10.1f}")
+            layouts = [False, True] if kind == KIND_Q4 and kernels.isa == "avx2" else [False]
+            for grouped in layouts:
+                times = [
+                    time_layer(kernels, layer, m, args.cold, args.repeat, grouped)
+                    for m in args.rows
+                ]
+                rate = max(m * n * k / (t * 1e3) for m, t in zip(args.rows, times, strict=True))
+                label = f"{model} {name} {NAMES[kind]}{' g8' if grouped else ''}"
+                print(f"{label:<22}" + "".join(f"{t:>10.1f}" for t in times) + f"{rate:>10.1f}")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,15 @@
 #include "tile.h"
 #include "grouped.h"
 
+/* activation rows from which groups of 8 rows (grouped.h) go through a tile too */
+#define G8_TILE_ROWS 16
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
 /* Whether `rows` activation rows take the tile path (tile.h, AVX2) for weights of `kind`: where
  * dot_q.h / dot_kquants.h run 4 rows at once (R = 4) and unpack faster than a tile is built, Q8_0
  * at 2 or 4 rows and Q4_K / Q5_K at 2, 4 or 5, they stay (measured with weights not in cache). */
 static inline int use_tile(int kind, int rows) {
+    if (kind == KIND_Q4_G8) return rows >= G8_TILE_ROWS;
     if (rows < 2) return 0;
     if (kind == KIND_Q8) return rows != 2 && rows != 4;
     if (kind == KIND_Q4_K || kind == KIND_Q5_K) return rows == 3 || rows >= 6;
@@ -112,7 +115,8 @@ static void linear_part(void* ctx, int part, int parts) {
             const int kind = kind_of_part(s, p);
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
-            if (kind == KIND_Q4_G8) { /* lo - base and hi - base are multiples of 8 (check_spec) */
+            if (kind == KIND_Q4_G8 && !(EXO_AVX2 && use_tile(kind, m1 - m0))) {
+                /* lo - base and hi - base are multiples of 8 (check_spec) */
                 for (; n < hi; n += G8_ROWS) {
                     const uint8_t* grp = (const uint8_t*)s->w[p] + (size_t)(n - base) * rb;
                     for (int m = m0; m < m1;) {
@@ -148,12 +152,13 @@ static void linear_part(void* ctx, int part, int parts) {
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
                         for (; pf < pf_end && pf < (size_t)(n - base + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
                             _mm_prefetch(wp + pf, _MM_HINT_T1);
-                        tile_build(kind, rows, nb, t);
+                        if (kind == KIND_Q4_G8) tile_from_group(rows[0], nb, t);
+                        else tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
                             const int R = m1 - m >= TILE_MAX_R ? TILE_MAX_R : m1 - m;
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
-                            tile_dot(&t, nb, j->x + (size_t)m * nb, kind, R, acc);
+                            tile_dot(&t, nb, j->x + (size_t)m * nb, kind == KIND_Q4_G8 ? KIND_Q4 : kind, R, acc);
                             for (int r = 0; r < R; r++) {
                                 const size_t i = (size_t)(m + r) * j->N + n;
                                 if (cols == TILE_COLS) { /* residual may be y itself: read before the write */

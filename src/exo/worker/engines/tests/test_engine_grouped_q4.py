@@ -78,7 +78,7 @@ def test_grouped_rows_match_the_file_rows(isa: str) -> None:
     grouped = QuantWeights(4, PROLOGUE_NONE, laid, None, 0.0, bias, K, [KIND_Q4_G8] * 2)
     x, residual = torch.randn(70, K), torch.randn(70, 56)
     alone = torch.cat([kernels.linear(grouped, x[i : i + 1], residual[i : i + 1]) for i in range(9)])
-    for m in (1, 2, 3, 4, 5, 8, 9, 70):
+    for m in (1, 2, 3, 4, 5, 8, 9, 16, 70):
         got = kernels.linear(grouped, x[:m], residual[:m])
         want = kernels.linear(plain, x[:m], residual[:m])
         scale = want.abs().max().item()
