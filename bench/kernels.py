@@ -2,8 +2,8 @@
 
     python bench/kernels.py [--threads 1] [--rows 1 2 4 8 60] [--cold] [--model smollm2 gemma3]
 
-Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0; "Q4_1 g8": the same
-layer re-laid in groups of 8 rows, as the engine runs it on AVX2) or of Gemma 3 270M's
+Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0; "g8": the same layer
+re-laid in groups of 8 rows, as the engine runs Q4_1 and Q8_0 on AVX2) or of Gemma 3 270M's
 Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K), with random weights
 of that layout, called through the checked wrapper an engine uses (`QKernels.linear`). A column
 per number of activation rows: 1 is a decode step of one stream, 8 a step of 8 streams batched,
@@ -27,8 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from exo.worker.engines.cpu_kernels import (
+    GROUPED,
     KIND_Q4,
-    KIND_Q4_G8,
     KIND_Q4_K,
     KIND_Q5_0,
     KIND_Q6_K,
@@ -38,7 +38,7 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
-    group_q4_rows,
+    group_rows,
     load_kernels,
 )
 
@@ -87,10 +87,10 @@ def time_layer(
     rng = np.random.default_rng(0)
     first = random_weights(kind, n, k, rng)
     if grouped:
-        group_q4_rows(first, first)
+        group_rows(kind, first, first)
     copies = max(1, LAST_LEVEL_CACHE // first.numel() + 1) if cold else 1
     gain = torch.rand(k) + 0.5
-    part_kinds = [KIND_Q4_G8] if grouped else None
+    part_kinds = [GROUPED[kind]] if grouped else None
     weights = [
         QuantWeights(
             kind, prologue, [first if i == 0 else first.clone()], gain, 1e-5, None, k, part_kinds
@@ -128,7 +128,7 @@ def main() -> None:
     for model in args.model:
         for layer in MODELS[model]:
             name, kind, _, k, n = layer
-            layouts = [False, True] if kind == KIND_Q4 and kernels.isa == "avx2" else [False]
+            layouts = [False, True] if kind in GROUPED and kernels.isa == "avx2" else [False]
             for grouped in layouts:
                 times = [
                     time_layer(kernels, layer, m, args.cold, args.repeat, grouped)

@@ -28,6 +28,7 @@ from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
+import numpy as np
 import torch
 from loguru import logger
 from torch import Tensor
@@ -47,11 +48,13 @@ _GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
 KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
-KIND_Q4_G8 = 204  # Q4_1 rows re-laid in groups of 8 (`group_q4_rows`, csrc/grouped.h)
+# Q4_1, Q8_0 rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
+KIND_Q4_G8, KIND_Q8_G8 = 204, 208
+GROUPED = {KIND_Q4: KIND_Q4_G8, KIND_Q8: KIND_Q8_G8}  # file layout -> its groups
 GROUP_ROWS = 8
 _BLOCK_BYTES = {
     KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
-    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20,
+    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20, KIND_Q8_G8: 34,
 }  # fmt: skip
 _BLOCK_VALUES = {KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256}  # (else 32)
 _INT_MAX = 2**31 - 1
@@ -140,7 +143,7 @@ class QuantWeights:
                 )
         start = 0
         for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
-            if kind == KIND_Q4_G8 and (p.shape[0] % GROUP_ROWS or start % GROUP_ROWS):
+            if kind in GROUPED.values() and (p.shape[0] % GROUP_ROWS or start % GROUP_ROWS):
                 raise KernelArgumentError(
                     f"part {i} is laid in groups of {GROUP_ROWS} rows: it must have a multiple "
                     f"of {GROUP_ROWS} rows and start on one (rows {start}..{start + p.shape[0]})"
@@ -187,29 +190,64 @@ class QuantWeights:
 _GROUP_CHUNK = 1024  # groups re-laid at a time (bounds the temporary copy)
 
 
-def group_q4_rows(rows: Tensor, out: Tensor) -> None:
-    """Q4_1 rows uint8 [n, nb * 20] (n a multiple of 8) re-laid in groups of 8 rows into `out`
-    (same shape; may be `rows` itself), the layout KIND_Q4_G8 reads (`csrc/grouped.h`): per group
-    and block of 32 values, the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1
-    of each row's 16 bytes of nibbles, row after row."""
+def _group_view(kind: int, rows: Tensor) -> tuple[int, int]:
+    """(blocks per row, groups) of file rows uint8 [8k, nb * block bytes] of `kind` (Q4 or Q8)."""
+    size = _BLOCK_BYTES[kind]
     n, width = rows.shape
-    if rows.dtype != torch.uint8 or not rows.is_cpu or width % 20 or n % GROUP_ROWS:
-        raise KernelArgumentError(
-            f"Q4_1 rows must be a uint8 CPU [8k, 20 nb] tensor, got {list(rows.shape)}"
-        )
+    if kind not in GROUPED or rows.dtype != torch.uint8 or not rows.is_cpu or width % size:
+        raise KernelArgumentError(f"rows of layout {kind} must be a uint8 CPU tensor")
+    if n % GROUP_ROWS:
+        raise KernelArgumentError(f"{n} rows are not whole groups of {GROUP_ROWS}")
+    return width // size, n // GROUP_ROWS
+
+
+def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
+    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0), uint8 [n, row bytes] with n a
+    multiple of 8, re-laid in groups of 8 rows into `out` (same shape; may be `rows` itself)
+    as the kernels read them (`csrc/grouped.h`). Per group and block of 32 values: the 8 rows'
+    f16 d (and for Q4_1 their f16 m), then Q4_1: for i = 0..7 the bytes 2i, 2i + 1 of each
+    row's 16 bytes of nibbles, row after row; Q8_0: value 2j + e of row c at byte
+    32 (j % 8) + 16 (j / 8) + 2c + e of 256 (a tile, `csrc/tile.h`)."""
+    nb, groups = _group_view(kind, rows)
     if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
         raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
-    nb, groups = width // 20, n // GROUP_ROWS
-    src = rows.contiguous().numpy().reshape(groups, GROUP_ROWS, nb, 20)
-    dst = out.numpy().reshape(groups, nb, 160)
+    size = _BLOCK_BYTES[kind]
+    src = rows.contiguous().numpy().reshape(groups, GROUP_ROWS, nb, size)
+    dst = out.numpy().reshape(groups, nb, GROUP_ROWS * size)
     for g0 in range(0, groups, _GROUP_CHUNK):
-        blocks = src[g0 : g0 + _GROUP_CHUNK].transpose(0, 2, 1, 3).copy()  # [G, nb, row, 20]
+        blocks = src[g0 : g0 + _GROUP_CHUNK].transpose(0, 2, 1, 3).copy()  # [G, nb, row, size]
         g = blocks.shape[0]
         laid = dst[g0 : g0 + g]
         laid[:, :, 0:16] = blocks[..., 0:2].reshape(g, nb, 16)  # d of rows 0..7
-        laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
-        words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
-        laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
+        if kind == KIND_Q4:
+            laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
+            words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
+            laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
+        else:  # [.., row, j // 8, j % 8, byte] -> [.., j % 8, j // 8, row, byte]
+            pairs = blocks[..., 2:34].reshape(g, nb, GROUP_ROWS, 2, 8, 2)
+            laid[:, :, 16:272] = pairs.transpose(0, 1, 4, 3, 2, 5).reshape(g, nb, 256)
+
+
+def ungroup_rows(kind: int, grouped: Tensor, index: Tensor) -> Tensor:
+    """Rows `index` (int64 [n]) of grouped rows of `kind` (see `group_rows`) in the file's
+    layout: uint8 [n, row bytes] (an embedding's lookups in a tied head's blocks)."""
+    nb, groups = _group_view(kind, grouped)
+    rows = index.cpu().numpy().astype(np.int64)
+    if rows.size and (rows.min() < 0 or rows.max() >= groups * GROUP_ROWS):
+        raise KernelArgumentError(f"row indices must be in [0, {groups * GROUP_ROWS})")
+    size, n = _BLOCK_BYTES[kind], rows.size
+    grp = grouped.numpy().reshape(groups, nb, GROUP_ROWS * size)[rows // GROUP_ROWS]
+    c, every = rows % GROUP_ROWS, np.arange(n)
+    out = np.empty((n, nb, size), dtype=np.uint8)
+    out[:, :, 0:2] = grp[:, :, 0:16].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
+    if kind == KIND_Q4:
+        out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
+        words = grp[:, :, 32:160].reshape(n, nb, 8, GROUP_ROWS, 2)[every, :, :, c]  # [n, nb, i, 2]
+        out[:, :, 4:20] = words.reshape(n, nb, 16)
+    else:
+        pairs = grp[:, :, 16:272].reshape(n, nb, 8, 2, GROUP_ROWS, 2)[every, :, :, :, c]
+        out[:, :, 2:34] = pairs.transpose(0, 1, 3, 2, 4).reshape(n, nb, 32)  # [n, nb, j//8, j%8, e]
+    return torch.from_numpy(out.reshape(n, nb * size))
 
 
 class QKernels:

@@ -33,10 +33,17 @@ class Embedding:
         self._file_blocks: QuantTensor | None = None
         self._q8_blocks: Tensor | None = None  # [V, D/32, 34]
         self._table: Tensor | None = None  # [V, D]
+        # The tied head's blocks when they are the table's (read back in the file's layout:
+        # the head may have re-laid them in groups of rows for its kernel)
+        self._head: QuantLinear | None = None
         if isinstance(table, QuantTensor):
             self._file_blocks = table
+            if isinstance(tied_head, QuantLinear) and len(tied_head.parts) == 1:
+                if tied_head.parts[0].data_ptr() == table.raw.data_ptr():
+                    self._head = tied_head
         elif isinstance(tied_head, QuantLinear) and tied_head.bits == 8:
             self._q8_blocks = tied_head.blocks
+            self._head = tied_head
         elif fmt in ("q4", "q8") and table.shape[1] % QUANT_BLOCK == 0:
             self._q8_blocks = quantize_q8(table)
         else:
@@ -63,9 +70,17 @@ class Embedding:
     def __call__(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] -> [B, T, D]."""
         if self._file_blocks is not None:
-            rows = self._file_blocks.take_rows(tokens.flatten().cpu()).dequantize()
+            table = self._file_blocks
+            if self._head is not None:
+                raw = self._head.block_rows(tokens.flatten().cpu())
+                rows = QuantTensor(table.qtype, raw, table.in_features).dequantize()
+            else:
+                rows = table.take_rows(tokens.flatten().cpu()).dequantize()
             return rows.reshape(*tokens.shape, -1).to(device=self.device, dtype=self.dtype)
         if self._q8_blocks is not None:
+            if self._head is not None:
+                blocks = self._head.block_rows(tokens).reshape(*tokens.shape, -1, 34)
+                return dequantize_blocks(blocks, 8)
             return dequantize_blocks(self._q8_blocks[tokens], 8)
         assert self._table is not None
         return F.embedding(tokens, self._table).to(self.dtype)

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import (
     GROUP_ROWS,
+    GROUPED,
     KIND_Q4,
     KIND_Q4_G8,
     KIND_Q4_K,
@@ -42,6 +43,7 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
+    KIND_Q8_G8,
     MAX_PARTS,
     PROLOGUE_GEGLU,
     PROLOGUE_NONE,
@@ -49,7 +51,8 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
-    group_q4_rows,
+    group_rows,
+    ungroup_rows,
 )
 from exo.worker.engines.file_rows import weight_buffer
 from exo.worker.engines.q_blocks import QUANT_BLOCK as QUANT_BLOCK
@@ -177,9 +180,9 @@ class PackedFp16Linear:
 
 
 Regroup = Literal["in_place", "copy", "no"]
-"""What a layer may do with Q4_1 blocks it is given, to re-lay them in groups of 8 rows for the
-AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them over: a model built by its
-loader), copy them (the caller may still read them), or leave them."""
+"""What a layer may do with Q4_1 / Q8_0 blocks it is given, to re-lay them in groups of 8 rows
+for the AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them over: a model
+built by its loader), copy them (the caller may still read them), or leave them."""
 
 
 class QuantLinear:
@@ -188,7 +191,8 @@ class QuantLinear:
     `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, row bytes]) whose rows
     stack into the output; they are read where they lie (no concatenation). `kinds`: each part's
     layout (default: `bits` for all); `post_norm`: the norm of the output before the residual.
-    Q4_1 parts of whole groups of 8 rows are re-laid for the AVX2 build as `regroup` allows.
+    Q4_1 / Q8_0 parts of whole groups of 8 rows are re-laid for the AVX2 build as `regroup`
+    allows (`block_rows` reads rows back in the file's layout).
     """
 
     def __init__(
@@ -223,15 +227,27 @@ class QuantLinear:
         )
 
     def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
-        """Q4_1 parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
+        """Q4_1 / Q8_0 parts of whole groups that start on a group boundary, re-laid (`flat`,
+        kinds)."""
         start = 0
         for i, (p, kind) in enumerate(zip(flat, self.kinds, strict=True)):
             rows = p.shape[0]
-            if kind == KIND_Q4 and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
+            if kind in GROUPED and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
                 out = p if regroup == "in_place" and p.is_contiguous() else weight_buffer(*p.shape)
-                group_q4_rows(p, out)
-                flat[i], self.kinds[i] = out, KIND_Q4_G8
+                group_rows(kind, p, out)
+                flat[i], self.kinds[i] = out, GROUPED[kind]
             start += rows
+
+    def block_rows(self, index: Tensor) -> Tensor:
+        """Rows `index` of a one-part layer's blocks in the file's layout, uint8 [n, row bytes]
+        (an embedding's lookups in its tied head)."""
+        part, kind = self._weights.parts[0], self.kinds[0]
+        if len(self.kinds) != 1:
+            raise ValueError("block_rows reads a layer of one part")
+        ungrouped = {g: k for k, g in GROUPED.items()}
+        if kind in ungrouped:
+            return ungroup_rows(ungrouped[kind], part, index.flatten())
+        return part[index.flatten().cpu()]
 
     @property
     def out_features(self) -> int:
@@ -437,6 +453,7 @@ _KERNEL_KINDS = {
 _KIND_NAMES = {
     KIND_Q4: "q4",
     KIND_Q4_G8: "q4 (8-row groups)",
+    KIND_Q8_G8: "q8 (8-row groups)",
     KIND_Q8: "q8",
     KIND_Q5_0: "Q5_0",
     KIND_Q5_1: "Q5_1",

@@ -253,8 +253,8 @@ class LlamaModel:
                 dtype=dtype,
                 device=self.device,
                 kernels=kernels,
-                # a tied head's blocks are also the embedding's rows: left as they are
-                regroup="no" if weights.embed is weights.lm_head else regroup,
+                # (a tied head's blocks are also the embedding's rows: it reads them back)
+                regroup=regroup,
             )
         # The embedding table in its running format (shared with a tied q8 head).
         self.embedding: Embedding | None = None

@@ -19,6 +19,10 @@
  * its high nibbles values 2i + 16, 2i + 17 (pair i + 8). A group has the bytes of its 8 rows,
  * so offsets by rows stay those of Q4_1; a part so laid has a multiple of 8 rows.
  *
+ * Q8_0 the same way (KIND_Q8_G8), 272 bytes per group and block: the 8 rows' f16 d, then 256 bytes
+ * of int8 values laid as a tile's (tile.h): pair j (values 2j, 2j + 1) of row c at byte
+ * 32 (j % 8) + 16 (j / 8) + 2c. A tile already, it is read directly at any number of rows.
+ *
  * Both builds sum a block's 32 products per row as integers, then add d_w d_x isum and m s_x
  * in the same order, so a row's result does not depend on how many rows are in the call.
  */
@@ -27,6 +31,7 @@
 #define G8_ROWS 8
 #define G8_BLOCK 160 /* bytes of a group's block: 8 d, 8 m (f16), 8 x 16 bytes of nibbles */
 #define G8_MAX_R 4   /* activation rows per pass over a group (registers) */
+#define G8_Q8_BLOCK 272 /* Q8_0: 8 d (f16), 256 bytes of values */
 
 #if EXO_AVX2
 /* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */
@@ -70,8 +75,16 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
 
 /* The tile (tile.h) of a group, for many activation rows (prefill): the nibbles split into
  * int8 pairs, no transpose (the group is one already), and the scales as floats. */
-static void tile_from_group(const uint8_t* grp, int nb, Tile t) {
+static void tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
     const __m128i low = _mm_set1_epi8(0x0F);
+    if (kind == KIND_Q8_G8) { /* the values are a tile's already */
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
+            memcpy(t.q + (size_t)b * 256, blk + 16, 256);
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
+        }
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
         int8_t* q = t.q + (size_t)b * 256;
@@ -85,10 +98,40 @@ static void tile_from_group(const uint8_t* grp, int nb, Tile t) {
     }
 }
 
-/* one copy per R (not inlined into the caller's loop: measured faster so in tile.h) */
+/* As g8_rows, for Q8_0 groups. */
+static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
+                                                             __m256* out) {
+    __m256 acc[G8_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
+        __m256i s[G8_MAX_R];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 16; j++) {
+            const __m256i w = _mm256_cvtepi8_epi16(
+                _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (j & 7) + 16 * (j >> 3))));
+            for (int r = 0; r < R; r++) {
+                int32_t xv;
+                memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+                G8_KEEP(s[r]);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(x[(size_t)r * nb + b].d)),
+                                     _mm256_cvtepi32_ps(s[r]), acc[r]);
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.h) */
 #define G8_ROWS_FOR(R)                                                                            \
 static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
     g8_rows(grp, nb, x, R, out);                                                                 \
+}                                                                                                \
+static __attribute__((noinline)) void g8_q8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
+    g8_q8_rows(grp, nb, x, R, out);                                                              \
 }
 G8_ROWS_FOR(1)
 G8_ROWS_FOR(2)
@@ -96,18 +139,48 @@ G8_ROWS_FOR(3)
 G8_ROWS_FOR(4)
 #endif
 
-/* out[r * 8 + c] = dot of row c of the group with activation row r, for R = 1..G8_MAX_R rows. */
-static inline void g8_dot(const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
+/* out[r * 8 + c] = dot of row c of the group (KIND_Q4_G8 or KIND_Q8_G8) with activation row r,
+ * for R = 1..G8_MAX_R rows. */
+static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
 #if EXO_AVX2
     __m256 acc[G8_MAX_R];
-    switch (R) {
-        case 4: g8_rows_4(grp, nb, x, acc); break;
-        case 3: g8_rows_3(grp, nb, x, acc); break;
-        case 2: g8_rows_2(grp, nb, x, acc); break;
-        default: g8_rows_1(grp, nb, x, acc);
+    if (kind == KIND_Q8_G8) {
+        switch (R) {
+            case 4: g8_q8_rows_4(grp, nb, x, acc); break;
+            case 3: g8_q8_rows_3(grp, nb, x, acc); break;
+            case 2: g8_q8_rows_2(grp, nb, x, acc); break;
+            default: g8_q8_rows_1(grp, nb, x, acc);
+        }
+    } else {
+        switch (R) {
+            case 4: g8_rows_4(grp, nb, x, acc); break;
+            case 3: g8_rows_3(grp, nb, x, acc); break;
+            case 2: g8_rows_2(grp, nb, x, acc); break;
+            default: g8_rows_1(grp, nb, x, acc);
+        }
     }
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + G8_ROWS * r, acc[r]);
 #else
+    if (kind == KIND_Q8_G8) {
+        for (int r = 0; r < R; r++) {
+            float acc[G8_ROWS] = {0.0f};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
+                const BlockX* xb = x + (size_t)r * nb + b;
+                for (int c = 0; c < G8_ROWS; c++) {
+                    uint16_t d16;
+                    memcpy(&d16, blk + 2 * c, 2);
+                    int32_t isum = 0;
+                    for (int j = 0; j < 16; j++)
+                        for (int e = 0; e < 2; e++)
+                            isum += (int32_t)(int8_t)blk[16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c + e] * xb->qs[2 * j + e];
+                    acc[c] += exo_h2f(d16) * xb->d * (float)isum;
+                }
+            }
+            for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
+        }
+        return;
+    }
     for (int r = 0; r < R; r++) {
         float acc[G8_ROWS] = {0.0f};
         for (int b = 0; b < nb; b++) {

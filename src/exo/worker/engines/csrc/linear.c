@@ -5,8 +5,9 @@
  * ~1e-4 of float32), so a block's dot product is integer multiply-adds and one float
  * multiply-add (dot_q.h, dot_kquants.h). With several activation rows (batched decode,
  * prefill) the AVX2 build takes 8 weight rows at a time into a tile whose vector lanes are the 8
- * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. Q4_1
- * weights re-laid that way at load (KIND_Q4_G8, grouped.h) need no tile, at any number of rows. The
+ * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. Q4_1 and
+ * Q8_0 weights re-laid that way at load (KIND_Q4_G8, KIND_Q8_G8, grouped.h) need no tile built
+ * per pass, and share the float tail among 8 rows at any number of activation rows. The
  * weight rows come in up to MAX_PARTS parts stacked along the output (q | k | v), each in its own
  * layout. Threads split the output rows: each streams its own contiguous rows of the weights.
  */
@@ -21,6 +22,7 @@
 
 /* activation rows from which groups of 8 rows (grouped.h) go through a tile too */
 #define G8_TILE_ROWS 16
+#define G8_Q8_TILE_ROWS 6
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
 /* Whether `rows` activation rows take the tile path (tile.h, AVX2) for weights of `kind`: where
@@ -28,6 +30,7 @@
  * at 2 or 4 rows and Q4_K / Q5_K at 2, 4 or 5, they stay (measured with weights not in cache). */
 static inline int use_tile(int kind, int rows) {
     if (kind == KIND_Q4_G8) return rows >= G8_TILE_ROWS;
+    if (kind == KIND_Q8_G8) return rows >= G8_Q8_TILE_ROWS;
     if (rows < 2) return 0;
     if (kind == KIND_Q8) return rows != 2 && rows != 4;
     if (kind == KIND_Q4_K || kind == KIND_Q5_K) return rows == 3 || rows >= 6;
@@ -49,13 +52,15 @@ static inline int kind_of_part(const LinearSpec* s, int p) {
     return s->part_kind[p] ? s->part_kind[p] : s->kind;
 }
 
+static inline int is_grouped(int kind) { return kind == KIND_Q4_G8 || kind == KIND_Q8_G8; }
+
 static inline int is_kquant(int kind) {
     return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K;
 }
 
 static int known_kind(int kind) {
     return kind == KIND_Q4 || kind == KIND_Q8 || kind == KIND_Q5_0 || kind == KIND_Q5_1 ||
-           is_kquant(kind) || kind == KIND_Q4_G8;
+           is_kquant(kind) || is_grouped(kind);
 }
 
 /* Bytes of one weight row of `kind` holding nb blocks of 32 values. */
@@ -63,7 +68,8 @@ static size_t row_bytes(int kind, int nb) {
     switch (kind) {
         case KIND_Q4:
         case KIND_Q4_G8: return (size_t)nb * sizeof(BlockQ4); /* a group: 8 rows' bytes */
-        case KIND_Q8: return (size_t)nb * sizeof(BlockQ8);
+        case KIND_Q8:
+        case KIND_Q8_G8: return (size_t)nb * sizeof(BlockQ8);
         case KIND_Q5_0: return (size_t)nb * sizeof(BlockQ5_0);
         case KIND_Q5_1: return (size_t)nb * sizeof(BlockQ5_1);
         case KIND_Q4_K: return (size_t)nb / 8 * sizeof(BlockQ4K);
@@ -115,14 +121,14 @@ static void linear_part(void* ctx, int part, int parts) {
             const int kind = kind_of_part(s, p);
             const size_t rb = row_bytes(kind, nb);
             int n = lo;
-            if (kind == KIND_Q4_G8 && !(EXO_AVX2 && use_tile(kind, m1 - m0))) {
+            if (is_grouped(kind) && !(EXO_AVX2 && use_tile(kind, m1 - m0))) {
                 /* lo - base and hi - base are multiples of 8 (check_spec) */
                 for (; n < hi; n += G8_ROWS) {
                     const uint8_t* grp = (const uint8_t*)s->w[p] + (size_t)(n - base) * rb;
                     for (int m = m0; m < m1;) {
                         const int R = m1 - m >= G8_MAX_R ? G8_MAX_R : m1 - m;
                         float o[G8_MAX_R * G8_ROWS];
-                        g8_dot(grp, nb, j->x + (size_t)m * nb, R, o);
+                        g8_dot(kind, grp, nb, j->x + (size_t)m * nb, R, o);
                         for (int r = 0; r < R; r++)
                             for (int c = 0; c < G8_ROWS; c++) {
                                 const size_t i = (size_t)(m + r) * j->N + n + c;
@@ -152,13 +158,14 @@ static void linear_part(void* ctx, int part, int parts) {
                             rows[c] = (const uint8_t*)s->w[p] + (size_t)(n - base + (c < cols ? c : cols - 1)) * rb;
                         for (; pf < pf_end && pf < (size_t)(n - base + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
                             _mm_prefetch(wp + pf, _MM_HINT_T1);
-                        if (kind == KIND_Q4_G8) tile_from_group(rows[0], nb, t);
+                        if (is_grouped(kind)) tile_from_group(kind, rows[0], nb, t);
                         else tile_build(kind, rows, nb, t);
                         for (int m = m0; m < m1;) {
                             const int R = m1 - m >= TILE_MAX_R ? TILE_MAX_R : m1 - m;
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
-                            tile_dot(&t, nb, j->x + (size_t)m * nb, kind == KIND_Q4_G8 ? KIND_Q4 : kind, R, acc);
+                            const int tk = kind == KIND_Q4_G8 ? KIND_Q4 : kind == KIND_Q8_G8 ? KIND_Q8 : kind;
+                            tile_dot(&t, nb, j->x + (size_t)m * nb, tk, R, acc);
                             for (int r = 0; r < R; r++) {
                                 const size_t i = (size_t)(m + r) * j->N + n;
                                 if (cols == TILE_COLS) { /* residual may be y itself: read before the write */
@@ -268,7 +275,7 @@ static int check_spec(const LinearSpec* s) {
         if (s->part_kind[p] != 0 && !known_kind(s->part_kind[p])) return -2;
         if (s->part_rows[p] > 0 && is_kquant(kind_of_part(s, p)) && K % QK_K != 0) return -2;
         /* groups of 8 rows that start on a multiple of 8 (partitions split on those) */
-        if (s->part_rows[p] > 0 && kind_of_part(s, p) == KIND_Q4_G8 &&
+        if (s->part_rows[p] > 0 && is_grouped(kind_of_part(s, p)) &&
             (s->part_rows[p] % G8_ROWS != 0 || rows % G8_ROWS != 0))
             return -2;
         if (s->part_rows[p] > N - rows) return -2;

@@ -71,6 +71,19 @@ void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
         }
 }
 
+void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nb = K / 32;
+    for (int g = 0; g < n_rows / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t* o = out + ((size_t)g * nb + b) * 272;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 34 + (size_t)b * 34; /* d, qs[32] */
+                memcpy(o + 2 * c, blk, 2);
+                for (int j = 0; j < 16; j++) memcpy(o + 16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c, blk + 2 + 2 * j, 2);
+            }
+        }
+}
+
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);

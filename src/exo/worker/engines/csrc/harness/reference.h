@@ -25,6 +25,9 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
  * group and block of 32 values, the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes
  * 2i, 2i + 1 of each row's 16 bytes of nibbles, row after row. */
 void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* The same for Q8_0 rows (KIND_Q8_G8): per group and block, the 8 rows' f16 d, then value 2j + e
+ * (j = 0..15, e = 0, 1) of row c at byte 32 (j % 8) + 16 (j / 8) + 2c + e of the next 256. */
+void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per

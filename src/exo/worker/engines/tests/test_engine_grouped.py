@@ -1,6 +1,7 @@
-"""Q4_1 weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the same
-results as the file's rows, a row's result independent of the batch, the caller's blocks left
-alone unless handed over, and refusals for parts that are not whole groups."""
+"""Q4_1 and Q8_0 weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
+same results as the file's rows, a row's result independent of the batch, the caller's blocks
+left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
+that are not whole groups."""
 
 from pathlib import Path
 
@@ -10,15 +11,19 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 from exo.worker.engines.cpu_kernels import (
+    GROUPED,
     KIND_Q4,
     KIND_Q4_G8,
+    KIND_Q8,
+    KIND_Q8_G8,
     PROLOGUE_NONE,
     KernelArgumentError,
     QKernels,
     QuantWeights,
-    group_q4_rows,
+    group_rows,
     kernels_unavailable_reason,
     load_kernels_for,
+    ungroup_rows,
 )
 from exo.worker.engines.engine import load_shard_weights
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
@@ -27,8 +32,9 @@ from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.qtensor import QuantTensor
 from exo.worker.engines.tests.generated import random_blocks
 
-Q4_1 = GGMLQuantizationType.Q4_1
+Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
 K = 256
+LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0}
 
 
 def _kernels(isa: str) -> QKernels:
@@ -38,15 +44,15 @@ def _kernels(isa: str) -> QKernels:
     return k
 
 
-def _q4(rows: int, seed: int) -> QuantTensor:
-    return QuantTensor(Q4_1, torch.from_numpy(random_blocks(Q4_1, rows, K, seed=seed)), K)
+def _q4(rows: int, seed: int, qtype: GGMLQuantizationType = Q4_1) -> QuantTensor:
+    return QuantTensor(qtype, torch.from_numpy(random_blocks(qtype, rows, K, seed=seed)), K)
 
 
 def test_regrouping_keeps_every_value() -> None:
     """Row c of group g, block b, read back from the groups' layout is the file's block."""
     raw = _q4(24, 3).raw
     laid = torch.empty_like(raw)
-    group_q4_rows(raw, laid)
+    group_rows(KIND_Q4, raw, laid)
     assert not torch.equal(laid, raw)
     g = laid.reshape(3, K // 32, 160)  # [group, block, bytes]
     for row in (0, 7, 8, 21):
@@ -58,24 +64,37 @@ def test_regrouping_keeps_every_value() -> None:
             words = torch.stack([g[grp, b, 32 + 16 * i + 2 * c : 34 + 16 * i + 2 * c] for i in range(8)])
             assert torch.equal(words.flatten(), block[4:20])  # nibbles, word by word
     again = raw.clone()
-    group_q4_rows(again, again)  # in place: the same bytes
+    group_rows(KIND_Q4, again, again)  # in place: the same bytes
     assert torch.equal(again, laid)
 
 
+@pytest.mark.parametrize("kind", [KIND_Q4, KIND_Q8])
+def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
+    raw = _q4(40, 5, LAYOUTS[kind]).raw
+    laid = raw.clone()
+    group_rows(kind, laid, laid)
+    assert not torch.equal(laid, raw)
+    index = torch.tensor([0, 39, 8, 7, 7, 21])
+    assert torch.equal(ungroup_rows(kind, laid, index), raw[index])
+    with pytest.raises(KernelArgumentError, match="row indices"):
+        ungroup_rows(kind, laid, torch.tensor([40]))
+
+
+@pytest.mark.parametrize("kind", [KIND_Q4, KIND_Q8])
 @pytest.mark.parametrize("isa", ["avx2", "portable"])
-def test_grouped_rows_match_the_file_rows(isa: str) -> None:
+def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
     """The same layer as groups and as the file's rows: equal to float rounding at every
     batch size (1 to 9 rows: passes of 4, 4 and 1; 70: two chunks of activation rows), and a
     row's result exactly the same alone as in any batch."""
     kernels = _kernels(isa)
-    parts = [_q4(40, 1), _q4(16, 2)]  # q | k: two parts, both of whole groups
+    parts = [_q4(40, 1, LAYOUTS[kind]), _q4(16, 2, LAYOUTS[kind])]  # q | k: whole groups
     torch.manual_seed(0)
     bias = torch.randn(56)
-    plain = QuantWeights(4, PROLOGUE_NONE, [p.raw for p in parts], None, 0.0, bias, K)
+    plain = QuantWeights(kind, PROLOGUE_NONE, [p.raw for p in parts], None, 0.0, bias, K)
     laid = [torch.empty_like(p.raw) for p in parts]
     for p, out in zip(parts, laid, strict=True):
-        group_q4_rows(p.raw, out)
-    grouped = QuantWeights(4, PROLOGUE_NONE, laid, None, 0.0, bias, K, [KIND_Q4_G8] * 2)
+        group_rows(kind, p.raw, out)
+    grouped = QuantWeights(kind, PROLOGUE_NONE, laid, None, 0.0, bias, K, [GROUPED[kind]] * 2)
     x, residual = torch.randn(70, K), torch.randn(70, 56)
     alone = torch.cat([kernels.linear(grouped, x[i : i + 1], residual[i : i + 1]) for i in range(9)])
     for m in (1, 2, 3, 4, 5, 8, 9, 16, 70):
@@ -119,36 +138,47 @@ def test_a_layer_regroups_whole_groups_only_and_copies_unless_handed_over() -> N
 def test_parts_that_are_not_whole_groups_are_refused() -> None:
     raw = _q4(16, 1).raw
     laid = torch.empty_like(raw)
-    group_q4_rows(raw, laid)
+    group_rows(KIND_Q4, raw, laid)
     with pytest.raises(KernelArgumentError, match="multiple of 8 rows"):
         QuantWeights(4, PROLOGUE_NONE, [laid[:12]], None, 0.0, None, K, [KIND_Q4_G8])
     with pytest.raises(KernelArgumentError, match="start on one"):
         QuantWeights(4, PROLOGUE_NONE, [raw[:3], laid[:8]], None, 0.0, None, K, [KIND_Q4, KIND_Q4_G8])
-    with pytest.raises(KernelArgumentError, match="Q4_1 rows"):
-        group_q4_rows(raw[:12], torch.empty_like(raw[:12]))
+    with pytest.raises(KernelArgumentError, match="not whole groups"):
+        group_rows(KIND_Q4, raw[:12], torch.empty_like(raw[:12]))
     with pytest.raises(KernelArgumentError, match="same shape"):
-        group_q4_rows(raw, torch.empty_like(raw[:8]))
+        group_rows(KIND_Q4, raw, torch.empty_like(raw[:8]))
 
 
 def test_a_model_overwrites_its_weights_only_when_it_owns_them(gguf_path: Path) -> None:
     """Built from weights a caller keeps (tests, tools), a model copies what it re-lays; built
-    by its loader (`own_weights`), it re-lays them where they lie: no second copy in memory."""
+    by its loader (`own_weights`), it re-lays them where they lie: no second copy in memory.
+    SmolLM2's head is its embedding table (Q8_0): the embedding reads its rows back."""
     kernels = _kernels("avx2")
     plan = load_plan(torch.device("cpu"), torch.float32, kernels, None)
-    weights = load_shard_weights(gguf_path, 0, 1, plan=plan)
-    w_gate = weights.layers[0].w_gate
+    weights = load_shard_weights(gguf_path, 0, 30, plan=plan)  # SmolLM2: 30 layers
+    w_gate, table = weights.layers[0].w_gate, weights.embed
     assert isinstance(w_gate, QuantTensor) and w_gate.qtype == Q4_1
-    before = w_gate.raw.clone()
+    assert isinstance(table, QuantTensor) and table.qtype == Q8_0 and weights.lm_head is table
+    before, table_before = w_gate.raw.clone(), table.raw.clone()
+    tokens = torch.tensor([[1, 2, 3, 4], [49151, 0, 8, 17]])
+    step = StepInputs((0, 1), (0, 0), 4)
+
+    def run(model: LlamaModel) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.inference_mode():
+            return model.embed(tokens), model.forward(tokens, step, model.new_cache(2, 8))
+
     kept = LlamaModel(weights, weight_format="q4", kernels=kernels)
-    assert torch.equal(w_gate.raw, before)
+    assert torch.equal(w_gate.raw, before) and torch.equal(table.raw, table_before)
+    assert isinstance(kept.lm_head, QuantLinear) and kept.lm_head.kinds == [KIND_Q8_G8]
+    kept_embed, kept_logits = run(kept)  # (kept reads `weights`: before they are handed over)
     owned = LlamaModel(weights, weight_format="q4", kernels=kernels, own_weights=True)
-    assert not torch.equal(w_gate.raw, before)
-    gate_up = owned.blocks[0].gate_up
+    assert not torch.equal(w_gate.raw, before) and not torch.equal(table.raw, table_before)
+    gate_up, head = owned.blocks[0].gate_up, owned.lm_head
     assert isinstance(gate_up, QuantLinear) and gate_up.kinds == [KIND_Q4_G8] * 2
     assert gate_up.parts[0].data_ptr() == w_gate.raw.data_ptr()
-    tokens = torch.tensor([[1, 2, 3, 4]])
-    step = StepInputs.single(0, 0, 4)
-    with torch.inference_mode():
-        a = owned.forward_layers(owned.embed(tokens), step, owned.new_cache(1, 8))
-        b = kept.forward_layers(kept.embed(tokens), step, kept.new_cache(1, 8))
-    assert torch.equal(a, b)
+    assert isinstance(head, QuantLinear) and head.kinds == [KIND_Q8_G8]
+    assert head.parts[0].data_ptr() == table.raw.data_ptr()
+    owned_embed, owned_logits = run(owned)
+    want = QuantTensor(Q8_0, table_before, table.in_features).take_rows(tokens.flatten())
+    assert torch.equal(owned_embed, want.dequantize().reshape(2, 4, -1))
+    assert torch.equal(owned_embed, kept_embed) and torch.equal(owned_logits, kept_logits)
