@@ -38,9 +38,12 @@ class Embedding:
         self._head: QuantLinear | None = None
         if isinstance(table, QuantTensor):
             self._file_blocks = table
-            if isinstance(tied_head, QuantLinear) and len(tied_head.parts) == 1:
-                if tied_head.parts[0].data_ptr() == table.raw.data_ptr():
-                    self._head = tied_head
+            if (
+                isinstance(tied_head, QuantLinear)
+                and len(tied_head.parts) == 1
+                and tied_head.parts[0].data_ptr() == table.raw.data_ptr()
+            ):
+                self._head = tied_head
         elif isinstance(tied_head, QuantLinear) and tied_head.bits == 8:
             self._q8_blocks = tied_head.blocks
             self._head = tied_head
