@@ -19,6 +19,10 @@
  * its high nibbles values 2i + 16, 2i + 17 (pair i + 8). A group has the bytes of its 8 rows,
  * so offsets by rows stay those of Q4_1; a part so laid has a multiple of 8 rows.
  *
+ * Q5_0 (KIND_Q5_0_G8), 176 bytes per group and block: the 8 rows' f16 d, then for i = 0..7 a
+ * 32-bit word of fifth bits (bit 2c + e: row c's value 2i + e, bit 16 + 2c + e: its value
+ * 2i + 16 + e), then the nibbles as Q4_1's; the values are signed, q - 16, with no offset.
+ *
  * Q8_0 the same way (KIND_Q8_G8), 272 bytes per group and block: the 8 rows' f16 d, then 256 bytes
  * of int8 values laid as a tile's (tile.h): pair j (values 2j, 2j + 1) of row c at byte
  * 32 (j % 8) + 16 (j / 8) + 2c. A tile already, it is read directly at any number of rows.
@@ -32,26 +36,39 @@
 #define G8_BLOCK 160 /* bytes of a group's block: 8 d, 8 m (f16), 8 x 16 bytes of nibbles */
 #define G8_MAX_R 4   /* activation rows per pass over a group (registers) */
 #define G8_Q8_BLOCK 272 /* Q8_0: 8 d (f16), 256 bytes of values */
+#define G8_Q5_BLOCK 176 /* Q5_0: 8 d (f16), 8 words of fifth bits, 128 bytes of nibbles */
 
 #if EXO_AVX2
 /* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */
 #define G8_KEEP(v) __asm__("" : "+x"(v))
 
-/* out[r] lane c = dot of row c of the group at `grp` with activation row r (x + r nb). */
+/* out[r] lane c = dot of row c of the group at `grp` with activation row r (x + r nb); `five`:
+ * a Q5_0 group (a constant at each call: the unpacking specialises), else Q4_1. */
 static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
-                                                          __m256* out) {
-    const __m256i low = _mm256_set1_epi16(0x0F);
+                                                          int five, __m256* out) {
+    const __m256i low = _mm256_set1_epi16(0x0F), minus16 = _mm256_set1_epi16(-16);
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                          (short)0x8000);
     __m256 acc[G8_MAX_R];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
+        const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : G8_BLOCK);
+        const uint8_t* nibbles = blk + (five ? 48 : 32);
         __m256i s[G8_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int i = 0; i < 8; i++) {
             /* byte 2c + e -> word 2c + e: its low nibble is row c's value 2i + e, its high one
              * value 2i + 16 + e */
-            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + 32 + 16 * i)));
-            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_srli_epi16(v, 4);
+            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(nibbles + 16 * i)));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_srli_epi16(v, 4);
+            if (five) { /* q - 16 = nibble + (fifth bit ? 0 : -16), word 2c + e: bit 2c + e of h */
+                uint32_t h;
+                memcpy(&h, blk + 16 + 4 * i, sizeof h);
+                const __m256i hl = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(h & 0xFFFF)), bit), bit);
+                const __m256i hh = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(h >> 16)), bit), bit);
+                lo = _mm256_add_epi16(lo, _mm256_andnot_si256(hl, minus16));
+                hi = _mm256_add_epi16(hi, _mm256_andnot_si256(hh, minus16));
+            }
             for (int r = 0; r < R; r++) {
                 int32_t x0, x1; /* activation pairs i and i + 8 */
                 memcpy(&x0, x[(size_t)r * nb + b].qs + 2 * i, sizeof x0);
@@ -63,11 +80,11 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16)));
+        const __m256 m = five ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16)));
         for (int r = 0; r < R; r++) {
             const BlockX* xb = x + (size_t)r * nb + b;
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s[r]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[r]);
+            if (!five) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -81,6 +98,27 @@ static void tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
         for (int b = 0; b < nb; b++) {
             const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
             memcpy(t.q + (size_t)b * 256, blk + 16, 256);
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
+        }
+        return;
+    }
+    if (kind == KIND_Q5_0_G8) { /* int8 q - 16: the fifth bits spread to bytes */
+        const __m128i bits = _mm_set1_epi64x((long long)0x8040201008040201ULL);
+        const __m128i spread = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)b * G8_Q5_BLOCK;
+            int8_t* q = t.q + (size_t)b * 256;
+            for (int i = 0; i < 8; i++) {
+                uint32_t h;
+                memcpy(&h, blk + 16 + 4 * i, sizeof h);
+                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 48 + 16 * i));
+                const __m128i hl = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)(h & 0xFFFF)), spread), bits), bits);
+                const __m128i hh = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)(h >> 16)), spread), bits), bits);
+                const __m128i m16 = _mm_set1_epi8(-16);
+                _mm_storeu_si128((__m128i*)(q + 32 * i), _mm_add_epi8(_mm_and_si128(v, low), _mm_andnot_si128(hl, m16)));
+                _mm_storeu_si128((__m128i*)(q + 32 * i + 16),
+                                 _mm_add_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_andnot_si128(hh, m16)));
+            }
             _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
         }
         return;
@@ -128,7 +166,10 @@ static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp,
 /* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.h) */
 #define G8_ROWS_FOR(R)                                                                            \
 static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_rows(grp, nb, x, R, out);                                                                 \
+    g8_rows(grp, nb, x, R, 0, out);                                                              \
+}                                                                                                \
+static __attribute__((noinline)) void g8_q5_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
+    g8_rows(grp, nb, x, R, 1, out);                                                              \
 }                                                                                                \
 static __attribute__((noinline)) void g8_q8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
     g8_q8_rows(grp, nb, x, R, out);                                                              \
@@ -150,6 +191,13 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
             case 3: g8_q8_rows_3(grp, nb, x, acc); break;
             case 2: g8_q8_rows_2(grp, nb, x, acc); break;
             default: g8_q8_rows_1(grp, nb, x, acc);
+        }
+    } else if (kind == KIND_Q5_0_G8) {
+        switch (R) {
+            case 4: g8_q5_rows_4(grp, nb, x, acc); break;
+            case 3: g8_q5_rows_3(grp, nb, x, acc); break;
+            case 2: g8_q5_rows_2(grp, nb, x, acc); break;
+            default: g8_q5_rows_1(grp, nb, x, acc);
         }
     } else {
         switch (R) {
@@ -181,23 +229,33 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
         }
         return;
     }
+    const int five = kind == KIND_Q5_0_G8;
     for (int r = 0; r < R; r++) {
         float acc[G8_ROWS] = {0.0f};
         for (int b = 0; b < nb; b++) {
-            const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
+            const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : G8_BLOCK);
+            const uint8_t* nibbles = blk + (five ? 48 : 32);
             const BlockX* xb = x + (size_t)r * nb + b;
             for (int c = 0; c < G8_ROWS; c++) {
-                uint16_t d16, m16;
+                uint16_t d16, m16 = 0;
                 memcpy(&d16, blk + 2 * c, 2);
-                memcpy(&m16, blk + 16 + 2 * c, 2);
+                if (!five) memcpy(&m16, blk + 16 + 2 * c, 2);
                 int32_t isum = 0;
-                for (int i = 0; i < 8; i++)
+                for (int i = 0; i < 8; i++) {
+                    uint32_t h = 0;
+                    if (five) memcpy(&h, blk + 16 + 4 * i, sizeof h);
                     for (int e = 0; e < 2; e++) {
-                        const uint8_t byte = blk[32 + 16 * i + 2 * c + e];
-                        isum += (int32_t)(byte & 15) * xb->qs[2 * i + e] + (int32_t)(byte >> 4) * xb->qs[2 * i + 16 + e];
+                        const uint8_t byte = nibbles[16 * i + 2 * c + e];
+                        int32_t lo = byte & 15, hi = byte >> 4;
+                        if (five) {
+                            lo += ((h >> (2 * c + e)) & 1) ? 0 : -16;
+                            hi += ((h >> (16 + 2 * c + e)) & 1) ? 0 : -16;
+                        }
+                        isum += lo * xb->qs[2 * i + e] + hi * xb->qs[2 * i + 16 + e];
                     }
+                }
                 acc[c] += exo_h2f(d16) * xb->d * (float)isum;
-                acc[c] += exo_h2f(m16) * xb->s;
+                if (!five) acc[c] += exo_h2f(m16) * xb->s;
             }
         }
         for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];

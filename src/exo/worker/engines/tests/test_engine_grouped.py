@@ -1,4 +1,4 @@
-"""Q4_1 and Q8_0 weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
+"""Q4_1, Q8_0 and Q5_0 weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
 same results as the file's rows, a row's result independent of the batch, the caller's blocks
 left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
 that are not whole groups."""
@@ -14,6 +14,7 @@ from exo.worker.engines.cpu_kernels import (
     GROUPED,
     KIND_Q4,
     KIND_Q4_G8,
+    KIND_Q5_0,
     KIND_Q8,
     KIND_Q8_G8,
     PROLOGUE_NONE,
@@ -32,9 +33,10 @@ from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.qtensor import QuantTensor
 from exo.worker.engines.tests.generated import random_blocks
 
-Q4_1, Q8_0 = GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0
+T = GGMLQuantizationType
+Q4_1, Q8_0 = T.Q4_1, T.Q8_0
 K = 256
-LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0}
+LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0}
 
 
 def _kernels(isa: str) -> QKernels:
@@ -68,7 +70,7 @@ def test_regrouping_keeps_every_value() -> None:
     assert torch.equal(again, laid)
 
 
-@pytest.mark.parametrize("kind", [KIND_Q4, KIND_Q8])
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
 def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
     raw = _q4(40, 5, LAYOUTS[kind]).raw
     laid = raw.clone()
@@ -80,7 +82,7 @@ def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
         ungroup_rows(kind, laid, torch.tensor([40]))
 
 
-@pytest.mark.parametrize("kind", [KIND_Q4, KIND_Q8])
+@pytest.mark.parametrize("kind", sorted(LAYOUTS))
 @pytest.mark.parametrize("isa", ["avx2", "portable"])
 def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
     """The same layer as groups and as the file's rows: equal to float rounding at every
@@ -97,7 +99,7 @@ def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
     grouped = QuantWeights(kind, PROLOGUE_NONE, laid, None, 0.0, bias, K, [GROUPED[kind]] * 2)
     x, residual = torch.randn(70, K), torch.randn(70, 56)
     alone = torch.cat([kernels.linear(grouped, x[i : i + 1], residual[i : i + 1]) for i in range(9)])
-    for m in (1, 2, 3, 4, 5, 8, 9, 16, 70):
+    for m in (1, 2, 3, 4, 5, 6, 8, 9, 16, 70):
         got = kernels.linear(grouped, x[:m], residual[:m])
         want = kernels.linear(plain, x[:m], residual[:m])
         scale = want.abs().max().item()

@@ -84,6 +84,29 @@ void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
         }
 }
 
+void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nb = K / 32;
+    for (int g = 0; g < n_rows / 8; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t* o = out + ((size_t)g * nb + b) * 176;
+            uint32_t words[8] = {0};
+            for (int c = 0; c < 8; c++) {
+                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 22 + (size_t)b * 22; /* d, qh[4], qs[16] */
+                uint32_t qh;
+                memcpy(&qh, blk + 2, 4);
+                memcpy(o + 2 * c, blk, 2);
+                for (int i = 0; i < 8; i++) {
+                    memcpy(o + 48 + 16 * i + 2 * c, blk + 6 + 2 * i, 2);
+                    for (int e = 0; e < 2; e++) {
+                        words[i] |= ((qh >> (2 * i + e)) & 1u) << (2 * c + e);
+                        words[i] |= ((qh >> (2 * i + 16 + e)) & 1u) << (16 + 2 * c + e);
+                    }
+                }
+            }
+            memcpy(o + 16, words, sizeof words);
+        }
+}
+
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);

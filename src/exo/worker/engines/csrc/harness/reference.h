@@ -28,6 +28,10 @@ void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out);
 /* The same for Q8_0 rows (KIND_Q8_G8): per group and block, the 8 rows' f16 d, then value 2j + e
  * (j = 0..15, e = 0, 1) of row c at byte 32 (j % 8) + 16 (j / 8) + 2c + e of the next 256. */
 void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* The same for Q5_0 rows (KIND_Q5_0_G8): per group and block, the 8 rows' f16 d, then for i = 0..7
+ * a 32-bit word whose bit 2c + e is the fifth bit of row c's value 2i + e and bit 16 + 2c + e
+ * that of its value 2i + 16 + e, then the nibbles as for Q4_1. */
+void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
