@@ -48,16 +48,18 @@ _GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
 KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
-# Q4_1, Q8_0, Q5_0 rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
-KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8 = 204, 208, 250
-GROUPED = {KIND_Q4: KIND_Q4_G8, KIND_Q8: KIND_Q8_G8, KIND_Q5_0: KIND_Q5_0_G8}  # file -> groups
+# Q4_1, Q8_0, Q5_0, Q4_K rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
+KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8, KIND_Q4_K_G8 = 204, 208, 250, 304
+GROUPED = {
+    KIND_Q4: KIND_Q4_G8, KIND_Q8: KIND_Q8_G8, KIND_Q5_0: KIND_Q5_0_G8, KIND_Q4_K: KIND_Q4_K_G8,
+}  # fmt: skip
 GROUP_ROWS = 8
 _BLOCK_BYTES = {
     KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
     KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20, KIND_Q8_G8: 34,
-    KIND_Q5_0_G8: 22,
+    KIND_Q5_0_G8: 22, KIND_Q4_K_G8: 144,
 }  # fmt: skip
-_BLOCK_VALUES = {KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256}  # (else 32)
+_BLOCK_VALUES = {KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256, KIND_Q4_K_G8: 256}  # (else 32)
 _INT_MAX = 2**31 - 1
 
 
@@ -204,14 +206,16 @@ def _group_view(kind: int, rows: Tensor) -> tuple[int, int]:
 
 
 def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
-    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0), uint8 [n, row bytes]
-    with n a multiple of 8, re-laid in groups of 8 rows into `out` (same shape; may be `rows`
-    itself) as the kernels read them (`csrc/grouped.h`). Per group and block of 32 values: the
-    8 rows' f16 d, then Q4_1: their f16 m, and for i = 0..7 the bytes 2i, 2i + 1 of each row's 16
-    bytes of nibbles, row after row; Q5_0: for i = 0..7 a 32-bit word of fifth bits (bit
-    2c + e: row c's value 2i + e; bit 16 + 2c + e: its value 2i + 16 + e), then the nibbles as
-    Q4_1's; Q8_0: value 2j + e of row c at byte 32 (j % 8) + 16 (j / 8) + 2c + e of 256 (a
-    tile, `csrc/tile.h`)."""
+    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0, KIND_Q4_K), uint8
+    [n, row bytes] with n a multiple of 8, re-laid in groups of 8 rows into `out` (same shape;
+    may be `rows` itself) as the kernels read them (`csrc/grouped.h`). Per group and block (32
+    values; Q4_K: super-block of 256): the 8 rows' f16 d, then Q4_1: their f16 m, and for
+    i = 0..7 the bytes 2i, 2i + 1 of each row's 16 bytes of nibbles, row after row; Q5_0: for
+    i = 0..7 a 32-bit word of fifth bits (bit 2c + e: row c's value 2i + e; bit 16 + 2c + e: its
+    value 2i + 16 + e), then the nibbles as Q4_1's; Q8_0: value 2j + e of row c at byte
+    32 (j % 8) + 16 (j / 8) + 2c + e of 256 (a tile, `csrc/tile.h`); Q4_K: their f16 dmin, byte k
+    of row c's 12 scale bytes at 32 + 8k + c, then per 64-value chunk and word i of its 32 bytes
+    the rows' words."""
     nb, groups = _group_view(kind, rows)
     if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
         raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
@@ -227,6 +231,11 @@ def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
             laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
             words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
             laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
+        elif kind == KIND_Q4_K:
+            laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # dmin
+            laid[:, :, 32:128] = blocks[..., 4:16].transpose(0, 1, 3, 2).reshape(g, nb, 96)
+            words = blocks[..., 16:144].reshape(g, nb, GROUP_ROWS, 4, 16, 2)  # [.., row, c, i, b]
+            laid[:, :, 128:1152] = words.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 1024)
         elif kind == KIND_Q5_0:
             qh = blocks[..., 2:6].copy().view("<u4")[..., 0]  # [G, nb, row]
             bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # value v = 16 h + 2i + e
@@ -258,6 +267,11 @@ def ungroup_rows(kind: int, grouped: Tensor, index: Tensor) -> Tensor:
         out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
         words = grp[:, :, 32:160].reshape(n, nb, 8, GROUP_ROWS, 2)[every, :, :, c]  # [n, nb, i, 2]
         out[:, :, 4:20] = words.reshape(n, nb, 16)
+    elif kind == KIND_Q4_K:
+        out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
+        out[:, :, 4:16] = grp[:, :, 32:128].reshape(n, nb, 12, GROUP_ROWS)[every, :, :, c]
+        words = grp[:, :, 128:1152].reshape(n, nb, 4, 16, GROUP_ROWS, 2)[every, :, :, :, c]
+        out[:, :, 16:144] = words.reshape(n, nb, 128)
     elif kind == KIND_Q5_0:
         words = grp[:, :, 16:48].copy().view("<u4")  # [n, nb, 8]: word i, bit 16 h + 2c' + e
         shift = (np.arange(2)[:, None] * 16 + 2 * c[:, None, None] + np.arange(2)[None, None, :])

@@ -23,6 +23,12 @@
  * 32-bit word of fifth bits (bit 2c + e: row c's value 2i + e, bit 16 + 2c + e: its value
  * 2i + 16 + e), then the nibbles as Q4_1's; the values are signed, q - 16, with no offset.
  *
+ * Q4_K (KIND_Q4_K_G8), 1152 bytes per group and super-block of 256 values: the 8 rows' f16 d,
+ * their f16 dmin, their 12 bytes of packed 6-bit scales and mins transposed (byte k of row c at
+ * 32 + 8k + c: one load gives a byte of all 8 rows), then for each 64-value chunk c and word i
+ * of its 32 bytes the 8 rows' words (as Q4_1's: low nibbles are sub-block 2c's pair i, high
+ * nibbles sub-block 2c + 1's).
+ *
  * Q8_0 the same way (KIND_Q8_G8), 272 bytes per group and block: the 8 rows' f16 d, then 256 bytes
  * of int8 values laid as a tile's (tile.h): pair j (values 2j, 2j + 1) of row c at byte
  * 32 (j % 8) + 16 (j / 8) + 2c. A tile already, it is read directly at any number of rows.
@@ -37,6 +43,7 @@
 #define G8_MAX_R 4   /* activation rows per pass over a group (registers) */
 #define G8_Q8_BLOCK 272 /* Q8_0: 8 d (f16), 256 bytes of values */
 #define G8_Q5_BLOCK 176 /* Q5_0: 8 d (f16), 8 words of fifth bits, 128 bytes of nibbles */
+#define G8_Q4K_BLOCK 1152 /* Q4_K, per super-block: 8 d, 8 dmin (f16), 12 x 8 scale bytes, nibbles */
 
 #if EXO_AVX2
 /* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */
@@ -90,10 +97,47 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* The 8 rows' scale d sc_j and offset dmin m_j of sub-block j of a Q4_K group's super-block
+ * (the 6-bit pairs unpacked for all rows at once, as dot_kquants.h's q4k_scale_min does one). */
+static inline __attribute__((always_inline)) void g8_q4k_scales(const uint8_t* blk, int j, __m256* dsc, __m256* dm) {
+    const uint8_t* bytes = blk + 32;
+#define G8_SCALE_BYTE(k) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * (k))))
+    const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15);
+    __m256i sc, mn;
+    if (j < 4) {
+        sc = _mm256_and_si256(G8_SCALE_BYTE(j), six);
+        mn = _mm256_and_si256(G8_SCALE_BYTE(j + 4), six);
+    } else {
+        const __m256i b = G8_SCALE_BYTE(j + 4);
+        sc = _mm256_or_si256(_mm256_and_si256(b, four), _mm256_slli_epi32(_mm256_srli_epi32(G8_SCALE_BYTE(j - 4), 6), 4));
+        mn = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(_mm256_srli_epi32(G8_SCALE_BYTE(j), 6), 4));
+    }
+#undef G8_SCALE_BYTE
+    *dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)), _mm256_cvtepi32_ps(sc));
+    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16))), _mm256_cvtepi32_ps(mn));
+}
+
 /* The tile (tile.h) of a group, for many activation rows (prefill): the nibbles split into
  * int8 pairs, no transpose (the group is one already), and the scales as floats. */
 static void tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
     const __m128i low = _mm_set1_epi8(0x0F);
+    if (kind == KIND_Q4_K_G8) { /* tile block 8 s + j: sub-block j of super-block s */
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
+            const int j = b % 8, c = j / 2;
+            int8_t* q = t.q + (size_t)b * 256;
+            for (int i = 0; i < 16; i++) { /* pair i at 32 (i % 8) + 16 (i / 8) */
+                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 128 + 16 * (16 * c + i)));
+                const __m128i nib = j & 1 ? _mm_and_si128(_mm_srli_epi16(v, 4), low) : _mm_and_si128(v, low);
+                _mm_storeu_si128((__m128i*)(q + 32 * (i % 8) + 16 * (i / 8)), nib);
+            }
+            __m256 dsc, dm;
+            g8_q4k_scales(blk, j, &dsc, &dm);
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, dsc);
+            _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_sub_ps(_mm256_setzero_ps(), dm));
+        }
+        return;
+    }
     if (kind == KIND_Q8_G8) { /* the values are a tile's already */
         for (int b = 0; b < nb; b++) {
             const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
@@ -163,6 +207,42 @@ static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp,
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* As g8_rows, for Q4_K groups: nb blocks of 32 (8 per super-block). Per sub-block the same
+ * operations, in the same order, as the tile path (tile.h), so a row's result does not depend
+ * on which of the two a call takes. */
+static inline __attribute__((always_inline)) void g8_q4k_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
+                                                              __m256* out) {
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    __m256 acc[G8_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
+        const int j = b % 8, c = j / 2;
+        const uint8_t* words = blk + 128 + 16 * 16 * c;
+        __m256i s[G8_MAX_R];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        for (int i = 0; i < 16; i++) {
+            const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(words + 16 * i)));
+            const __m256i q = j & 1 ? _mm256_srli_epi16(v, 4) : _mm256_and_si256(v, low);
+            for (int r = 0; r < R; r++) {
+                int32_t xv;
+                memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * i, sizeof xv);
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(q, _mm256_set1_epi32(xv)));
+                G8_KEEP(s[r]);
+            }
+        }
+        __m256 dsc, dm;
+        g8_q4k_scales(blk, j, &dsc, &dm);
+        const __m256 neg_dm = _mm256_sub_ps(_mm256_setzero_ps(), dm);
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b;
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s[r]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(neg_dm, _mm256_set1_ps(xb->s), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
 /* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.h) */
 #define G8_ROWS_FOR(R)                                                                            \
 static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
@@ -173,6 +253,9 @@ static __attribute__((noinline)) void g8_q5_rows_##R(const uint8_t* grp, int nb,
 }                                                                                                \
 static __attribute__((noinline)) void g8_q8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
     g8_q8_rows(grp, nb, x, R, out);                                                              \
+}                                                                                                \
+static __attribute__((noinline)) void g8_q4k_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
+    g8_q4k_rows(grp, nb, x, R, out);                                                             \
 }
 G8_ROWS_FOR(1)
 G8_ROWS_FOR(2)
@@ -191,6 +274,13 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
             case 3: g8_q8_rows_3(grp, nb, x, acc); break;
             case 2: g8_q8_rows_2(grp, nb, x, acc); break;
             default: g8_q8_rows_1(grp, nb, x, acc);
+        }
+    } else if (kind == KIND_Q4_K_G8) {
+        switch (R) {
+            case 4: g8_q4k_rows_4(grp, nb, x, acc); break;
+            case 3: g8_q4k_rows_3(grp, nb, x, acc); break;
+            case 2: g8_q4k_rows_2(grp, nb, x, acc); break;
+            default: g8_q4k_rows_1(grp, nb, x, acc);
         }
     } else if (kind == KIND_Q5_0_G8) {
         switch (R) {
@@ -226,6 +316,35 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
                 }
             }
             for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
+        }
+        return;
+    }
+    if (kind == KIND_Q4_K_G8) {
+        for (int r = 0; r < R; r++) {
+            float acc[G8_ROWS] = {0.0f};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
+                const int j = b % 8, c = j / 2;
+                const BlockX* xb = x + (size_t)r * nb + b;
+                for (int row = 0; row < G8_ROWS; row++) {
+                    uint16_t d16, dmin16;
+                    memcpy(&d16, blk + 2 * row, 2);
+                    memcpy(&dmin16, blk + 16 + 2 * row, 2);
+                    uint8_t packed[12];
+                    for (int k = 0; k < 12; k++) packed[k] = blk[32 + 8 * k + row];
+                    int sc, mn;
+                    q4k_scale_min(packed, j, &sc, &mn);
+                    int32_t isum = 0;
+                    for (int i = 0; i < 16; i++)
+                        for (int e = 0; e < 2; e++) {
+                            const uint8_t byte = blk[128 + 16 * (16 * c + i) + 2 * row + e];
+                            isum += (int32_t)(j & 1 ? byte >> 4 : byte & 15) * xb->qs[2 * i + e];
+                        }
+                    acc[row] += exo_h2f(d16) * (float)sc * xb->d * (float)isum;
+                    acc[row] -= exo_h2f(dmin16) * (float)mn * xb->s;
+                }
+            }
+            for (int row = 0; row < G8_ROWS; row++) out[G8_ROWS * r + row] = acc[row];
         }
         return;
     }

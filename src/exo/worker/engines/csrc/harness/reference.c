@@ -107,6 +107,22 @@ void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
         }
 }
 
+void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nsb = K / 256;
+    for (int g = 0; g < n_rows / 8; g++)
+        for (int s = 0; s < nsb; s++) {
+            uint8_t* o = out + ((size_t)g * nsb + s) * 1152;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t* blk = rows + (size_t)(8 * g + c) * nsb * 144 + (size_t)s * 144; /* d, dmin, scales[12], qs[128] */
+                memcpy(o + 2 * c, blk, 2);
+                memcpy(o + 16 + 2 * c, blk + 2, 2);
+                for (int k = 0; k < 12; k++) o[32 + 8 * k + c] = blk[4 + k];
+                for (int ch = 0; ch < 4; ch++)
+                    for (int i = 0; i < 16; i++) memcpy(o + 128 + 16 * (16 * ch + i) + 2 * c, blk + 16 + 32 * ch + 2 * i, 2);
+            }
+        }
+}
+
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);

@@ -32,6 +32,10 @@ void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out);
  * a 32-bit word whose bit 2c + e is the fifth bit of row c's value 2i + e and bit 16 + 2c + e
  * that of its value 2i + 16 + e, then the nibbles as for Q4_1. */
 void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* The same for Q4_K rows (KIND_Q4_K_G8), per group and super-block of 256 values: the 8 rows'
+ * f16 d, their f16 dmin, byte k of row c's 12 scale bytes at 32 + 8k + c, then for chunk c = 0..3
+ * and i = 0..15 the bytes 2i, 2i + 1 of the chunk's 32 bytes of each row, row after row. */
+void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
