@@ -28,6 +28,7 @@ Rep = TypeVar("Rep")
 _OK = b"\x00"
 _ERROR = b"\x01"
 _REPLY_BUFFER = 16
+_QUERY_MARGIN_S = 0.5  # see `request`
 
 _INBOX_BUFFER = 256
 
@@ -150,7 +151,9 @@ async def request(
         counter = await transport.query(
             key,
             endpoint.request.encode(message),
-            timeout_s=timeout_s,
+            # zenoh's own timeout a little later than ours: a query still unanswered at the
+            # deadline ends as a timeout here, not (when zenoh's fired first) as "nobody replied"
+            timeout_s=timeout_s + _QUERY_MARGIN_S,
             on_reply=partial(_post_reply, transport, send),
             on_done=partial(transport.bridge.post, send.close),
         )
