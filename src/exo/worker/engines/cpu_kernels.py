@@ -48,18 +48,22 @@ _GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
 KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
 KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
-# Q4_1, Q8_0, Q5_0, Q4_K rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
-KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8, KIND_Q4_K_G8 = 204, 208, 250, 304
+# Q4_1, Q8_0, Q5_0, Q4_K, Q6_K rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
+KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8, KIND_Q4_K_G8, KIND_Q6_K_G8 = 204, 208, 250, 304, 306
 GROUPED = {
     KIND_Q4: KIND_Q4_G8, KIND_Q8: KIND_Q8_G8, KIND_Q5_0: KIND_Q5_0_G8, KIND_Q4_K: KIND_Q4_K_G8,
+    KIND_Q6_K: KIND_Q6_K_G8,
 }  # fmt: skip
 GROUP_ROWS = 8
 _BLOCK_BYTES = {
     KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
     KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20, KIND_Q8_G8: 34,
-    KIND_Q5_0_G8: 22, KIND_Q4_K_G8: 144,
+    KIND_Q5_0_G8: 22, KIND_Q4_K_G8: 144, KIND_Q6_K_G8: 210,
 }  # fmt: skip
-_BLOCK_VALUES = {KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256, KIND_Q4_K_G8: 256}  # (else 32)
+# values per block of the K-quant layouts (the others: 32)
+_BLOCK_VALUES = {
+    KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256, KIND_Q4_K_G8: 256, KIND_Q6_K_G8: 256,
+}  # fmt: skip
 _INT_MAX = 2**31 - 1
 
 
@@ -215,7 +219,8 @@ def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
     value 2i + 16 + e), then the nibbles as Q4_1's; Q8_0: value 2j + e of row c at byte
     32 (j % 8) + 16 (j / 8) + 2c + e of 256 (a tile, `csrc/tile.h`); Q4_K: their f16 dmin, byte k
     of row c's 12 scale bytes at 32 + 8k + c, then per 64-value chunk and word i of its 32 bytes
-    the rows' words."""
+    the rows' words; Q6_K (d last in its blocks, first in the groups'): scale k of row c at
+    16 + 8k + c, then ql's four 32-byte chunks and qh's two halves word by word, as Q4_K's."""
     nb, groups = _group_view(kind, rows)
     if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
         raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
@@ -231,6 +236,13 @@ def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
             laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
             words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
             laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
+        elif kind == KIND_Q6_K:  # ql[128], qh[64], scales[16], d
+            laid[:, :, 0:16] = blocks[..., 208:210].reshape(g, nb, 16)
+            laid[:, :, 16:144] = blocks[..., 192:208].transpose(0, 1, 3, 2).reshape(g, nb, 128)
+            low = blocks[..., 0:128].reshape(g, nb, GROUP_ROWS, 4, 16, 2)
+            laid[:, :, 144:1168] = low.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 1024)
+            high = blocks[..., 128:192].reshape(g, nb, GROUP_ROWS, 2, 16, 2)
+            laid[:, :, 1168:1680] = high.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 512)
         elif kind == KIND_Q4_K:
             laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # dmin
             laid[:, :, 32:128] = blocks[..., 4:16].transpose(0, 1, 3, 2).reshape(g, nb, 96)
@@ -262,7 +274,16 @@ def ungroup_rows(kind: int, grouped: Tensor, index: Tensor) -> Tensor:
     grp = grouped.numpy().reshape(groups, nb, GROUP_ROWS * size)[rows // GROUP_ROWS]
     c, every = rows % GROUP_ROWS, np.arange(n)
     out = np.empty((n, nb, size), dtype=np.uint8)
-    out[:, :, 0:2] = grp[:, :, 0:16].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
+    d = grp[:, :, 0:16].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
+    if kind == KIND_Q6_K:
+        out[:, :, 208:210] = d
+        out[:, :, 192:208] = grp[:, :, 16:144].reshape(n, nb, 16, GROUP_ROWS)[every, :, :, c]
+        low = grp[:, :, 144:1168].reshape(n, nb, 4, 16, GROUP_ROWS, 2)[every, :, :, :, c]
+        out[:, :, 0:128] = low.reshape(n, nb, 128)
+        high = grp[:, :, 1168:1680].reshape(n, nb, 2, 16, GROUP_ROWS, 2)[every, :, :, :, c]
+        out[:, :, 128:192] = high.reshape(n, nb, 64)
+        return torch.from_numpy(out.reshape(n, nb * size))
+    out[:, :, 0:2] = d
     if kind == KIND_Q4:
         out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
         words = grp[:, :, 32:160].reshape(n, nb, 8, GROUP_ROWS, 2)[every, :, :, c]  # [n, nb, i, 2]

@@ -36,14 +36,12 @@ from exo.worker.engines.cpu_kernels import (
     GROUP_ROWS,
     GROUPED,
     KIND_Q4,
-    KIND_Q4_G8,
     KIND_Q4_K,
     KIND_Q5_0,
     KIND_Q5_1,
     KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
-    KIND_Q8_G8,
     MAX_PARTS,
     PROLOGUE_GEGLU,
     PROLOGUE_NONE,
@@ -452,8 +450,6 @@ _KERNEL_KINDS = {
 }  # fmt: skip
 _KIND_NAMES = {
     KIND_Q4: "q4",
-    KIND_Q4_G8: "q4 (8-row groups)",
-    KIND_Q8_G8: "q8 (8-row groups)",
     KIND_Q8: "q8",
     KIND_Q5_0: "Q5_0",
     KIND_Q5_1: "Q5_1",
@@ -461,6 +457,7 @@ _KIND_NAMES = {
     KIND_Q5_K: "Q5_K",
     KIND_Q6_K: "Q6_K",
 }
+_KIND_NAMES.update({g: f"{_KIND_NAMES[k]} (8-row groups)" for k, g in GROUPED.items()})
 
 
 def _kernel_kinds(

@@ -107,11 +107,11 @@ typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d;
 /* An activation block: x = d q, s = d sum(q). */
 typedef struct { float d, s; int16_t qs[32]; } BlockX;
 
-/* KIND_*_G8: Q4_1, Q8_0, Q5_0, Q4_K rows re-laid in groups of 8 (grouped.h), the same bytes
- * per row */
+/* KIND_*_G8: Q4_1, Q8_0, Q5_0, Q4_K, Q6_K rows re-laid in groups of 8 (grouped.h), the same
+ * bytes per row */
 enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q5_0 = 50, KIND_Q5_1 = 51,
        KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106, KIND_Q4_G8 = 204, KIND_Q8_G8 = 208,
-       KIND_Q5_0_G8 = 250, KIND_Q4_K_G8 = 304 };
+       KIND_Q5_0_G8 = 250, KIND_Q4_K_G8 = 304, KIND_Q6_K_G8 = 306 };
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 
 /* A linear layer's constant part, built once by the caller. */

@@ -29,6 +29,10 @@
  * of its 32 bytes the 8 rows' words (as Q4_1's: low nibbles are sub-block 2c's pair i, high
  * nibbles sub-block 2c + 1's).
  *
+ * Q6_K (KIND_Q6_K_G8), 1680 bytes per group and super-block: the 8 rows' f16 d, their 16 int8
+ * scales transposed (scale k of row c at 16 + 8k + c), then for each of ql's four 32-byte chunks
+ * and word i the 8 rows' words, then the same for qh's two 32-byte halves.
+ *
  * Q8_0 the same way (KIND_Q8_G8), 272 bytes per group and block: the 8 rows' f16 d, then 256 bytes
  * of int8 values laid as a tile's (tile.h): pair j (values 2j, 2j + 1) of row c at byte
  * 32 (j % 8) + 16 (j / 8) + 2c. A tile already, it is read directly at any number of rows.
@@ -44,6 +48,7 @@
 #define G8_Q8_BLOCK 272 /* Q8_0: 8 d (f16), 256 bytes of values */
 #define G8_Q5_BLOCK 176 /* Q5_0: 8 d (f16), 8 words of fifth bits, 128 bytes of nibbles */
 #define G8_Q4K_BLOCK 1152 /* Q4_K, per super-block: 8 d, 8 dmin (f16), 12 x 8 scale bytes, nibbles */
+#define G8_Q6K_BLOCK 1680 /* Q6_K, per super-block: 8 d (f16), 16 x 8 scales, low 4 bits, high 2 */
 
 #if EXO_AVX2
 /* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */
@@ -135,6 +140,28 @@ static void tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
             g8_q4k_scales(blk, j, &dsc, &dm);
             _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, dsc);
             _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_sub_ps(_mm256_setzero_ps(), dm));
+        }
+        return;
+    }
+    if (kind == KIND_Q6_K_G8) { /* tile block 8 s + g: 32-value group g = 4 n + k of super-block s */
+        const __m128i three = _mm_set1_epi8(3), m32 = _mm_set1_epi8(32);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
+            const int g = b % 8, n = g / 4, k = g % 4;
+            const uint8_t* ql = blk + 144 + 256 * (2 * n + (k & 1));
+            const uint8_t* qh = blk + 1168 + 256 * n;
+            int8_t* q = t.q + (size_t)b * 256;
+            for (int i = 0; i < 16; i++) {
+                const __m128i v = _mm_loadu_si128((const __m128i*)(ql + 16 * i));
+                const __m128i lo = k >= 2 ? _mm_and_si128(_mm_srli_epi16(v, 4), low) : _mm_and_si128(v, low);
+                const __m128i hi = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)(qh + 16 * i)), 2 * k), three);
+                _mm_storeu_si128((__m128i*)(q + 32 * (i % 8) + 16 * (i / 8)), _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), m32));
+            }
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+            const __m256 sa = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g)))));
+            const __m256 sb = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g + 1)))));
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_mul_ps(d, sa));
+            _mm256_storeu_ps(t.d2 + (size_t)b * TILE_COLS, _mm256_mul_ps(d, sb));
         }
         return;
     }
@@ -243,6 +270,50 @@ static inline __attribute__((always_inline)) void g8_q4k_rows(const uint8_t* grp
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* As g8_rows, for Q6_K groups (nb blocks of 32, 8 per super-block; each half of a block has a
+ * scale of its own). The same operations in the same order as the tile path (tile.h). */
+static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
+                                                              __m256* out) {
+    const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    __m256 acc[G8_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
+        const int g = b % 8, n = g / 4, k = g % 4;
+        const uint8_t* ql = blk + 144 + 256 * (2 * n + (k & 1));
+        const uint8_t* qh = blk + 1168 + 256 * n;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int half = 0; half < 2; half++) { /* pairs 0..7 (values 0..15), then 8..15 */
+            __m256i s[G8_MAX_R];
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+            for (int i = 8 * half; i < 8 * half + 8; i += 2) { /* two pairs' vectors as bytes at once */
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(ql + 16 * i));
+                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(v, 4) : v, low);
+                const __m256i h = _mm256_loadu_si256((const __m256i*)(qh + 16 * i));
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h, 2 * k), three);
+                const __m256i q8 = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
+                const __m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q8));
+                const __m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q8, 1));
+                for (int r = 0; r < R; r++) {
+                    int32_t xa, xb;
+                    memcpy(&xa, x[(size_t)r * nb + b].qs + 2 * i, sizeof xa);
+                    memcpy(&xb, x[(size_t)r * nb + b].qs + 2 * i + 2, sizeof xb);
+                    s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_set1_epi32(xa)),
+                                                                   _mm256_madd_epi16(qb, _mm256_set1_epi32(xb))));
+                    G8_KEEP(s[r]);
+                }
+            }
+            const __m256 sc = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g + half)))));
+            const __m256 dsc = _mm256_mul_ps(d, sc);
+            for (int r = 0; r < R; r++)
+                acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, _mm256_set1_ps(x[(size_t)r * nb + b].d)),
+                                         _mm256_cvtepi32_ps(s[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
 /* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.h) */
 #define G8_ROWS_FOR(R)                                                                            \
 static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
@@ -256,6 +327,9 @@ static __attribute__((noinline)) void g8_q8_rows_##R(const uint8_t* grp, int nb,
 }                                                                                                \
 static __attribute__((noinline)) void g8_q4k_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
     g8_q4k_rows(grp, nb, x, R, out);                                                             \
+}                                                                                                \
+static __attribute__((noinline)) void g8_q6k_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
+    g8_q6k_rows(grp, nb, x, R, out);                                                             \
 }
 G8_ROWS_FOR(1)
 G8_ROWS_FOR(2)
@@ -274,6 +348,13 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
             case 3: g8_q8_rows_3(grp, nb, x, acc); break;
             case 2: g8_q8_rows_2(grp, nb, x, acc); break;
             default: g8_q8_rows_1(grp, nb, x, acc);
+        }
+    } else if (kind == KIND_Q6_K_G8) {
+        switch (R) {
+            case 4: g8_q6k_rows_4(grp, nb, x, acc); break;
+            case 3: g8_q6k_rows_3(grp, nb, x, acc); break;
+            case 2: g8_q6k_rows_2(grp, nb, x, acc); break;
+            default: g8_q6k_rows_1(grp, nb, x, acc);
         }
     } else if (kind == KIND_Q4_K_G8) {
         switch (R) {
@@ -316,6 +397,34 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
                 }
             }
             for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
+        }
+        return;
+    }
+    if (kind == KIND_Q6_K_G8) {
+        for (int r = 0; r < R; r++) {
+            float acc[G8_ROWS] = {0.0f};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
+                const int g = b % 8, n = g / 4, k = g % 4;
+                const BlockX* xb = x + (size_t)r * nb + b;
+                for (int row = 0; row < G8_ROWS; row++) {
+                    uint16_t d16;
+                    memcpy(&d16, blk + 2 * row, 2);
+                    for (int half = 0; half < 2; half++) {
+                        int32_t isum = 0;
+                        for (int i = 8 * half; i < 8 * half + 8; i++)
+                            for (int e = 0; e < 2; e++) {
+                                const uint8_t l4 = blk[144 + 256 * (2 * n + (k & 1)) + 16 * i + 2 * row + e];
+                                const uint8_t h2 = blk[1168 + 256 * n + 16 * i + 2 * row + e];
+                                const int32_t q = ((k >= 2 ? l4 >> 4 : l4 & 15) | (((h2 >> (2 * k)) & 3) << 4)) - 32;
+                                isum += q * xb->qs[2 * i + e];
+                            }
+                        const float sc = (float)(int8_t)blk[16 + 8 * (2 * g + half) + row];
+                        acc[row] += exo_h2f(d16) * sc * xb->d * (float)isum;
+                    }
+                }
+            }
+            for (int row = 0; row < G8_ROWS; row++) out[G8_ROWS * r + row] = acc[row];
         }
         return;
     }

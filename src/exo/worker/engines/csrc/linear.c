@@ -6,7 +6,7 @@
  * multiply-add (dot_q.h, dot_kquants.h). With several activation rows (batched decode,
  * prefill) the AVX2 build takes 8 weight rows at a time into a tile whose vector lanes are the 8
  * rows (tile.h): a convert and an FMA then finish a block for 8 outputs instead of one. Q4_1,
- * Q8_0, Q5_0 and Q4_K weights re-laid that way at load (KIND_*_G8, grouped.h) need no tile built
+ * Q8_0, Q5_0, Q4_K and Q6_K weights re-laid that way at load (KIND_*_G8, grouped.h) need no tile built
  * per pass, and share the float tail among 8 rows at any number of activation rows. The
  * weight rows come in up to MAX_PARTS parts stacked along the output (q | k | v), each in its own
  * layout. Threads split the output rows: each streams its own contiguous rows of the weights.
@@ -25,6 +25,7 @@
 #define G8_Q8_TILE_ROWS 6
 #define G8_Q5_TILE_ROWS 4
 #define G8_Q4K_TILE_ROWS 16
+#define G8_Q6K_TILE_ROWS 4
 /* activation rows from which a prefill tile unpacks each weight row once (unpacked.h) */
 #define UNPACK_ROWS 8
 /* Whether `rows` activation rows take the tile path (tile.h, AVX2) for weights of `kind`: where
@@ -34,6 +35,7 @@ static inline int use_tile(int kind, int rows) {
     if (kind == KIND_Q4_G8) return rows >= G8_TILE_ROWS;
     if (kind == KIND_Q5_0_G8) return rows >= G8_Q5_TILE_ROWS;
     if (kind == KIND_Q4_K_G8) return rows >= G8_Q4K_TILE_ROWS;
+    if (kind == KIND_Q6_K_G8) return rows >= G8_Q6K_TILE_ROWS;
     if (kind == KIND_Q8_G8) return rows >= G8_Q8_TILE_ROWS;
     if (rows < 2) return 0;
     if (kind == KIND_Q8) return rows != 2 && rows != 4;
@@ -57,7 +59,8 @@ static inline int kind_of_part(const LinearSpec* s, int p) {
 }
 
 static inline int is_grouped(int kind) {
-    return kind == KIND_Q4_G8 || kind == KIND_Q8_G8 || kind == KIND_Q5_0_G8 || kind == KIND_Q4_K_G8;
+    return kind == KIND_Q4_G8 || kind == KIND_Q8_G8 || kind == KIND_Q5_0_G8 || kind == KIND_Q4_K_G8 ||
+           kind == KIND_Q6_K_G8;
 }
 
 static inline int is_kquant(int kind) {
@@ -82,7 +85,7 @@ static size_t row_bytes(int kind, int nb) {
         case KIND_Q4_K:
         case KIND_Q4_K_G8: return (size_t)nb / 8 * sizeof(BlockQ4K);
         case KIND_Q5_K: return (size_t)nb / 8 * sizeof(BlockQ5K);
-        default: return (size_t)nb / 8 * sizeof(BlockQ6K);
+        default: return (size_t)nb / 8 * sizeof(BlockQ6K); /* Q6_K, KIND_Q6_K_G8 */
     }
 }
 
@@ -173,7 +176,8 @@ static void linear_part(void* ctx, int part, int parts) {
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
                             const int tk = kind == KIND_Q4_G8 ? KIND_Q4 : kind == KIND_Q8_G8 ? KIND_Q8
-                                         : kind == KIND_Q5_0_G8 ? KIND_Q5_0 : kind == KIND_Q4_K_G8 ? KIND_Q4_K : kind;
+                                         : kind == KIND_Q5_0_G8 ? KIND_Q5_0 : kind == KIND_Q4_K_G8 ? KIND_Q4_K
+                                         : kind == KIND_Q6_K_G8 ? KIND_Q6_K : kind;
                             tile_dot(&t, nb, j->x + (size_t)m * nb, tk, R, acc);
                             for (int r = 0; r < R; r++) {
                                 const size_t i = (size_t)(m + r) * j->N + n;
@@ -282,7 +286,8 @@ static int check_spec(const LinearSpec* s) {
     for (int p = 0; p < MAX_PARTS; p++) {
         if (s->part_rows[p] < 0 || (s->part_rows[p] > 0 && s->w[p] == NULL)) return -2;
         if (s->part_kind[p] != 0 && !known_kind(s->part_kind[p])) return -2;
-        if (s->part_rows[p] > 0 && (is_kquant(kind_of_part(s, p)) || kind_of_part(s, p) == KIND_Q4_K_G8) &&
+        const int kp = kind_of_part(s, p);
+        if (s->part_rows[p] > 0 && (is_kquant(kp) || kp == KIND_Q4_K_G8 || kp == KIND_Q6_K_G8) &&
             K % QK_K != 0)
             return -2;
         /* groups of 8 rows that start on a multiple of 8 (partitions split on those) */

@@ -1,4 +1,4 @@
-"""Q4_1, Q8_0, Q5_0 and Q4_K weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
+"""Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
 same results as the file's rows, a row's result independent of the batch, the caller's blocks
 left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
 that are not whole groups."""
@@ -16,6 +16,7 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q4_G8,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q6_K,
     KIND_Q8,
     KIND_Q8_G8,
     PROLOGUE_NONE,
@@ -37,7 +38,7 @@ from exo.worker.engines.tests.generated import random_blocks
 T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
 K = 256
-LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0, KIND_Q4_K: T.Q4_K}
+LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0, KIND_Q4_K: T.Q4_K, KIND_Q6_K: T.Q6_K}
 
 
 def _kernels(isa: str) -> QKernels:

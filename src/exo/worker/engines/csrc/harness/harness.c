@@ -69,8 +69,8 @@ static int check_linear(Rng* r, int quiet) {
         int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
         const int pk = mixed ? random_kind(r, K) : kind;
         if (pk != kind) s.part_kind[p] = pk;
-        /* Q4_1, Q8_0, Q5_0, Q4_K parts of whole groups starting on a multiple of 8: re-laid half the time */
-        const int groups = pk == KIND_Q4 || pk == KIND_Q8 || pk == KIND_Q5_0 || pk == KIND_Q4_K;
+        /* Q4_1, Q8_0, Q5_0, Q4_K, Q6_K parts of whole groups starting on a multiple of 8: re-laid half the time */
+        const int groups = pk == KIND_Q4 || pk == KIND_Q8 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
         const int group = groups && row % 8 == 0 && rng_int(r, 0, 1) &&
                           (p < n_parts - 1 ? rows >= 8 : rows % 8 == 0);
         if (group && p < n_parts - 1) rows -= rows % 8;
@@ -85,10 +85,15 @@ static int check_linear(Rng* r, int quiet) {
             if (pk == KIND_Q4) ref_group_q4(part, rows, K, laid);
             else if (pk == KIND_Q8) ref_group_q8(part, rows, K, laid);
             else if (pk == KIND_Q5_0) ref_group_q5_0(part, rows, K, laid);
-            else ref_group_q4k(part, rows, K, laid);
+            else if (pk == KIND_Q4_K) ref_group_q4k(part, rows, K, laid);
+            else ref_group_q6k(part, rows, K, laid);
             free(part);
             part = laid;
-            s.part_kind[p] = pk == KIND_Q4 ? KIND_Q4_G8 : pk == KIND_Q8 ? KIND_Q8_G8 : pk == KIND_Q5_0 ? KIND_Q5_0_G8 : KIND_Q4_K_G8;
+            s.part_kind[p] = pk == KIND_Q4     ? KIND_Q4_G8
+                             : pk == KIND_Q8   ? KIND_Q8_G8
+                             : pk == KIND_Q5_0 ? KIND_Q5_0_G8
+                             : pk == KIND_Q4_K ? KIND_Q4_K_G8
+                                               : KIND_Q6_K_G8;
             grouped++;
         }
         s.w[p] = part;

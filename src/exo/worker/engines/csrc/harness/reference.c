@@ -123,6 +123,23 @@ void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
         }
 }
 
+void ref_group_q6k(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nsb = K / 256;
+    for (int g = 0; g < n_rows / 8; g++)
+        for (int s = 0; s < nsb; s++) {
+            uint8_t* o = out + ((size_t)g * nsb + s) * 1680;
+            for (int c = 0; c < 8; c++) {
+                const uint8_t* blk = rows + (size_t)(8 * g + c) * nsb * 210 + (size_t)s * 210; /* ql, qh, scales, d */
+                memcpy(o + 2 * c, blk + 208, 2);
+                for (int k = 0; k < 16; k++) o[16 + 8 * k + c] = blk[192 + k];
+                for (int q = 0; q < 4; q++)
+                    for (int i = 0; i < 16; i++) memcpy(o + 144 + 256 * q + 16 * i + 2 * c, blk + 32 * q + 2 * i, 2);
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 16; i++) memcpy(o + 1168 + 256 * h + 16 * i + 2 * c, blk + 128 + 32 * h + 2 * i, 2);
+            }
+        }
+}
+
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);

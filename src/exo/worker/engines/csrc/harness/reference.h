@@ -36,6 +36,10 @@ void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out);
  * f16 d, their f16 dmin, byte k of row c's 12 scale bytes at 32 + 8k + c, then for chunk c = 0..3
  * and i = 0..15 the bytes 2i, 2i + 1 of the chunk's 32 bytes of each row, row after row. */
 void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* The same for Q6_K rows (KIND_Q6_K_G8), per group and super-block: the 8 rows' f16 d, scale k of
+ * row c at 16 + 8k + c, then for ql's chunk q = 0..3 (32 bytes) and i = 0..15 the rows' bytes
+ * 2i, 2i + 1 at 144 + 256 q + 16 i + 2c, then qh's halves h = 0, 1 the same at 1168 + 256 h. */
+void ref_group_q6k(const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
