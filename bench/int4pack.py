@@ -3,6 +3,7 @@
 
     python bench/int4pack.py [--rows 1 8 60] [--repeat 3]
 
+Ours runs the layout the engine runs (on AVX2 the rows re-laid in groups of 8, `group_rows`).
 Both run the same quantised matrix: GGUF Q4_1 blocks of 32 (w = d q + m, q in 0..15), which
 torch's layout holds exactly as groups of 32 with scale d and zero m + 8 d (it computes
 (q - 8) scale + zero). Each is checked against the dequantised float32 product first. Figures
@@ -28,7 +29,14 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from exo.worker.engines.cpu_kernels import KIND_Q4, PROLOGUE_NONE, QuantWeights, load_kernels
+from exo.worker.engines.cpu_kernels import (
+    GROUPED,
+    KIND_Q4,
+    PROLOGUE_NONE,
+    QuantWeights,
+    group_rows,
+    load_kernels,
+)
 from exo.worker.engines.q_blocks import dequantize_blocks, quantize_q4, unpack_q4
 
 LAYERS = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
@@ -76,7 +84,12 @@ def main() -> None:
     totals = {m: [0.0, 0.0] for m in args.rows}
     for name, k, n in LAYERS:
         blocks = quantize_q4(torch.randn(n, k) * 0.05).reshape(n, k // GROUP, 20)
-        ours = QuantWeights(KIND_Q4, PROLOGUE_NONE, [blocks.reshape(n, -1)], None, 1e-5, None, k)
+        rows = blocks.reshape(n, -1).clone()
+        kinds = [KIND_Q4]
+        if kernels.isa == "avx2":  # as the engine runs them
+            group_rows(KIND_Q4, rows, rows)
+            kinds = [GROUPED[KIND_Q4]]
+        ours = QuantWeights(KIND_Q4, PROLOGUE_NONE, [rows], None, 1e-5, None, k, kinds)
         packed, scales_zeros = torch_int4(blocks)
         scales_zeros = scales_zeros.to(dtype)
         dense = dequantize_blocks(blocks, 4)

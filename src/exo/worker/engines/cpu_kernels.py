@@ -9,7 +9,9 @@ super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a layer's parts 
 type) times activations quantised per block to 16 bits, with integer multiply-adds (see
 `csrc/`; with several rows, batched decode or prefill, 8 weight rows at a time share each
 activation load: `csrc/tile.h`); a layer may end with Gemma's norm of its output before the
-residual add. A second kernel runs a whole decode step of attention (rotate q and k, append to
+residual add. On AVX2, a model's Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights are re-laid at load in
+groups of 8 rows (`group_rows`, `csrc/grouped.h`), so that decode too shares each block's float
+work among 8 rows. A second kernel runs a whole decode step of attention (rotate q and k, append to
 the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
@@ -194,7 +196,7 @@ class QuantWeights:
         self.spec_address = ctypes.addressof(self.spec)
 
 
-_GROUP_CHUNK = 1024  # groups re-laid at a time (bounds the temporary copy)
+_GROUP_CHUNK_BYTES = 1 << 20  # bytes of rows re-laid at a time (bounds the temporary copies)
 
 
 def _group_view(kind: int, rows: Tensor) -> tuple[int, int]:
@@ -227,8 +229,9 @@ def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
     size = _BLOCK_BYTES[kind]
     src = rows.contiguous().numpy().reshape(groups, GROUP_ROWS, nb, size)
     dst = out.numpy().reshape(groups, nb, GROUP_ROWS * size)
-    for g0 in range(0, groups, _GROUP_CHUNK):
-        blocks = src[g0 : g0 + _GROUP_CHUNK].transpose(0, 2, 1, 3).copy()  # [G, nb, row, size]
+    chunk = max(1, _GROUP_CHUNK_BYTES // (GROUP_ROWS * nb * size))
+    for g0 in range(0, groups, chunk):
+        blocks = src[g0 : g0 + chunk].transpose(0, 2, 1, 3).copy()  # [G, nb, row, size]
         g = blocks.shape[0]
         laid = dst[g0 : g0 + g]
         laid[:, :, 0:16] = blocks[..., 0:2].reshape(g, nb, 16)  # d of rows 0..7

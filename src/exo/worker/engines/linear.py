@@ -178,9 +178,9 @@ class PackedFp16Linear:
 
 
 Regroup = Literal["in_place", "copy", "no"]
-"""What a layer may do with Q4_1 / Q8_0 blocks it is given, to re-lay them in groups of 8 rows
-for the AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them over: a model
-built by its loader), copy them (the caller may still read them), or leave them."""
+"""What a layer may do with the blocks it is given (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
+groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them
+over: a model built by its loader), copy them (the caller may still read them), or leave them."""
 
 
 class QuantLinear:
@@ -189,8 +189,8 @@ class QuantLinear:
     `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, row bytes]) whose rows
     stack into the output; they are read where they lie (no concatenation). `kinds`: each part's
     layout (default: `bits` for all); `post_norm`: the norm of the output before the residual.
-    Q4_1 / Q8_0 parts of whole groups of 8 rows are re-laid for the AVX2 build as `regroup`
-    allows (`block_rows` reads rows back in the file's layout).
+    Parts of whole groups of 8 rows in a layout that has a grouped form (`GROUPED`) are re-laid
+    for the AVX2 build as `regroup` allows (`block_rows` reads rows back in the file's layout).
     """
 
     def __init__(
@@ -225,8 +225,7 @@ class QuantLinear:
         )
 
     def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
-        """Q4_1 / Q8_0 parts of whole groups that start on a group boundary, re-laid (`flat`,
-        kinds)."""
+        """Parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
         start = 0
         for i, (p, kind) in enumerate(zip(flat, self.kinds, strict=True)):
             rows = p.shape[0]

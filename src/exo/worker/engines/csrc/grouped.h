@@ -1,16 +1,17 @@
-/* Q4_1 weights re-laid at load in groups of 8 rows (KIND_Q4_G8), dotted with 1 to 4 activation
- * rows at a time; included by linear.c.
+/* Weights re-laid at load in groups of 8 rows (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: KIND_*_G8),
+ * dotted with 1 to 4 activation rows at a time; included by linear.c.
  *
- * Why: one Q4_1 row dotted with one activation row ends every 32-value block with a float tail
+ * Why: one weight row dotted with one activation row ends every 32-value block with a float tail
  * (convert the 8 int32 lanes, scale by d_w d_x, add the m s_x term) that costs as much as its
  * multiply-adds, and the tile path (tile.h) that shares the tail among 8 rows first has to
  * build its tile from 8 rows on every pass. Stored as a tile already, the weights need neither:
  * vector lane c is row c of the group, one multiply-add of a broadcast activation pair gives 8
- * rows' partial sums, and one convert and two FMAs finish a block for all 8 rows; decode (one
- * activation row) runs this way too. Measured against the per-row kernel with weights not in
- * cache, one thread: 1.9-2.2x at 1 row, 1.1-1.2x at 8 rows (SmolLM2's layer shapes). From 16
- * rows on (prefill) a group is split into a tile and used there (tile_from_group): each pass
- * over it then reads int8 pairs, no nibbles, and building it needs no transpose.
+ * rows' partial sums, and one convert and one or two FMAs finish a block for all 8 rows; decode
+ * (one activation row) runs this way too. Measured against the per-row kernels with weights not
+ * in cache, one thread, at 1 / 2 activation rows: Q4_1 1.9-2.2x / 1.7x, Q8_0 1.25x / 1.65x,
+ * Q5_0 1.2x / 1.35x, Q4_K 1.7x / 2.3x, Q6_K 1.25x / 1.5x (SmolLM2's and Gemma 3's layer
+ * shapes). From a few rows on (linear.c: G8_*_TILE_ROWS) a group is turned into a tile and used
+ * there (tile_from_group): each pass then reads int8 pairs, and building it needs no transpose.
  *
  * The layout, per group of 8 rows (rows 8g .. 8g + 7 of a part) and per block b of 32 values,
  * 160 bytes at (g nb + b) 160: the 8 rows' f16 d (16 bytes, row c at 2c), their 8 f16 m, then 8
@@ -49,6 +50,23 @@
 #define G8_Q5_BLOCK 176 /* Q5_0: 8 d (f16), 8 words of fifth bits, 128 bytes of nibbles */
 #define G8_Q4K_BLOCK 1152 /* Q4_K, per super-block: 8 d, 8 dmin (f16), 12 x 8 scale bytes, nibbles */
 #define G8_Q6K_BLOCK 1680 /* Q6_K, per super-block: 8 d (f16), 16 x 8 scales, low 4 bits, high 2 */
+
+static inline int is_grouped(int kind) {
+    return kind == KIND_Q4_G8 || kind == KIND_Q8_G8 || kind == KIND_Q5_0_G8 || kind == KIND_Q4_K_G8 ||
+           kind == KIND_Q6_K_G8;
+}
+
+/* The file's layout of a grouped one (the tile of a group is that layout's); others as they are. */
+static inline int g8_file_kind(int kind) {
+    switch (kind) {
+        case KIND_Q4_G8: return KIND_Q4;
+        case KIND_Q8_G8: return KIND_Q8;
+        case KIND_Q5_0_G8: return KIND_Q5_0;
+        case KIND_Q4_K_G8: return KIND_Q4_K;
+        case KIND_Q6_K_G8: return KIND_Q6_K;
+        default: return kind;
+    }
+}
 
 #if EXO_AVX2
 /* An empty asm that "changes" v: the sums stay running chains in registers (see tile.h). */

@@ -58,11 +58,6 @@ static inline int kind_of_part(const LinearSpec* s, int p) {
     return s->part_kind[p] ? s->part_kind[p] : s->kind;
 }
 
-static inline int is_grouped(int kind) {
-    return kind == KIND_Q4_G8 || kind == KIND_Q8_G8 || kind == KIND_Q5_0_G8 || kind == KIND_Q4_K_G8 ||
-           kind == KIND_Q6_K_G8;
-}
-
 static inline int is_kquant(int kind) {
     return kind == KIND_Q4_K || kind == KIND_Q5_K || kind == KIND_Q6_K;
 }
@@ -175,10 +170,7 @@ static void linear_part(void* ctx, int part, int parts) {
                             const int R = m1 - m >= TILE_MAX_R ? TILE_MAX_R : m1 - m;
                             __m256 acc[TILE_MAX_R];
                             float o[TILE_COLS];
-                            const int tk = kind == KIND_Q4_G8 ? KIND_Q4 : kind == KIND_Q8_G8 ? KIND_Q8
-                                         : kind == KIND_Q5_0_G8 ? KIND_Q5_0 : kind == KIND_Q4_K_G8 ? KIND_Q4_K
-                                         : kind == KIND_Q6_K_G8 ? KIND_Q6_K : kind;
-                            tile_dot(&t, nb, j->x + (size_t)m * nb, tk, R, acc);
+                            tile_dot(&t, nb, j->x + (size_t)m * nb, g8_file_kind(kind), R, acc);
                             for (int r = 0; r < R; r++) {
                                 const size_t i = (size_t)(m + r) * j->N + n;
                                 if (cols == TILE_COLS) { /* residual may be y itself: read before the write */
@@ -286,10 +278,7 @@ static int check_spec(const LinearSpec* s) {
     for (int p = 0; p < MAX_PARTS; p++) {
         if (s->part_rows[p] < 0 || (s->part_rows[p] > 0 && s->w[p] == NULL)) return -2;
         if (s->part_kind[p] != 0 && !known_kind(s->part_kind[p])) return -2;
-        const int kp = kind_of_part(s, p);
-        if (s->part_rows[p] > 0 && (is_kquant(kp) || kp == KIND_Q4_K_G8 || kp == KIND_Q6_K_G8) &&
-            K % QK_K != 0)
-            return -2;
+        if (s->part_rows[p] > 0 && is_kquant(g8_file_kind(kind_of_part(s, p))) && K % QK_K != 0) return -2;
         /* groups of 8 rows that start on a multiple of 8 (partitions split on those) */
         if (s->part_rows[p] > 0 && is_grouped(kind_of_part(s, p)) &&
             (s->part_rows[p] % G8_ROWS != 0 || rows % G8_ROWS != 0))

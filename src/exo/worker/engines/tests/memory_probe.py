@@ -50,7 +50,8 @@ def main() -> None:
     plan = load_plan(cpu, torch.float32, kernels, None)
     weights = load_shard_weights(path, 0, config.n_layers, plan=plan)
     fmt = choose_weight_format(weights.source_format, cpu, torch.float32, kernels)
-    model = LlamaModel(weights, weight_format=fmt, kernels=kernels)
+    # as `load_engine` builds it: the weights are the model's (re-laid in place, no copy)
+    model = LlamaModel(weights, weight_format=fmt, kernels=kernels, own_weights=True)
     running = shard_bytes(weights)
     del weights
     release_freed_memory()
