@@ -353,49 +353,30 @@ G8_ROWS_FOR(1)
 G8_ROWS_FOR(2)
 G8_ROWS_FOR(3)
 G8_ROWS_FOR(4)
+
+typedef void (*G8Rows)(const uint8_t* grp, int nb, const BlockX* x, __m256* out);
+#define G8_BY_R(name) {name##_1, name##_2, name##_3, name##_4}
+
+/* The kernel of a grouped layout for 1..4 activation rows (index R - 1). */
+static const G8Rows* g8_kernels(int kind) {
+    static const G8Rows q4[] = G8_BY_R(g8_rows), q5[] = G8_BY_R(g8_q5_rows), q8[] = G8_BY_R(g8_q8_rows),
+                        q4k[] = G8_BY_R(g8_q4k_rows), q6k[] = G8_BY_R(g8_q6k_rows);
+    switch (kind) {
+        case KIND_Q8_G8: return q8;
+        case KIND_Q5_0_G8: return q5;
+        case KIND_Q4_K_G8: return q4k;
+        case KIND_Q6_K_G8: return q6k;
+        default: return q4;
+    }
+}
 #endif
 
-/* out[r * 8 + c] = dot of row c of the group (KIND_Q4_G8 or KIND_Q8_G8) with activation row r,
+/* out[r * 8 + c] = dot of row c of the group (a grouped layout `kind`) with activation row r,
  * for R = 1..G8_MAX_R rows. */
 static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
 #if EXO_AVX2
     __m256 acc[G8_MAX_R];
-    if (kind == KIND_Q8_G8) {
-        switch (R) {
-            case 4: g8_q8_rows_4(grp, nb, x, acc); break;
-            case 3: g8_q8_rows_3(grp, nb, x, acc); break;
-            case 2: g8_q8_rows_2(grp, nb, x, acc); break;
-            default: g8_q8_rows_1(grp, nb, x, acc);
-        }
-    } else if (kind == KIND_Q6_K_G8) {
-        switch (R) {
-            case 4: g8_q6k_rows_4(grp, nb, x, acc); break;
-            case 3: g8_q6k_rows_3(grp, nb, x, acc); break;
-            case 2: g8_q6k_rows_2(grp, nb, x, acc); break;
-            default: g8_q6k_rows_1(grp, nb, x, acc);
-        }
-    } else if (kind == KIND_Q4_K_G8) {
-        switch (R) {
-            case 4: g8_q4k_rows_4(grp, nb, x, acc); break;
-            case 3: g8_q4k_rows_3(grp, nb, x, acc); break;
-            case 2: g8_q4k_rows_2(grp, nb, x, acc); break;
-            default: g8_q4k_rows_1(grp, nb, x, acc);
-        }
-    } else if (kind == KIND_Q5_0_G8) {
-        switch (R) {
-            case 4: g8_q5_rows_4(grp, nb, x, acc); break;
-            case 3: g8_q5_rows_3(grp, nb, x, acc); break;
-            case 2: g8_q5_rows_2(grp, nb, x, acc); break;
-            default: g8_q5_rows_1(grp, nb, x, acc);
-        }
-    } else {
-        switch (R) {
-            case 4: g8_rows_4(grp, nb, x, acc); break;
-            case 3: g8_rows_3(grp, nb, x, acc); break;
-            case 2: g8_rows_2(grp, nb, x, acc); break;
-            default: g8_rows_1(grp, nb, x, acc);
-        }
-    }
+    g8_kernels(kind)[R - 1](grp, nb, x, acc);
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + G8_ROWS * r, acc[r]);
 #else
     if (kind == KIND_Q8_G8) {
