@@ -14,7 +14,14 @@ from exo.shared.types.common import CommandId
 from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated, TaskStatusUpdated
 from exo.shared.types.tasks import ConnectToGroup, LoadModel, StartWarmup, TaskId, TextGeneration
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
-from exo.shared.types.worker.runners import RunnerFailed, RunnerId, RunnerReady, RunnerStatus
+from exo.shared.types.worker.runners import (
+    RunnerConnected,
+    RunnerFailed,
+    RunnerId,
+    RunnerLoaded,
+    RunnerReady,
+    RunnerStatus,
+)
 from exo.utils.channels import channel
 from exo.worker.tests.test_distributed_runners import make_instance, make_supervisors
 
@@ -61,12 +68,16 @@ async def test_killing_rank_1_gives_the_client_a_human_error(tmp_path: Path) -> 
     async with anyio.create_task_group() as tg:
         for s in supervisors:
             tg.start_soon(s.run)
-        for task in (ConnectToGroup(instance_id=iid), LoadModel(instance_id=iid),
-                     StartWarmup(instance_id=iid)):
+        # one phase at a time, as the worker does: started together, a rank's tasks may reach
+        # it out of order (each send runs in a worker thread), and a runner refuses to warm up
+        # before it has loaded (this test once hung on exactly that)
+        for task, reached in ((ConnectToGroup(instance_id=iid), RunnerConnected),
+                              (LoadModel(instance_id=iid), RunnerLoaded),
+                              (StartWarmup(instance_id=iid), RunnerReady)):
             for s in supervisors:
                 tg.start_soon(s.start_task, task)
-        await until(lambda: all(isinstance(status.get(s.runner_id), RunnerReady)
-                                for s in supervisors), 240)
+            await until(lambda r=reached: all(isinstance(status.get(s.runner_id), r)
+                                              for s in supervisors), 120)
         leader, follower = supervisors
         await leader.start_task(TextGeneration(
             task_id=TaskId("long-task"), instance_id=iid, command_id=command,
