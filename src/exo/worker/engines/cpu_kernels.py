@@ -212,7 +212,7 @@ def _group_view(kind: int, rows: Tensor) -> tuple[int, int]:
 
 
 def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
-    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0, KIND_Q4_K), uint8
+    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K), uint8
     [n, row bytes] with n a multiple of 8, re-laid in groups of 8 rows into `out` (same shape;
     may be `rows` itself) as the kernels read them (`csrc/grouped.h`). Per group and block (32
     values; Q4_K: super-block of 256): the 8 rows' f16 d, then Q4_1: their f16 m, and for
