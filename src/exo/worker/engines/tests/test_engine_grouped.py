@@ -48,13 +48,13 @@ def _kernels(isa: str) -> QKernels:
     return k
 
 
-def _q4(rows: int, seed: int, qtype: GGMLQuantizationType = Q4_1) -> QuantTensor:
+def _blocks(rows: int, seed: int, qtype: GGMLQuantizationType = Q4_1) -> QuantTensor:
     return QuantTensor(qtype, torch.from_numpy(random_blocks(qtype, rows, K, seed=seed)), K)
 
 
 def test_regrouping_keeps_every_value() -> None:
     """Row c of group g, block b, read back from the groups' layout is the file's block."""
-    raw = _q4(24, 3).raw
+    raw = _blocks(24, 3).raw
     laid = torch.empty_like(raw)
     group_rows(KIND_Q4, raw, laid)
     assert not torch.equal(laid, raw)
@@ -74,7 +74,7 @@ def test_regrouping_keeps_every_value() -> None:
 
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
 def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
-    raw = _q4(40, 5, LAYOUTS[kind]).raw
+    raw = _blocks(40, 5, LAYOUTS[kind]).raw
     laid = raw.clone()
     group_rows(kind, laid, laid)
     assert not torch.equal(laid, raw)
@@ -91,7 +91,7 @@ def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
     batch size (1 to 9 rows: passes of 4, 4 and 1; 70: two chunks of activation rows), and a
     row's result exactly the same alone as in any batch."""
     kernels = _kernels(isa)
-    parts = [_q4(40, 1, LAYOUTS[kind]), _q4(16, 2, LAYOUTS[kind])]  # q | k: whole groups
+    parts = [_blocks(40, 1, LAYOUTS[kind]), _blocks(16, 2, LAYOUTS[kind])]  # q | k: whole groups
     torch.manual_seed(0)
     bias = torch.randn(56)
     plain = QuantWeights(kind, PROLOGUE_NONE, [p.raw for p in parts], None, 0.0, bias, K)
@@ -114,7 +114,7 @@ def test_a_layer_regroups_whole_groups_only_and_copies_unless_handed_over() -> N
     that starts off a group boundary stays too. "copy" leaves the caller's blocks as they were,
     "in_place" re-lays them where they lie."""
     kernels = _kernels("avx2")
-    q, k, v = _q4(40, 1), _q4(16, 2), _q4(5, 3)
+    q, k, v = _blocks(40, 1), _blocks(16, 2), _blocks(5, 3)
     before = [p.raw.clone() for p in (q, k, v)]
     torch.manual_seed(1)
     gain, x = torch.rand(K) + 0.5, torch.randn(6, K)
@@ -135,12 +135,12 @@ def test_a_layer_regroups_whole_groups_only_and_copies_unless_handed_over() -> N
     )
     assert not torch.equal(q.raw, before[0]) and torch.equal(v.raw, before[2])
     assert torch.equal(owned(x), layer(x))
-    never = make_linear([_q4(40, 1)], None, "dense", kernels=kernels, regroup="no")
+    never = make_linear([_blocks(40, 1)], None, "dense", kernels=kernels, regroup="no")
     assert isinstance(never, QuantLinear) and never.kinds == [KIND_Q4]
 
 
 def test_parts_that_are_not_whole_groups_are_refused() -> None:
-    raw = _q4(16, 1).raw
+    raw = _blocks(16, 1).raw
     laid = torch.empty_like(raw)
     group_rows(KIND_Q4, raw, laid)
     with pytest.raises(KernelArgumentError, match="multiple of 8 rows"):
