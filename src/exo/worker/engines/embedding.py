@@ -33,8 +33,9 @@ class Embedding:
         self._file_blocks: QuantTensor | None = None
         self._q8_blocks: Tensor | None = None  # [V, D/32, 34]
         self._table: Tensor | None = None  # [V, D]
-        # The tied head's blocks when they are the table's (read back in the file's layout:
-        # the head may have re-laid them in groups of rows for its kernel)
+        # A tied head whose blocks are the table's rows (read back in the file's layout: the
+        # head may have re-laid them in groups of rows for its kernel). With a file table, the
+        # table's blocks as the head holds them; else the head's own q8 blocks.
         self._head: QuantLinear | None = None
         if isinstance(table, QuantTensor):
             self._file_blocks = table
@@ -45,7 +46,6 @@ class Embedding:
             ):
                 self._head = tied_head
         elif isinstance(tied_head, QuantLinear) and tied_head.bits == 8:
-            self._q8_blocks = tied_head.blocks
             self._head = tied_head
         elif fmt in ("q4", "q8") and table.shape[1] % QUANT_BLOCK == 0:
             self._q8_blocks = quantize_q8(table)
@@ -65,7 +65,7 @@ class Embedding:
     def format(self) -> str:
         if self._file_blocks is not None:
             return self._file_blocks.qtype.name
-        if self._q8_blocks is not None:
+        if self._q8_blocks is not None or self._head is not None:
             return "q8"
         assert self._table is not None
         return str(self._table.dtype).removeprefix("torch.")
@@ -80,10 +80,9 @@ class Embedding:
             else:
                 rows = table.take_rows(tokens.flatten().cpu()).dequantize()
             return rows.reshape(*tokens.shape, -1).to(device=self.device, dtype=self.dtype)
+        if self._head is not None:  # the head's q8 blocks
+            return dequantize_blocks(self._head.block_rows(tokens).reshape(*tokens.shape, -1, 34), 8)
         if self._q8_blocks is not None:
-            if self._head is not None:
-                blocks = self._head.block_rows(tokens).reshape(*tokens.shape, -1, 34)
-                return dequantize_blocks(blocks, 8)
             return dequantize_blocks(self._q8_blocks[tokens], 8)
         assert self._table is not None
         return F.embedding(tokens, self._table).to(self.dtype)

@@ -207,7 +207,6 @@ class QuantLinear:
     ) -> None:
         self.bits = bits
         self.kinds = [bits] * len(parts) if kinds is None else list(kinds)
-        self.blocks = parts[0]  # the first part (the whole matrix for a single-part layer)
         self._kernels = kernels
         kind, gain, eps = PROLOGUE_NONE, None, 0.0
         if isinstance(prologue, RmsNorm):
