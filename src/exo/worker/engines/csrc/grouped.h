@@ -371,6 +371,80 @@ static const G8Rows* g8_kernels(int kind) {
 }
 #endif
 
+#if !EXO_AVX2
+/* Plain C: the layouts above read value by value. */
+
+/* Value l (0..31) of block b of row c of the group, as the integer its scale multiplies. */
+static inline int32_t g8_value(int kind, const uint8_t* grp, int b, int c, int l) {
+    const int pair = l / 2, e = l % 2, high = l >= 16, i = pair % 8; /* i: the nibble word */
+    switch (kind) {
+        case KIND_Q8_G8:
+            return (int8_t)grp[(size_t)b * G8_Q8_BLOCK + 16 + 32 * (pair % 8) + 16 * (pair / 8) + 2 * c + e];
+        case KIND_Q4_K_G8: { /* sub-block j of the super-block: chunk j / 2, high nibbles if j is odd */
+            const int j = b % 8;
+            const uint8_t byte = grp[(size_t)(b / 8) * G8_Q4K_BLOCK + 128 + 16 * (16 * (j / 2) + pair) + 2 * c + e];
+            return j & 1 ? byte >> 4 : byte & 15;
+        }
+        case KIND_Q6_K_G8: { /* 32-value group g = 4 n + k of the super-block */
+            const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
+            const int g = b % 8, n = g / 4, k = g % 4;
+            const uint8_t l4 = blk[144 + 256 * (2 * n + (k & 1)) + 16 * pair + 2 * c + e];
+            const uint8_t h2 = blk[1168 + 256 * n + 16 * pair + 2 * c + e];
+            return ((k >= 2 ? l4 >> 4 : l4 & 15) | (((h2 >> (2 * k)) & 3) << 4)) - 32;
+        }
+        case KIND_Q5_0_G8: { /* q - 16 */
+            const uint8_t* blk = grp + (size_t)b * G8_Q5_BLOCK;
+            const uint8_t byte = blk[48 + 16 * i + 2 * c + e];
+            uint32_t h;
+            memcpy(&h, blk + 16 + 4 * i, sizeof h);
+            return (high ? byte >> 4 : byte & 15) - (((h >> (16 * high + 2 * c + e)) & 1) ? 0 : 16);
+        }
+        default: { /* Q4_1 */
+            const uint8_t byte = grp[(size_t)b * G8_BLOCK + 32 + 16 * i + 2 * c + e];
+            return high ? byte >> 4 : byte & 15;
+        }
+    }
+}
+
+/* The scales of block b of row c: w = d[l / 16] q + m (d[0] == d[1] but for Q6_K; m is 0 but for
+ * Q4_1 and Q4_K). */
+static inline void g8_scales(int kind, const uint8_t* grp, int b, int c, float d[2], float* m) {
+    uint16_t h;
+    *m = 0.0f;
+    switch (kind) {
+        case KIND_Q4_K_G8: {
+            const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
+            uint8_t packed[12];
+            for (int k = 0; k < 12; k++) packed[k] = blk[32 + 8 * k + c];
+            int sc, mn;
+            q4k_scale_min(packed, b % 8, &sc, &mn);
+            memcpy(&h, blk + 2 * c, 2);
+            d[0] = d[1] = exo_h2f(h) * (float)sc;
+            memcpy(&h, blk + 16 + 2 * c, 2);
+            *m = -(exo_h2f(h) * (float)mn);
+            return;
+        }
+        case KIND_Q6_K_G8: {
+            const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
+            const int g = b % 8;
+            memcpy(&h, blk + 2 * c, 2);
+            for (int half = 0; half < 2; half++) d[half] = exo_h2f(h) * (float)(int8_t)blk[16 + 8 * (2 * g + half) + c];
+            return;
+        }
+        default: { /* d first in every 32-value group block; Q4_1's m after the 8 d */
+            const size_t bytes = kind == KIND_Q8_G8 ? G8_Q8_BLOCK : kind == KIND_Q5_0_G8 ? G8_Q5_BLOCK : G8_BLOCK;
+            const uint8_t* blk = grp + (size_t)b * bytes;
+            memcpy(&h, blk + 2 * c, 2);
+            d[0] = d[1] = exo_h2f(h);
+            if (kind == KIND_Q4_G8) {
+                memcpy(&h, blk + 16 + 2 * c, 2);
+                *m = exo_h2f(h);
+            }
+        }
+    }
+}
+#endif
+
 /* out[r * 8 + c] = dot of row c of the group (a grouped layout `kind`) with activation row r,
  * for R = 1..G8_MAX_R rows. */
 static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
@@ -379,110 +453,23 @@ static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x,
     g8_kernels(kind)[R - 1](grp, nb, x, acc);
     for (int r = 0; r < R; r++) _mm256_storeu_ps(out + G8_ROWS * r, acc[r]);
 #else
-    if (kind == KIND_Q8_G8) {
-        for (int r = 0; r < R; r++) {
-            float acc[G8_ROWS] = {0.0f};
-            for (int b = 0; b < nb; b++) {
-                const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
-                const BlockX* xb = x + (size_t)r * nb + b;
-                for (int c = 0; c < G8_ROWS; c++) {
-                    uint16_t d16;
-                    memcpy(&d16, blk + 2 * c, 2);
-                    int32_t isum = 0;
-                    for (int j = 0; j < 16; j++)
-                        for (int e = 0; e < 2; e++)
-                            isum += (int32_t)(int8_t)blk[16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c + e] * xb->qs[2 * j + e];
-                    acc[c] += exo_h2f(d16) * xb->d * (float)isum;
-                }
-            }
-            for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
-        }
-        return;
-    }
-    if (kind == KIND_Q6_K_G8) {
-        for (int r = 0; r < R; r++) {
-            float acc[G8_ROWS] = {0.0f};
-            for (int b = 0; b < nb; b++) {
-                const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
-                const int g = b % 8, n = g / 4, k = g % 4;
-                const BlockX* xb = x + (size_t)r * nb + b;
-                for (int row = 0; row < G8_ROWS; row++) {
-                    uint16_t d16;
-                    memcpy(&d16, blk + 2 * row, 2);
-                    for (int half = 0; half < 2; half++) {
-                        int32_t isum = 0;
-                        for (int i = 8 * half; i < 8 * half + 8; i++)
-                            for (int e = 0; e < 2; e++) {
-                                const uint8_t l4 = blk[144 + 256 * (2 * n + (k & 1)) + 16 * i + 2 * row + e];
-                                const uint8_t h2 = blk[1168 + 256 * n + 16 * i + 2 * row + e];
-                                const int32_t q = ((k >= 2 ? l4 >> 4 : l4 & 15) | (((h2 >> (2 * k)) & 3) << 4)) - 32;
-                                isum += q * xb->qs[2 * i + e];
-                            }
-                        const float sc = (float)(int8_t)blk[16 + 8 * (2 * g + half) + row];
-                        acc[row] += exo_h2f(d16) * sc * xb->d * (float)isum;
-                    }
-                }
-            }
-            for (int row = 0; row < G8_ROWS; row++) out[G8_ROWS * r + row] = acc[row];
-        }
-        return;
-    }
-    if (kind == KIND_Q4_K_G8) {
-        for (int r = 0; r < R; r++) {
-            float acc[G8_ROWS] = {0.0f};
-            for (int b = 0; b < nb; b++) {
-                const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
-                const int j = b % 8, c = j / 2;
-                const BlockX* xb = x + (size_t)r * nb + b;
-                for (int row = 0; row < G8_ROWS; row++) {
-                    uint16_t d16, dmin16;
-                    memcpy(&d16, blk + 2 * row, 2);
-                    memcpy(&dmin16, blk + 16 + 2 * row, 2);
-                    uint8_t packed[12];
-                    for (int k = 0; k < 12; k++) packed[k] = blk[32 + 8 * k + row];
-                    int sc, mn;
-                    q4k_scale_min(packed, j, &sc, &mn);
-                    int32_t isum = 0;
-                    for (int i = 0; i < 16; i++)
-                        for (int e = 0; e < 2; e++) {
-                            const uint8_t byte = blk[128 + 16 * (16 * c + i) + 2 * row + e];
-                            isum += (int32_t)(j & 1 ? byte >> 4 : byte & 15) * xb->qs[2 * i + e];
-                        }
-                    acc[row] += exo_h2f(d16) * (float)sc * xb->d * (float)isum;
-                    acc[row] -= exo_h2f(dmin16) * (float)mn * xb->s;
-                }
-            }
-            for (int row = 0; row < G8_ROWS; row++) out[G8_ROWS * r + row] = acc[row];
-        }
-        return;
-    }
-    const int five = kind == KIND_Q5_0_G8;
+    const int halves = kind == KIND_Q6_K_G8, has_m = kind == KIND_Q4_G8 || kind == KIND_Q4_K_G8;
     for (int r = 0; r < R; r++) {
         float acc[G8_ROWS] = {0.0f};
         for (int b = 0; b < nb; b++) {
-            const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : G8_BLOCK);
-            const uint8_t* nibbles = blk + (five ? 48 : 32);
             const BlockX* xb = x + (size_t)r * nb + b;
             for (int c = 0; c < G8_ROWS; c++) {
-                uint16_t d16, m16 = 0;
-                memcpy(&d16, blk + 2 * c, 2);
-                if (!five) memcpy(&m16, blk + 16 + 2 * c, 2);
-                int32_t isum = 0;
-                for (int i = 0; i < 8; i++) {
-                    uint32_t h = 0;
-                    if (five) memcpy(&h, blk + 16 + 4 * i, sizeof h);
-                    for (int e = 0; e < 2; e++) {
-                        const uint8_t byte = nibbles[16 * i + 2 * c + e];
-                        int32_t lo = byte & 15, hi = byte >> 4;
-                        if (five) {
-                            lo += ((h >> (2 * c + e)) & 1) ? 0 : -16;
-                            hi += ((h >> (16 + 2 * c + e)) & 1) ? 0 : -16;
-                        }
-                        isum += lo * xb->qs[2 * i + e] + hi * xb->qs[2 * i + 16 + e];
-                    }
+                float d[2], m;
+                g8_scales(kind, grp, b, c, d, &m);
+                int32_t isum[2] = {0, 0}; /* values 0..15, 16..31 */
+                for (int l = 0; l < QK; l++) isum[l / 16] += g8_value(kind, grp, b, c, l) * xb->qs[l];
+                if (halves) {
+                    acc[c] += d[0] * xb->d * (float)isum[0];
+                    acc[c] += d[1] * xb->d * (float)isum[1];
+                } else {
+                    acc[c] += d[0] * xb->d * (float)(isum[0] + isum[1]);
                 }
-                acc[c] += exo_h2f(d16) * xb->d * (float)isum;
-                if (!five) acc[c] += exo_h2f(m16) * xb->s;
+                if (has_m) acc[c] += m * xb->s;
             }
         }
         for (int c = 0; c < G8_ROWS; c++) out[G8_ROWS * r + c] = acc[c];
