@@ -34,7 +34,7 @@ from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import Engine, load_config, load_shard_weights
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import choose_weight_format
-from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.llama import AllReduce, LlamaModel, StepInputs, no_all_reduce
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
@@ -259,7 +259,7 @@ def load_local_model(
     if isinstance(shard, PipelineShardMetadata):
         weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,
                                      progress=progress, plan=plan)
-        all_reduce = None
+        all_reduce: AllReduce = no_all_reduce
     else:  # each layer is sliced as it loads: the rank never holds the whole model
         tp = TensorParallel(shard.device_rank, shard.world_size)
         weights = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype,
@@ -267,12 +267,8 @@ def load_local_model(
         all_reduce = _all_reduce
     fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
     # (the weights were loaded for this model alone: it may re-lay their blocks in place)
-    if all_reduce is None:
-        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
-                           own_weights=True)
-    else:
-        model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
-                           all_reduce=all_reduce, own_weights=True)
+    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
+                       all_reduce=all_reduce, own_weights=True)
     if shard.device_rank != 0:
         return model, None
     engine = Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
