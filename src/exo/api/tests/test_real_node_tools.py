@@ -268,10 +268,13 @@ def test_structured_output_in_responses_and_ollama(node: NodeProcess) -> None:
     assert response.status == "completed"
     jsonschema.validate(json.loads(response.output_text), CLOSED)
     client = ollama.Client(host=node.url, timeout=180)
+    # Ollama's default sampling. Such an object takes about 20 tokens; its age has at most
+    # 16 digits (unbounded, one CI run got 50 digits and "length"); 100 leaves room for
+    # escapes in the name.
     reply = client.generate(
-        model=MODEL, prompt="A dog.", format=CLOSED, options={"num_predict": 60}
+        model=MODEL, prompt="A dog.", format=CLOSED, options={"num_predict": 100}
     )
-    assert reply.done_reason == "stop"
+    assert reply.done_reason == "stop", reply.response
     jsonschema.validate(json.loads(reply.response or ""), CLOSED)
     # "json": any object; it parses whenever the model finished it.
     free = client.generate(

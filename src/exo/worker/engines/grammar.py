@@ -18,7 +18,7 @@ with numpy, not llguidance.torch (see ``GrammarConstraint``).
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import llguidance
 import numpy as np
@@ -38,8 +38,65 @@ class GrammarError(ValueError):
     """The schema or grammar cannot be compiled (the request's fault)."""
 
 
+# An integer the schema leaves unbounded is held to the range RFC 8259 (section 6) calls
+# interoperable, |n| <= 2**53 - 1 (at most 16 digits): what every JSON parser, JavaScript's
+# included, reads exactly, and what llguidance's bounds (kept as doubles) hold exactly.
+# Without a bound a sampled small model can write digits until it runs out of tokens (seen:
+# an "age" of 50 digits, ended by "length", so the output did not parse).
+SAFE_INTEGER = 2**53 - 1
+# Keywords whose values are data, not schemas: an integer schema inside them is left as is.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "x-guidance"})
+# Keywords whose values map names to schemas (a property may be named "default").
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def _is_integer_schema(schema: dict[str, Any]) -> bool:
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    return "integer" in kinds and "number" not in kinds
+
+
+def bounded_integers(value: Any) -> Any:
+    """The schema ``value`` with every integer schema in it given the safe bound it lacks,
+    on each side where it lacks one (a schema's own bounds are kept, even wider ones)."""
+    if isinstance(value, list):  # the schemas of anyOf, allOf, prefixItems, ...
+        return [bounded_integers(item) for item in cast(list[Any], value)]
+    if not isinstance(value, dict):
+        return value
+    schema = cast(dict[str, Any], value)
+    out: dict[str, Any] = {}
+    for key, item in schema.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = item
+        elif key in _SCHEMA_MAPS and isinstance(item, dict):
+            named = cast(dict[str, Any], item)
+            out[key] = {name: bounded_integers(sub) for name, sub in named.items()}
+        else:
+            out[key] = bounded_integers(item)
+    if _is_integer_schema(schema):
+        has_low = "minimum" in schema or "exclusiveMinimum" in schema
+        has_high = "maximum" in schema or "exclusiveMaximum" in schema
+        # A one-sided bound past the safe range gets no second side that would empty it.
+        if not has_low and all(h >= -SAFE_INTEGER for h in _numbers(schema, "maximum")):
+            out["minimum"] = -SAFE_INTEGER
+        if not has_high and all(low <= SAFE_INTEGER for low in _numbers(schema, "minimum")):
+            out["maximum"] = SAFE_INTEGER
+    return out
+
+
+def _numbers(schema: dict[str, Any], side: str) -> list[float]:
+    """The numeric bounds on one side ("minimum" or "maximum"), exclusive or not (draft 4's
+    boolean exclusiveMinimum/Maximum is a flag, not a bound)."""
+    exclusive = "exclusive" + side[0].upper() + side[1:]
+    values = [schema.get(side), schema.get(exclusive)]
+    return [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+
+
 def _styled(schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "x-guidance": {**_STYLE, **schema.get("x-guidance", {})}}
+    """The schema as it is compiled: compact JSON, bounded integers."""
+    return {**bounded_integers(schema), "x-guidance": {**_STYLE, **schema.get("x-guidance", {})}}
 
 
 def _closed(schema: dict[str, Any]) -> dict[str, Any]:

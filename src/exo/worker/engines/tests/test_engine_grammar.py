@@ -5,11 +5,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import llguidance
 import torch
 
-from exo.worker.engines.grammar import GrammarCompiler, GrammarConstraint, schema_grammar
+from exo.worker.engines.grammar import (
+    GrammarCompiler,
+    GrammarConstraint,
+    bounded_integers,
+    schema_grammar,
+)
 from exo.worker.engines.tokenizer import EngineTokenizer
 
 SCHEMA = {
@@ -68,3 +74,94 @@ print(sorted(m for m in sys.modules if m.startswith("torch._dynamo")))
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=240, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def _accepts(tokenizer: EngineTokenizer, schema: dict[str, Any], text: str) -> bool:
+    """Whether the constraint lets the tokens of ``text``, then the end, through."""
+    constraint = GrammarCompiler(tokenizer, tokenizer.vocab_size).constraint(
+        schema_grammar(schema)
+    )
+    for token in [*tokenizer.encode(text), tokenizer.eos_token_ids[0]]:
+        if not constraint.allowed()[token]:
+            return False
+        constraint.accept(token)
+    return True
+
+
+SAFE = 2**53 - 1
+
+
+def test_an_unbounded_integer_has_at_most_the_safe_digits(tokenizer: EngineTokenizer) -> None:
+    schema: dict[str, Any] = {"type": "integer"}
+    for n in (0, -7, 42, SAFE, -SAFE):
+        assert _accepts(tokenizer, schema, str(n)), n
+    for n in (SAFE + 1, -SAFE - 1, 10**40):
+        assert not _accepts(tokenizer, schema, str(n)), n
+    # Numbers are not integers: they keep their exponents and their range.
+    assert _accepts(tokenizer, {"type": "number"}, "1e300")
+    assert _accepts(tokenizer, {"type": ["integer", "number"]}, str(10**20))
+
+
+def test_an_integer_keeps_its_own_bounds(tokenizer: EngineTokenizer) -> None:
+    natural: dict[str, Any] = {"type": "integer", "minimum": 0}
+    assert not _accepts(tokenizer, natural, "-1")
+    assert _accepts(tokenizer, natural, str(SAFE))
+    assert not _accepts(tokenizer, natural, str(SAFE + 1))
+    # A bound past the safe range is the schema's choice, and gets no side that empties it.
+    huge: dict[str, Any] = {"type": "integer", "minimum": 10**17}
+    assert _accepts(tokenizer, huge, str(10**17))
+    assert not _accepts(tokenizer, huge, str(10**17 - 1))
+    assert _accepts(tokenizer, {"type": "integer", "maximum": -(10**17)}, str(-(10**17)))
+
+
+def test_integers_are_bounded_wherever_the_schema_nests_them() -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "default": {"type": "integer"},  # a property named like a data keyword
+            "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+            "pick": {"anyOf": [{"type": "integer", "maximum": 5}, {"type": "string"}]},
+        },
+        "$defs": {"n": {"type": "integer", "exclusiveMinimum": 0}},
+        "default": {"type": "integer"},  # data, not a schema
+        "enum": [{"type": "integer"}],
+    }
+    out = bounded_integers(schema)
+    full = {"minimum": -SAFE, "maximum": SAFE}
+    assert out["properties"]["default"] == {"type": "integer", **full}
+    assert out["properties"]["ids"]["items"] == {"type": ["integer", "null"], **full}
+    assert out["properties"]["pick"]["anyOf"][0] == {
+        "type": "integer", "maximum": 5, "minimum": -SAFE
+    }
+    assert out["$defs"]["n"] == {"type": "integer", "exclusiveMinimum": 0, "maximum": SAFE}
+    assert out["default"] == {"type": "integer"} and out["enum"] == [{"type": "integer"}]
+    assert schema["properties"]["default"] == {"type": "integer"}  # the caller's is untouched
+
+
+def test_a_model_that_favours_digits_still_ends_its_object(tokenizer: EngineTokenizer) -> None:
+    """The fault this bound fixes: sampled freely, SmolLM2 once wrote an "age" of 50 digits
+    and hit its token limit. Here the logits favour digits above all; the object must still
+    close within the longest document the schema admits."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {"age": {"type": "integer"}},
+        "required": ["age"],
+        "additionalProperties": False,
+    }
+    constraint = GrammarCompiler(tokenizer, tokenizer.vocab_size).constraint(
+        schema_grammar(schema)
+    )
+    logits = torch.zeros(tokenizer.vocab_size)
+    for digit in "0123456789":  # "1" first: a leading "0" would end the number at once
+        logits[tokenizer.encode(digit)[0]] = 10.0 if digit == "1" else 9.0
+    text: list[int] = []
+    for _ in range(40):  # '{"age": ' + 17 characters + '}' + the end, at most
+        token = int(torch.argmax(constraint.mask(logits)))
+        if token in tokenizer.eos_token_ids:
+            break
+        constraint.accept(token)
+        text.append(token)
+    else:
+        raise AssertionError(f"no end after {tokenizer.decode(text)!r}")
+    value = json.loads(tokenizer.decode(text))
+    assert value == {"age": int("1" * 16)}
