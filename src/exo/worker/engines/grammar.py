@@ -44,8 +44,9 @@ class GrammarError(ValueError):
 # Without a bound a sampled small model can write digits until it runs out of tokens (seen:
 # an "age" of 50 digits, ended by "length", so the output did not parse).
 SAFE_INTEGER = 2**53 - 1
-# Keywords whose values are data, not schemas: an integer schema inside them is left as is.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "x-guidance"})
+# Keywords whose values are left as they are: data, not schemas, and "not" (a bound inside
+# a negation would widen what the schema allows, not narrow it).
+_LEFT_AS_IS = frozenset({"const", "enum", "default", "examples", "x-guidance", "not"})
 # Keywords whose values map names to schemas (a property may be named "default").
 _SCHEMA_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
@@ -68,7 +69,7 @@ def bounded_integers(value: Any) -> Any:
     schema = cast(dict[str, Any], value)
     out: dict[str, Any] = {}
     for key, item in schema.items():
-        if key in _DATA_KEYWORDS:
+        if key in _LEFT_AS_IS:
             out[key] = item
         elif key in _SCHEMA_MAPS and isinstance(item, dict):
             named = cast(dict[str, Any], item)

@@ -125,6 +125,7 @@ def test_integers_are_bounded_wherever_the_schema_nests_them() -> None:
         "$defs": {"n": {"type": "integer", "exclusiveMinimum": 0}},
         "default": {"type": "integer"},  # data, not a schema
         "enum": [{"type": "integer"}],
+        "not": {"type": "integer"},  # bounded, it would let big integers through
     }
     out = bounded_integers(schema)
     full = {"minimum": -SAFE, "maximum": SAFE}
@@ -135,6 +136,7 @@ def test_integers_are_bounded_wherever_the_schema_nests_them() -> None:
     }
     assert out["$defs"]["n"] == {"type": "integer", "exclusiveMinimum": 0, "maximum": SAFE}
     assert out["default"] == {"type": "integer"} and out["enum"] == [{"type": "integer"}]
+    assert out["not"] == {"type": "integer"}
     assert schema["properties"]["default"] == {"type": "integer"}  # the caller's is untouched
 
 
