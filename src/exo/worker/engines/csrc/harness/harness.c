@@ -82,11 +82,7 @@ static int check_linear(Rng* r, int quiet) {
         }
         if (group) {
             uint8_t* laid = xmalloc(rb * (size_t)rows);
-            if (pk == KIND_Q4) ref_group_q4(part, rows, K, laid);
-            else if (pk == KIND_Q8) ref_group_q8(part, rows, K, laid);
-            else if (pk == KIND_Q5_0) ref_group_q5_0(part, rows, K, laid);
-            else if (pk == KIND_Q4_K) ref_group_q4k(part, rows, K, laid);
-            else ref_group_q6k(part, rows, K, laid);
+            ref_group_rows(pk, part, rows, K, laid);
             free(part);
             part = laid;
             s.part_kind[p] = pk == KIND_Q4     ? KIND_Q4_G8

@@ -57,86 +57,64 @@ static uint16_t get_half(const uint8_t* p) {
     return h;
 }
 
-void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
-    const int nb = K / 32;
+/* Row c's block `blk` put in its group's block `o` (zeroed), per layout (see reference.h). */
+static void place_q4(uint8_t* o, const uint8_t* blk, int c) { /* d, m, qs[16] */
+    memcpy(o + 2 * c, blk, 2);
+    memcpy(o + 16 + 2 * c, blk + 2, 2);
+    for (int i = 0; i < 8; i++) memcpy(o + 32 + 16 * i + 2 * c, blk + 4 + 2 * i, 2);
+}
+
+static void place_q8(uint8_t* o, const uint8_t* blk, int c) { /* d, qs[32] */
+    memcpy(o + 2 * c, blk, 2);
+    for (int j = 0; j < 16; j++) memcpy(o + 16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c, blk + 2 + 2 * j, 2);
+}
+
+static void place_q5_0(uint8_t* o, const uint8_t* blk, int c) { /* d, qh[4], qs[16] */
+    uint32_t qh;
+    memcpy(&qh, blk + 2, 4);
+    memcpy(o + 2 * c, blk, 2);
+    for (int i = 0; i < 8; i++) {
+        memcpy(o + 48 + 16 * i + 2 * c, blk + 6 + 2 * i, 2);
+        uint32_t word;
+        memcpy(&word, o + 16 + 4 * i, 4);
+        for (int e = 0; e < 2; e++) {
+            word |= ((qh >> (2 * i + e)) & 1u) << (2 * c + e);
+            word |= ((qh >> (2 * i + 16 + e)) & 1u) << (16 + 2 * c + e);
+        }
+        memcpy(o + 16 + 4 * i, &word, 4);
+    }
+}
+
+static void place_q4k(uint8_t* o, const uint8_t* blk, int c) { /* d, dmin, scales[12], qs[128] */
+    memcpy(o + 2 * c, blk, 2);
+    memcpy(o + 16 + 2 * c, blk + 2, 2);
+    for (int k = 0; k < 12; k++) o[32 + 8 * k + c] = blk[4 + k];
+    for (int ch = 0; ch < 4; ch++)
+        for (int i = 0; i < 16; i++) memcpy(o + 128 + 16 * (16 * ch + i) + 2 * c, blk + 16 + 32 * ch + 2 * i, 2);
+}
+
+static void place_q6k(uint8_t* o, const uint8_t* blk, int c) { /* ql, qh, scales, d */
+    memcpy(o + 2 * c, blk + 208, 2);
+    for (int k = 0; k < 16; k++) o[16 + 8 * k + c] = blk[192 + k];
+    for (int q = 0; q < 4; q++)
+        for (int i = 0; i < 16; i++) memcpy(o + 144 + 256 * q + 16 * i + 2 * c, blk + 32 * q + 2 * i, 2);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 16; i++) memcpy(o + 1168 + 256 * h + 16 * i + 2 * c, blk + 128 + 32 * h + 2 * i, 2);
+}
+
+void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out) {
+    const int nb = K / block_values(kind);
+    const size_t bytes = block_bytes(kind);
+    void (*place)(uint8_t*, const uint8_t*, int) = kind == 4    ? place_q4
+                                                   : kind == 8  ? place_q8
+                                                   : kind == 50 ? place_q5_0
+                                                   : kind == 104 ? place_q4k
+                                                                 : place_q6k;
     for (int g = 0; g < n_rows / 8; g++)
         for (int b = 0; b < nb; b++) {
-            uint8_t* o = out + ((size_t)g * nb + b) * 160;
-            for (int c = 0; c < 8; c++) {
-                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 20 + (size_t)b * 20; /* d, m, qs[16] */
-                memcpy(o + 2 * c, blk, 2);
-                memcpy(o + 16 + 2 * c, blk + 2, 2);
-                for (int i = 0; i < 8; i++) memcpy(o + 32 + 16 * i + 2 * c, blk + 4 + 2 * i, 2);
-            }
-        }
-}
-
-void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
-    const int nb = K / 32;
-    for (int g = 0; g < n_rows / 8; g++)
-        for (int b = 0; b < nb; b++) {
-            uint8_t* o = out + ((size_t)g * nb + b) * 272;
-            for (int c = 0; c < 8; c++) {
-                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 34 + (size_t)b * 34; /* d, qs[32] */
-                memcpy(o + 2 * c, blk, 2);
-                for (int j = 0; j < 16; j++) memcpy(o + 16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c, blk + 2 + 2 * j, 2);
-            }
-        }
-}
-
-void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
-    const int nb = K / 32;
-    for (int g = 0; g < n_rows / 8; g++)
-        for (int b = 0; b < nb; b++) {
-            uint8_t* o = out + ((size_t)g * nb + b) * 176;
-            uint32_t words[8] = {0};
-            for (int c = 0; c < 8; c++) {
-                const uint8_t* blk = rows + (size_t)(8 * g + c) * nb * 22 + (size_t)b * 22; /* d, qh[4], qs[16] */
-                uint32_t qh;
-                memcpy(&qh, blk + 2, 4);
-                memcpy(o + 2 * c, blk, 2);
-                for (int i = 0; i < 8; i++) {
-                    memcpy(o + 48 + 16 * i + 2 * c, blk + 6 + 2 * i, 2);
-                    for (int e = 0; e < 2; e++) {
-                        words[i] |= ((qh >> (2 * i + e)) & 1u) << (2 * c + e);
-                        words[i] |= ((qh >> (2 * i + 16 + e)) & 1u) << (16 + 2 * c + e);
-                    }
-                }
-            }
-            memcpy(o + 16, words, sizeof words);
-        }
-}
-
-void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
-    const int nsb = K / 256;
-    for (int g = 0; g < n_rows / 8; g++)
-        for (int s = 0; s < nsb; s++) {
-            uint8_t* o = out + ((size_t)g * nsb + s) * 1152;
-            for (int c = 0; c < 8; c++) {
-                const uint8_t* blk = rows + (size_t)(8 * g + c) * nsb * 144 + (size_t)s * 144; /* d, dmin, scales[12], qs[128] */
-                memcpy(o + 2 * c, blk, 2);
-                memcpy(o + 16 + 2 * c, blk + 2, 2);
-                for (int k = 0; k < 12; k++) o[32 + 8 * k + c] = blk[4 + k];
-                for (int ch = 0; ch < 4; ch++)
-                    for (int i = 0; i < 16; i++) memcpy(o + 128 + 16 * (16 * ch + i) + 2 * c, blk + 16 + 32 * ch + 2 * i, 2);
-            }
-        }
-}
-
-void ref_group_q6k(const uint8_t* rows, int n_rows, int K, uint8_t* out) {
-    const int nsb = K / 256;
-    for (int g = 0; g < n_rows / 8; g++)
-        for (int s = 0; s < nsb; s++) {
-            uint8_t* o = out + ((size_t)g * nsb + s) * 1680;
-            for (int c = 0; c < 8; c++) {
-                const uint8_t* blk = rows + (size_t)(8 * g + c) * nsb * 210 + (size_t)s * 210; /* ql, qh, scales, d */
-                memcpy(o + 2 * c, blk + 208, 2);
-                for (int k = 0; k < 16; k++) o[16 + 8 * k + c] = blk[192 + k];
-                for (int q = 0; q < 4; q++)
-                    for (int i = 0; i < 16; i++) memcpy(o + 144 + 256 * q + 16 * i + 2 * c, blk + 32 * q + 2 * i, 2);
-                for (int h = 0; h < 2; h++)
-                    for (int i = 0; i < 16; i++) memcpy(o + 1168 + 256 * h + 16 * i + 2 * c, blk + 128 + 32 * h + 2 * i, 2);
-            }
+            uint8_t* o = out + ((size_t)g * nb + b) * 8 * bytes;
+            memset(o, 0, 8 * bytes);
+            for (int c = 0; c < 8; c++) place(o, rows + ((size_t)(8 * g + c) * nb + b) * bytes, c);
         }
 }
 

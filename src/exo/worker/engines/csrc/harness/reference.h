@@ -21,25 +21,22 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row);
 /* The K values a weight row stands for. */
 void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
 
-/* n_rows (a multiple of 8) Q4_1 rows of K values re-laid in groups of 8 rows (KIND_Q4_G8): per
- * group and block of 32 values, the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes
- * 2i, 2i + 1 of each row's 16 bytes of nibbles, row after row. */
-void ref_group_q4(const uint8_t* rows, int n_rows, int K, uint8_t* out);
-/* The same for Q8_0 rows (KIND_Q8_G8): per group and block, the 8 rows' f16 d, then value 2j + e
- * (j = 0..15, e = 0, 1) of row c at byte 32 (j % 8) + 16 (j / 8) + 2c + e of the next 256. */
-void ref_group_q8(const uint8_t* rows, int n_rows, int K, uint8_t* out);
-/* The same for Q5_0 rows (KIND_Q5_0_G8): per group and block, the 8 rows' f16 d, then for i = 0..7
- * a 32-bit word whose bit 2c + e is the fifth bit of row c's value 2i + e and bit 16 + 2c + e
- * that of its value 2i + 16 + e, then the nibbles as for Q4_1. */
-void ref_group_q5_0(const uint8_t* rows, int n_rows, int K, uint8_t* out);
-/* The same for Q4_K rows (KIND_Q4_K_G8), per group and super-block of 256 values: the 8 rows'
- * f16 d, their f16 dmin, byte k of row c's 12 scale bytes at 32 + 8k + c, then for chunk c = 0..3
- * and i = 0..15 the bytes 2i, 2i + 1 of the chunk's 32 bytes of each row, row after row. */
-void ref_group_q4k(const uint8_t* rows, int n_rows, int K, uint8_t* out);
-/* The same for Q6_K rows (KIND_Q6_K_G8), per group and super-block: the 8 rows' f16 d, scale k of
- * row c at 16 + 8k + c, then for ql's chunk q = 0..3 (32 bytes) and i = 0..15 the rows' bytes
- * 2i, 2i + 1 at 144 + 256 q + 16 i + 2c, then qh's halves h = 0, 1 the same at 1168 + 256 h. */
-void ref_group_q6k(const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* n_rows (a multiple of 8) rows of `kind` (Q4_1, Q8_0, Q5_0, Q4_K or Q6_K) of K values re-laid in
+ * groups of 8 rows, per group and block (of 32 values, or super-block of 256 for the K kinds):
+ * - Q4_1 (KIND_Q4_G8): the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1 of
+ *   each row's 16 bytes of nibbles, row after row.
+ * - Q8_0 (KIND_Q8_G8): the 8 rows' f16 d, then value 2j + e (j = 0..15, e = 0, 1) of row c at
+ *   byte 32 (j % 8) + 16 (j / 8) + 2c + e of the next 256.
+ * - Q5_0 (KIND_Q5_0_G8): the 8 rows' f16 d, then for i = 0..7 a 32-bit word whose bit 2c + e is
+ *   the fifth bit of row c's value 2i + e and bit 16 + 2c + e that of its value 2i + 16 + e,
+ *   then the nibbles as for Q4_1.
+ * - Q4_K (KIND_Q4_K_G8): the 8 rows' f16 d, their f16 dmin, byte k of row c's 12 scale bytes at
+ *   32 + 8k + c, then for chunk ch = 0..3 and i = 0..15 the bytes 2i, 2i + 1 of the chunk's 32
+ *   bytes of each row, row after row.
+ * - Q6_K (KIND_Q6_K_G8): the 8 rows' f16 d, scale k of row c at 16 + 8k + c, then for ql's chunk
+ *   q = 0..3 (32 bytes) and i = 0..15 the rows' bytes 2i, 2i + 1 at 144 + 256 q + 16 i + 2c,
+ *   then qh's halves h = 0, 1 the same at 1168 + 256 h. */
+void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,
  * y = residual + rmsnorm(prologue(x) W^T + bias) * post_g (eps `eps`). Also the error bound per
