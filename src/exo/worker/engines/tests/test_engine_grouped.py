@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
+from exo.modelgen.quants import random_blocks
 from exo.worker.engines.cpu_kernels import (
     GROUPED,
     KIND_Q4,
@@ -33,7 +34,6 @@ from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.qtensor import QuantTensor
-from exo.worker.engines.tests.generated import random_blocks
 
 T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
