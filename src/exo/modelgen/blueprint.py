@@ -26,12 +26,16 @@ class Role(Enum):
     FFN_UP = "ffn_up"
     FFN_DOWN = "ffn_down"
     NORM = "norm"  # 1-D, always float32, all ones
+    OUTPUT_NORM = "output_norm"  # 1-D, float32: the final norm's gain, random signs
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     """One tensor: GGUF and Hugging Face names, shape (outer dims..., K: values per row, the
-    quantised axis), role, layer (None outside the blocks), random scale (std of N(0, std))."""
+    quantised axis), role, layer (None outside the blocks), random scale (std of N(0, std)).
+    `rope_head_dim`: rows of heads of this size are in llama.cpp's interleaved rotary order in
+    a GGUF and in Hugging Face's half-split order in safetensors (q and k of llama-like
+    families), so both files of one seed hold the same model."""
 
     gguf_name: str
     hf_name: str
@@ -39,6 +43,7 @@ class TensorSpec:
     role: Role
     layer: int | None
     std: float
+    rope_head_dim: int = 0
 
     @property
     def rows(self) -> int:

@@ -40,11 +40,12 @@ class Size:
     heads: int = 4
     kv_heads: int = 2
     vocab: int = 512
+    tied: bool = False
 
     @property
     def shape(self) -> DenseShape:
         return DenseShape(self.layers, self.hidden, self.ffn, self.heads, self.kv_heads,
-                          self.hidden // self.heads, tied=False, context=2048,
+                          self.hidden // self.heads, tied=self.tied, context=2048,
                           rope_theta=10000.0)  # fmt: skip
 
 

@@ -60,7 +60,7 @@ def more_bits(layer: int, n_layers: int) -> bool:
 
 def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
     """The type tensor `t` of model `bp` is stored in under recipe `r`."""
-    if t.role is Role.NORM:
+    if t.role in (Role.NORM, Role.OUTPUT_NORM):
         return T.F32
     if not r.mixed:
         return r.base

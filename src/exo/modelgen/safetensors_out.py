@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 
 from exo.modelgen.blueprint import Blueprint, TensorSpec
 from exo.modelgen.quants import quantize_rows, row_bytes
-from exo.modelgen.values import CHUNK_VALUES, value_chunks
+from exo.modelgen.values import CHUNK_VALUES, Array, value_chunks
 from exo.modelgen.vocab import Vocabulary, write_hf_tokenizer
 
 T = GGMLQuantizationType
@@ -52,7 +52,17 @@ def _write_shard(path: Path, tensors: list[TensorSpec], qtype: GGMLQuantizationT
         f.write(header)
         for t in tensors:
             for chunk in value_chunks(t, seed, chunk_values):
-                f.write(np.ascontiguousarray(quantize_rows(chunk, qtype)).data)
+                f.write(np.ascontiguousarray(quantize_rows(half_split(chunk, t), qtype)).data)
+
+
+def half_split(chunk: Array, t: TensorSpec) -> Array:
+    """Rows of whole heads from llama.cpp's interleaved rotary order (pairs 2i, 2i+1) to
+    Hugging Face's half-split order (pairs i, i + head_dim / 2); other tensors as they are."""
+    hd = t.rope_head_dim
+    if not hd:
+        return chunk
+    heads = chunk.reshape(-1, hd // 2, 2, chunk.shape[-1])
+    return heads.swapaxes(1, 2).reshape(chunk.shape)
 
 
 def write_safetensors(

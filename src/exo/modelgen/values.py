@@ -30,15 +30,21 @@ def _normal_quantiles() -> Array:
 
 
 def rows_per_chunk(t: TensorSpec, chunk_values: int) -> int:
-    return max(1, chunk_values // t.k)
+    """Rows per chunk: whole heads where rows are reordered per head (`rope_head_dim`)."""
+    unit = max(1, t.rope_head_dim)
+    return max(1, chunk_values // t.k // unit) * unit
 
 
 def value_chunks(t: TensorSpec, seed: int, chunk_values: int = CHUNK_VALUES) -> Iterator[Array]:
-    """float32 [n, K] chunks covering the tensor's rows in order (norms: one row of ones)."""
+    """float32 [n, K] chunks covering the tensor's rows in order (norms: one row of ones; the
+    final norm: random signs)."""
     if t.role is Role.NORM:
         yield np.ones((t.rows, t.k), dtype=np.float32)
         return
     rng = np.random.default_rng([seed, zlib.crc32(t.gguf_name.encode())])
+    if t.role is Role.OUTPUT_NORM:
+        yield np.where(rng.random((t.rows, t.k)) < 0.5, -1.0, 1.0).astype(np.float32)
+        return
     step = rows_per_chunk(t, chunk_values)
     table = _normal_quantiles() * np.float32(t.std)
     for start in range(0, t.rows, step):

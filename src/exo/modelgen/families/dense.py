@@ -6,7 +6,9 @@ scale), every projection is scaled by 1/sqrt(fan in), and the two that write to 
 stream (attn_output, ffn_down) also by 1/sqrt(2 * layers), so the blocks together add about as
 much as the embedding holds (the state depends on the context, and an engine's rounding is
 not amplified block after block); and the LM head is scaled so that logits of the normalised final state have a
-standard deviation of `LOGIT_STD`. Over a vocabulary of ~50k the gap between the largest
+standard deviation of `LOGIT_STD`. The final norm's gain is random signs: with a tied head the
+input token's own logit would otherwise be the squared norm of its embedding, far above every
+other (the model would repeat its input). Over a vocabulary of ~50k the gap between the largest
 and second-largest of that many such logits is then a few logits: greedy decoding picks a
 clear winner, and two engines that agree to within a fraction of a logit pick the same one.
 """
@@ -51,8 +53,10 @@ def dense_tensors(s: DenseShape, vocab: int) -> tuple[TensorSpec, ...]:
         a = m + "self_attn."
         out += [
             TensorSpec(g + "attn_norm.weight", m + "input_layernorm.weight", (h,), Role.NORM, i, 0),
-            TensorSpec(g + "attn_q.weight", a + "q_proj.weight", (q_rows, h), Role.ATTN_Q, i, proj),
-            TensorSpec(g + "attn_k.weight", a + "k_proj.weight", (kv_rows, h), Role.ATTN_K, i, proj),
+            TensorSpec(g + "attn_q.weight", a + "q_proj.weight", (q_rows, h), Role.ATTN_Q, i, proj,
+                       s.head_dim),
+            TensorSpec(g + "attn_k.weight", a + "k_proj.weight", (kv_rows, h), Role.ATTN_K, i, proj,
+                       s.head_dim),
             TensorSpec(g + "attn_v.weight", a + "v_proj.weight", (kv_rows, h), Role.ATTN_V, i, proj),
             TensorSpec(g + "attn_output.weight", a + "o_proj.weight", (h, q_rows), Role.ATTN_OUTPUT,
                        i, residual / math.sqrt(q_rows)),
@@ -65,7 +69,9 @@ def dense_tensors(s: DenseShape, vocab: int) -> tuple[TensorSpec, ...]:
             TensorSpec(g + "ffn_down.weight", m + "mlp.down_proj.weight", (h, s.ffn), Role.FFN_DOWN,
                        i, 2 * residual / math.sqrt(s.ffn)),
         ]  # fmt: skip
-    out.append(TensorSpec("output_norm.weight", "model.norm.weight", (h,), Role.NORM, None, 0))
+    out.append(
+        TensorSpec("output_norm.weight", "model.norm.weight", (h,), Role.OUTPUT_NORM, None, 1)
+    )
     if not s.tied:
         out.append(TensorSpec("output.weight", "lm_head.weight", (vocab, h), Role.OUTPUT, None,
                               head_std(h)))  # fmt: skip

@@ -12,7 +12,7 @@ import torch
 from gguf.quants import dequantize
 
 from exo.modelgen import RECIPES, Request, generate
-from exo.modelgen.custom import Size, llama_blueprint
+from exo.modelgen.custom import Size, llama_blueprint, llama_gguf
 from exo.modelgen.families import family
 from exo.modelgen.gguf_out import write_gguf
 from exo.modelgen.recipes import recipe
@@ -20,9 +20,9 @@ from exo.modelgen.tests.test_modelgen_quants import TOLERANCE, relative_error
 from exo.modelgen.values import value_chunks
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.local import card_from_path
-from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.engine import Engine, load_engine, load_shard_weights
 from exo.worker.engines.gguf_reader import GGUFFile
-from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.sampling import SamplingParams
 
 pytestmark = pytest.mark.skipif(
@@ -130,3 +130,33 @@ def test_writing_streams_with_memory_independent_of_the_file_size(tmp_path: Path
     assert file_bytes > 100 * 2**20
     assert big < 8 * 2**20, big  # a few 1 MiB chunks, not the file
     assert big < small + 4 * 2**20, (small, big)
+
+
+def test_gguf_and_safetensors_of_one_seed_are_the_same_model(folder: Path) -> None:
+    """q/k rows are written in each format's rotary order: exo's engine gives the same logits."""
+    st = generate(Request("llama", "tiny", "F32", folder / "hf32", safetensors=True, seed=3))
+    gguf = generate(Request("llama", "tiny", "F32", folder / "s3.gguf", seed=3))
+    logits = []
+    for path in (st, gguf):
+        engine = load_engine(path, cache_dir=folder / "cache", weight_format="dense")
+        ids = engine.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[2]}])
+        cache = engine.model.new_cache(1, len(ids))
+        with torch.inference_mode():
+            step = StepInputs.single(0, 0, len(ids))
+            logits.append(engine.model.forward(torch.tensor([ids]), step, cache))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-3, rtol=1e-4)
+
+
+def test_a_tied_head_does_not_just_repeat_the_input_token(tmp_path: Path) -> None:
+    """With the head tied to the embedding (the 1b shape), the input token's own logit must not
+    dominate: greedy decoding would repeat it forever."""
+    size = Size(layers=2, hidden=512, ffn=1024, heads=8, kv_heads=2, vocab=4096, tied=True)
+    path = llama_gguf(tmp_path / "tied.gguf", "Q8_0", size)
+    model = LlamaModel(load_shard_weights(path, 0, 2), weight_format="dense")
+    repeats = 0
+    for token in range(100, 4000, 400):
+        cache = model.new_cache(1, 1)
+        with torch.inference_mode():
+            logits = model.forward(torch.tensor([[token]]), StepInputs.single(0, 0, 1), cache)
+        repeats += int(logits[0].argmax()) == token
+    assert repeats <= 2
