@@ -8,7 +8,7 @@ import importlib
 
 from exo.modelgen.blueprint import FAMILIES, Family
 
-MODULES = ("llama",)
+MODULES = ("llama", "qwen3")
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -8,10 +8,14 @@ Llama 3's header and turn tokens, so the embedding is 49k rows, not 128k. Llama 
 long-context rope scaling is left out (the file's context is the 8k it was trained at).
 """
 
-from gguf import GGUFValueType
-
-from exo.modelgen.blueprint import Blueprint, ChatFormat, Family, MetaItem, register
-from exo.modelgen.families.dense import DenseShape, dense_tensors
+from exo.modelgen.blueprint import Blueprint, ChatFormat, Family, register
+from exo.modelgen.families.dense import (
+    DenseShape,
+    dense_hf_config,
+    dense_metadata,
+    dense_tensors,
+    pick_shape,
+)
 
 SHAPES: dict[str, DenseShape] = {
     "tiny": DenseShape(2, 256, 512, 4, 2, 64, tied=False, context=2048, rope_theta=10000.0),
@@ -45,54 +49,6 @@ CHAT = ChatFormat(
     eos="<|eot_id|>",
     template=TEMPLATE,
 )  # fmt: skip
-
-
-def dense_metadata(arch: str, s: DenseShape, vocab: int) -> tuple[MetaItem, ...]:
-    """llama.cpp's hyper-parameter keys for a dense decoder of architecture `arch`."""
-    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
-    items = [
-        MetaItem(f"{arch}.vocab_size", vocab, u32),
-        MetaItem(f"{arch}.context_length", s.context, u32),
-        MetaItem(f"{arch}.embedding_length", s.hidden, u32),
-        MetaItem(f"{arch}.block_count", s.layers, u32),
-        MetaItem(f"{arch}.feed_forward_length", s.ffn, u32),
-        MetaItem(f"{arch}.rope.dimension_count", s.head_dim, u32),
-        MetaItem(f"{arch}.attention.head_count", s.heads, u32),
-        MetaItem(f"{arch}.attention.head_count_kv", s.kv_heads, u32),
-        MetaItem(f"{arch}.attention.layer_norm_rms_epsilon", s.norm_eps, f32),
-        MetaItem(f"{arch}.rope.freq_base", s.rope_theta, f32),
-    ]
-    if s.head_dim * s.heads != s.hidden:
-        items += [
-            MetaItem(f"{arch}.attention.key_length", s.head_dim, u32),
-            MetaItem(f"{arch}.attention.value_length", s.head_dim, u32),
-        ]
-    return tuple(items)
-
-
-def dense_hf_config(
-    model_type: str, architecture: str, s: DenseShape, vocab: int
-) -> dict[str, object]:
-    return {
-        "architectures": [architecture], "model_type": model_type, "vocab_size": vocab,
-        "hidden_size": s.hidden, "intermediate_size": s.ffn, "num_hidden_layers": s.layers,
-        "num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads,
-        "head_dim": s.head_dim, "rms_norm_eps": s.norm_eps, "rope_theta": s.rope_theta,
-        "max_position_embeddings": s.context, "tie_word_embeddings": s.tied,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-    }  # fmt: skip
-
-
-def pick_shape(shapes: dict[str, DenseShape], name: str, layers: int | None) -> DenseShape:
-    if name not in shapes:
-        raise ValueError(f"unknown shape {name!r} (choose from {', '.join(shapes)})")
-    s = shapes[name]
-    if layers is None:
-        return s
-    if layers < 1:
-        raise ValueError(f"--layers must be at least 1, not {layers}")
-    return DenseShape(layers, s.hidden, s.ffn, s.heads, s.kv_heads, s.head_dim, s.tied,
-                      s.context, s.rope_theta, s.norm_eps)  # fmt: skip
 
 
 class Llama(Family):

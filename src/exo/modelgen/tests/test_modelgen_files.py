@@ -43,9 +43,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("generated")
 
 
-def _tiny(folder: Path, quant: str) -> Path:
-    path = folder / f"exo-gen-llama-tiny-{quant}.gguf"
-    return path if path.exists() else generate(Request("llama", "tiny", quant, folder))
+def _tiny(folder: Path, quant: str, arch: str = "llama") -> Path:
+    path = folder / f"exo-gen-{arch}-tiny-{quant}.gguf"
+    return path if path.exists() else generate(Request(arch, "tiny", quant, folder))
 
 
 def _greedy(engine: Engine, n: int = 6) -> list[int]:
@@ -84,6 +84,12 @@ def test_a_safetensors_folder_loads_with_its_tokenizer_and_template(folder: Path
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
         "<|start_header_id|>assistant<|end_header_id|>\n\n"
     )
+    qwen = load_engine(_tiny(folder, "Q8_0", "qwen3"), cache_dir=folder / "cache")
+    assert qwen.tokenizer.render_chat([{"role": "user", "content": "Hi"}]) == (
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert qwen.tokenizer.eos_token_ids == (qwen.tokenizer.backend.token_to_id("<|im_end|>"),)
+    assert qwen.config.qk_norm and qwen.config.head_dim == 128
     eot = engine.tokenizer.backend.token_to_id("<|eot_id|>")
     assert eot == 49156 and eot in engine.tokenizer.eos_token_ids
     assert len(_greedy(engine)) == 6
@@ -92,9 +98,10 @@ def test_a_safetensors_folder_loads_with_its_tokenizer_and_template(folder: Path
     assert ids == gguf.tokenizer.encode_chat([{"role": "user", "content": PROMPTS[1]}])
 
 
-def test_next_token_distributions_are_peaked(folder: Path) -> None:
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_next_token_distributions_are_peaked(folder: Path, arch: str) -> None:
     """Greedy comparisons between engines mean something only if the top token wins clearly."""
-    engine = load_engine(_tiny(folder, "Q4_K_M"), cache_dir=folder / "cache")
+    engine = load_engine(_tiny(folder, "Q4_K_M", arch), cache_dir=folder / "cache")
     margins: list[float] = []
     for text in PROMPTS:
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])
@@ -106,10 +113,10 @@ def test_next_token_distributions_are_peaked(folder: Path) -> None:
     assert statistics.median(margins) >= 1.0, margins
 
 
-def test_the_served_model_id_names_the_family(folder: Path) -> None:
-    path = _tiny(folder, "Q4_K_M")
-    card = card_from_path(path)
-    assert card.model_id == "exo-gen-llama-tiny-Q4_K_M" and card.architecture == "llama"
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_served_model_id_names_the_family(folder: Path, arch: str) -> None:
+    card = card_from_path(_tiny(folder, "Q4_K_M", arch))
+    assert card.model_id == f"exo-gen-{arch}-tiny-Q4_K_M" and card.architecture == arch
 
 
 def _peak_while_writing(path: Path, size: Size) -> int:
@@ -132,10 +139,12 @@ def test_writing_streams_with_memory_independent_of_the_file_size(tmp_path: Path
     assert big < small + 4 * 2**20, (small, big)
 
 
-def test_gguf_and_safetensors_of_one_seed_are_the_same_model(folder: Path) -> None:
-    """q/k rows are written in each format's rotary order: exo's engine gives the same logits."""
-    st = generate(Request("llama", "tiny", "F32", folder / "hf32", safetensors=True, seed=3))
-    gguf = generate(Request("llama", "tiny", "F32", folder / "s3.gguf", seed=3))
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_gguf_and_safetensors_of_one_seed_are_the_same_model(folder: Path, arch: str) -> None:
+    """q/k rows are written in each format's rotary order (llama.cpp reorders llama's, not
+    Qwen3's): exo's engine gives the same logits."""
+    st = generate(Request(arch, "tiny", "F32", folder / f"{arch}-hf32", safetensors=True, seed=3))
+    gguf = generate(Request(arch, "tiny", "F32", folder / f"{arch}-s3.gguf", seed=3))
     logits = []
     for path in (st, gguf):
         engine = load_engine(path, cache_dir=folder / "cache", weight_format="dense")

@@ -106,3 +106,15 @@ def test_named_shapes_are_the_real_models() -> None:
     assert real.n_layers == 2 and llama.blueprint("real-layer", 3, 49159).n_layers == 3
     shapes = {t.gguf_name: t.shape for t in real.tensors}
     assert shapes["blk.1.ffn_up.weight"] == (28672, 8192)  # Llama-3.3-70B's block
+
+
+def test_qwen3_shapes_have_per_head_norms_and_a_wider_q() -> None:
+    bp = family("qwen3").blueprint("8b", None, 49159)
+    shapes = {t.gguf_name: t.shape for t in bp.tensors}
+    assert bp.n_layers == 36 and shapes["blk.0.attn_q.weight"] == (4096, 4096)
+    assert shapes["blk.35.attn_k_norm.weight"] == (128,)
+    tiny = {t.gguf_name: t for t in family("qwen3").blueprint("tiny", None, 1000).tensors}
+    assert tiny["blk.0.attn_q.weight"].shape == (512, 256)  # 4 heads of 128 on width 256
+    assert tiny["blk.0.attn_q.weight"].rope_head_dim == 0  # Hugging Face's order in a GGUF
+    meta = {m.key: m.value for m in family("qwen3").blueprint("tiny", None, 1000).metadata}
+    assert meta["qwen3.attention.key_length"] == 128
