@@ -3,12 +3,13 @@
     python bench/make_model.py ARCH --shape tiny|1b|8b|real-layer [--layers N] --quant Q4_K_M \
         --out PATH [--safetensors] [--seed N]
 
-ARCH is a family (`llama`, `qwen3`: modules of exo.modelgen.families); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K,
-Q5_K, Q6_K, F16, F32, BF16). --out is the .gguf file to write, or an existing folder to write
-`exo-gen-ARCH-SHAPE-QUANT.gguf` into (a node serving `--model PATH` names the model after the
-file); with --safetensors, the Hugging Face folder to create (float quants only). The weights
-are random, scaled so next-token distributions are peaked; the vocabulary is SmolLM2's plus the
-family's special tokens. Prints the wall time and the process's peak RSS at the end.
+ARCH is a family (`llama`, `qwen3`: the modules of exo.modelgen.families); --quant a recipe
+(Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32, BF16). --out is the
+.gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
+node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
+Face folder to create (float quants only). The weights are random, scaled so next-token
+distributions are peaked; the vocabulary is SmolLM2's plus the family's special tokens.
+Prints the wall time and the process's peak RSS at the end.
 """
 
 import argparse
@@ -54,8 +55,10 @@ def main(argv: list[str]) -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
     print(f"\nwrote {path} ({size / 2**20:.1f} MiB) in {wall:.1f} s; peak RSS {peak:.0f} MiB")
     if req.arch not in path.name:
-        print(f"note: a node serving --model {path} calls the model {path.stem!r}; name the file "
-              f"after the model (e.g. {req.arch} in it) to see the family in the model id")  # fmt: skip
+        print(
+            f"note: a node serving --model {path} calls the model {path.stem!r}; name the "
+            f"file after the model (e.g. {req.arch} in it) to see the family in the model id"
+        )
     return 0
 
 

@@ -5,12 +5,13 @@ Peaked weights: the residual stream starts at unit scale (embedding std 1, or th
 scale), every projection is scaled by 1/sqrt(fan in), and the two that write to the residual
 stream (attn_output, ffn_down) also by 1/sqrt(2 * layers), so the blocks together add about as
 much as the embedding holds (the state depends on the context, and an engine's rounding is
-not amplified block after block); and the LM head is scaled so that logits of the normalised final state have a
-standard deviation of `LOGIT_STD`. The final norm's gain is random signs: with a tied head the
-input token's own logit would otherwise be the squared norm of its embedding, far above every
-other (the model would repeat its input). Over a vocabulary of ~50k the gap between the largest
-and second-largest of that many such logits is then a few logits: greedy decoding picks a
-clear winner, and two engines that agree to within a fraction of a logit pick the same one.
+not amplified block after block); the LM head is scaled so that logits of the normalised
+final state have a standard deviation of `LOGIT_STD`; and the final norm's gain is random
+signs (with a tied head the input token's own logit would otherwise be the squared norm of its
+embedding, far above every other: the model would repeat its input). Over a vocabulary of ~50k
+the gap between the largest and second-largest of that many logits is then a few logits:
+greedy decoding picks a clear winner, and two engines that agree to within a fraction of a
+logit pick the same one.
 """
 
 import dataclasses
@@ -66,7 +67,8 @@ def dense_tensors(
                        rope),
             TensorSpec(g + "attn_k.weight", a + "k_proj.weight", (kv_rows, h), Role.ATTN_K, i, proj,
                        rope),
-            TensorSpec(g + "attn_v.weight", a + "v_proj.weight", (kv_rows, h), Role.ATTN_V, i, proj),
+            TensorSpec(g + "attn_v.weight", a + "v_proj.weight", (kv_rows, h), Role.ATTN_V, i,
+                       proj),
             TensorSpec(g + "attn_output.weight", a + "o_proj.weight", (h, q_rows), Role.ATTN_OUTPUT,
                        i, residual / math.sqrt(q_rows)),
             TensorSpec(g + "ffn_norm.weight", m + "post_attention_layernorm.weight", (h,),

@@ -107,7 +107,8 @@ def test_next_token_distributions_are_peaked(folder: Path, arch: str) -> None:
         ids = engine.tokenizer.encode_chat([{"role": "user", "content": text}])
         cache = engine.model.new_cache(1, len(ids) + 1)
         with torch.inference_mode():
-            logits = engine.model.forward(torch.tensor([ids]), StepInputs.single(0, 0, len(ids)), cache)  # fmt: skip
+            step = StepInputs.single(0, 0, len(ids))
+            logits = engine.model.forward(torch.tensor([ids]), step, cache)
         top = logits[0].topk(2).values
         margins.append(float(top[0] - top[1]))
     assert statistics.median(margins) >= 1.0, margins
