@@ -4,8 +4,8 @@
         --out PATH [--safetensors] [--seed N]
 
 ARCH is a family (`llama`, `qwen3`: the modules of exo.modelgen.families); --quant a recipe
-(Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, F32, BF16). --out is the
-.gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
+(Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, F16, F32, BF16). --out is
+the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token
 distributions are peaked; the vocabulary is SmolLM2's plus the family's special tokens.

@@ -1,6 +1,6 @@
 """Weight quantisers: float32 rows -> the bytes of one GGML type, a row chunk at a time.
 
-`gguf.quants` quantises the legacy block types (Q4_0 .. Q8_0) and BF16; the K-quants (Q4_K,
+`gguf.quants` quantises the legacy block types (Q4_0 .. Q8_0), MXFP4 and BF16; the K-quants (Q4_K,
 Q5_K, Q6_K), which gguf 0.19 can only read, are packed here with numpy over every block of a
 chunk at once. Our K-quant packing is plain round-to-nearest with per-sub-block scales (no
 search for the best scales as llama.cpp's quantiser does): checked against gguf's dequantiser.
@@ -114,7 +114,10 @@ QUANTISERS: dict[GGMLQuantizationType, Callable[[Array], Array]] = {
     T.Q4_K: quantize_q4_k,
     T.Q5_K: quantize_q5_k,
     T.Q6_K: quantize_q6_k,
-    **{t: _with_gguf(t) for t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)},
+    **{
+        t: _with_gguf(t)
+        for t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4)
+    },
 }
 """Every type the generator writes, float32 [rows, K] -> uint8 [rows, row bytes]."""
 

@@ -39,6 +39,7 @@ RECIPES: dict[str, Recipe] = {
         Recipe("Q6_K", T.Q6_K, LlamaFileType.MOSTLY_Q6_K),
         Recipe("Q4_K_M", T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M, mixed=True),
         Recipe("Q5_K_M", T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M, mixed=True),
+        Recipe("MXFP4", T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
     )
 }
 
