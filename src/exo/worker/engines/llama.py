@@ -308,10 +308,13 @@ class LlamaModel:
         cap = self.config.final_softcap
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
-    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
-        """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]."""
+    def forward(
+        self, tokens: Tensor, step: StepInputs, cache: KVCache, every_position: bool = False
+    ) -> Tensor:
+        """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]
+        (of every position [B, T, V] with ``every_position``: a prompt's log-probabilities)."""
         hidden = self.forward_layers(self.embed(tokens), step, cache)
-        return self.head(hidden[:, -1])
+        return self.head(hidden if every_position else hidden[:, -1])
 
     def final_hidden(self, tokens: Tensor) -> Tensor:
         """Whole model (single shard): tokens [1, T] -> final hidden states [T, D] after the

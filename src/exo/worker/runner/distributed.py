@@ -41,7 +41,7 @@ from exo.worker.engines.weights import ProgressCallback, TensorParallel
 
 Kind = Literal["pipeline", "tensor"]
 _OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
-_HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
+_HEADER_FIXED = 4  # op, batch, new tokens, (move: length; forward: 1 = every position's logits)
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
@@ -97,12 +97,13 @@ class _Header:
     def length(self) -> int:
         return _HEADER_FIXED + 2 * self.max_batch
 
-    def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0)) -> Tensor:
+    def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0),
+               every_position: bool = False) -> Tensor:
         h = torch.zeros(self.length, dtype=torch.int64)
         h[0] = op
         if step is not None:
             b = len(step.slots)
-            h[1], h[2] = b, step.n_new
+            h[1], h[2], h[3] = b, step.n_new, int(every_position)
             h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
             h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
         else:
@@ -154,15 +155,19 @@ class LeaderModel:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return cast(KVCache, _LeaderCache(self.local.new_cache(max_batch, max_seq), self))
 
-    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
+    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
+                every_position: bool = False) -> Tensor:
+        """The whole model's logits: of each row's last position [B, V], or of every
+        position [B, T, V] (the last stage computes them and sends them here)."""
         local_cache = cast(_LeaderCache, cache).local
-        self.send_header(self.header.encode(_OP_FORWARD, step))
+        self.send_header(self.header.encode(_OP_FORWARD, step, every_position=every_position))
         if self.kind == "tensor":
             dist.broadcast(tokens.to(torch.int64).contiguous(), src=0)
-            return self.local.forward(tokens, step, local_cache)
+            return self.local.forward(tokens, step, local_cache, every_position)
         hidden = self.local.forward_layers(self.local.embed(tokens), step, local_cache)
         dist.send(hidden.contiguous(), dst=1)
-        logits = torch.empty(len(step.slots), self.config.vocab, dtype=torch.float32)
+        shape = (len(step.slots), step.n_new) if every_position else (len(step.slots),)
+        logits = torch.empty(*shape, self.config.vocab, dtype=torch.float32)
         dist.recv(logits, src=self.world_size - 1)
         return logits
 
@@ -232,7 +237,8 @@ class Follower:
         if self.rank < self.world_size - 1:
             dist.send(hidden.contiguous(), dst=self.rank + 1)
         else:
-            dist.send(self.local.head(hidden[:, -1]).contiguous(), dst=0)
+            every_position = bool(header[3])
+            dist.send(self.local.head(hidden if every_position else hidden[:, -1]).contiguous(), dst=0)
         return True
 
 
