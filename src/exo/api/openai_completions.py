@@ -92,9 +92,9 @@ def check_request(request: CompletionRequest) -> None:
         return
     if request.generations > request.n:
         raise ApiError(400, "best_of: cannot be used with stream (send it whole)", param="best_of")
-    if request.echo and (request.logprobs is not None or any(
-        not isinstance(p, str) for p in request.prompt
-    )):
+    if request.echo and (
+        request.logprobs is not None or any(not isinstance(p, str) for p in request.prompt)
+    ):
         message = (
             "echo: the echoed prompt's tokens (token-id prompts, logprobs) are answered "
             "whole: send this request without stream"
@@ -135,8 +135,10 @@ def generation_params(
     for prompt in request.prompt:
         params = completion_task_params(request, card, prompt)
         for j in range(request.generations):
-            seeded = params if params.seed is None else params.model_copy(
-                update={"seed": params.seed + j}
+            seeded = (
+                params
+                if params.seed is None
+                else params.model_copy(update={"seed": params.seed + j})
             )
             out.append((prompt, seeded))
     return out
