@@ -154,3 +154,26 @@ def _tokenizer(tmp_path: Path) -> EngineTokenizer:
     path = find_embedded_gguf()
     assert path is not None
     return load_tokenizer(path, tmp_path / "tokenizer")
+
+
+def test_streamed_logprobs_match_the_whole_answer(node: NodeProcess) -> None:
+    args: dict[str, Any] = {"model": MODEL, "prompt": PROMPT, "max_tokens": 5, "temperature": 0}
+    whole = oa(node).completions.create(**args, logprobs=1)
+    lp = whole.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.text_offset is not None
+    assert "".join(lp.tokens) == whole.choices[0].text
+    assert lp.text_offset[0] == len(PROMPT)  # offsets count from the end of the prompt
+    tokens: list[str] = []
+    offsets: list[int] = []
+    text = ""
+    for chunk in oa(node).completions.create(**args, logprobs=1, stream=True):
+        for c in chunk.choices:
+            text += c.text
+            if c.logprobs is not None and c.logprobs.tokens:
+                tokens.extend(c.logprobs.tokens)
+                offsets.extend(c.logprobs.text_offset or [])
+    assert text == whole.choices[0].text and tokens == lp.tokens and offsets == lp.text_offset
+    # echo alone with max_tokens 0: the prompt back, nothing generated, nothing scored
+    echoed = oa(node).completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True)
+    assert echoed.choices[0].text == PROMPT and echoed.choices[0].logprobs is None
+    assert echoed.usage is not None and echoed.usage.completion_tokens == 0

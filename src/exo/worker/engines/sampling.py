@@ -64,8 +64,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if not 0 <= self.min_p <= 1:
             raise ValueError("min_p must be in [0, 1]")
-        if self.max_tokens < 0:
-            raise ValueError("max_tokens must be >= 0")
+        if self.max_tokens < (0 if self.prompt_logprob_sink is not None else 1):
+            raise ValueError("max_tokens must be >= 1 (0 only to score the prompt)")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
 

@@ -151,29 +151,14 @@ class Generation:
             return self._failed(task, message, "context_length_exceeded")
         sink: list[TokenLogprobs] | None = [] if params.logprobs else None
         prompt_sink: list[TokenLogprobs] | None = [] if params.logprobs and params.echo else None
+        wanted = params.max_tokens if params.max_tokens is not None else limit
+        max_tokens = min(wanted, limit - len(prompt_ids))
+        # max_tokens 0 runs the model only to score the prompt
+        runs = max_tokens > 0 or prompt_sink is not None
         try:
-            wanted = params.max_tokens if params.max_tokens is not None else limit
-            max_tokens = min(wanted, limit - len(prompt_ids))
-            self.batch.add(
-                task.task_id,
-                prompt_ids,
-                SamplingParams(
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    min_p=params.min_p,
-                    seed=params.seed,
-                    max_tokens=max_tokens,
-                    repetition_penalty=params.repetition_penalty,
-                    presence_penalty=params.presence_penalty,
-                    frequency_penalty=params.frequency_penalty,
-                    constraint=constraint,
-                    top_logprobs=params.top_logprobs,
-                    logprob_sink=sink,
-                    prompt_logprob_sink=prompt_sink,
-                    logit_bias=tuple(params.logit_bias.items()),
-                ),
-            )
+            if runs:
+                sampling = _sampling(params, max_tokens, constraint, sink, prompt_sink)
+                self.batch.add(task.task_id, prompt_ids, sampling)
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
@@ -194,7 +179,7 @@ class Generation:
             echo_ids=list(prompt_ids) if params.echo else None,
             prompt_sink=prompt_sink,
         )
-        return []
+        return [] if runs else self._chunk(self.requests[task.task_id], "", -1, "length")
 
     def _token_error(self, name: str, ids: Iterable[int]) -> str | None:
         """Why the token ids a request's parameter ``name`` holds are not this model's, if
@@ -417,6 +402,31 @@ class Generation:
                 task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
             ),
         ]
+
+
+def _sampling(
+    params: TextGenerationTaskParams,
+    max_tokens: int,
+    constraint: GrammarConstraint | None,
+    sink: list[TokenLogprobs] | None,
+    prompt_sink: list[TokenLogprobs] | None,
+) -> SamplingParams:
+    return SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        seed=params.seed,
+        max_tokens=max_tokens,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        constraint=constraint,
+        top_logprobs=params.top_logprobs,
+        logprob_sink=sink,
+        prompt_logprob_sink=prompt_sink,
+        logit_bias=tuple(params.logit_bias.items()),
+    )
 
 
 def load_generation(
