@@ -187,8 +187,9 @@ class Generation:
         vocab = self.engine.config.vocab
         for i, token in enumerate(ids):
             if not 0 <= token < vocab:
+                where = "" if isinstance(ids, dict) else f" (item {i})"
                 return (
-                    f"{name}: token id {token} (item {i}) is not below the model's "
+                    f"{name}: token id {token}{where} is not below the model's "
                     f"vocabulary size of {vocab}"
                 )
         return None
