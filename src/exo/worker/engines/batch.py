@@ -17,41 +17,16 @@ decode that raises is retried one request at a time, so only the culprits fail.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast
+from typing import Literal
 
 import torch
 
-from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.kv_cache import KVCache, pages_for
-from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.models.base import StepInputs, StepModel
 from exo.worker.engines.prefix_cache import PrefixCache
 from exo.worker.engines.sampling import RequestSampler, SamplingParams, argmax_rows
 
 FinishReason = Literal["stop", "length", "error"]
-
-
-class SlotCache(Protocol):
-    def move_slot(self, src: int, dst: int, length: int) -> None: ...
-
-    def release(self, slot: int) -> None:
-        """Free the slot's cached positions (the request in it has ended)."""
-        ...
-
-
-class StepModel(Protocol):
-    """What the batcher needs of a model: `LlamaModel`, or a stand-in spanning several ranks."""
-
-    @property
-    def config(self) -> LlamaConfig: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def new_cache(self, max_batch: int, max_seq: int) -> SlotCache: ...
-
-    def forward(self, tokens: torch.Tensor, step: StepInputs, cache: KVCache) -> torch.Tensor:
-        """tokens [B, T] -> logits of each row's last position [B, V]."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +76,7 @@ class BatchGenerator:
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.cache = cast(KVCache, model.new_cache(max_batch, max_seq))
+        self.cache = model.new_cache(max_batch, max_seq)
         # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
         # distributed model each hold their own, which this batcher does not see).
         self.prefixes = (
