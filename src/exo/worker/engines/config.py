@@ -84,8 +84,9 @@ def check_layer_range(config: LlamaConfig, start_layer: int, end_layer: int) -> 
 
 
 MAX_CONTEXT_LENGTH = 2**24
-"""The largest context a model file may declare (real models declare 128k to 1M positions): a
-larger value is refused when the model is read, before a card offers it."""
+"""The largest context a model card may carry (real models declare 128k to 1M positions): a
+file declaring more is refused when its card is built. (The engine itself sizes everything by
+the context it serves, so it loads such a file without harm: `models/rotary.py`.)"""
 
 
 def check_context_length(context_length: int) -> None:

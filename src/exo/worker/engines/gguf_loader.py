@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from exo.worker.engines.config import LlamaConfig, check_context_length, check_layer_range
+from exo.worker.engines.config import LlamaConfig, check_layer_range
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
 from exo.worker.engines.models.base import ModelFamily
@@ -35,9 +35,7 @@ def gguf_family(f: GGUFFile) -> ModelFamily:
 
 def gguf_config(f: GGUFFile) -> LlamaConfig:
     """The model shape described by an open GGUF file's metadata."""
-    config = gguf_family(f).gguf_config(f)
-    check_context_length(config.context_length)
-    return config
+    return gguf_family(f).gguf_config(f)
 
 
 def load_gguf_config(path: Path) -> LlamaConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from exo.worker.engines.config import LlamaConfig, check_context_length, check_layer_range
+from exo.worker.engines.config import LlamaConfig, check_layer_range
 from exo.worker.engines.file_rows import SafetensorsFile
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
 from exo.worker.engines.models.base import ModelFamily
@@ -40,9 +40,7 @@ def hf_family(folder: Path) -> ModelFamily:
 def hf_config(folder: Path) -> LlamaConfig:
     """The model shape described by a Hugging Face folder's config.json."""
     raw = _raw_config(folder)
-    config = family_for_hf(str(raw.get("model_type", ""))).hf_config(raw, folder)
-    check_context_length(config.context_length)
-    return config
+    return family_for_hf(str(raw.get("model_type", ""))).hf_config(raw, folder)
 
 
 class _TensorSource(TensorSource):
