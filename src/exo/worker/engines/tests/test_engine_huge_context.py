@@ -8,11 +8,14 @@ serves (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed); cards refuse a declared
 
 import gc
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
+from exo.tests.node_process import free_port
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import DownloadError, HubSettings
 from exo.worker.download.local import card_from_path
@@ -86,3 +89,17 @@ def test_hub_cards_refuse_a_declared_context_above_2_to_the_24(tmp_path: Path) -
         with pytest.raises(DownloadError, match=r"org/hostile-GGUF: .*16777217 tokens") as refused:
             card_from_hub("org/hostile-GGUF:Q8_0", settings)
     assert refused.value.status == 400
+
+
+@pytest.mark.slow
+def test_a_node_refuses_such_a_file_with_one_clear_line(tmp_path: Path) -> None:
+    hostile = with_context_length(
+        write_gguf(tmp_path / "m.gguf", "Q8_0"), tmp_path / "hostile.gguf", 2**24 + 1
+    )
+    cmd = [sys.executable, "-m", "exo.cli", "--api-port", str(free_port()), "--threads", "1",
+           "--discovery-interface", "none", "--data-dir", str(tmp_path / "data"),
+           "--model", str(hostile)]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "declares a context of 16777217 tokens" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
