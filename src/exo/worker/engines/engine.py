@@ -25,10 +25,10 @@ from exo.worker.engines.models.base import (
     AllReduce,
     BuildOptions,
     EngineModel,
-    ModelFamily,
     ShardModel,
     no_all_reduce,
 )
+from exo.worker.engines.models.registry import Family
 from exo.worker.engines.safetensors_loader import hf_config, hf_family, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
@@ -46,7 +46,7 @@ def load_config(path: Path) -> LlamaConfig:
     return hf_config(path) if path.is_dir() else load_gguf_config(path)
 
 
-def load_family(path: Path) -> tuple[ModelFamily, LlamaConfig]:
+def load_family(path: Path) -> tuple[Family, LlamaConfig]:
     """The architecture family and model shape of a GGUF file or a Hugging Face folder."""
     if path.is_dir():
         return hf_family(path), hf_config(path)

@@ -14,9 +14,8 @@ import torch
 from exo.worker.engines.config import LlamaConfig, check_layer_range
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
-from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.gguf_meta import get
-from exo.worker.engines.models.registry import family_for_gguf
+from exo.worker.engines.models.registry import Family, family_for_gguf
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
     ProgressCallback,
@@ -28,7 +27,7 @@ from exo.worker.engines.weights import (
 __all__ = ["LlamaConfig", "gguf_config", "gguf_family", "load_gguf_config", "load_gguf_shard"]
 
 
-def gguf_family(f: GGUFFile) -> ModelFamily:
+def gguf_family(f: GGUFFile) -> Family:
     """The family of an open GGUF file (ValueError for an architecture none reads)."""
     return family_for_gguf(str(get(f.metadata, "general.architecture")))
 

@@ -14,9 +14,8 @@ import torch
 from exo.worker.engines.config import LlamaConfig, check_layer_range
 from exo.worker.engines.file_rows import SafetensorsFile
 from exo.worker.engines.materialise import DENSE_PLAN, StoragePlan, StoredTensor, TensorSource
-from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.hf_meta import JsonDict, read_chat_template, read_json
-from exo.worker.engines.models.registry import family_for_hf
+from exo.worker.engines.models.registry import Family, family_for_hf
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import (
     ProgressCallback,
@@ -32,7 +31,7 @@ def _raw_config(folder: Path) -> JsonDict:
     return read_json(folder / "config.json")
 
 
-def hf_family(folder: Path) -> ModelFamily:
+def hf_family(folder: Path) -> Family:
     """The family of a Hugging Face folder (ValueError for a model_type none reads)."""
     return family_for_hf(str(_raw_config(folder).get("model_type", "")))
 
@@ -110,7 +109,7 @@ def load_hf_shard(
 
 def _load(
     src: _TensorSource,
-    family: ModelFamily,
+    family: Family,
     config: LlamaConfig,
     start_layer: int,
     end_layer: int,

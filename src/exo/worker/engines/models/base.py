@@ -17,7 +17,7 @@ which the pipeline leader (`runner/distributed.py`) also is.
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import Tensor
@@ -32,6 +32,7 @@ from exo.worker.engines.weights import ShardWeights
 
 AllReduce = Callable[[Tensor], Tensor]
 JsonDict = dict[str, Any]
+Layer = TypeVar("Layer")
 
 
 def no_all_reduce(x: Tensor) -> Tensor:
@@ -130,9 +131,10 @@ class BuildOptions:
     own_weights: bool = False  # the model may re-lay the weights' blocks in place
 
 
-class ModelFamily(Protocol):
+class ModelFamily(Protocol[Layer]):
     """One architecture family: its names in both file formats, its config, its tensor names,
-    its tensor-parallel split and its forward pass. A new family is one module providing one."""
+    its tensor-parallel split and its forward pass. A new family is one module providing one.
+    `Layer` is the family's record of one layer's weights (the dense family's `LayerWeights`)."""
 
     @property
     def name(self) -> str: ...
@@ -151,11 +153,11 @@ class ModelFamily(Protocol):
 
     def hf_config(self, raw: JsonDict, folder: Path) -> LlamaConfig: ...
 
-    def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> Any:
+    def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> Layer:
         """Layer i's weights, from llama.cpp's tensor names, in the canonical layout."""
         ...
 
-    def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> Any:
+    def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> Layer:
         """Layer i's weights, from Hugging Face tensor names, in the canonical layout."""
         ...
 
@@ -164,10 +166,10 @@ class ModelFamily(Protocol):
         offset as the family stores its norms)."""
         ...
 
-    def slice_layer(self, layer: Any, config: LlamaConfig, rank: int, world: int) -> Any:
+    def slice_layer(self, layer: Layer, config: LlamaConfig, rank: int, world: int) -> Layer:
         """The share of one layer that tensor-parallel rank `rank` of `world` computes."""
         ...
 
-    def build(self, weights: ShardWeights, options: BuildOptions) -> ShardModel:
+    def build(self, weights: ShardWeights[Layer], options: BuildOptions) -> ShardModel:
         """The running model of a shard's weights (sharding already applied)."""
         ...

@@ -54,6 +54,7 @@ from exo.worker.engines.models.base import (
     AllReduce,
     BuildOptions,
     JsonDict,
+    ModelFamily,
     ShardModel,
     StepInputs,
     no_all_reduce,
@@ -330,4 +331,4 @@ class DenseFamily:
         )
 
 
-DENSE = DenseFamily()
+DENSE: ModelFamily[LayerWeights] = DenseFamily()

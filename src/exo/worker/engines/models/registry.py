@@ -1,10 +1,14 @@
 """The architecture families the engine runs, keyed by GGUF `general.architecture` and Hugging
 Face `model_type`. A new family is one module providing a `ModelFamily`, listed here."""
 
+from typing import Any
+
 from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.dense import DENSE
 
-FAMILIES: tuple[ModelFamily, ...] = (DENSE,)
+Family = ModelFamily[Any]  # each family has its own layer record
+
+FAMILIES: tuple[Family, ...] = (DENSE,)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
@@ -15,7 +19,7 @@ def supported_hf_model_types() -> tuple[str, ...]:
     return tuple(t for f in FAMILIES for t in f.hf_model_types)
 
 
-def family_for_gguf(architecture: str) -> ModelFamily:
+def family_for_gguf(architecture: str) -> Family:
     """The family of a GGUF file's `general.architecture`; ValueError naming it and the
     supported ones otherwise."""
     for family in FAMILIES:
@@ -27,7 +31,7 @@ def family_for_gguf(architecture: str) -> ModelFamily:
     )
 
 
-def family_for_hf(model_type: str) -> ModelFamily:
+def family_for_hf(model_type: str) -> Family:
     """The family of a Hugging Face `model_type`; ValueError naming it and the supported ones."""
     for family in FAMILIES:
         if model_type in family.hf_model_types:
