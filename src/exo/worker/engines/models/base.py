@@ -8,6 +8,12 @@ loader (`engine.load_model`) calls in order:
     layer i     = family.slice_layer(layer, config, rank, world)              tensor-parallel share
     model       = family.build(shard weights, ...)                            the forward pass
 
+Sharding stays out of the forward pass: the loader reads only the shard's layer range, applies
+the family's tensor-parallel split to each layer record as it is read (a rank never holds more
+than its share plus one layer), and the family builds its model from what is left, with the
+all-reduce that sums a rank's partial outputs (`BuildOptions.all_reduce`). A family whose config
+needs more fields (experts, MLA ranks) subclasses `LlamaConfig` (every field it adds defaulted).
+
 The model it builds is a `ShardModel`: a layer range with `embed`, `forward_layers` and `head`.
 The batcher sees only a `StepModel` (one forward over a step of a batch) and an `Engine` an
 `EngineModel` (that, plus its layer range and embeddings), which a single `ShardModel` is, and

@@ -1,5 +1,7 @@
 """The rotary tables of a model's layers, sized by the context actually served.
 
+    table[p, i] = exp(j p w_i)      w_i: the layer kind's frequencies (`rope.rope_frequencies`)
+
 A model's files declare its trained context (`context_length`: up to ~1M for real models, and
 whatever a hostile file says); a runner serves at most `runner_max_seq(context_length)`
 positions per request (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed when it sized the
