@@ -32,6 +32,7 @@ from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMet
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.engine import Engine, Shard, load_model
 from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.models.base import AllReduce, ShardModel, StepInputs, no_all_reduce
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
@@ -141,7 +142,7 @@ class LeaderModel:
         self.device = local.device
         self.start_layer = 0
         self.end_layer = local.config.n_layers
-        self.weight_format = local.weight_format
+        self.weight_format: WeightFormat = local.weight_format
 
     def send_header(self, header: Tensor) -> None:
         if self.kind == "tensor":
