@@ -23,6 +23,7 @@ from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
+from exo.worker.engines.config import check_context_length
 
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
 _HEAD_START = 1 << 20
@@ -90,7 +91,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         storage_size=Memory(in_bytes=sum(f.size for f in weights)),
-        context_length=int(raw.get("max_position_embeddings", 4096)),
+        context_length=_context(int(raw.get("max_position_embeddings", 4096)), hub.repo_id),
         architecture=str(raw.get("model_type", "unknown")),
         aliases=[name.lower()],
         hub=hub,
@@ -127,7 +128,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         num_heads=heads,
         num_kv_heads=key("attention.head_count_kv", heads),
         storage_size=Memory(in_bytes=sum(f.size for f in chosen)),
-        context_length=key("context_length", 4096),
+        context_length=_context(key("context_length", 4096), hub.repo_id),
         architecture=arch,
         aliases=[name.lower()],
         hub=pinned,
@@ -135,6 +136,15 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
         weight_format=(pinned.gguf_quant or "").upper(),
     )
+
+
+def _context(context_length: int, repo_id: str) -> int:
+    """A declared context a card may carry (at most 2^24 positions), else a clear refusal."""
+    try:
+        check_context_length(context_length)
+    except ValueError as e:
+        raise DownloadError(f"{repo_id}: {e}", 400) from e
+    return context_length
 
 
 def _hub_chat_template(hub: HubSource, settings: HubSettings) -> str | None:

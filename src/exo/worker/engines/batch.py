@@ -23,13 +23,12 @@ token (finish_reason "length").
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast
+from typing import Literal
 
 import torch
 
-from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.kv_cache import KVCache, pages_for
-from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.models.base import StepInputs, StepModel
 from exo.worker.engines.prefix_cache import PrefixCache
 from exo.worker.engines.sampling import (
     RequestSampler,
@@ -40,33 +39,6 @@ from exo.worker.engines.sampling import (
 )
 
 FinishReason = Literal["stop", "length", "error"]
-
-
-class SlotCache(Protocol):
-    def move_slot(self, src: int, dst: int, length: int) -> None: ...
-
-    def release(self, slot: int) -> None:
-        """Free the slot's cached positions (the request in it has ended)."""
-        ...
-
-
-class StepModel(Protocol):
-    """What the batcher needs of a model: `LlamaModel`, or a stand-in spanning several ranks."""
-
-    @property
-    def config(self) -> LlamaConfig: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def new_cache(self, max_batch: int, max_seq: int) -> SlotCache: ...
-
-    def forward(
-        self, tokens: torch.Tensor, step: StepInputs, cache: KVCache, every_position: bool = False
-    ) -> torch.Tensor:
-        """tokens [B, T] -> logits of each row's last position [B, V] (of every position
-        [B, T, V] with ``every_position``)."""
-        ...
 
 
 class NonFiniteLogits(ArithmeticError):
@@ -131,7 +103,7 @@ class BatchGenerator:
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.cache = cast(KVCache, model.new_cache(max_batch, max_seq))
+        self.cache = model.new_cache(max_batch, max_seq)
         # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
         # distributed model each hold their own, which this batcher does not see).
         self.prefixes = (
