@@ -179,6 +179,9 @@ def ollama_format(value: object) -> str | None:
 
 # ---------------------------------------------------------------- thinking
 
+# Every reasoning effort the openai SDK lists (openai.types.shared.ReasoningEffort).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
 
 def thinking_kwargs(
     effort: str | bool | None, extra: dict[str, str | bool] | None = None
