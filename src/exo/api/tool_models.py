@@ -10,7 +10,7 @@ from pydantic import Field
 from exo.api.errors import ApiError
 from exo.api.task_params import ApiModel
 from exo.shared.types.chunks import TokenLogprob
-from exo.shared.types.text_generation import ToolCall, ToolChoice, ToolSpec
+from exo.shared.types.text_generation import InputMessage, ToolCall, ToolChoice, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -177,10 +177,28 @@ def ollama_format(value: object) -> str | None:
     raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")
 
 
+def continues_final(messages: Sequence[InputMessage]) -> bool:
+    """Whether a conversation ends in a prefill: an assistant message (text, no calls)
+    that the answer continues (Claude and Ollama; OpenAI chat opens a new turn)."""
+    if not messages:
+        return False
+    last = messages[-1]
+    return last.role == "assistant" and bool(last.content) and not last.tool_calls
+
+
 # ---------------------------------------------------------------- thinking
 
 # Every reasoning effort the openai SDK lists (openai.types.shared.ReasoningEffort).
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+# What a chat template that can think mentions: the tag it opens or the switch it reads.
+_THINKING_MARKS = ("<think>", "enable_thinking", "reasoning_content", "reasoning_effort")
+
+
+def supports_thinking(template: str | None) -> bool:
+    """Whether a model's chat template knows thinking (a model without one does not)."""
+    return template is not None and any(mark in template for mark in _THINKING_MARKS)
 
 
 def thinking_kwargs(

@@ -12,7 +12,7 @@ from openai.types.shared import ReasoningEffort
 
 from exo.api.generation_events import ReasoningDelta, TextDelta
 from exo.api.reasoning import ReasoningSplitter
-from exo.api.tests.scripted_node import Script, ScriptedNode, ServedApp
+from exo.api.tests.scripted_node import Script, ScriptedNode, ServedApp, small_card
 
 OUTPUT = "<think>\nLet me see: 2+2.</think>\n\nIt is 4."
 THOUGHT, ANSWER = "Let me see: 2+2.", "It is 4."
@@ -40,6 +40,16 @@ def test_no_thought_and_unclosed_thought() -> None:
     assert split(["Plain ", "<think> is text here"]) == ("", "Plain <think> is text here")
     assert split(["<think>still going"]) == ("still going", "")
     assert split(["  ", "<thi", "nk>a</think>b"]) == ("a", "b")
+
+
+# A chat template that thinks (Ollama refuses think=true for a model whose template does not).
+THINKING_TEMPLATE = "{% if enable_thinking %}<think>{% endif %}{{ messages[-1]['content'] }}"
+
+
+@pytest.fixture
+def node() -> ScriptedNode:
+    card = small_card("test-org/model-1", ["m1"])
+    return ScriptedNode(cards=[card.model_copy(update={"chat_template": THINKING_TEMPLATE})])
 
 
 @pytest.fixture

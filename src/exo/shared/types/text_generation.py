@@ -79,5 +79,8 @@ class TextGenerationTaskParams(FrozenModel):
     top_logprobs: int = Field(default=0, ge=0, le=20)
     # Structured output: the answer is JSON following this schema (its JSON text).
     json_schema: str | None = None
+    # The conversation ends in an assistant message that the answer continues (a prefill,
+    # as Claude and Ollama do) instead of opening a new turn.
+    continue_final_message: bool = False
     # Extra variables for the chat template (enable_thinking, reasoning_effort...).
     template_kwargs: dict[str, str | bool] = {}

@@ -104,7 +104,10 @@ class Generation:
                 prefix = "" if constraint is not None else chat.prefix
                 prompt = (
                     tokenizer.render_chat(
-                        chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
+                        chat.messages,
+                        tools=chat.tools,
+                        template_kwargs=params.template_kwargs,
+                        continue_final=params.continue_final_message,
                     )
                     + prefix
                 )
