@@ -178,13 +178,14 @@ class Generation:
         )
         return []
 
-    def _context_error(self, context: Sequence[int]) -> str | None:
-        """Why an earlier answer's token ids cannot be this model's prompt, if they cannot."""
+    def _context_error(self, context: Sequence[int], name: str = "context") -> str | None:
+        """Why token ids (an earlier answer's, or an input's) cannot be this model's
+        prompt, if they cannot."""
         vocab = self.engine.config.vocab
         for i, token in enumerate(context):
             if token >= vocab:
                 return (
-                    f"context: token id {token} (item {i}) is not below the model's "
+                    f"{name}: token id {token} (item {i}) is not below the model's "
                     f"vocabulary size of {vocab}"
                 )
         return None
@@ -215,6 +216,11 @@ class Generation:
             ids = self.engine.tokenizer.encode(text, add_special_tokens=True)
         except Exception as e:  # this request is refused; the others go on
             return self._failed(task, f"{type(e).__name__}: {e}")
+        if params.context_tokens:  # token ids to embed as they are
+            error = self._context_error(params.context_tokens, "input")
+            if error is not None:
+                return self._failed(task, error, "invalid_request")
+            ids = list(params.context_tokens)
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if not ids:
             return self._failed(task, "the input has no tokens to embed", "invalid_request")
