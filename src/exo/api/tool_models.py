@@ -3,7 +3,7 @@
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field
 
@@ -166,14 +166,47 @@ def _format_schema(kind: FormatKind, schema: dict[str, Any] | None) -> str | Non
             return json.dumps(schema or {})
 
 
+# Keywords whose values are data, not schemas (and "not": closing an object inside a
+# negation would widen what the schema allows).
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "not"})
+# Keywords whose values map names to schemas (a property may be named "properties").
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def closed_objects(value: Any) -> Any:
+    """The schema ``value`` with every object schema in it that lists ``properties`` but
+    says nothing of ``additionalProperties`` closed to other keys, nested ones included
+    (as Ollama, through llama.cpp's schema grammar, reads such schemas; an object with
+    no ``properties`` stays any object)."""
+    if isinstance(value, list):
+        return [closed_objects(item) for item in cast(list[Any], value)]
+    if not isinstance(value, dict):
+        return value
+    schema = cast(dict[str, Any], value)
+    out: dict[str, Any] = {}
+    for key, item in schema.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = item
+        elif key in _SCHEMA_MAPS and isinstance(item, dict):
+            named = cast(dict[str, Any], item)
+            out[key] = {name: closed_objects(sub) for name, sub in named.items()}
+        else:
+            out[key] = closed_objects(item)
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def ollama_format(value: object) -> str | None:
-    """Ollama ``format``: "json", a JSON schema, or nothing."""
+    """Ollama ``format``: "json", a JSON schema (closed as Ollama closes it), or nothing."""
     if value is None or value == "":
         return None
     if value == "json":
         return JSON_OBJECT_SCHEMA
     if isinstance(value, dict):
-        return json.dumps(value)
+        return json.dumps(closed_objects(value))
     raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")
 
 
