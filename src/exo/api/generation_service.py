@@ -181,13 +181,9 @@ class Generation:
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                done = replace(
-                    event,
-                    reason=reason,
-                    tool_calls=calls,
-                    reasoning=reasoning,
-                    reasoning_tokens=self._thinking.reasoning_tokens if reasoning else 0,
-                )
+                thought = self._thinking.reasoning_tokens if reasoning else 0
+                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
+                               reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
