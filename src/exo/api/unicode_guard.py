@@ -20,21 +20,22 @@ _MAYBE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def lone_surrogate_at(value: object, path: str = "") -> str | None:
-    """Where (``messages.0.content``) a decoded JSON value holds a lone surrogate."""
-    if isinstance(value, str):
-        return path or "body" if _SURROGATE.search(value) else None
-    if isinstance(value, dict):
-        for key, item in value.items():  # pyright: ignore[reportUnknownVariableType]
-            where = f"{path}.{key}" if path else str(key)  # pyright: ignore[reportUnknownArgumentType]
-            found = lone_surrogate_at(key, where) or lone_surrogate_at(item, where)
-            if found is not None:
-                return found
-    if isinstance(value, list):
-        for i, item in enumerate(value):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-            found = lone_surrogate_at(item, f"{path}.{i}" if path else str(i))
-            if found is not None:
-                return found
+def lone_surrogate_at(value: object) -> str | None:
+    """Where (``messages.0.content``) a decoded JSON value holds a lone surrogate; walked
+    with a stack of its own, so any depth ``json`` decodes is fine."""
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return path or "body"
+        elif isinstance(item, dict):
+            for key, sub in reversed(list(item.items())):  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+                where = f"{path}.{key}" if path else str(key)  # pyright: ignore[reportUnknownArgumentType]
+                stack.extend([(where, sub), (where, key)])
+        elif isinstance(item, list):
+            for i in range(len(item) - 1, -1, -1):  # pyright: ignore[reportUnknownArgumentType]
+                stack.append((f"{path}.{i}" if path else str(i), item[i]))  # pyright: ignore[reportUnknownArgumentType]
     return None
 
 
@@ -45,7 +46,7 @@ def body_error(body: bytes) -> ApiError | None:
         return None
     try:
         value: object = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # the route reports it
         return None
     where = lone_surrogate_at(value)
     if where is None:

@@ -125,3 +125,12 @@ def test_the_api_roots_answer_in_their_own_shape(shared_server: ServedApp) -> No
     openai_root = httpx.get(shared_server.url + "/v1").json()
     assert openai_root["error"]["type"] == "not_found_error"
     assert isinstance(httpx.get(shared_server.url + "/api").json()["error"], str)
+
+
+def test_deeply_nested_bodies_with_a_surrogate_are_400(shared_server: ServedApp) -> None:
+    head = b'{"model": "m1", "messages": [{"role": "user", "content": "hi"}], "x": '
+    for depth in (900, 5000):  # one json decodes, one too deep for it
+        body = head + b"[" * depth + b'"\\ud800"' + b"]" * depth + b"}"
+        r = httpx.post(shared_server.url + "/v1/chat/completions", content=body)
+        assert r.status_code == 400, r.text[:300]
+        assert r.json()["error"]["message"]
