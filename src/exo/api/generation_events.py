@@ -71,6 +71,8 @@ class Finished:
     tool_calls: tuple[ToolCallEvent, ...] = ()
     # The whole thinking text, if the model thought.
     reasoning: str = ""
+    # How many of the output tokens were thinking.
+    reasoning_tokens: int = 0
     # Every output token's log-probability, when the request asked for them.
     logprobs: tuple[TokenLogprob, ...] = ()
     # An embedding request's vector.

@@ -170,9 +170,9 @@ class Generation:
         the request offered tools)."""
         match event:
             case TextDelta():
-                return self._calls(self._thinking.feed(event.text))
+                return self._calls(self._thinking.feed(event.text, self._translator.tokens))
             case Finished():
-                rest = self._calls(self._thinking.finish())
+                rest = self._calls(self._thinking.finish(self._translator.tokens))
                 reasoning = "".join(self._thinking.reasoning)
                 parser = self._tools
                 if parser is not None:
@@ -181,7 +181,9 @@ class Generation:
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning)
+                thought = self._thinking.reasoning_tokens if reasoning else 0
+                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
+                               reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]

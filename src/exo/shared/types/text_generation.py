@@ -88,5 +88,8 @@ class TextGenerationTaskParams(FrozenModel):
     echo: bool = False
     # OpenAI's logit_bias: token id -> bias added to its logit before sampling.
     logit_bias: dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]] = {}
+    # The conversation ends in an assistant message that the answer continues (a prefill,
+    # as Claude and Ollama do) instead of opening a new turn.
+    continue_final_message: bool = False
     # Extra variables for the chat template (enable_thinking, reasoning_effort...).
     template_kwargs: dict[str, str | bool] = {}

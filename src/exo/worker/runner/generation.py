@@ -111,7 +111,10 @@ class Generation:
                 prefix = "" if constraint is not None else chat.prefix
                 prompt = (
                     tokenizer.render_chat(
-                        chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
+                        chat.messages,
+                        tools=chat.tools,
+                        template_kwargs=params.template_kwargs,
+                        continue_final=params.continue_final_message,
                     )
                     + prefix
                 )
@@ -220,6 +223,11 @@ class Generation:
             ids = self.engine.tokenizer.encode(text, add_special_tokens=True)
         except Exception as e:  # this request is refused; the others go on
             return self._failed(task, f"{type(e).__name__}: {e}")
+        if params.context_tokens:  # token ids to embed as they are
+            error = self._token_error("input", params.context_tokens)
+            if error is not None:
+                return self._failed(task, error, "invalid_request")
+            ids = list(params.context_tokens)
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if not ids:
             return self._failed(task, "the input has no tokens to embed", "invalid_request")

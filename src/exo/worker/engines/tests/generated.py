@@ -108,19 +108,26 @@ def write_gguf_with_tokenizer(
     ffn: int = 512,
     heads: int = 4,
     kv_heads: int = 2,
+    chat_template: bool = True,
 ) -> Path:
     """`write_gguf` with the tokenizer and chat template of the GGUF file `tokenizer` (and its
-    vocabulary size): a file engines can be run on end to end."""
-    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, 0), tokenizer)
+    vocabulary size): a file engines can be run on end to end. ``chat_template`` False:
+    the file has none (as a base model's)."""
+    skip = () if chat_template else ("tokenizer.chat_template",)
+    return _write_gguf(path, recipe, (layers, hidden, ffn, heads, kv_heads, 0), tokenizer, skip)
 
 
 def _write_gguf(
-    path: Path, recipe: str, shape: tuple[int, int, int, int, int, int], tokenizer: Path | None
+    path: Path,
+    recipe: str,
+    shape: tuple[int, int, int, int, int, int],
+    tokenizer: Path | None,
+    skip: tuple[str, ...] = (),
 ) -> Path:
     layers, hidden, ffn, heads, kv_heads, vocab = shape
     w = GGUFWriter(str(path), "llama")
     if tokenizer is not None:
-        vocab = copy_tokenizer(w, tokenizer)
+        vocab = copy_tokenizer(w, tokenizer, skip)
     else:
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
@@ -159,13 +166,16 @@ def _write_gguf(
     return path
 
 
-def copy_tokenizer(w: GGUFWriter, source: Path) -> int:
-    """Copy the `tokenizer.*` metadata of the GGUF file `source`; returns its vocabulary size."""
+def copy_tokenizer(w: GGUFWriter, source: Path, skip: tuple[str, ...] = ()) -> int:
+    """Copy the `tokenizer.*` metadata of the GGUF file `source` (but the keys in `skip`);
+    returns its vocabulary size."""
     from exo.worker.engines.gguf_reader import GGUFFile
 
     f = GGUFFile(source)
     try:
-        meta = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")}
+        meta = {
+            k: v for k, v in f.metadata.items() if k.startswith("tokenizer.") and k not in skip
+        }
     finally:
         f.close()
     for key, value in meta.items():
