@@ -274,7 +274,8 @@ class RunnerSupervisor:
             waiter.set()
         self.pending.clear()
         try:
-            self.status = RunnerFailed(error_message=error_message)
+            deterministic = isinstance(self.status, RunnerFailed) and self.status.deterministic
+            self.status = RunnerFailed(error_message=error_message, deterministic=deterministic)
             with anyio.CancelScope(shield=True):
                 await self._event_sender.send(
                     RunnerStatusUpdated(runner_id=self.runner_id, runner_status=self.status)
