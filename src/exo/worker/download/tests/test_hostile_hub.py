@@ -169,3 +169,25 @@ async def test_the_worker_refuses_a_hostile_card_from_a_command(
     [failed] = reported
     assert isinstance(failed, DownloadFailed) and failed.status == 400
     assert "40-hex-digit commit" in failed.error_message
+
+
+def test_a_download_never_follows_a_link_out_of_the_cache(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path
+) -> None:
+    card = card_from_hub(f"{GGUF_REPO}:Q8_0", settings)
+    assert card.hub is not None
+    data = b"weights" * 300
+    hub.repos[GGUF_REPO].files["sub/model-Q8_0.gguf"] = data
+    hub.repos[GGUF_REPO].sha = card.hub.revision  # still the commit the card pinned
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = snapshot_dir(settings.cache_dir, card.hub)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.symlink(outside, folder / "sub")  # planted: a folder link out of the cache
+    f = HubFile(path="sub/model-Q8_0.gguf", size=len(data),
+                sha256=hashlib.sha256(data).hexdigest())
+    planted = _hostile(card, files=[f])
+    with pytest.raises(DownloadError) as caught:
+        download_files(planted, [f], settings, lambda n: None, threading.Event())
+    assert caught.value.status == 400 and "outside" in caught.value.message
+    assert list(outside.iterdir()) == []
