@@ -45,7 +45,7 @@ from exo.shared.types.worker.instances import Instance, instance_is_serving
 from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
-from exo.worker.download.cards import card_from_hub, parse_model_name
+from exo.worker.download.cards import card_from_hub, hub_name_problem, parse_model_name
 from exo.worker.download.hub import DownloadError, HubSettings
 
 Clock = Callable[[], int]
@@ -247,6 +247,9 @@ class GenerationService:
         except ApiError:
             in_catalogue = catalogue.hub_name(name)
             if in_catalogue is None and parse_model_name(name) is None:
+                if (problem := hub_name_problem(name)) is not None:  # no retry can help
+                    raise ApiError(400, problem, param="model", code="invalid_model_name",
+                                   headers={"x-should-retry": "false"}) from None
                 raise
         if in_catalogue is None:
             return await self.fetch_card(name)

@@ -23,9 +23,12 @@ from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
+from exo.worker.download.hub_names import hub_source_problem, repo_id_problem
 from exo.worker.engines.config import check_context_length
 
-_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+_QUANT = re.compile(r"^[\w.-]{1,64}$")
+UNSAFE_HUB_ANSWER = 502
+"""The status of a hub answer whose names would lead out of the cache."""
 _HEAD_START = 1 << 20
 _HEAD_MAX = 64 << 20
 # config.json's torch_dtype -> the safetensors dtype of the weights.
@@ -36,9 +39,21 @@ _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 def parse_model_name(name: str) -> tuple[str, str | None] | None:
     """``org/repo`` or ``org/repo:QUANT`` -> (repo, quant); None when it is neither."""
     repo, _, quant = name.strip().partition(":")
-    if not _REPO.match(repo) or (quant and not re.match(r"^[\w.-]+$", quant)):
+    if repo_id_problem(repo) is not None or (quant and not _QUANT.match(quant)):
         return None
     return repo, quant or None
+
+
+def hub_name_problem(name: str) -> str | None:
+    """Why a name written like a hub model (it has a ``/``) is not one, or None (a valid
+    hub name, or a name that does not look like one at all)."""
+    repo, _, quant = name.strip().partition(":")
+    if "/" not in repo:
+        return None
+    problem = repo_id_problem(repo)
+    if problem is None and quant and not _QUANT.match(quant):
+        problem = f"{quant!r} is not a quant name (letters, digits, '_', '-', '.')"
+    return problem
 
 
 def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
@@ -60,6 +75,10 @@ def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
             for s in info.siblings
         ]
         hub = HubSource(repo_id=repo_id, revision=info.sha, files=files)
+        problem = hub_source_problem(hub)
+        if problem is not None:
+            raise DownloadError(f"the hub's answer for {repo_id} is refused: {problem}",
+                                UNSAFE_HUB_ANSWER)
         if quant is not None or (gguf_files(files) and not _has_safetensors(files)):
             return _gguf_card(name, hub, quant, settings)
         return _safetensors_card(name, hub, settings)
