@@ -16,6 +16,7 @@ import anyio
 import uvicorn
 from loguru import logger
 
+from exo.api.connection_guard import server_config
 from exo.api.main import ApiSettings, create_app
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
@@ -275,8 +276,8 @@ class Node:
         app = create_app(self, api_settings)
         sock = _bind(self.config.api.host, self.config.api.port)
         self.api_port = sock.getsockname()[1]
-        server = _ApiServer(
-            uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
+        server = _ApiServer(  # with a deadline for request heads (half-open connections)
+            server_config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=2)
         )
         try:
             async with anyio.create_task_group() as tg:

@@ -23,7 +23,14 @@ from exo.api.generation_events import (
 from exo.api.generation_service import GenerationService
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import NO_VISION, ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import Tools, arguments_text, json_object, schema_text, thinking_kwargs
+from exo.api.tool_models import (
+    Tools,
+    arguments_text,
+    continues_final,
+    json_object,
+    schema_text,
+    thinking_kwargs,
+)
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
@@ -206,7 +213,7 @@ def messages_task_params(request: MessagesRequest, card: ModelCard) -> TextGener
         template_kwargs=thinking_kwargs(
             None if request.thinking is None else request.thinking.type != "disabled"
         ),
-    )
+    ).model_copy(update={"continue_final_message": continues_final(messages)})
 
 
 def stop_reason(reason: FinishKind) -> str:

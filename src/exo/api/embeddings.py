@@ -10,6 +10,7 @@ Several inputs are embedded one after another, each in its own slot.
 import base64
 import struct
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
@@ -30,7 +31,7 @@ MAX_INPUTS = 2048
 
 
 def _texts(value: object) -> object:
-    """A string is one input; token-id arrays are refused by name (we embed text)."""
+    """A string is one input; token-id arrays are refused by name (Ollama embeds text)."""
     if isinstance(value, str):
         return [value]
     if isinstance(value, list) and any(
@@ -41,16 +42,42 @@ def _texts(value: object) -> object:
     return value
 
 
+def _is_ids(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) > 0  # pyright: ignore[reportUnknownArgumentType]
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)  # pyright: ignore[reportUnknownVariableType]
+    )
+
+
+def _openai_inputs(value: object) -> object:
+    """OpenAI's four forms: a string, an array of strings, an array of token ids (one
+    input), an array of token-id arrays."""
+    if isinstance(value, str) or _is_ids(value):
+        return [value]
+    return value
+
+
+TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+Text = Annotated[str, Field(min_length=1)]
+# An input: text, or the token ids of a text (in the model's own vocabulary).
+EmbedInput = Text | TokenIds
+
 Inputs = Annotated[
-    list[Annotated[str, Field(min_length=1)]],
+    list[Text],
     BeforeValidator(_texts),
+    Field(min_length=1, max_length=MAX_INPUTS),
+]
+OpenAIInputs = Annotated[
+    list[EmbedInput],
+    BeforeValidator(_openai_inputs),
     Field(min_length=1, max_length=MAX_INPUTS),
 ]
 
 
 class OpenAIEmbeddingRequest(ApiModel):
     model: str
-    input: Inputs
+    input: OpenAIInputs
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
@@ -69,8 +96,11 @@ class OllamaLegacyEmbeddingRequest(ApiModel):
 
 
 def embedding_task_params(
-    card: ModelCard, text: str, truncate: bool = False
+    card: ModelCard, item: str | list[int], truncate: bool = False
 ) -> TextGenerationTaskParams:
+    """The task embedding a text, or token ids (the runner checks them against its
+    vocabulary and embeds them as they are)."""
+    text = item if isinstance(item, str) else ""
     return TextGenerationTaskParams(
         model=card.model_id,
         input=[InputMessage(role="user", content=text)],
@@ -78,6 +108,7 @@ def embedding_task_params(
         embed=True,
         truncate=truncate,
         max_tokens=1,
+        context_tokens=[] if isinstance(item, str) else list(item),
     )
 
 
@@ -90,10 +121,10 @@ async def embed_all(
     service: GenerationService,
     request: Request,
     card: ModelCard,
-    texts: list[str],
+    texts: Sequence[str | list[int]],
     truncate: bool = False,
 ) -> tuple[list[list[float]], int] | None:
-    """Each text's vector and the tokens they took; None when the client went away."""
+    """Each input's vector and the tokens they took; None when the client went away."""
     vectors: list[list[float]] = []
     tokens = 0
     for text in texts:

@@ -28,9 +28,9 @@ class ApiFamily(Enum):
 def family_for_path(path: str) -> ApiFamily:
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return ApiFamily.CLAUDE
-    if path.startswith("/v1/"):
+    if path == "/v1" or path.startswith("/v1/"):
         return ApiFamily.OPENAI
-    if path.startswith("/api/"):
+    if path == "/api" or path.startswith("/api/"):
         return ApiFamily.OLLAMA
     return ApiFamily.EXO
 

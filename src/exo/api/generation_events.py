@@ -13,7 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from exo.shared.types.chunks import Chunk, ErrorChunk, ErrorCode, TokenChunk, TokenLogprob, Usage
+from exo.shared.types.chunks import (
+    Chunk,
+    EchoedPrompt,
+    ErrorChunk,
+    ErrorCode,
+    TokenChunk,
+    TokenLogprob,
+    Usage,
+)
 
 FinishKind = Literal["stop", "length", "stop_sequence", "cancelled", "tool_calls"]
 
@@ -63,12 +71,16 @@ class Finished:
     tool_calls: tuple[ToolCallEvent, ...] = ()
     # The whole thinking text, if the model thought.
     reasoning: str = ""
+    # How many of the output tokens were thinking.
+    reasoning_tokens: int = 0
     # Every output token's log-probability, when the request asked for them.
     logprobs: tuple[TokenLogprob, ...] = ()
     # An embedding request's vector.
     embedding: tuple[float, ...] = ()
     # The prompt's and the output's token ids, when the request asked for them.
     context: tuple[int, ...] | None = None
+    # The prompt as the model read it, when the request asked for it (completions' echo).
+    echo: EchoedPrompt | None = None
 
 
 @dataclass(frozen=True)
@@ -186,6 +198,8 @@ class ChunkTranslator:
                 done = replace(done, embedding=tuple(chunk.embedding))
             if chunk.context is not None:
                 done = replace(done, context=tuple(chunk.context))
+            if chunk.echo is not None:
+                done = replace(done, echo=chunk.echo)
             events[-1] = done
         return events
 

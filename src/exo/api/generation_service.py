@@ -45,7 +45,7 @@ from exo.shared.types.worker.instances import Instance, instance_is_serving
 from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
-from exo.worker.download.cards import card_from_hub, parse_model_name
+from exo.worker.download.cards import card_from_hub, hub_name_problem, parse_model_name
 from exo.worker.download.hub import DownloadError, HubSettings
 
 Clock = Callable[[], int]
@@ -170,9 +170,9 @@ class Generation:
         the request offered tools)."""
         match event:
             case TextDelta():
-                return self._calls(self._thinking.feed(event.text))
+                return self._calls(self._thinking.feed(event.text, self._translator.tokens))
             case Finished():
-                rest = self._calls(self._thinking.finish())
+                rest = self._calls(self._thinking.finish(self._translator.tokens))
                 reasoning = "".join(self._thinking.reasoning)
                 parser = self._tools
                 if parser is not None:
@@ -181,7 +181,9 @@ class Generation:
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning)
+                thought = self._thinking.reasoning_tokens if reasoning else 0
+                done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
+                               reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
@@ -245,6 +247,9 @@ class GenerationService:
         except ApiError:
             in_catalogue = catalogue.hub_name(name)
             if in_catalogue is None and parse_model_name(name) is None:
+                if (problem := hub_name_problem(name)) is not None:  # no retry can help
+                    raise ApiError(400, problem, param="model", code="invalid_model_name",
+                                   headers={"x-should-retry": "false"}) from None
                 raise
         if in_catalogue is None:
             return await self.fetch_card(name)

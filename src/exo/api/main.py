@@ -25,6 +25,7 @@ from exo.api.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, Metric
 from exo.api.request_guard import RequestGuard
 from exo.api.settings import ApiSettings
 from exo.api.streaming import COMMAND_ID_HEADER
+from exo.api.unicode_guard import UnicodeGuard
 
 __all__ = ["ApiSettings", "create_app"]
 
@@ -52,6 +53,7 @@ def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before
     # the key check (browsers send no credentials there).
+    app.add_middleware(UnicodeGuard)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)
     if settings.cors_origins:

@@ -40,9 +40,11 @@ from exo.api.tool_models import (
     FunctionTool,
     OpenAIToolChoice,
     arguments_text,
+    continues_final,
     json_object,
     ollama_format,
     openai_tools,
+    supports_thinking,
     thinking_kwargs,
 )
 from exo.shared.models.model_cards import ModelCard
@@ -177,6 +179,12 @@ class ShowRequest(NamedModelRequest):
     pass
 
 
+def check_thinking(think: bool | str | None, name: str, card: ModelCard) -> None:
+    """As Ollama: thinking asked of a model that cannot think is a 400."""
+    if think is not None and think is not False and not supports_thinking(card.chat_template):
+        raise ApiError(400, f'"{name}" does not support thinking', param="think")
+
+
 def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages = [m.message(i) for i, m in enumerate(request.messages)]
     tools = openai_tools(request.tools, request.tool_choice)
@@ -192,7 +200,7 @@ def chat_task_params(request: ChatRequest, card: ModelCard) -> TextGenerationTas
         forced_tool=tools.forced,
         template_kwargs=thinking_kwargs(request.think),
         json_schema=ollama_format(request.format),
-    )
+    ).model_copy(update={"continue_final_message": continues_final(messages)})
 
 
 def _context_tokens(request: GenerateRequest, card: ModelCard) -> list[int]:
@@ -401,6 +409,7 @@ def router(service: GenerationService) -> APIRouter:
     @api.post("/api/chat", response_model=None)
     async def chat(body: ChatRequest, request: Request) -> Response:
         card = await resolve(service, body.model)
+        check_thinking(body.think, body.model, card)
         if not body.messages:
             return JSONResponse(await load_or_unload("chat", card, body.keep_alive))
         params = chat_task_params(body, card)
@@ -411,6 +420,7 @@ def router(service: GenerationService) -> APIRouter:
     @api.post("/api/generate", response_model=None)
     async def generate(body: GenerateRequest, request: Request) -> Response:
         card = await resolve(service, body.model)
+        check_thinking(body.think, body.model, card)
         if not body.prompt and not body.system:
             return JSONResponse(await load_or_unload("generate", card, body.keep_alive))
         params = generate_task_params(body, card)

@@ -4,7 +4,9 @@ import hashlib
 import re
 from typing import Any
 
+from exo.api.tool_models import supports_thinking
 from exo.shared.models.model_cards import ModelCard
+from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 
 
 def digest(card: ModelCard) -> str:
@@ -80,12 +82,26 @@ def tag_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
     }
 
 
+# The modelfile's note on a model whose files carry no chat template.
+NO_TEMPLATE_NOTE = (
+    "# This model has no chat template: conversations are rendered plainly, "
+    "one 'User: ...' / 'Assistant: ...' line per message.\n"
+)
+
+
+def capabilities(card: ModelCard) -> list[str]:
+    """Ollama's capability names: every model completes and calls tools (a template
+    that does not know tools is taught them), a thinking template thinks."""
+    return ["completion", "tools", *(["thinking"] if supports_thinking(card.chat_template) else [])]
+
+
 def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
     arch = card.architecture
+    template = card.chat_template
     return {
-        "modelfile": f"FROM {card.model_id}\n",
+        "modelfile": (NO_TEMPLATE_NOTE if template is None else "") + f"FROM {card.model_id}\n",
         "parameters": "",
-        "template": card.chat_template or "",
+        "template": FALLBACK_TEMPLATE if template is None else template,
         "details": details(card),
         "model_info": {
             "general.architecture": arch,
@@ -96,7 +112,7 @@ def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
             f"{arch}.attention.head_count": card.num_heads,
             f"{arch}.attention.head_count_kv": card.num_kv_heads,
         },
-        "capabilities": ["completion"],
+        "capabilities": capabilities(card),
         "modified_at": modified_at,
     }
 

@@ -32,6 +32,7 @@ from exo.api.tool_models import (
     CallIn,
     FunctionTool,
     OpenAIToolChoice,
+    ReasoningEffort,
     ResponseFormat,
     logprob_json,
     openai_tools,
@@ -92,7 +93,7 @@ class ChatCompletionRequest(SamplingOptions):
     tool_choice: OpenAIToolChoice | None = None
     parallel_tool_calls: bool = True
     response_format: ResponseFormat | None = None
-    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    reasoning_effort: ReasoningEffort | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # An extension many OpenAI-compatible servers accept.

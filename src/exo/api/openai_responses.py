@@ -40,12 +40,12 @@ def message_id(command_id: CommandId) -> str:
     return f"msg_{command_id}"
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
+def usage_json(usage: Usage, reasoning_tokens: int = 0) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -112,6 +112,7 @@ class ResponseShape:
         output: list[dict[str, Any]],
         usage: Usage | None = None,
         error: str | None = None,
+        reasoning_tokens: int = 0,
     ) -> dict[str, Any]:
         request = self._request
         done = status not in ("in_progress",)
@@ -137,7 +138,7 @@ class ResponseShape:
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if status == "incomplete" else None
             ),
-            "usage": usage_json(usage) if (usage is not None and done) else None,
+            "usage": usage_json(usage, reasoning_tokens) if (usage is not None and done) else None,
         }
 
 
@@ -170,7 +171,9 @@ def whole_response(shape: ResponseShape, text: str, finished: Finished) -> dict[
     if text or not finished.tool_calls:
         output.append(message_item(shape.command_id, text, item_status, finished.logprobs))
     output.extend(function_call_item(call) for call in finished.tool_calls)
-    return shape.render(status, output, finished.usage)
+    return shape.render(
+        status, output, finished.usage, reasoning_tokens=finished.reasoning_tokens
+    )
 
 
 class ResponsesStreamEncoder:
@@ -324,7 +327,9 @@ class ResponsesStreamEncoder:
         out = [*self._close_reasoning(), *self._close_message(item_status)]
         if not self._items:  # an empty answer is still a message
             out = [*self._open_message(), *self._close_message(item_status)]
-        final = self._shape.render(status, self._items, finished.usage)
+        final = self._shape.render(
+            status, self._items, finished.usage, reasoning_tokens=finished.reasoning_tokens
+        )
         if self._on_final is not None:
             self._on_final(final)
         final_kind = "response.completed" if status == "completed" else "response.incomplete"

@@ -7,7 +7,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 
 from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
-from exo.api.tool_models import TextFormat, Tools, schema_text, thinking_kwargs
+from exo.api.tool_models import (
+    ReasoningEffort,
+    TextFormat,
+    Tools,
+    schema_text,
+    thinking_kwargs,
+)
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.text_generation import (
     InputMessage,
@@ -87,7 +93,7 @@ class ResponsesNamedChoice(ApiModel):
 
 
 class ReasoningOptions(ApiModel):
-    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    effort: ReasoningEffort | None = None
 
 
 class TextOptions(ApiModel):

@@ -109,6 +109,12 @@ class Sampling:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # OpenAI's logit_bias: token id -> bias (the runner checks the ids against its vocabulary).
+    logit_bias: dict[int, float] | None = None
+
+
+TokenId = Annotated[int, Field(ge=0)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0)]
 
 
 class SamplingOptions(ApiModel):
@@ -124,6 +130,8 @@ class SamplingOptions(ApiModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # OpenAI's logit_bias: {"token id": bias in -100..100}; empty or null: none.
+    logit_bias: dict[TokenId, Bias] | None = None
 
     def to_sampling(self, max_tokens: int | None) -> Sampling:
         return Sampling(
@@ -137,6 +145,7 @@ class SamplingOptions(ApiModel):
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
+            logit_bias=dict(self.logit_bias) if self.logit_bias else None,
         )
 
 

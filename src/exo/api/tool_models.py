@@ -3,14 +3,14 @@
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.task_params import ApiModel
 from exo.shared.types.chunks import TokenLogprob
-from exo.shared.types.text_generation import ToolCall, ToolChoice, ToolSpec
+from exo.shared.types.text_generation import InputMessage, ToolCall, ToolChoice, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -166,18 +166,72 @@ def _format_schema(kind: FormatKind, schema: dict[str, Any] | None) -> str | Non
             return json.dumps(schema or {})
 
 
+# Keywords whose values are data, not schemas (and "not": closing an object inside a
+# negation would widen what the schema allows).
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "not"})
+# Keywords whose values map names to schemas (a property may be named "properties").
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+def closed_objects(value: Any) -> Any:
+    """The schema ``value`` with every object schema in it that lists ``properties`` but
+    says nothing of ``additionalProperties`` closed to other keys, nested ones included
+    (as Ollama, through llama.cpp's schema grammar, reads such schemas; an object with
+    no ``properties`` stays any object)."""
+    if isinstance(value, list):
+        return [closed_objects(item) for item in cast(list[Any], value)]
+    if not isinstance(value, dict):
+        return value
+    schema = cast(dict[str, Any], value)
+    out: dict[str, Any] = {}
+    for key, item in schema.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = item
+        elif key in _SCHEMA_MAPS and isinstance(item, dict):
+            named = cast(dict[str, Any], item)
+            out[key] = {name: closed_objects(sub) for name, sub in named.items()}
+        else:
+            out[key] = closed_objects(item)
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def ollama_format(value: object) -> str | None:
-    """Ollama ``format``: "json", a JSON schema, or nothing."""
+    """Ollama ``format``: "json", a JSON schema (closed as Ollama closes it), or nothing."""
     if value is None or value == "":
         return None
     if value == "json":
         return JSON_OBJECT_SCHEMA
     if isinstance(value, dict):
-        return json.dumps(value)
+        return json.dumps(closed_objects(value))
     raise ApiError(400, 'format: must be "json" or a JSON schema object', param="format")
 
 
+def continues_final(messages: Sequence[InputMessage]) -> bool:
+    """Whether a conversation ends in a prefill: an assistant message (text, no calls)
+    that the answer continues (Claude and Ollama; OpenAI chat opens a new turn)."""
+    if not messages:
+        return False
+    last = messages[-1]
+    return last.role == "assistant" and bool(last.content) and not last.tool_calls
+
+
 # ---------------------------------------------------------------- thinking
+
+# Every reasoning effort the openai SDK lists (openai.types.shared.ReasoningEffort).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
+# What a chat template that can think mentions: the tag it opens or the switch it reads.
+_THINKING_MARKS = ("<think>", "enable_thinking", "reasoning_content", "reasoning_effort")
+
+
+def supports_thinking(template: str | None) -> bool:
+    """Whether a model's chat template knows thinking (a model without one does not)."""
+    return template is not None and any(mark in template for mark in _THINKING_MARKS)
 
 
 def thinking_kwargs(

@@ -83,7 +83,7 @@ class ClusterLink:
         net = self._running_network
         self.peers = Peers(self.node_id, clock, config.node_timeout_s)
         self.driver = ElectionDriver(config, self.replica, self.peers, clock, net)
-        self.sequencer = Sequencer(host, self.replica, self.peers, net)
+        self.sequencer = Sequencer(host, self.replica, self.peers, net, clock)
         self.delivery = Delivery(
             config, host, self.sequencer, clock, net,
             master=lambda: self.driver.master,

@@ -10,6 +10,7 @@ and it counts as done (retrying would fail again and hold up everything queued b
 it). Whatever part of it reached this node's own state is undone by a resync from the
 master's state, so no node keeps a state the log does not have."""
 
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -36,7 +37,11 @@ from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import Event, IndexedEvent, NodeTimedOut, TopologyEdgeCreated
 from exo.utils.channels import channel
+from exo.utils.flood_gate import FloodGate
 
+PEER_EVENTS_PER_S = 500.0
+PEER_EVENTS_BURST = 4000.0
+"""Local events the master takes from one peer: sustained per second, and at once."""
 REMEMBERED_COMMANDS = 10_000
 """Commands the master remembers having handled (a retry of an older one is rare)."""
 
@@ -52,8 +57,11 @@ class Sequencer:
         replica: Replica,
         peers: Peers,
         network: Callable[[], ClusterNetwork],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._host = host
+        self._clock = clock
+        self.event_gate = FloodGate(PEER_EVENTS_PER_S, PEER_EVENTS_BURST)
         self._replica = replica
         self._peers = peers
         self._network = network
@@ -165,6 +173,14 @@ class Sequencer:
 
     async def serve_local_events(self, msg: LocalEventsMsg) -> Ack:
         self._peers.contacted(msg.node_id)
+        now = self._clock()
+        if not self.event_gate.admit(msg.node_id, len(msg.events), now):
+            # A flood: refused (an honest sender retries the batch later), counted, and
+            # logged at most once a second.
+            if (dropped := self.event_gate.report(msg.node_id, now)) is not None:
+                logger.warning(f"cluster: {msg.node_id} sends local events faster than "
+                               f"{self.event_gate.rate_per_s:g}/s: {dropped} refused since the last report")
+            return Ack(accepted=False)
         return Ack(accepted=await self.emit_all(msg.events))
 
     async def serve_catch_up(self, request: CatchUpRequest) -> CatchUpReply:

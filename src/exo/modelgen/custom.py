@@ -15,7 +15,7 @@ from exo.modelgen.families.llama import CHAT, dense_hf_config, dense_metadata
 from exo.modelgen.gguf_out import write_gguf
 from exo.modelgen.recipes import recipe
 from exo.modelgen.safetensors_out import write_safetensors
-from exo.modelgen.vocab import Vocabulary, vocabulary
+from exo.modelgen.vocab import Vocabulary, vocabulary, without_template
 
 
 def llama_blueprint(shape: DenseShape, vocab: int) -> Blueprint:
@@ -49,16 +49,22 @@ class Size:
                           rope_theta=10000.0)  # fmt: skip
 
 
-def _model(size: Size, tokenizer: Path | None) -> tuple[Blueprint, Vocabulary | int]:
+def _model(
+    size: Size, tokenizer: Path | None, chat_template: bool = True
+) -> tuple[Blueprint, Vocabulary | int]:
     v = size.vocab if tokenizer is None else vocabulary(CHAT, tokenizer)
+    if isinstance(v, Vocabulary) and not chat_template:
+        v = without_template(v)
     return llama_blueprint(size.shape, v if isinstance(v, int) else v.size), v
 
 
 def llama_gguf(
-    path: Path, quant: str, size: Size = Size(), *, tokenizer: Path | None = None, seed: int = 0
-) -> Path:
-    """A llama GGUF of `size` in recipe `quant` (a GGUF type name, or Q4_K_M / Q5_K_M)."""
-    bp, v = _model(size, tokenizer)
+    path: Path, quant: str, size: Size = Size(), *, tokenizer: Path | None = None, seed: int = 0,
+    chat_template: bool = True,
+) -> Path:  # fmt: skip
+    """A llama GGUF of `size` in recipe `quant` (a GGUF type name, or Q4_K_M / Q5_K_M);
+    `chat_template` False: with a tokenizer but no template (as a base model's file)."""
+    bp, v = _model(size, tokenizer, chat_template)
     return write_gguf(path, bp, recipe(quant), v, name=path.stem, seed=seed)
 
 

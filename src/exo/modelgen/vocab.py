@@ -1,6 +1,7 @@
 """The generated models' vocabulary: SmolLM2's byte-level BPE (from the embedded model's GGUF,
 found as exo finds it) plus the family's special tokens, with the family's chat template."""
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ def vocabulary(chat: ChatFormat, source: Path | None = None) -> Vocabulary:
 
 def gguf_items(v: Vocabulary) -> tuple[MetaItem, ...]:
     s, u32, b = GGUFValueType.STRING, GGUFValueType.UINT32, GGUFValueType.BOOL
+    template = (MetaItem("tokenizer.chat_template", v.chat.template, s),) if v.chat.template else ()
     return (
         MetaItem("tokenizer.ggml.model", "gpt2", s),
         MetaItem("tokenizer.ggml.pre", v.pre, s),
@@ -78,7 +80,7 @@ def gguf_items(v: Vocabulary) -> tuple[MetaItem, ...]:
         MetaItem("tokenizer.ggml.padding_token_id", v.eos_id, u32),
         MetaItem("tokenizer.ggml.add_bos_token", v.chat.add_bos, b),
         MetaItem("tokenizer.ggml.add_space_prefix", False, b),
-        MetaItem("tokenizer.chat_template", v.chat.template, s),
+        *template,
     )
 
 
@@ -99,19 +101,25 @@ def write_hf_tokenizer(v: Vocabulary, folder: Path, context: int) -> None:
         "tokenizer.ggml.pre": v.pre,
     }
     build_byte_level_bpe(meta).save(str(folder / "tokenizer.json"))
-    config = {
+    config: dict[str, object] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": v.chat.bos,
         "eos_token": v.chat.eos,
         "add_bos_token": v.chat.add_bos,
         "model_max_length": context,
-        "chat_template": v.chat.template,
     }
+    if v.chat.template:
+        config["chat_template"] = v.chat.template
+        (folder / "chat_template.jinja").write_text(v.chat.template, encoding="utf-8")
     _write_json(folder / "tokenizer_config.json", config)
     _write_json(
         folder / "special_tokens_map.json", {"bos_token": v.chat.bos, "eos_token": v.chat.eos}
     )
-    (folder / "chat_template.jinja").write_text(v.chat.template, encoding="utf-8")
+
+
+def without_template(v: Vocabulary) -> Vocabulary:
+    """The same vocabulary with no chat template (as a base model's files have none)."""
+    return dataclasses.replace(v, chat=dataclasses.replace(v.chat, template=""))
 
 
 def _write_json(path: Path, value: object) -> None:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import TypeVar
 
 import anyio
@@ -197,13 +197,21 @@ class Transport:
         else:
             logger.warning(f"rejected a message from {peer} on {context}: {reason}{more}")
 
+    @cached_property
+    def _drop_log(self) -> RateLimitedLog:
+        return RateLimitedLog(period_s=1.0)
+
     def offer(self, stream: MemoryObjectSendStream[T], item: T, what: str) -> None:
-        """Hand an authentic item to a reader without waiting; a full buffer drops it."""
+        """Hand an authentic item to a reader without waiting; a full buffer drops it
+        (counted; logged at most once a second per reader, with the count held back)."""
         try:
             stream.send_nowait(item)
         except anyio.WouldBlock:
             self.stats.dropped += 1
-            logger.warning(f"{what}: reader too slow, buffer full, message dropped")
+            held = self._drop_log.admit(what, time.monotonic())
+            if held is not None:
+                more = f" ({held} more dropped since the last report)" if held else ""
+                logger.warning(f"{what}: reader too slow, buffer full, message dropped{more}")
             return
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             return  # the reader closed its end: nobody wants this any more

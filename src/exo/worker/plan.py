@@ -148,6 +148,13 @@ def _create_runner(
         if sibling_failed and not we_failed:
             continue
         attempts = instance_backoff.attempts(instance.instance_id)
+        failed = state.runners.get(runner_id)
+        if isinstance(failed, RunnerFailed) and failed.deterministic:
+            return AbandonInstance(
+                instance_id=instance.instance_id,
+                reason=f"runner failed: {failed.error_message} (not retried: it would fail "
+                "the same way)",
+            )
         if attempts >= EXO_MAX_INSTANCE_RETRIES:
             last = state.runners.get(runner_id)
             detail = f": {last.error_message}" if isinstance(last, RunnerFailed) else ""

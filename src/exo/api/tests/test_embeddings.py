@@ -48,3 +48,22 @@ def test_ollama_embed_shapes(server: ServedApp) -> None:
     assert list(client.embeddings(model="m1", prompt="a").embedding) == VECTOR
     r = httpx.post(f"{server.url}/api/embed", json={"model": "m1", "input": []}, timeout=10)
     assert r.status_code == 400 and "input" in r.json()["error"]
+
+
+def test_openai_token_id_inputs_become_embed_tasks_of_those_ids(
+    server: ServedApp, node: ScriptedNode
+) -> None:
+    client = oa(server)
+    out = client.embeddings.create(model="m1", input=[[12, 34, 56], [7]])
+    assert len(out.data) == 2
+    tasks = [g.task_params for g in node.generations[-2:]]
+    assert [(t.embed, t.context_tokens) for t in tasks] == [(True, [12, 34, 56]), (True, [7])]
+    client.embeddings.create(model="m1", input=[12, 34])  # one input, as an id array
+    assert node.generations[-1].task_params.context_tokens == [12, 34]
+    for bad in ([[]], [[1, -1]], [["a"]], [[1.5]], [True]):
+        r = httpx.post(f"{server.url}/v1/embeddings", json={"model": "m1", "input": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"].startswith("input")
+    # Ollama embeds text only, as Ollama does.
+    r = httpx.post(f"{server.url}/api/embed", json={"model": "m1", "input": [[1, 2]]})
+    assert r.status_code == 400

@@ -5,6 +5,7 @@ from typing import Any
 
 import httpx
 import ollama
+import openai
 import pytest
 
 from exo.api.tests.scripted_node import TEXT, Script, ScriptedNode, ServedApp
@@ -144,3 +145,34 @@ def test_bad_generate_context_is_a_400_naming_it(
     assert r.status_code == 400, r.text
     assert expected in r.json()["error"]
     assert len(node.generations) == before
+
+
+def test_a_format_schema_is_closed_at_every_level(server: ServedApp, node: ScriptedNode) -> None:
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+            "c": {"type": "array", "items": {"type": "object", "properties": {"d": {}}}},
+            "e": {"type": "object", "properties": {}, "additionalProperties": True},
+            "f": {"type": "object"},
+        },
+        "$defs": {"g": {"type": "object", "properties": {"h": {"const": {"properties": 1}}}}},
+    }
+    client(server).generate(model="m1", prompt="hi", format=schema, stream=False)
+    sent = json.loads(node.generations[-1].task_params.json_schema or "")
+    assert sent["additionalProperties"] is False
+    props = sent["properties"]
+    assert props["a"]["additionalProperties"] is False
+    assert props["c"]["items"]["additionalProperties"] is False
+    assert props["e"]["additionalProperties"] is True  # the schema's own word stands
+    assert "additionalProperties" not in props["f"]  # no properties: any object
+    g = sent["$defs"]["g"]
+    assert g["additionalProperties"] is False and g["properties"]["h"] == {"const": {"properties": 1}}
+    # OpenAI's response_format keeps the schema as it is.
+    oa = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    oa.chat.completions.create(
+        model="m1",
+        messages=[{"role": "user", "content": "hi"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+    )
+    assert json.loads(node.generations[-1].task_params.json_schema or "") == schema

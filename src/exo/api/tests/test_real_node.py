@@ -159,3 +159,30 @@ def test_ollama_context_the_runner_refuses_is_400(node: NodeProcess) -> None:
         c.generate(model=MODEL, prompt="lorem ipsum " * 100, context=[198] * 1900)
     assert long.value.status_code == 400 and "from 'context'" in long.value.error
     assert c.generate(model=MODEL, prompt="hi", options={"num_predict": 2}).done
+
+
+COUNT: list[Any] = [
+    {"role": "user", "content": "Count from 1 to 10."},
+    {"role": "assistant", "content": "1, 2, 3, 4,"},
+]
+
+
+def test_claude_and_ollama_continue_an_assistant_prefill(node: NodeProcess) -> None:
+    reply = claude(node).messages.create(
+        model=MODEL, max_tokens=8, messages=COUNT, extra_body=GREEDY
+    )
+    assert reply.content[0].type == "text"
+    assert reply.content[0].text.startswith(" 5, 6"), reply.content[0].text
+    with claude(node).messages.stream(
+        model=MODEL, max_tokens=8, messages=COUNT, extra_body=GREEDY
+    ) as stream:
+        assert "".join(stream.text_stream) == reply.content[0].text
+    chat = ollama.Client(host=node.url, timeout=120).chat(
+        model=MODEL, messages=COUNT, options={"temperature": 0, "num_predict": 8}
+    )
+    assert (chat.message.content or "").startswith(" 5, 6"), chat.message.content
+    # OpenAI chat opens a new turn after the assistant's message.
+    fresh = oa(node).chat.completions.create(
+        model=MODEL, messages=COUNT, max_tokens=8, temperature=0
+    )
+    assert (fresh.choices[0].message.content or "").startswith("1, 2, 3,")

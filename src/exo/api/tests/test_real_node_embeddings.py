@@ -60,7 +60,9 @@ def test_openai_embedding_errors_are_400(node: NodeProcess) -> None:
     cases: list[dict[str, Any]] = [
         {"model": MODEL, "input": ""},
         {"model": MODEL, "input": []},
-        {"model": MODEL, "input": [1, 2, 3]},
+        {"model": MODEL, "input": [[1, 2, 10**6]]},  # an id outside the vocabulary
+        {"model": MODEL, "input": [1, -2]},
+        {"model": MODEL, "input": [[]]},
         {"model": MODEL, "input": "x", "encoding_format": "hex"},
         {"model": MODEL, "input": "x", "dimensions": 7},
         {"model": MODEL, "input": "lorem ipsum " * 1500},
@@ -72,6 +74,29 @@ def test_openai_embedding_errors_are_400(node: NodeProcess) -> None:
     r = httpx.post(url, json={"model": "no-such-model", "input": "x"}, timeout=120)
     assert r.status_code == 404
     assert httpx.post(url, json={"model": MODEL, "input": "still serving"}, timeout=120).is_success
+
+
+def test_token_id_input_embeds_the_same_tokens_as_the_text(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    gguf = find_embedded_gguf()
+    assert gguf is not None
+    ids = load_tokenizer(gguf, tmp_path).encode("The sea is calm.", add_special_tokens=True)
+    client = oa(node)
+    text = client.embeddings.create(model=MODEL, input="The sea is calm.", encoding_format="float")
+    # As langchain-openai sends it (an array of token-id arrays), and one bare array.
+    nested = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
+    bare = client.embeddings.create(model=MODEL, input=ids, encoding_format="float")
+    assert nested.usage.prompt_tokens == bare.usage.prompt_tokens == len(ids)
+    for out in (nested, bare):
+        assert all(
+            math.isclose(x, y, abs_tol=1e-6)
+            for x, y in zip(out.data[0].embedding, text.data[0].embedding, strict=True)
+        )
+    with pytest.raises(openai.BadRequestError) as info:
+        client.embeddings.create(model=MODEL, input=[[12, 34, 10**6]])
+    body: Any = info.value.body
+    assert body["param"] == "input" and "vocabulary" in body["message"]
 
 
 def test_ollama_embed_and_legacy_embeddings(node: NodeProcess) -> None:

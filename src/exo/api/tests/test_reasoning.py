@@ -1,6 +1,6 @@
 """Thinking apart from the answer, in every API, streamed and whole."""
 
-from typing import Any
+from typing import Any, get_args
 
 import anthropic
 import ollama
@@ -8,10 +8,11 @@ import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.shared import ReasoningEffort
 
 from exo.api.generation_events import ReasoningDelta, TextDelta
 from exo.api.reasoning import ReasoningSplitter
-from exo.api.tests.scripted_node import Script, ScriptedNode, ServedApp
+from exo.api.tests.scripted_node import Script, ScriptedNode, ServedApp, small_card
 
 OUTPUT = "<think>\nLet me see: 2+2.</think>\n\nIt is 4."
 THOUGHT, ANSWER = "Let me see: 2+2.", "It is 4."
@@ -39,6 +40,16 @@ def test_no_thought_and_unclosed_thought() -> None:
     assert split(["Plain ", "<think> is text here"]) == ("", "Plain <think> is text here")
     assert split(["<think>still going"]) == ("still going", "")
     assert split(["  ", "<thi", "nk>a</think>b"]) == ("a", "b")
+
+
+# A chat template that thinks (Ollama refuses think=true for a model whose template does not).
+THINKING_TEMPLATE = "{% if enable_thinking %}<think>{% endif %}{{ messages[-1]['content'] }}"
+
+
+@pytest.fixture
+def node() -> ScriptedNode:
+    card = small_card("test-org/model-1", ["m1"])
+    return ScriptedNode(cards=[card.model_copy(update={"chat_template": THINKING_TEMPLATE})])
 
 
 @pytest.fixture
@@ -101,3 +112,50 @@ def test_ollama_thinking(thinking: ServedApp, node: ScriptedNode) -> None:
     parts = list(client.generate(model="m1", prompt="2+2?", stream=True))
     assert "".join(p.thinking or "" for p in parts) == THOUGHT
     assert "".join(p.response or "" for p in parts) == ANSWER
+
+
+def test_reasoning_tokens_count_the_thought() -> None:
+    splitter = ReasoningSplitter()
+    for i, piece in enumerate(TOKENS, start=1):
+        splitter.feed(piece, i)
+    splitter.finish(len(TOKENS))
+    # The fourth token closes the thought.
+    assert splitter.reasoning_tokens == 4
+    unclosed = ReasoningSplitter()
+    for i, piece in enumerate(["<think>", "a", "b"], start=1):
+        unclosed.feed(piece, i)
+    unclosed.finish(3)
+    assert unclosed.reasoning_tokens == 3
+    plain = ReasoningSplitter()
+    plain.feed("Hello", 1)
+    plain.finish(1)
+    assert plain.reasoning_tokens == 0
+
+
+def test_responses_usage_counts_reasoning_tokens(thinking: ServedApp) -> None:
+    client = openai.OpenAI(base_url=f"{thinking.url}/v1", api_key="x", max_retries=0)
+    whole = client.responses.create(model="m1", input="2+2?")
+    assert whole.usage is not None
+    assert whole.usage.output_tokens == len(TOKENS)
+    assert whole.usage.output_tokens_details.reasoning_tokens == 4
+    with client.responses.stream(model="m1", input="2+2?") as stream:
+        final = stream.get_final_response()
+    assert final.usage is not None and final.usage.output_tokens_details.reasoning_tokens == 4
+
+
+def test_responses_usage_without_thought_has_no_reasoning_tokens(server: ServedApp) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    whole = client.responses.create(model="m1", input="hi")
+    assert whole.usage is not None and whole.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_every_reasoning_effort_of_the_sdk_is_accepted(server: ServedApp, node: ScriptedNode) -> None:
+    efforts = [e for e in get_args(get_args(ReasoningEffort)[0]) if e is not None]
+    assert {"xhigh", "max"} <= set(efforts)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+    for effort in efforts:
+        client.chat.completions.create(model="m1", messages=USER, reasoning_effort=effort)
+        kwargs = node.generations[-1].task_params.template_kwargs
+        assert kwargs["reasoning_effort"] == effort
+        client.responses.create(model="m1", input="hi", reasoning={"effort": effort})
+        assert node.generations[-1].task_params.template_kwargs["reasoning_effort"] == effort

@@ -34,6 +34,15 @@ class TokenLogprob(FrozenModel):
     top: list[TopLogprob] = []
 
 
+class EchoedPrompt(FrozenModel):
+    """The prompt as the model read it (OpenAI completions' echo): its text, each token's
+    text and, when asked, the log-probability of every token after the first."""
+
+    text: str
+    tokens: list[str]
+    logprobs: list[TokenLogprob] | None = None
+
+
 class TokenChunk(FrozenModel):
     kind: Literal["TokenChunk"] = "TokenChunk"
     model: ModelId
@@ -49,6 +58,8 @@ class TokenChunk(FrozenModel):
     stop_sequence: str | None = None
     # When the request asked for them: the tokens of this chunk's text.
     logprobs: list[TokenLogprob] | None = None
+    # When the request asked for it (echo): the prompt (final chunk).
+    echo: EchoedPrompt | None = None
     # An embedding request's answer: the unit-length vector of its input.
     embedding: list[float] | None = None
     # When the request asked for it: the prompt's and the output's token ids (final chunk).

@@ -44,7 +44,8 @@ class TextGenerationTaskParams(FrozenModel):
     model: ModelId
     input: list[InputMessage] = Field(min_length=1)
     stream: bool = False
-    max_tokens: int | None = Field(default=None, ge=1)
+    # 0: generate nothing (with echo and logprobs: score the prompt only).
+    max_tokens: int | None = Field(default=None, ge=0)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
@@ -79,5 +80,16 @@ class TextGenerationTaskParams(FrozenModel):
     top_logprobs: int = Field(default=0, ge=0, le=20)
     # Structured output: the answer is JSON following this schema (its JSON text).
     json_schema: str | None = None
+    # The prompt as token ids (OpenAI completions' token-array prompt): used as they are,
+    # no template and no BOS added. Overrides raw_prompt and input.
+    prompt_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    # The final chunk carries the prompt's text and tokens (OpenAI completions' echo) and,
+    # with logprobs, the log-probability of each prompt token after the first.
+    echo: bool = False
+    # OpenAI's logit_bias: token id -> bias added to its logit before sampling.
+    logit_bias: dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]] = {}
+    # The conversation ends in an assistant message that the answer continues (a prefill,
+    # as Claude and Ollama do) instead of opening a new turn.
+    continue_final_message: bool = False
     # Extra variables for the chat template (enable_thinking, reasoning_effort...).
     template_kwargs: dict[str, str | bool] = {}

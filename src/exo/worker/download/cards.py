@@ -23,8 +23,12 @@ from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
+from exo.worker.download.hub_names import hub_source_problem, repo_id_problem
+from exo.worker.engines.config import check_context_length
 
-_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+_QUANT = re.compile(r"^[\w.-]{1,64}$")
+UNSAFE_HUB_ANSWER = 502
+"""The status of a hub answer whose names would lead out of the cache."""
 _HEAD_START = 1 << 20
 _HEAD_MAX = 64 << 20
 # config.json's torch_dtype -> the safetensors dtype of the weights.
@@ -35,9 +39,21 @@ _DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4}
 def parse_model_name(name: str) -> tuple[str, str | None] | None:
     """``org/repo`` or ``org/repo:QUANT`` -> (repo, quant); None when it is neither."""
     repo, _, quant = name.strip().partition(":")
-    if not _REPO.match(repo) or (quant and not re.match(r"^[\w.-]+$", quant)):
+    if repo_id_problem(repo) is not None or (quant and not _QUANT.match(quant)):
         return None
     return repo, quant or None
+
+
+def hub_name_problem(name: str) -> str | None:
+    """Why a name written like a hub model (it has a ``/``) is not one, or None (a valid
+    hub name, or a name that does not look like one at all)."""
+    repo, _, quant = name.strip().partition(":")
+    if "/" not in repo:
+        return None
+    problem = repo_id_problem(repo)
+    if problem is None and quant and not _QUANT.match(quant):
+        problem = f"{quant!r} is not a quant name (letters, digits, '_', '-', '.')"
+    return problem
 
 
 def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
@@ -59,6 +75,10 @@ def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
             for s in info.siblings
         ]
         hub = HubSource(repo_id=repo_id, revision=info.sha, files=files)
+        problem = hub_source_problem(hub)
+        if problem is not None:
+            raise DownloadError(f"the hub's answer for {repo_id} is refused: {problem}",
+                                UNSAFE_HUB_ANSWER)
         if quant is not None or (gguf_files(files) and not _has_safetensors(files)):
             return _gguf_card(name, hub, quant, settings)
         return _safetensors_card(name, hub, settings)
@@ -90,7 +110,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         num_heads=heads,
         num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         storage_size=Memory(in_bytes=sum(f.size for f in weights)),
-        context_length=int(raw.get("max_position_embeddings", 4096)),
+        context_length=_context(int(raw.get("max_position_embeddings", 4096)), hub.repo_id),
         architecture=str(raw.get("model_type", "unknown")),
         aliases=[name.lower()],
         hub=hub,
@@ -127,7 +147,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         num_heads=heads,
         num_kv_heads=key("attention.head_count_kv", heads),
         storage_size=Memory(in_bytes=sum(f.size for f in chosen)),
-        context_length=key("context_length", 4096),
+        context_length=_context(key("context_length", 4096), hub.repo_id),
         architecture=arch,
         aliases=[name.lower()],
         hub=pinned,
@@ -135,6 +155,15 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
         weight_format=(pinned.gguf_quant or "").upper(),
     )
+
+
+def _context(context_length: int, repo_id: str) -> int:
+    """A declared context a card may carry (at most 2^24 positions), else a clear refusal."""
+    try:
+        check_context_length(context_length)
+    except ValueError as e:
+        raise DownloadError(f"{repo_id}: {e}", 400) from e
+    return context_length
 
 
 def _hub_chat_template(hub: HubSource, settings: HubSettings) -> str | None:

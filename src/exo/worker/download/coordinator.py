@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import anyio
 from anyio.abc import TaskGroup
+from loguru import logger
 
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.commands import Command, DeleteInstance, DownloadActionKind
@@ -30,6 +31,7 @@ from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.shards import layer_range
 from exo.utils.backoff import KeyedBackoff
 from exo.worker.download.hub import HubSettings, delete_hub_model, locate_hub_model
+from exo.worker.download.hub_names import hub_source_problem
 from exo.worker.download.local import locate_model, locate_progress
 from exo.worker.download.shard_download import ShardDownload
 from exo.worker.runner.settings import RunnerSettings
@@ -56,6 +58,11 @@ class DownloadCoordinator:
         card = task.shard_metadata.model_card
         s = self.settings
         layers = layer_range(task.shard_metadata)
+        refused = _refused(card)
+        if refused is not None:
+            await self._report(card, refused)
+            await self._fail_instance(task.instance_id, card.model_id, refused)
+            return
         if card.hub is not None and locate_model(
             card, s.models_dir, None, s.extra_model_dirs, layers
         ) is None:
@@ -74,6 +81,8 @@ class DownloadCoordinator:
 
     def action(self, action: DownloadActionKind, card: ModelCard) -> None:
         """A user asked this node to start, cancel or delete a model's download."""
+        if _refused(card) is not None:
+            return
         match action:
             case "start":
                 if card.hub is not None and card.model_id not in self.running:
@@ -169,3 +178,13 @@ class DownloadCoordinator:
         await self.send_event(
             NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
         )
+
+
+def _refused(card: ModelCard) -> DownloadFailed | None:
+    """A card from the wire whose hub names would lead out of the cache: refused before
+    any path is built from it (a card built here from the hub was checked already)."""
+    problem = hub_source_problem(card.hub) if card.hub is not None else None
+    if problem is None:
+        return None
+    logger.warning(f"refusing the card of {card.model_id}: {problem}")
+    return DownloadFailed(error_message=f"{card.model_id}: refused: {problem}", status=400)

@@ -34,6 +34,13 @@ from exo.shared.models.hub_files import (
     support_files,
 )
 from exo.shared.models.model_cards import HubFile, HubSource, ModelCard
+from exo.worker.download.hub_names import (
+    UnsafeName,
+    check_hub_source,
+    file_name_problem,
+    hub_source_problem,
+    inside,
+)
 from exo.worker.download.resumable import (
     PARTIAL_SUFFIX,
     DownloadCancelled,
@@ -43,6 +50,7 @@ from exo.worker.download.resumable import (
     repo_folder,
     sha256_of,
     snapshot_dir,
+    snapshot_path,
 )
 
 ByteCallback = Callable[[int], None]
@@ -54,6 +62,8 @@ def explain(error: BaseException, repo_id: str, settings: HubSettings) -> Downlo
     match error:
         case DownloadError():
             return error
+        case UnsafeName():
+            return DownloadError(f"{repo_id}: refused: {error}", 400)
         case GatedRepoError():
             return DownloadError(f"{repo_id} is gated on the hub: {token_hint} "
                                  "(a token of an account that accepted its terms)", 403)
@@ -88,6 +98,9 @@ def _fetch(
     on_bytes: ByteCallback | None = None,
     force: bool = False,
 ) -> Path:
+    check_hub_source(hub)
+    if file_name_problem(path) is not None or path not in {f.path for f in hub.files}:
+        raise UnsafeName(f"{path!r} is not a safe file of {hub.repo_id}'s listing")
     kwargs: dict[str, Any] = {}
     if on_bytes is not None:
         kwargs["tqdm_class"] = _counting_bar(on_bytes)
@@ -160,8 +173,7 @@ def _needed_files(
 
 
 def bytes_present(hub: HubSource, files: list[HubFile], cache_dir: Path) -> int:
-    folder = snapshot_dir(cache_dir, hub)
-    return sum(f.size for f in files if (folder / f.path).exists())
+    return sum(f.size for f in files if snapshot_path(cache_dir, hub, f).exists())
 
 
 def check_disk(cache_dir: Path, needed: int, free: Callable[[Path], int] | None = None) -> None:
@@ -188,6 +200,10 @@ def download_files(
     hub = card.hub
     assert hub is not None
     try:
+        check_hub_source(hub)
+        listed = {f.path for f in hub.files}
+        if stray := [f.path for f in files if f.path not in listed]:
+            raise UnsafeName(f"files outside the card's listing: {stray}")
         if not settings.offline:
             present = bytes_present(hub, files, settings.cache_dir)
             check_disk(settings.cache_dir, sum(f.size for f in files) - present, free)
@@ -200,23 +216,24 @@ def download_files(
         for f in files:
             if cancelled.is_set():
                 raise DownloadCancelled()
-            snap = snapshot_dir(settings.cache_dir, hub) / f.path
+            snap = snapshot_path(settings.cache_dir, hub, f)
             if f.sha256 is not None and not settings.offline and not snap.exists():
                 # Weights: our own resumable fetch (a partial file survives a restart).
                 fetch_lfs_file(hub, f, settings, count, cancelled)
                 continue
             already = snap.exists()
-            path = _fetch(hub, f.path, settings, count)
+            path = _in_cache(_fetch(hub, f.path, settings, count), settings.cache_dir)
             if already:
                 on_bytes(f.size)
             if not _verified(path, f):
-                _discard(path)
+                _discard(path, hub, settings.cache_dir)
                 if f.sha256 is not None and not settings.offline:
                     fetch_lfs_file(hub, f, settings, count, cancelled)
                     continue
-                path = _fetch(hub, f.path, settings, count, force=True)
+                path = _in_cache(_fetch(hub, f.path, settings, count, force=True),
+                                 settings.cache_dir)
                 if not _verified(path, f):
-                    _discard(path)
+                    _discard(path, hub, settings.cache_dir)
                     raise DownloadError(f"{hub.repo_id}: {f.path} failed its size check twice")
     except DownloadCancelled:
         raise
@@ -233,11 +250,20 @@ def _verified(path: Path, f: HubFile) -> bool:
     return f.sha256 is None or sha256_of(path) == f.sha256
 
 
-def _discard(path: Path) -> None:
-    """Remove a bad file: the snapshot link and the blob it points to."""
+def _in_cache(path: Path, cache_dir: Path) -> Path:
+    """``path`` (what ``huggingface_hub`` wrote), refused unless it and its target are
+    inside the cache."""
+    inside(cache_dir, str(path.parent))
+    inside(cache_dir, str(path))
+    return path
+
+
+def _discard(path: Path, hub: HubSource, cache_dir: Path) -> None:
+    """Remove a bad file: the snapshot link and the blob it points to (only a blob of
+    the same repo: a link never takes a deletion out of it)."""
     blob = path.resolve()
     path.unlink(missing_ok=True)
-    if blob != path:
+    if blob != path and blob.parent == inside(repo_folder(cache_dir, hub.repo_id), "blobs"):
         blob.unlink(missing_ok=True)
 
 
@@ -248,7 +274,7 @@ def locate_hub_model(
     ``layers``, every file (of the right size) that the shard holding them reads;
     without, the config and some weights."""
     hub = card.hub
-    if hub is None:
+    if hub is None or hub_source_problem(hub) is not None:
         return None
     folder = snapshot_dir(cache_dir, hub)
     if hub.gguf_quant is not None:
@@ -286,18 +312,21 @@ def _shard_present(card: ModelCard, folder: Path, layers: tuple[int, int]) -> bo
 
 
 def delete_hub_model(card: ModelCard, cache_dir: Path) -> bool:
-    """Free the disk: the pinned snapshot and its blobs (other revisions stay)."""
+    """Free the disk: the pinned snapshot and its blobs (other revisions stay). Raises
+    UnsafeName for a card whose names would lead out of the cache; a link in the
+    snapshot that points anywhere but the repo's blobs is removed, its target kept."""
     hub = card.hub
     if hub is None:
         return False
     folder = snapshot_dir(cache_dir, hub)
-    if not folder.exists():
+    if not folder.is_dir():
         return False
+    blobs = inside(repo_folder(cache_dir, hub.repo_id), "blobs")
     for link in folder.rglob("*"):
-        if link.is_symlink():
-            link.resolve().unlink(missing_ok=True)
+        target = link.resolve() if link.is_symlink() else None
+        if target is not None and target.parent == blobs:
+            target.unlink(missing_ok=True)
     shutil.rmtree(folder, ignore_errors=True)
-    blobs = repo_folder(cache_dir, hub.repo_id) / "blobs"
     for f in hub.files:  # partial downloads too
         if f.sha256 is not None:
             (blobs / f"{f.sha256}{PARTIAL_SUFFIX}").unlink(missing_ok=True)

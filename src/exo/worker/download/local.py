@@ -15,6 +15,7 @@ from exo.shared.types.worker.downloads import (
     DownloadProgress,
 )
 from exo.worker.download.embedded import find_embedded_gguf
+from exo.worker.download.folder_check import folder_problem
 from exo.worker.download.hub import locate_hub_model
 from exo.worker.engines.gguf_reader import GGUFFile
 
@@ -60,7 +61,7 @@ def locate_progress(
 ) -> DownloadProgress:
     found = locate_model(card, models_dir, hub_cache, extra_dirs, layers)
     if found is not None:
-        problem = gguf_problem(found) if card.hub is None else None
+        problem = local_problem(found) if card.hub is None else None
         if problem is not None:  # no retry fixes a broken local file: say so at once
             return DownloadFailed(error_message=problem, status=INVALID_FILE_STATUS)
         if card.hub is not None and layers is not None:
@@ -72,6 +73,11 @@ def locate_progress(
         "this node has no download source for it",
         status=404,
     )
+
+
+def local_problem(path: Path) -> str | None:
+    """Why a local model (a GGUF file or a safetensors folder) cannot be loaded as it is."""
+    return folder_problem(path) if path.is_dir() else gguf_problem(path)
 
 
 def gguf_problem(path: Path) -> str | None:

@@ -10,6 +10,7 @@ from loguru import logger
 
 from exo.shared.models.hub_files import quant_of
 from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.worker.download.folder_check import folder_problem
 from exo.worker.download.local import card_from_path
 
 _CACHE_REPO = re.compile(r"^models--(?P<org>[^-].*?)--(?P<name>.+)$")
@@ -40,6 +41,10 @@ def scan_models_dir(folder: Path) -> list[ModelCard]:
         raise ValueError(f"models dir not found: {folder}")
     cards: list[ModelCard] = []
     for path, model_id in _candidates(folder):
+        problem = folder_problem(path) if path.is_dir() else None
+        if problem is not None:
+            logger.warning(f"skipping {path}: {problem}")
+            continue
         try:
             card = card_from_path(path)
         except ValueError as e:

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import httpx2
 from huggingface_hub import constants as hf_constants
@@ -20,6 +20,12 @@ from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
 from exo.shared.models.model_cards import HubFile, HubSource
+from exo.worker.download.hub_names import (
+    UnsafeName,
+    check_hub_source,
+    inside,
+    repo_id_problem,
+)
 
 PARTIAL_SUFFIX = ".exo-partial"
 _CHUNK = 1 << 20
@@ -61,11 +67,26 @@ class DownloadCancelled(Exception):
 
 
 def repo_folder(cache_dir: Path, repo_id: str) -> Path:
-    return cache_dir / f"models--{repo_id.replace('/', '--')}"
+    """The repo's folder in the cache (raises UnsafeName for a malformed repo id)."""
+    problem = repo_id_problem(repo_id)
+    if problem is not None:
+        raise UnsafeName(problem)
+    return inside(cache_dir, f"models--{repo_id.replace('/', '--')}")
 
 
 def snapshot_dir(cache_dir: Path, hub: HubSource) -> Path:
-    return repo_folder(cache_dir, hub.repo_id) / "snapshots" / hub.revision
+    """The pinned commit's folder (raises UnsafeName for any unsafe name in ``hub``)."""
+    check_hub_source(hub)
+    return inside(cache_dir, f"models--{hub.repo_id.replace('/', '--')}", "snapshots", hub.revision)
+
+
+def snapshot_path(cache_dir: Path, hub: HubSource, f: HubFile) -> Path:
+    """Where ``f`` lives in the snapshot: its folder resolved inside the cache, the name
+    itself not followed (it is a link to a blob)."""
+    folder = snapshot_dir(cache_dir, hub)
+    parent = PurePosixPath(f.path).parent
+    where = inside(folder, *parent.parts) if parent.parts else folder
+    return where / PurePosixPath(f.path).name
 
 
 def sha256_of(path: Path) -> str:
@@ -86,8 +107,8 @@ def fetch_lfs_file(
     """Fetch (or finish) one LFS file; returns its snapshot path. Raises DownloadError
     for a file that fails its check twice, or what the hub or the network raised."""
     assert f.sha256 is not None
-    repo = repo_folder(settings.cache_dir, hub.repo_id)
-    blob = repo / "blobs" / f.sha256
+    link = snapshot_path(settings.cache_dir, hub, f)  # checks every name first
+    blob = inside(repo_folder(settings.cache_dir, hub.repo_id), "blobs", f.sha256)
     if not (blob.exists() and blob.stat().st_size == f.size):
         for attempt in (1, 2):
             part = blob.with_name(f.sha256 + PARTIAL_SUFFIX)
@@ -99,8 +120,8 @@ def fetch_lfs_file(
             if attempt == 2:
                 raise DownloadError(f"{hub.repo_id}: {f.path} failed its sha256 check twice")
             on_bytes(-f.size)
-    link = snapshot_dir(settings.cache_dir, hub) / f.path
     link.parent.mkdir(parents=True, exist_ok=True)
+    link = snapshot_path(settings.cache_dir, hub, f)  # no link planted meanwhile
     tmp = link.with_name(link.name + ".tmp-link")
     tmp.unlink(missing_ok=True)
     os.symlink(os.path.relpath(blob, link.parent), tmp)

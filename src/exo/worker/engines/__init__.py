@@ -1,15 +1,22 @@
-"""The inference engine: a PyTorch Llama-family model that runs a contiguous range of layers.
+"""The inference engine: PyTorch models, one module per architecture family, that run a
+contiguous range of layers (or a tensor-parallel slice of every layer).
 
 Modules, bottom up:
 
 * `config`, `gguf_reader`, `gguf_loader`, `safetensors_loader`, `weights`: model files to plain
   tensors (`ShardWeights`), one canonical layout whatever the file format.
-* `linear`, `rope`, `kv_cache`, `llama`: the model itself (`LlamaModel`), holding only its
-  layer range, with `embed`, `forward_layers` and `head`; `cpu_kernels`: compiled 4/8-bit
-  linear and decode-attention kernels for x86 CPUs (torch formats where they cannot run).
+* `models`: the model interface (`models.base.ModelFamily`: config, tensor names, tensor-parallel
+  split, forward pass), the registry of families by GGUF architecture / HF `model_type`, the
+  dense Llama family (`models.dense`; `llama.LlamaModel` is its former name) and the pieces
+  families share (attention, MLP, norms, rotary tables); `linear`, `rope`, `kv_cache`: layers,
+  rotary maths, the paged cache; `cpu_kernels`: compiled 4/8-bit linear and decode-attention
+  kernels for x86 CPUs (torch formats where they cannot run).
 * `sampling`, `batch`: next-token choice and continuous batching (`BatchGenerator`).
 * `tokenizer`, `text`: tokens to text (chat template, incremental detokenizer, stop strings).
-* `engine`: the facade the runner uses (`load_engine`).
+* `engine`: the one loader for every shard kind (`load_model`, `load_engine`) and the facade
+  the runner uses (`Engine`).
 
-Nothing here imports the rest of `exo`: the engine takes and returns plain values.
+Of the rest of `exo` the engine imports only what it shares with placement and the API
+(`exo.shared`: the served context, memory sizing, the request and tool types); it takes and
+returns plain values.
 """

@@ -12,51 +12,49 @@ over a plain slice of the cache. When a request leaves, the request in the highe
 into the hole (one copy of its cached keys/values, once).
 
 A failure is confined to its request: a prefill that raises fails only that request; a batched
-decode that raises is retried one request at a time, so only the culprits fail.
+decode that raises is retried one request at a time, so only the culprits fail. Logits that are
+not finite (NaN or infinite: broken weights, an overflow) fail the request they belong to.
+
+A request may ask for its prompt's log-probabilities (`SamplingParams.prompt_logprob_sink`): its
+prefill then takes the logits of every position (not only the last), skips the prefix cache (the
+reused positions would have none), and with `max_tokens` 0 it ends after the prefill with no
+token (finish_reason "length").
 """
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, cast
+from typing import Literal
 
 import torch
 
-from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.kv_cache import KVCache, pages_for
-from exo.worker.engines.llama import StepInputs
+from exo.worker.engines.models.base import StepInputs, StepModel
 from exo.worker.engines.prefix_cache import PrefixCache
-from exo.worker.engines.sampling import RequestSampler, SamplingParams, argmax_rows
+from exo.worker.engines.sampling import (
+    RequestSampler,
+    SamplingParams,
+    argmax_rows,
+    finite_rows,
+    prompt_logprobs,
+)
 
 FinishReason = Literal["stop", "length", "error"]
 
 
-class SlotCache(Protocol):
-    def move_slot(self, src: int, dst: int, length: int) -> None: ...
+class NonFiniteLogits(ArithmeticError):
+    """The model's logits for a request hold NaN or infinities."""
 
-    def release(self, slot: int) -> None:
-        """Free the slot's cached positions (the request in it has ended)."""
-        ...
-
-
-class StepModel(Protocol):
-    """What the batcher needs of a model: `LlamaModel`, or a stand-in spanning several ranks."""
-
-    @property
-    def config(self) -> LlamaConfig: ...
-
-    @property
-    def device(self) -> torch.device: ...
-
-    def new_cache(self, max_batch: int, max_seq: int) -> SlotCache: ...
-
-    def forward(self, tokens: torch.Tensor, step: StepInputs, cache: KVCache) -> torch.Tensor:
-        """tokens [B, T] -> logits of each row's last position [B, V]."""
-        ...
+    def __init__(self) -> None:
+        super().__init__(
+            "the model produced non-finite logits (NaN or infinity): its weights or "
+            "activations are broken, so no token can be chosen"
+        )
 
 
 @dataclass(frozen=True)
 class StepOutput:
-    """One new token of one request. `token_id` is None only when finish_reason is "error".
+    """One new token of one request. `token_id` is None when finish_reason is "error", and
+    for a request of `max_tokens` 0 (its prompt scored, finish_reason "length").
 
     With finish_reason "stop", `token_id` is the stop token itself (not text to show).
     """
@@ -82,6 +80,10 @@ class _Request:
     def prefilling(self) -> bool:
         return self.cached < len(self.prompt)
 
+    @property
+    def scores_prompt(self) -> bool:
+        return self.sampler.params.prompt_logprob_sink is not None
+
 
 class BatchGenerator:
     def __init__(
@@ -101,7 +103,7 @@ class BatchGenerator:
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.cache = cast(KVCache, model.new_cache(max_batch, max_seq))
+        self.cache = model.new_cache(max_batch, max_seq)
         # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
         # distributed model each hold their own, which this batcher does not see).
         self.prefixes = (
@@ -180,13 +182,38 @@ class BatchGenerator:
             n = min(self.prefill_chunk, len(r.prompt) - r.cached)
             chunk = r.prompt[r.cached : r.cached + n]
             tokens = torch.tensor([chunk], device=self.model.device)
+            step = StepInputs.single(r.slot, r.cached, n)
             # Only `forward` is used (a pipeline leader stands in for the model); the logits
             # of a chunk that is not the last are not needed, but cost little next to it.
-            logits = self.model.forward(tokens, StepInputs.single(r.slot, r.cached, n), self.cache)
+            if r.scores_prompt:
+                last = self._score_chunk(r, self.model.forward(tokens, step, self.cache, True)[0])
+            else:
+                last = self.model.forward(tokens, step, self.cache)[0]
             r.cached += n
-            return None if r.prefilling else self._emit(r, r.sampler(logits[0]))
+            if r.prefilling:
+                return None
+            if not finite_rows(last[None])[0]:
+                raise NonFiniteLogits()
+            if r.sampler.params.max_tokens == 0:  # the prompt's scores were all it wanted
+                self._release(r)
+                return StepOutput(r.request_id, None, "length")
+            return self._emit(r, r.sampler(last))
         except Exception as e:  # confined to this request
             return self._fail(r, e)
+
+    def _score_chunk(self, r: _Request, logits: torch.Tensor) -> torch.Tensor:
+        """Record the log-probabilities of the prompt tokens that a chunk's logits [n, V]
+        predict (the token after each position); the last position's logits [V]."""
+        sink = r.sampler.params.prompt_logprob_sink
+        assert sink is not None
+        n = int(logits.shape[0])
+        targets = r.prompt[r.cached + 1 : r.cached + n + 1]
+        if not all(finite_rows(logits[: len(targets)])):
+            raise NonFiniteLogits()
+        if targets:
+            top = r.sampler.params.top_logprobs or 0
+            sink.extend(prompt_logprobs(logits[: len(targets)], targets, top))
+        return logits[-1]
 
     def _decode(self, rows: list[_Request]) -> list[StepOutput]:
         try:
@@ -212,9 +239,12 @@ class BatchGenerator:
         # one argmax for every plain greedy row
         picked = argmax_rows(logits, greedy_rows)
         greedy = dict(zip(greedy_rows, picked, strict=True))
+        finite = finite_rows(logits)
         outputs: list[StepOutput] = []
         for i, r in enumerate(rows):
             try:
+                if not finite[i]:
+                    raise NonFiniteLogits()
                 token = greedy[i] if i in greedy else r.sampler(logits[i])
                 outputs.append(self._emit(r, token))
             except Exception as e:
@@ -239,7 +269,7 @@ class BatchGenerator:
         return StepOutput(r.request_id, None, "error", f"{type(e).__name__}: {e}")
 
     def _reuse_prefix(self, r: _Request) -> None:
-        if self.prefixes is None:
+        if self.prefixes is None or r.scores_prompt:
             return
         hit = self.prefixes.take(r.prompt)
         if hit is not None:

@@ -81,3 +81,18 @@ def check_layer_range(config: LlamaConfig, start_layer: int, end_layer: int) -> 
         raise ValueError(
             f"invalid layer range [{start_layer}, {end_layer}) for a model of {config.n_layers} layers"
         )
+
+
+MAX_CONTEXT_LENGTH = 2**24
+"""The largest context a model card may carry (real models declare 128k to 1M positions): a
+file declaring more is refused when its card is built. (The engine itself sizes everything by
+the context it serves, so it loads such a file without harm: `models/rotary.py`.)"""
+
+
+def check_context_length(context_length: int) -> None:
+    """Raise ValueError unless 1 <= context_length <= 2^24."""
+    if not 1 <= context_length <= MAX_CONTEXT_LENGTH:
+        raise ValueError(
+            f"the model declares a context of {context_length} tokens; the most a model file "
+            f"may declare is 2^24 = {MAX_CONTEXT_LENGTH} (real models declare up to ~1M)"
+        )

@@ -11,12 +11,25 @@ from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import load_kernels
-from exo.worker.engines.gguf_loader import load_gguf_config, load_gguf_shard
+from exo.worker.engines.gguf_loader import (
+    gguf_config,
+    gguf_family,
+    load_gguf_config,
+    load_gguf_shard,
+)
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
-from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.load_report import load_plan, log_load, release_freed_memory
 from exo.worker.engines.materialise import StoragePlan
-from exo.worker.engines.safetensors_loader import hf_config, load_hf_shard
+from exo.worker.engines.models.base import (
+    AllReduce,
+    BuildOptions,
+    EngineModel,
+    ShardModel,
+    no_all_reduce,
+)
+from exo.worker.engines.models.registry import Family
+from exo.worker.engines.safetensors_loader import hf_config, hf_family, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, ShardWeights, TensorParallel
@@ -31,6 +44,17 @@ DEFAULT_MAX_SEQ = EXO_MAX_CONTEXT_TOKENS
 def load_config(path: Path) -> LlamaConfig:
     """The model shape of a GGUF file or a Hugging Face folder."""
     return hf_config(path) if path.is_dir() else load_gguf_config(path)
+
+
+def load_family(path: Path) -> tuple[Family, LlamaConfig]:
+    """The architecture family and model shape of a GGUF file or a Hugging Face folder."""
+    if path.is_dir():
+        return hf_family(path), hf_config(path)
+    f = GGUFFile(path)
+    try:
+        return gguf_family(f), gguf_config(f)
+    finally:
+        f.close()
 
 
 def load_shard_weights(
@@ -58,7 +82,7 @@ class Engine:
     thread drives it."""
 
     config: LlamaConfig
-    model: LlamaModel
+    model: EngineModel
     tokenizer: EngineTokenizer
 
     @property
@@ -117,19 +141,31 @@ class Engine:
             gen.step()
 
 
-def load_engine(
+@dataclass(frozen=True)
+class Shard:
+    """What of a model this process holds: layers [start_layer, end_layer) (None: to the
+    last), each sliced for a tensor-parallel rank when `tensor_parallel` is given."""
+
+    start_layer: int = 0
+    end_layer: int | None = None
+    tensor_parallel: TensorParallel | None = None
+
+
+def load_model(
     path: Path,
-    start_layer: int = 0,
-    end_layer: int | None = None,
+    shard: Shard | None = None,
     *,
+    all_reduce: AllReduce = no_all_reduce,
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
     threads: int = 1,
     cache_dir: Path,
     progress: ProgressCallback | None = None,
     weight_format: WeightFormat | None = None,
-) -> Engine:
-    """Load layers [start_layer, end_layer) (default: all) of a GGUF file or HF folder.
+) -> tuple[LlamaConfig, ShardModel]:
+    """The one recipe for every shard kind: the family of the file, its config, the shard's
+    weights (sliced as they load for a tensor-parallel rank), the model built from them by
+    its family, and one log line. `all_reduce` sums a tensor-parallel rank's partial outputs.
 
     `threads` sizes torch's intra-op pool (the caller knows its share of the machine);
     `weight_format` defaults to the fastest that keeps the file's precision (`linear.py`).
@@ -138,8 +174,9 @@ def load_engine(
     """
     torch.set_num_threads(max(1, threads))
     dev = torch.device(device)
-    config = load_config(path)
-    end = config.n_layers if end_layer is None else end_layer
+    shard = shard or Shard()
+    family, config = load_family(path)
+    end = config.n_layers if shard.end_layer is None else shard.end_layer
     on_cpu_f32 = dev.type == "cpu" and dtype == torch.float32
     kernels = load_kernels(cache_dir / "kernels") if on_cpu_f32 else None
     if kernels is not None:
@@ -148,13 +185,36 @@ def load_engine(
     started = time.monotonic()
     plan = load_plan(dev, load_dtype, kernels, weight_format)
     weights = load_shard_weights(
-        path, start_layer, end, dtype=load_dtype, progress=progress, plan=plan
-    )
+        path, shard.start_layer, end, dtype=load_dtype, progress=progress, plan=plan,
+        tensor_parallel=shard.tensor_parallel,
+    )  # fmt: skip
     fmt = weight_format or choose_weight_format(weights.source_format, dev, dtype, kernels)
     # the weights were loaded for this model alone: it may re-lay their blocks in place
-    model = LlamaModel(
-        weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels, own_weights=True
-    )
+    options = BuildOptions(fmt, dtype, dev, all_reduce, kernels, own_weights=True)
+    model = family.build(weights, options)
     release_freed_memory()
     log_load(path, weights, model, time.monotonic() - started)
+    return config, model
+
+
+def load_engine(
+    path: Path,
+    start_layer: int = 0,
+    end_layer: int | None = None,
+    *,
+    shard: Shard | None = None,
+    all_reduce: AllReduce = no_all_reduce,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    threads: int = 1,
+    cache_dir: Path,
+    progress: ProgressCallback | None = None,
+    weight_format: WeightFormat | None = None,
+) -> Engine:
+    """Load `shard` (default: layers [start_layer, end_layer), all by default) of a GGUF file
+    or HF folder with its tokenizer (`load_model` says how)."""
+    config, model = load_model(
+        path, shard or Shard(start_layer, end_layer), all_reduce=all_reduce, dtype=dtype, device=device, threads=threads,
+        cache_dir=cache_dir, progress=progress, weight_format=weight_format,
+    )  # fmt: skip
     return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

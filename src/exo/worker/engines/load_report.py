@@ -9,9 +9,9 @@ from loguru import logger
 
 from exo.worker.engines.cpu_kernels import QKernels
 from exo.worker.engines.linear import WeightFormat, fp16_packing_available
-from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.materialise import StoragePlan, kernel_plan, kind_of, running_bytes
-from exo.worker.engines.qtensor import Weight
+from exo.worker.engines.models.base import ShardModel
+from exo.worker.engines.qtensor import QuantTensor, Weight
 from exo.worker.engines.weights import ShardWeights
 
 
@@ -49,27 +49,22 @@ def shard_bytes(weights: ShardWeights) -> int:
     return total
 
 
-def kv_bytes_per_position(model: LlamaModel) -> int:
-    c = model.config
-    return 2 * len(model.blocks) * model.kv_heads * c.head_dim * model.dtype.itemsize
+def _is_matrix(w: object) -> bool:
+    return isinstance(w, QuantTensor) or (isinstance(w, torch.Tensor) and w.dim() == 2)
 
 
-def describe_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds: float) -> str:
+def describe_load(path: Path, weights: ShardWeights, model: ShardModel, seconds: float) -> str:
     kinds: Counter[str] = Counter()
     for layer in weights.layers:
-        for field in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"):
-            kinds[f"{field}:{kind_of(getattr(layer, field))}"] += 1
+        for field, w in vars(layer).items():
+            if _is_matrix(w):
+                kinds[f"{field}:{kind_of(w)}"] += 1
     if weights.embed is not None:
         kinds[f"embed:{kind_of(weights.embed)}"] += 1
     if weights.lm_head is not None:
         kinds[f"head:{kind_of(weights.lm_head)}"] += 1
-    kernels: Counter[str] = Counter()
-    for block in model.blocks:
-        for name in ("qkv", "o", "gate_up", "down"):
-            kernels[f"{name}: {getattr(block, name).kernel}"] += 1
-    if model.lm_head is not None:
-        kernels[f"head: {model.lm_head.kernel}"] += 1
-    per_pos = kv_bytes_per_position(model)
+    kernels = model.kernels_used()
+    per_pos = model.kv_bytes_per_position()
     return (
         f"loaded {path.name} layers [{weights.start_layer}, {weights.end_layer}) in "
         f"{seconds:.2f} s; file format {weights.source_format}; "
@@ -88,5 +83,5 @@ def release_freed_memory() -> None:
     libc.malloc_trim(0)
 
 
-def log_load(path: Path, weights: ShardWeights, model: LlamaModel, seconds: float) -> None:
+def log_load(path: Path, weights: ShardWeights, model: ShardModel, seconds: float) -> None:
     logger.info(describe_load(path, weights, model, seconds))

@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.config import LlamaConfig, check_context_length
 from exo.worker.engines.file_rows import SAFETENSORS_DTYPES, SafetensorsFile
 from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
@@ -28,8 +28,11 @@ class ModelFacts:
 
 
 def model_facts(path: Path) -> ModelFacts:
-    """The facts of a GGUF file or a Hugging Face safetensors folder."""
-    return _folder_facts(path) if path.is_dir() else _gguf_facts(path)
+    """The facts of a GGUF file or a Hugging Face safetensors folder. ValueError for a model a
+    card cannot offer (a declared context above 2^24 positions)."""
+    facts = _folder_facts(path) if path.is_dir() else _gguf_facts(path)
+    check_context_length(facts.config.context_length)
+    return facts
 
 
 def _gguf_facts(path: Path) -> ModelFacts:

@@ -4,8 +4,9 @@ Order, for one request's logits z [V]:
 
 1. repetition penalty r (prompt and output tokens):  z_t <- z_t / r if z_t > 0 else z_t * r
 2. presence p and frequency f penalties (output tokens, count c_t):  z_t <- z_t - p [c_t > 0] - f c_t
-3. temperature 0: argmax (greedy). Otherwise z <- z / temperature, then
-4. top-k (keep the k largest), softmax, min-p (drop p_t < min_p * max p), top-p (keep the
+3. the request's logit bias (OpenAI ``logit_bias``: z_t <- z_t + b_t), then a grammar's mask
+4. temperature 0: argmax (greedy). Otherwise z <- z / temperature, then
+5. top-k (keep the k largest), softmax, min-p (drop p_t < min_p * max p), top-p (keep the
    smallest most-likely set of mass >= top_p), renormalise, draw one token with the request's
    own `torch.Generator` when it has a seed (the global generator otherwise).
 """
@@ -48,6 +49,11 @@ class SamplingParams:
     # to ``logprob_sink`` (the caller's list, read as tokens come out).
     top_logprobs: int | None = None
     logprob_sink: list["TokenLogprobs"] | None = field(default=None, compare=False)
+    # The prompt's own log-probabilities (every token after the first, each given the ones
+    # before it, with ``top_logprobs`` alternatives), appended as the prefill computes them.
+    prompt_logprob_sink: list["TokenLogprobs"] | None = field(default=None, compare=False)
+    # OpenAI's logit_bias: (token id, bias) pairs added to the logits before sampling.
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -58,8 +64,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if not 0 <= self.min_p <= 1:
             raise ValueError("min_p must be in [0, 1]")
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
+        if self.max_tokens < (0 if self.prompt_logprob_sink is not None else 1):
+            raise ValueError("max_tokens must be >= 1 (0 only to score the prompt)")
         if self.repetition_penalty <= 0:
             raise ValueError("repetition_penalty must be > 0")
 
@@ -118,7 +124,8 @@ def argmax_rows(logits: Tensor, rows: Sequence[int]) -> list[int]:
 
 
 def sample_token(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from (already penalised) logits [V] (steps 3-4 of the module docstring)."""
+    """One token from (already penalised, biased and masked) logits [V] (steps 4-5 of the
+    module docstring)."""
     if params.greedy:
         return int(logits.argmax())
     # Extreme temperatures or penalties overflow; keep every logit finite so that
@@ -152,6 +159,31 @@ def token_logprobs(logits: Tensor, token: int, top: int) -> TokenLogprobs:
     return TokenLogprobs(token=token, logprob=float(lp[token]), top=best)
 
 
+def prompt_logprobs(logits: Tensor, targets: Sequence[int], top: int) -> list[TokenLogprobs]:
+    """Log-probabilities of ``targets`` [T] under logits [T, V] (row t predicts target t),
+    with the ``top`` most likely tokens of each row: a prompt's scores, all rows at once."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(targets), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(1, ids[:, None])[:, 0].tolist()
+    best: list[tuple[tuple[int, float], ...]] = [()] * len(chosen)
+    if top > 0:
+        values, tops = torch.topk(lp, min(top, lp.shape[-1]), dim=-1)
+        best = [
+            tuple((int(i), float(v)) for i, v in zip(row_ids, row_values, strict=True))
+            for row_ids, row_values in zip(tops.tolist(), values.tolist(), strict=True)
+        ]
+    return [
+        TokenLogprobs(token=t, logprob=float(v), top=b)
+        for t, v, b in zip(targets, chosen, best, strict=True)
+    ]
+
+
+def finite_rows(logits: Tensor) -> list[bool]:
+    """Whether each row of logits [B, V] is free of NaN and infinities (a model whose
+    weights or activations overflowed); one cheap pass over the step's logits."""
+    return [bool(ok) for ok in torch.isfinite(logits).all(dim=-1).tolist()]
+
+
 class RequestSampler:
     """The sampling state of one request: its generator and the token counts its penalties use."""
 
@@ -164,6 +196,15 @@ class RequestSampler:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
         self.seen: Tensor | None = None
         self.counts: Tensor | None = None
+        self.bias: tuple[Tensor, Tensor] | None = None
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias, strict=True)
+            if any(not 0 <= i < vocab for i in ids):
+                raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+            self.bias = (
+                torch.tensor(ids, dtype=torch.long, device=device),
+                torch.tensor(values, dtype=torch.float32, device=device),
+            )
         if params.has_penalties:
             self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
             self.seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
@@ -173,13 +214,22 @@ class RequestSampler:
     def is_plain_greedy(self) -> bool:
         """Greedy without penalties: the batch can take one argmax for all such rows."""
         p = self.params
-        return p.greedy and not p.has_penalties and p.constraint is None and p.logprob_sink is None
+        return (
+            p.greedy
+            and not p.has_penalties
+            and not p.logit_bias
+            and p.constraint is None
+            and p.logprob_sink is None
+        )
 
     def __call__(self, logits: Tensor) -> int:
         """The next token for logits [V]; records it for the penalties."""
         raw = logits
         if self.seen is not None and self.counts is not None:
             logits = apply_penalties(logits, self.params, self.seen, self.counts)
+        if self.bias is not None:
+            ids, values = self.bias
+            logits = logits.float().index_add(0, ids, values)
         constraint = self.params.constraint
         if constraint is not None:
             logits = constraint.mask(logits)

@@ -19,8 +19,10 @@ from typing import Any, cast
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
 
@@ -65,6 +67,11 @@ class ChatTemplateError(ValueError):
     """The model's chat template refused the conversation (its `raise_exception`)."""
 
 
+# Marks the end of a final assistant message that the prompt continues (a private-use
+# character no template writes itself).
+_OPEN_END = "\U0010fffd<exo:continue>"
+
+
 def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
@@ -93,9 +100,11 @@ class EngineTokenizer:
     def __init__(self, backend: Tokenizer, meta: TokenizerMeta) -> None:
         self.backend = backend
         self.meta = meta
-        self._template = None
-        if meta.chat_template is not None:
-            self._template = _chat_environment().from_string(meta.chat_template)
+        # A model without a template of its own gets the plain rendering.
+        self.fallback = meta.chat_template is None
+        template = FALLBACK_TEMPLATE if meta.chat_template is None else meta.chat_template
+        self._template = _chat_environment().from_string(template)
+        self._fallback_logged = False
 
     @property
     def vocab_size(self) -> int:
@@ -121,11 +130,44 @@ class EngineTokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, object] | None = None,
+        continue_final: bool = False,
     ) -> str:
-        """The prompt text for a conversation, with the model's own template; ``tools``
-        (JSON schemas) and ``template_kwargs`` (``enable_thinking``...) are variables."""
-        if self._template is None:
-            raise ChatTemplateError("this model has no chat template")
+        """The prompt text for a conversation, with the model's own template (or the plain
+        fallback); ``tools`` (JSON schemas) and ``template_kwargs`` (``enable_thinking``...)
+        are variables. ``continue_final``: the prompt ends inside the final (assistant)
+        message, without its end of turn, so the answer continues it."""
+        if self.fallback and not self._fallback_logged:
+            self._fallback_logged = True
+            logger.warning(
+                "this model has no chat template: conversations are rendered plainly "
+                "('User: ...', 'Assistant: ...')"
+            )
+        if not continue_final or not messages:
+            return self._render(messages, add_generation_prompt, tools, template_kwargs)
+        final = dict(messages[-1])
+        content = str(final.get("content") or "")
+        marked = [*messages[:-1], {**final, "content": content + _OPEN_END}]
+        text = self._render(marked, False, tools, template_kwargs)
+        at = text.rfind(_OPEN_END)
+        if at >= 0:
+            return text[:at]
+        # The template rewrote the mark away: cut after the message's text itself.
+        text = self._render(messages, False, tools, template_kwargs)
+        at = text.rfind(content.strip()) if content.strip() else -1
+        if at < 0:
+            raise ChatTemplateError(
+                "the chat template does not show the final assistant message, "
+                "so the answer cannot continue it"
+            )
+        return text[: at + len(content.strip())]
+
+    def _render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, object] | None,
+    ) -> str:
         extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
         try:
             return self._template.render(

@@ -15,10 +15,11 @@ permute and slice by rows (and by columns on block boundaries) without dequantis
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TypeVar, cast
+from typing import Generic, cast
 
 import torch
 from torch import Tensor
+from typing_extensions import TypeVar
 
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.qtensor import QuantTensor, Weight
@@ -31,7 +32,8 @@ ProgressCallback = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer block. Head counts are read from the shapes (they shrink under TP)."""
+    """One block of the dense family (`models/dense.py`). Head counts are read from the shapes
+    (they shrink under TP). Other families define their own layer records."""
 
     attn_norm: Tensor  # [D]
     wq: Weight  # [H*hd, D]
@@ -51,14 +53,18 @@ class LayerWeights:
     post_ffn_norm: Tensor | None = None  # [D]  (Gemma 3: rmsnorm of the MLP output)
 
 
+L = TypeVar("L", default=LayerWeights)
+
+
 @dataclass(frozen=True)
-class ShardWeights:
-    """Layers [start_layer, end_layer) plus the embedding (first shard) and head (last shard)."""
+class ShardWeights(Generic[L]):
+    """Layers [start_layer, end_layer) plus the embedding (first shard) and head (last shard).
+    A layer is a family's own record (`L`: `LayerWeights` for the dense family)."""
 
     config: LlamaConfig
     start_layer: int
     end_layer: int
-    layers: list[LayerWeights]
+    layers: list[L]
     embed: Weight | None  # [V, D]            when start_layer == 0
     final_norm: Tensor | None  # [D]          when end_layer == n_layers
     lm_head: Weight | None  # [V, D]          when end_layer == n_layers (the embedding if tied)
@@ -123,11 +129,11 @@ def _rows_opt(w: Tensor | None, rank: int, world_size: int) -> Tensor | None:
 def slice_layer(
     layer: LayerWeights, config: LlamaConfig, rank: int, world_size: int
 ) -> LayerWeights:
-    """The share of one block that rank `rank` of `world_size` computes (Megatron-style).
+    """The share of one dense block that rank `rank` of `world_size` computes (Megatron-style).
 
     Column-parallel (rows of the weight): q, k, v by whole heads, gate and up by ffn columns.
     Row-parallel (columns of the weight): o and down; their partial outputs must be summed
-    over ranks (the all-reduce hook of `LlamaModel`). Norms are replicated.
+    over ranks (the model's all-reduce hook). Norms are replicated.
     """
     if config.heads % world_size or config.kv_heads % world_size or config.ffn % world_size:
         raise ValueError(
@@ -152,9 +158,13 @@ def slice_layer(
 
 
 def slice_shard(weights: ShardWeights, rank: int, world_size: int) -> ShardWeights:
-    """Every layer of a shard sliced for one TP rank; embedding and head stay replicated."""
+    """Every layer of a dense shard sliced for one TP rank; embedding and head stay replicated."""
     layers = [slice_layer(layer, weights.config, rank, world_size) for layer in weights.layers]
     return replace(weights, layers=layers)
+
+
+SliceLayer = Callable[[L, LlamaConfig, int, int], L]
+"""A family's tensor-parallel split of one layer: (layer, config, rank, world) -> its share."""
 
 
 def assemble_shard(
@@ -162,7 +172,8 @@ def assemble_shard(
     start_layer: int,
     end_layer: int,
     *,
-    layer: Callable[[int], LayerWeights],
+    layer: Callable[[int], L],
+    slice_layer: SliceLayer[L],
     embedding: Callable[[], Weight],
     head: Callable[[Weight | None], Weight],
     final_norm: Callable[[], Tensor],
@@ -170,12 +181,12 @@ def assemble_shard(
     progress: ProgressCallback | None = None,
     tensor_parallel: TensorParallel | None = None,
     rope_freq_factors: Tensor | None = None,
-) -> ShardWeights:
-    """The shard of layers [start_layer, end_layer), whatever the file format: each layer
-    read by ``layer`` (and sliced for a TP rank as it loads), then the embedding for the
-    first shard, the final norm and the head for the last (``head`` gets the embedding
-    when this shard loaded it, for tied heads)."""
-    layers: list[LayerWeights] = []
+) -> ShardWeights[L]:
+    """The shard of layers [start_layer, end_layer), whatever the file format and family: each
+    layer read by ``layer`` (and sliced for a TP rank by ``slice_layer`` as it loads), then the
+    embedding for the first shard, the final norm and the head for the last (``head`` gets
+    the embedding when this shard loaded it, for tied heads)."""
+    layers: list[L] = []
     for i in range(start_layer, end_layer):
         loaded = layer(i)
         if tensor_parallel is not None:
@@ -185,7 +196,7 @@ def assemble_shard(
             progress(len(layers), end_layer - start_layer)
     is_last = end_layer == config.n_layers
     embed = embedding() if start_layer == 0 else None
-    return ShardWeights(
+    return ShardWeights[L](
         config=config,
         start_layer=start_layer,
         end_layer=end_layer,

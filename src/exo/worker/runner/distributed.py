@@ -30,18 +30,16 @@ from torch import Tensor
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMetadata
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.cpu_kernels import load_kernels
-from exo.worker.engines.engine import Engine, load_config, load_shard_weights
+from exo.worker.engines.engine import Engine, Shard, load_model
 from exo.worker.engines.kv_cache import KVCache
-from exo.worker.engines.linear import choose_weight_format
-from exo.worker.engines.llama import AllReduce, LlamaModel, StepInputs, no_all_reduce
-from exo.worker.engines.load_report import load_plan
+from exo.worker.engines.linear import WeightFormat
+from exo.worker.engines.models.base import AllReduce, ShardModel, StepInputs, no_all_reduce
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
 
 Kind = Literal["pipeline", "tensor"]
 _OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
-_HEADER_FIXED = 4  # op, batch, new tokens, (move: length)
+_HEADER_FIXED = 4  # op, batch, new tokens, (move: length; forward: 1 = every position's logits)
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
@@ -97,12 +95,13 @@ class _Header:
     def length(self) -> int:
         return _HEADER_FIXED + 2 * self.max_batch
 
-    def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0)) -> Tensor:
+    def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0),
+               every_position: bool = False) -> Tensor:
         h = torch.zeros(self.length, dtype=torch.int64)
         h[0] = op
         if step is not None:
             b = len(step.slots)
-            h[1], h[2] = b, step.n_new
+            h[1], h[2], h[3] = b, step.n_new, int(every_position)
             h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
             h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
         else:
@@ -135,7 +134,7 @@ class _LeaderCache:
 class LeaderModel:
     """What the batcher sees on rank 0: a whole model whose forward spans every rank."""
 
-    def __init__(self, local: LlamaModel, kind: Kind, world_size: int, max_batch: int) -> None:
+    def __init__(self, local: ShardModel, kind: Kind, world_size: int, max_batch: int) -> None:
         self.local = local
         self.kind: Kind = kind
         self.world_size = world_size
@@ -144,6 +143,7 @@ class LeaderModel:
         self.device = local.device
         self.start_layer = 0
         self.end_layer = local.config.n_layers
+        self.weight_format: WeightFormat = local.weight_format
 
     def send_header(self, header: Tensor) -> None:
         if self.kind == "tensor":
@@ -154,17 +154,28 @@ class LeaderModel:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return cast(KVCache, _LeaderCache(self.local.new_cache(max_batch, max_seq), self))
 
-    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
+    def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
+                every_position: bool = False) -> Tensor:
+        """The whole model's logits: of each row's last position [B, V], or of every
+        position [B, T, V] (the last stage computes them and sends them here)."""
         local_cache = cast(_LeaderCache, cache).local
-        self.send_header(self.header.encode(_OP_FORWARD, step))
+        self.send_header(self.header.encode(_OP_FORWARD, step, every_position=every_position))
         if self.kind == "tensor":
             dist.broadcast(tokens.to(torch.int64).contiguous(), src=0)
-            return self.local.forward(tokens, step, local_cache)
+            return self.local.forward(tokens, step, local_cache, every_position)
         hidden = self.local.forward_layers(self.local.embed(tokens), step, local_cache)
         dist.send(hidden.contiguous(), dst=1)
-        logits = torch.empty(len(step.slots), self.config.vocab, dtype=torch.float32)
+        shape = (len(step.slots), step.n_new) if every_position else (len(step.slots),)
+        logits = torch.empty(*shape, self.config.vocab, dtype=torch.float32)
         dist.recv(logits, src=self.world_size - 1)
         return logits
+
+    def final_hidden(self, tokens: Tensor) -> Tensor:
+        """Embeddings need the whole model in one process: refused for a split one."""
+        raise RuntimeError(
+            f"embeddings are not served by a model split over {self.world_size} ranks "
+            f"({self.kind} parallel)"
+        )
 
     def stop(self) -> None:
         self.send_header(self.header.encode(_OP_STOP))
@@ -173,7 +184,7 @@ class LeaderModel:
 class Follower:
     """Ranks > 0: execute rank 0's steps until it says stop (or the group breaks)."""
 
-    def __init__(self, local: LlamaModel, kind: Kind, rank: int, world_size: int,
+    def __init__(self, local: ShardModel, kind: Kind, rank: int, world_size: int,
                  max_batch: int, max_seq: int) -> None:
         self.local = local
         self.kind: Kind = kind
@@ -232,7 +243,8 @@ class Follower:
         if self.rank < self.world_size - 1:
             dist.send(hidden.contiguous(), dst=self.rank + 1)
         else:
-            dist.send(self.local.head(hidden[:, -1]).contiguous(), dst=0)
+            every_position = bool(header[3])
+            dist.send(self.local.head(hidden if every_position else hidden[:, -1]).contiguous(), dst=0)
         return True
 
 
@@ -245,31 +257,19 @@ def load_local_model(
     threads: int,
     cache_dir: Path,
     progress: ProgressCallback | None,
-) -> tuple[LlamaModel, Engine | None]:
-    """This rank's part of the model; rank 0 also gets the tokenizer (as an Engine)."""
-    torch.set_num_threads(max(1, threads))
-    dev = torch.device(device)
-    config = load_config(path)
-    on_cpu_f32 = dev.type == "cpu" and dtype == torch.float32
-    kernels = load_kernels(cache_dir / "kernels") if on_cpu_f32 else None
-    if kernels is not None:
-        kernels.set_threads(max(1, threads))
-    load_dtype = torch.float32 if on_cpu_f32 else dtype
-    plan = load_plan(dev, load_dtype, kernels, None)
+) -> tuple[ShardModel, Engine | None]:
+    """This rank's part of the model, through the one loader; rank 0 also gets the tokenizer
+    (as an Engine)."""
+    all_reduce: AllReduce = no_all_reduce
     if isinstance(shard, PipelineShardMetadata):
-        weights = load_shard_weights(path, shard.start_layer, shard.end_layer, dtype=load_dtype,
-                                     progress=progress, plan=plan)
-        all_reduce: AllReduce = no_all_reduce
+        local = Shard(shard.start_layer, shard.end_layer)
     else:  # each layer is sliced as it loads: the rank never holds the whole model
-        tp = TensorParallel(shard.device_rank, shard.world_size)
-        weights = load_shard_weights(path, 0, config.n_layers, dtype=load_dtype,
-                                     progress=progress, plan=plan, tensor_parallel=tp)
+        local = Shard(tensor_parallel=TensorParallel(shard.device_rank, shard.world_size))
         all_reduce = _all_reduce
-    fmt = choose_weight_format(weights.source_format, dev, dtype, kernels)
-    # (the weights were loaded for this model alone: it may re-lay their blocks in place)
-    model = LlamaModel(weights, weight_format=fmt, dtype=dtype, device=dev, kernels=kernels,
-                       all_reduce=all_reduce, own_weights=True)
+    config, model = load_model(
+        path, local, all_reduce=all_reduce, dtype=dtype, device=device, threads=threads,
+        cache_dir=cache_dir, progress=progress,
+    )  # fmt: skip
     if shard.device_rank != 0:
         return model, None
-    engine = Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
-    return model, engine
+    return model, Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))

@@ -4,7 +4,7 @@ The runner calls ``submit`` for each request, ``step`` between its input checks,
 ``cancel``; each returns the events to send (chunks and task statuses)."""
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -13,6 +13,7 @@ import torch
 from loguru import logger
 
 from exo.shared.types.chunks import (
+    EchoedPrompt,
     ErrorCode,
     FinishReason,
     TokenChunk,
@@ -60,6 +61,10 @@ class _Request:
     completion_tokens: int = 0
     # With return_context: the prompt's and the output's token ids so far.
     context: list[int] | None = None
+    # With echo: the prompt's ids, and its tokens' log-probabilities when asked (the prefill
+    # fills them in).
+    echo_ids: list[int] | None = None
+    prompt_sink: list[TokenLogprobs] | None = None
     chunks_sent: int = 0
     started: float = field(default_factory=time.perf_counter)
 
@@ -89,7 +94,9 @@ class Generation:
         try:
             prefix = ""
             constraint = None
-            if params.raw_prompt is not None:
+            if params.prompt_ids is not None:
+                prompt = ""
+            elif params.raw_prompt is not None:
                 prompt = params.raw_prompt
             else:
                 chat = chat_prompt(
@@ -104,7 +111,10 @@ class Generation:
                 prefix = "" if constraint is not None else chat.prefix
                 prompt = (
                     tokenizer.render_chat(
-                        chat.messages, tools=chat.tools, template_kwargs=params.template_kwargs
+                        chat.messages,
+                        tools=chat.tools,
+                        template_kwargs=params.template_kwargs,
+                        continue_final=params.continue_final_message,
                     )
                     + prefix
                 )
@@ -112,17 +122,25 @@ class Generation:
             opened = not prefix and prompt.rstrip().endswith("<think>")
             shown = "<think>" if opened else prefix
             # A raw prompt gets the BOS the model asks for; a chat template writes its own.
-            prompt_ids = tokenizer.encode(prompt, add_special_tokens=params.raw_prompt is not None)
+            prompt_ids = (
+                list(params.prompt_ids)
+                if params.prompt_ids is not None
+                else tokenizer.encode(prompt, add_special_tokens=params.raw_prompt is not None)
+            )
         except GrammarError as e:
             return self._failed(task, str(e), "invalid_request")
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
         context = params.context_tokens
+        error = (
+            self._token_error("context", context)
+            or self._token_error("prompt", params.prompt_ids or [])
+            or self._token_error("logit_bias", params.logit_bias)
+        )
+        if error is not None:
+            return self._failed(task, error, "invalid_request")
         if context:
-            error = self._context_error(context)
-            if error is not None:
-                return self._failed(task, error, "invalid_request")
             prompt_ids = [*context, *prompt_ids]
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if params.count_only:
@@ -135,26 +153,15 @@ class Generation:
             )
             return self._failed(task, message, "context_length_exceeded")
         sink: list[TokenLogprobs] | None = [] if params.logprobs else None
+        prompt_sink: list[TokenLogprobs] | None = [] if params.logprobs and params.echo else None
+        wanted = params.max_tokens if params.max_tokens is not None else limit
+        max_tokens = min(wanted, limit - len(prompt_ids))
+        # max_tokens 0 runs the model only to score the prompt
+        runs = max_tokens > 0 or prompt_sink is not None
         try:
-            max_tokens = min(params.max_tokens or limit, limit - len(prompt_ids))
-            self.batch.add(
-                task.task_id,
-                prompt_ids,
-                SamplingParams(
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    top_k=params.top_k,
-                    min_p=params.min_p,
-                    seed=params.seed,
-                    max_tokens=max_tokens,
-                    repetition_penalty=params.repetition_penalty,
-                    presence_penalty=params.presence_penalty,
-                    frequency_penalty=params.frequency_penalty,
-                    constraint=constraint,
-                    top_logprobs=params.top_logprobs,
-                    logprob_sink=sink,
-                ),
-            )
+            if runs:
+                sampling = _sampling(params, max_tokens, constraint, sink, prompt_sink)
+                self.batch.add(task.task_id, prompt_ids, sampling)
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
@@ -172,16 +179,20 @@ class Generation:
             prefix=shown,
             logprob_sink=sink,
             context=list(prompt_ids) if params.return_context else None,
+            echo_ids=list(prompt_ids) if params.echo else None,
+            prompt_sink=prompt_sink,
         )
-        return []
+        return [] if runs else self._chunk(self.requests[task.task_id], "", -1, "length")
 
-    def _context_error(self, context: Sequence[int]) -> str | None:
-        """Why an earlier answer's token ids cannot be this model's prompt, if they cannot."""
+    def _token_error(self, name: str, ids: Iterable[int]) -> str | None:
+        """Why the token ids a request's parameter ``name`` holds are not this model's, if
+        they are not."""
         vocab = self.engine.config.vocab
-        for i, token in enumerate(context):
-            if token >= vocab:
+        for i, token in enumerate(ids):
+            if not 0 <= token < vocab:
+                where = "" if isinstance(ids, dict) else f" (item {i})"
                 return (
-                    f"context: token id {token} (item {i}) is not below the model's "
+                    f"{name}: token id {token}{where} is not below the model's "
                     f"vocabulary size of {vocab}"
                 )
         return None
@@ -212,6 +223,11 @@ class Generation:
             ids = self.engine.tokenizer.encode(text, add_special_tokens=True)
         except Exception as e:  # this request is refused; the others go on
             return self._failed(task, f"{type(e).__name__}: {e}")
+        if params.context_tokens:  # token ids to embed as they are
+            error = self._token_error("input", params.context_tokens)
+            if error is not None:
+                return self._failed(task, error, "invalid_request")
+            ids = list(params.context_tokens)
         limit = min(self.max_seq, params.num_ctx or self.max_seq)
         if not ids:
             return self._failed(task, "the input has no tokens to embed", "invalid_request")
@@ -265,9 +281,12 @@ class Generation:
             request = self.requests.get(TaskId(out.request_id))
             if request is None:
                 continue
-            if out.finish_reason == "error" or out.token_id is None:
+            if out.finish_reason == "error":
                 del self.requests[request.task.task_id]
                 events.extend(self._failed(request.task, out.error or "generation failed"))
+                continue
+            if out.token_id is None:  # max_tokens 0: the prompt alone
+                events.extend(self._chunk(request, "", -1, out.finish_reason or "length"))
                 continue
             request.completion_tokens += 1
             finish: FinishReason | None = out.finish_reason
@@ -349,6 +368,7 @@ class Generation:
             context=list(request.context)
             if finish is not None and request.context is not None
             else None,
+            echo=self._echo(request) if finish is not None else None,
         )
         request.pending_logprobs.clear()
         request.chunks_sent += 1
@@ -358,6 +378,26 @@ class Generation:
             status = TaskStatus.Cancelled if finish == "cancelled" else TaskStatus.Complete
             events.append(TaskStatusUpdated(task_id=task.task_id, task_status=status))
         return events
+
+    def _echo(self, request: _Request) -> EchoedPrompt | None:
+        """The prompt as the model read it, for a request that asked for it (echo)."""
+        ids = request.echo_ids
+        if ids is None:
+            return None
+        decode = self.engine.tokenizer.decode
+        logprobs: list[TokenLogprob] | None = None
+        if request.prompt_sink is not None:
+            logprobs = [
+                TokenLogprob(
+                    token=decode([e.token]),
+                    logprob=e.logprob,
+                    top=[TopLogprob(token=decode([t]), logprob=lp) for t, lp in e.top],
+                )
+                for e in request.prompt_sink
+            ]
+        return EchoedPrompt(
+            text=decode(ids), tokens=[decode([t]) for t in ids], logprobs=logprobs
+        )
 
     def _failed(
         self, task: TextGeneration, message: str, code: ErrorCode | None = None
@@ -371,6 +411,31 @@ class Generation:
                 task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
             ),
         ]
+
+
+def _sampling(
+    params: TextGenerationTaskParams,
+    max_tokens: int,
+    constraint: GrammarConstraint | None,
+    sink: list[TokenLogprobs] | None,
+    prompt_sink: list[TokenLogprobs] | None,
+) -> SamplingParams:
+    return SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        seed=params.seed,
+        max_tokens=max_tokens,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        constraint=constraint,
+        top_logprobs=params.top_logprobs,
+        logprob_sink=sink,
+        prompt_logprob_sink=prompt_sink,
+        logit_bias=tuple(params.logit_bias.items()),
+    )
 
 
 def load_generation(

@@ -1,6 +1,7 @@
 """The runner process: a state machine over the runner statuses that loads a shard,
 warms it up and serves generation requests, batching them between decode steps."""
 
+import struct
 import time
 from typing import assert_never
 
@@ -47,6 +48,14 @@ from exo.utils.channels import MpReceiver, MpSender, mp_wait
 from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
 from exo.worker.runner.settings import RunnerSettings
+
+MODEL_FILE_ERRORS = (ValueError, KeyError, IndexError, struct.error, NotImplementedError)
+"""What a load raises for a model file it cannot use (a missing tensor, a bad header, an
+unsupported layout): deterministic, unlike a lost peer or a lack of memory."""
+
+
+class ModelFileError(Exception):
+    """A load that failed on the model's files: retrying cannot help."""
 
 
 class Runner:
@@ -105,9 +114,12 @@ class Runner:
             logger.info("node closed the runner's pipes: exiting")
         except Exception as e:  # the runner dies; its failure is data for the node
             logger.opt(exception=e).error("runner failed")
-            message = f"{type(e).__name__}: {e}"
+            deterministic = isinstance(e, ModelFileError)
+            message = str(e) if deterministic else f"{type(e).__name__}: {e}"
             try:
-                self.update_status(RunnerFailed(error_message=message))
+                self.update_status(
+                    RunnerFailed(error_message=message, deterministic=deterministic)
+                )
             except ClosedResourceError:
                 pass  # the node is gone: nobody to tell
 
@@ -164,9 +176,12 @@ class Runner:
                 total = self._layer_count()
                 self.update_status(RunnerLoading(layers_loaded=0, total_layers=total))
                 self.acknowledge_task(task)
-                loaded = load_generation(
-                    self.bound_instance, self.settings, self._loading_progress
-                )
+                try:
+                    loaded = load_generation(
+                        self.bound_instance, self.settings, self._loading_progress
+                    )
+                except MODEL_FILE_ERRORS as e:  # the same file fails the same way again
+                    raise ModelFileError(f"{type(e).__name__}: {e}") from e
                 if isinstance(loaded, Follower):
                     self.follower = loaded
                 else:

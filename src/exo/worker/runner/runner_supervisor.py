@@ -83,6 +83,9 @@ class RunnerSupervisor:
     _stopping: bool = field(default=False, init=False)
     _exited: anyio.Event = field(default_factory=anyio.Event, init=False)
     _cancel_scope: anyio.CancelScope = field(default_factory=anyio.CancelScope, init=False)
+    _waiting: anyio.CancelScope | None = field(default=None, init=False)
+    """The wait for the runner's next event, while one is under way."""
+    _wait_from: float = field(default=0.0, init=False)
     # Our copies of the child's pipe ends, closed once the child has started.
     _child_ends: tuple[MpSender[Event], MpReceiver[Task], MpReceiver[TaskId]] | None = field(
         default=None, init=False
@@ -146,20 +149,32 @@ class RunnerSupervisor:
 
     async def _forward_events(self) -> None:
         while True:
-            deadline = self._deadline()
-            try:
-                with anyio.fail_after(deadline):
+            event: Event | None = None
+            self._wait_from = anyio.current_time()
+            with anyio.CancelScope(deadline=self._wait_from + self._deadline()) as wait:
+                self._waiting = wait  # start_task may bring the deadline closer
+                try:
                     event = await self._ev_recv.receive_async()
-            except TimeoutError:
-                await self._stalled(deadline)
-                return
-            except (EndOfStream, ClosedResourceError, BrokenResourceError) as e:
-                if self._stopping:
+                except (EndOfStream, ClosedResourceError, BrokenResourceError) as e:
+                    if self._stopping:
+                        return
+                    await self._check_runner(e)
                     return
-                await self._check_runner(e)
+                finally:
+                    self._waiting = None
+            if event is None:  # the deadline passed
+                await self._stalled(wait.deadline - self._wait_from)
                 return
             self._initialized = True
             await self._handle_event(event)
+
+    def _rearm(self) -> None:
+        """A task was handed over: the runner must now show progress within its phase's
+        deadline, also when it was waiting with none (idle, ready)."""
+        now = anyio.current_time()
+        if self._waiting is not None and now + self._deadline() < self._waiting.deadline:
+            self._waiting.deadline = now + self._deadline()
+            self._wait_from = now
 
     def _deadline(self) -> float:
         """Seconds to wait for the next event: the deadline of the current phase."""
@@ -201,6 +216,7 @@ class RunnerSupervisor:
         waiter = anyio.Event()
         self.pending[task.task_id] = waiter
         self.in_progress[task.task_id] = task
+        self._rearm()
         try:
             await self._task_sender.send_async(task)
         except ClosedResourceError:
@@ -231,6 +247,8 @@ class RunnerSupervisor:
 
     async def _stalled(self, waited: float) -> None:
         phase = type(self.status).__name__.removeprefix("Runner").lower()
+        if self.in_progress and phase in ("ready", "running"):
+            phase = "running a task"
         reason = f"runner stalled: no progress for {waited:g} s while {phase}"
         logger.error(f"{self.runner_id}: {reason}")
         await self._kill()
@@ -256,7 +274,8 @@ class RunnerSupervisor:
             waiter.set()
         self.pending.clear()
         try:
-            self.status = RunnerFailed(error_message=error_message)
+            deterministic = isinstance(self.status, RunnerFailed) and self.status.deterministic
+            self.status = RunnerFailed(error_message=error_message, deterministic=deterministic)
             with anyio.CancelScope(shield=True):
                 await self._event_sender.send(
                     RunnerStatusUpdated(runner_id=self.runner_id, runner_status=self.status)

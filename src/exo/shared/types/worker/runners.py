@@ -57,6 +57,9 @@ class RunnerShutdown(FrozenModel):
 class RunnerFailed(FrozenModel):
     kind: Literal["RunnerFailed"] = "RunnerFailed"
     error_message: str
+    deterministic: bool = False
+    """The load failed in a way a retry would repeat (a model file it cannot use): the
+    instance is given up at once instead of after the retries with backoff."""
 
 
 RunnerStatus = Annotated[

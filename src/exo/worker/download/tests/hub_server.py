@@ -9,7 +9,9 @@ It serves the paths ``huggingface_hub`` 2.4 calls (read from its source):
 * ``GET`` of the same with ``Range: bytes=N-`` (206 + ``Content-Range``) (``http_get``);
 * ``GET /api/models?search=``: ``[{"id": ...}]`` (``HfApi.list_models``).
 Errors carry ``X-Error-Code`` as the hub does (``RepoNotFound``, ``EntryNotFound``,
-``GatedRepo``). Faults for tests: a file cut mid-way, corrupted bytes, a gated repo.
+``GatedRepo``). Faults for tests: a file cut mid-way, corrupted bytes, a gated repo, and a
+hostile hub: a claimed commit or file names that lead out of the cache (``HubRepo.sha``
+and file names with ``..``).
 """
 
 import hashlib
@@ -33,9 +35,13 @@ class HubRepo:
     files: dict[str, bytes]
     gated: bool = False  # answers 401 without a token, 403 with a wrong one
     token: str = "hf_good_token"
+    sha: str | None = None
+    """A hostile hub: the commit it claims (e.g. ``../../victim``) instead of the real one."""
 
     @property
     def commit(self) -> str:
+        if self.sha is not None:
+            return self.sha
         h = hashlib.sha1()
         for name in sorted(self.files):
             h.update(name.encode())
@@ -132,6 +138,7 @@ class _Handler(BaseHTTPRequestHandler):
         hub = self._hub
         parsed = urlparse(self.path)
         path = unquote(parsed.path)
+        raw = _RESOLVE.match(parsed.path)  # a revision is quoted whole (it may hold '/')
         if hub.down:
             return self._error(503, "Unavailable", head)
         if path == "/api/models":
@@ -140,8 +147,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json(found, head)
         if m := _INFO.match(path):
             return self._info(m.group("repo"), m.group("rev"), head)
-        if m := _RESOLVE.match(path):
-            return self._resolve(m.group("repo"), m.group("rev"), m.group("file"), head)
+        if m := raw or _RESOLVE.match(path):
+            return self._resolve(unquote(m.group("repo")), unquote(m.group("rev")),
+                                 unquote(m.group("file")), head)
         self._error(404, "RepoNotFound", head)
 
     def _repo(self, repo_id: str, head: bool) -> HubRepo | None:

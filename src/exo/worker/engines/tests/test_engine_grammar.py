@@ -178,3 +178,31 @@ def test_a_model_that_favours_digits_still_ends_its_object(
         raise AssertionError(f"no end after {tokenizer.decode(text)!r}")
     value = json.loads(tokenizer.decode(text))
     assert value == {"age": int("1" * 16)}
+
+
+OPEN: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}}},
+    },
+    "required": ["name", "pet"],
+}
+
+
+def test_an_ollama_schema_forbids_keys_it_does_not_list(
+    compiler: GrammarCompiler, tokenizer: EngineTokenizer
+) -> None:
+    from exo.api.tool_models import ollama_format
+
+    closed = json.loads(ollama_format(OPEN) or "")
+    good = '{"name": "Ada", "pet": {"kind": "cat"}}'
+    extra_top = '{"name": "Ada", "pet": {"kind": "cat"}, "age": 3}'
+    extra_nested = '{"name": "Ada", "pet": {"kind": "cat", "age": 3}}'
+    # As written (JSON Schema's default), other keys are allowed ...
+    assert _accepts(compiler, tokenizer, OPEN, extra_top)
+    assert _accepts(compiler, tokenizer, OPEN, extra_nested)
+    # ... Ollama's format forbids them, at every level.
+    assert _accepts(compiler, tokenizer, closed, good)
+    assert not _accepts(compiler, tokenizer, closed, extra_top)
+    assert not _accepts(compiler, tokenizer, closed, extra_nested)

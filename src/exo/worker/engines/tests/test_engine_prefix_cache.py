@@ -31,9 +31,11 @@ class Counting:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return self.model.new_cache(max_batch, max_seq)
 
-    def forward(self, tokens: torch.Tensor, step: StepInputs, cache: KVCache) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, step: StepInputs, cache: KVCache, every_position: bool = False
+    ) -> torch.Tensor:
         self.computed += tokens.numel()
-        return self.model.forward(tokens, step, cache)
+        return self.model.forward(tokens, step, cache, every_position)
 
 
 def _turns(tokenizer: EngineTokenizer) -> tuple[list[int], list[int]]:

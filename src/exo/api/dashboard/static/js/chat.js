@@ -234,7 +234,8 @@ async function send(text) {
   } finally {
     clearTimeout(pending);
     const tokens = usage?.completion_tokens ?? deltas;
-    answer.stats = {
+    // An answer that failed before its first token has no stats to show ("0 tokens").
+    answer.stats = answer.error && first === null && !tokens ? null : {
       ttft_ms: first === null ? null : first - sent,
       tokens,
       tokens_per_s: first !== null && last > first && tokens > 1 ? (tokens - 1) / ((last - first) / 1000) : null,

@@ -24,7 +24,7 @@ function nodeCard(snapshot, nodeId, info) {
     h("div", { class: "gpu" }, h("div", { class: "muted" }, `GPU ${gpu.name}`),
       memoryBar(gpu.memory_total.in_bytes, gpu.memory_available.in_bytes, "GPU")));
   return h("article", { class: "card node", dataset: { nodeId } },
-    h("header", {}, h("strong", { class: "hostname" }, info.hostname), ...badges),
+    h("header", {}, h("strong", { class: "hostname" }, nodeName(snapshot, nodeId)), ...badges),
     h("div", { class: "muted" }, `${shortId(nodeId)} · ${info.cpu_count} CPU${info.cpu_count === 1 ? "" : "s"}` +
       (info.gpus.length ? ` · ${info.gpus.length} GPU` : " · no GPU")),
     memoryBar(info.memory_total.in_bytes, info.memory_available.in_bytes, "RAM"),

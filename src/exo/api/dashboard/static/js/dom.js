@@ -60,10 +60,11 @@ export function shortId(id) {
   return String(id).slice(0, 8);
 }
 
+/** A labelled progress bar: the label on its own line above the track (never over it). */
 export function bar(fraction, label, cls = "") {
   const pct = Math.max(0, Math.min(1, fraction || 0)) * 100;
   const fill = h("div", { class: "fill" });
   fill.style.width = `${pct.toFixed(1)}%`; // CSSOM: allowed by the page's CSP (no inline styles)
   return h("div", { class: `bar ${cls}`, role: "progressbar", "aria-valuenow": pct.toFixed(0) },
-    fill, h("span", { class: "bar-label" }, label));
+    label ? h("span", { class: "bar-label" }, label) : null, h("div", { class: "track" }, fill));
 }

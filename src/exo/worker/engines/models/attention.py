@@ -1,0 +1,132 @@
+"""Causal self-attention over the paged cache, grouped-query, with optional sliding windows.
+
+    q, k = rotate(q, pos), rotate(k, pos)          (after a per-head rmsnorm, Qwen3 / Gemma)
+    a    = softmax(q K^T / sqrt(hd) + mask) V      K, V: this row's cached keys and values
+
+A step's tensors (rotations, mask, lengths) are built once per step and per kind of layer
+(global or sliding, `step_tensors`) and shared by every layer of that kind. With the compiled
+CPU kernels a decode step's rotation, cache write and attention are one call per layer; a
+sliding layer whose window no longer holds every cached position runs the torch path with a
+mask instead.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from exo.worker.engines.cpu_kernels import QKernels
+from exo.worker.engines.kv_cache import KVCache, LayerCache
+from exo.worker.engines.models.base import StepInputs
+from exo.worker.engines.rope import apply_rope
+
+
+@dataclass(frozen=True)
+class StepTensors:
+    """`StepInputs` turned into tensors once per step, shared by every layer of one kind."""
+
+    use_kernel: bool  # the compiled decode attention runs (it sees every cached position)
+    rope: Tensor  # [P, hd/2] complex: the rotary table of these layers
+    rotation: Tensor | None  # [B, T, 1, hd/2] complex: the rotation of each new position
+    kv_len: int  # L: cache positions that any row attends to
+    mask: Tensor | None  # [B, 1, T, L] bool (True = attend); None = all L (decode) / causal
+    is_causal: bool  # prefill of one row from position 0: plain causal attention
+    pos_index: Tensor  # [B] long: position of the new token (used when n_new == 1)
+
+
+def step_tensors(
+    step: StepInputs,
+    rope: Tensor,
+    window: int | None,
+    device: torch.device,
+    compiled: bool,
+) -> StepTensors:
+    """The step's tensors for layers with rotary table `rope` and sliding `window` (None:
+    global). `compiled`: the compiled decode attention is available."""
+    bsz, n_new = len(step.slots), step.n_new
+    ends = [s + n_new for s in step.starts]
+    kv_len = max(ends)
+    if kv_len > rope.shape[0]:
+        raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
+    sees_all = window is None or kv_len <= window  # no key has left the window yet
+    starts = torch.tensor(step.starts, device=device)
+    if n_new == 1 and compiled and sees_all:  # the compiled decode
+        return StepTensors(True, rope, None, kv_len, None, False, starts)
+    positions = starts[:, None] + torch.arange(n_new, device=device)  # [B, T]
+    rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
+    is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all
+    mask = None
+    if not is_causal and not (bsz == 1 and n_new == 1 and sees_all):
+        # key j is visible to the query at position p iff j <= p (and p - j < window).
+        keys = torch.arange(kv_len, device=device)
+        mask = keys <= positions[:, :, None]  # [B, T, L]
+        if window is not None:
+            mask = mask & (keys > positions[:, :, None] - window)
+        mask = mask.unsqueeze(1)  # [B, 1, T, L]
+    return StepTensors(
+        use_kernel=False,
+        rope=rope,
+        rotation=rotation,
+        kv_len=kv_len,
+        mask=mask,
+        is_causal=is_causal,
+        pos_index=starts,
+    )
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    heads: int  # H (local to this TP rank)
+    kv_heads: int  # KV
+    head_dim: int  # hd
+    qk_norm: Tensor | None  # [H + KV, hd]  per-head norm gains, q heads then k
+    eps: float
+
+
+def attend(
+    qkv: Tensor,
+    s: AttentionShape,
+    t: StepTensors,
+    layer_cache: LayerCache,
+    kernels: QKernels | None,
+) -> Tensor:
+    """qkv [B, T, (H + 2KV) * hd] -> attention output [B, T, H*hd]; the new k, v are stored."""
+    bsz, n_new, _ = qkv.shape
+    hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
+    if t.use_kernel and kernels is not None:  # rotate, cache, attend: one compiled call
+        return kernels.attend_decode(
+            qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
+        )
+    qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
+    if s.qk_norm is not None:
+        qk = F.rms_norm(qk, (hd,), None, s.eps) * s.qk_norm
+    assert t.rotation is not None
+    qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
+    q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
+    v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
+    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    if n_new == 1:
+        # One query per row: fold the query heads of each kv group into the query axis.
+        q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
+        out = F.scaled_dot_product_attention(q1, keys, values, attn_mask=t.mask)
+        return out.reshape(bsz, 1, heads * hd)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),  # [B, H, T, hd]
+        keys,
+        values,
+        attn_mask=t.mask,
+        is_causal=t.is_causal,
+        enable_gqa=heads != kvh,
+    )  # [B, H, T, hd]
+    return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
+
+
+def check_step(step: StepInputs, cache: KVCache) -> None:
+    n = len(step.slots)
+    if n == 0 or n != len(step.starts) or step.n_new < 1:
+        raise ValueError(f"bad step: {step}")
+    if len(set(step.slots)) != n or not all(0 <= s < cache.max_batch for s in step.slots):
+        raise ValueError(f"slots {step.slots} invalid for a cache of {cache.max_batch} slots")
+    if any(s < 0 or s + step.n_new > cache.max_seq for s in step.starts):
+        raise ValueError(f"positions beyond the cache length {cache.max_seq}")

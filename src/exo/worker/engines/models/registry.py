@@ -1,0 +1,42 @@
+"""The architecture families the engine runs, keyed by GGUF `general.architecture` and Hugging
+Face `model_type`. A new family is one module providing a `ModelFamily`, listed here."""
+
+from typing import Any
+
+from exo.worker.engines.models.base import ModelFamily
+from exo.worker.engines.models.dense import DENSE
+
+Family = ModelFamily[Any]  # each family has its own layer record
+
+FAMILIES: tuple[Family, ...] = (DENSE,)
+
+
+def supported_gguf_architectures() -> tuple[str, ...]:
+    return tuple(a for f in FAMILIES for a in f.gguf_architectures)
+
+
+def supported_hf_model_types() -> tuple[str, ...]:
+    return tuple(t for f in FAMILIES for t in f.hf_model_types)
+
+
+def family_for_gguf(architecture: str) -> Family:
+    """The family of a GGUF file's `general.architecture`; ValueError naming it and the
+    supported ones otherwise."""
+    for family in FAMILIES:
+        if architecture in family.gguf_architectures:
+            return family
+    raise ValueError(
+        f"architecture {architecture!r} is not supported (supported GGUF architectures: "
+        f"{', '.join(supported_gguf_architectures())})"
+    )
+
+
+def family_for_hf(model_type: str) -> Family:
+    """The family of a Hugging Face `model_type`; ValueError naming it and the supported ones."""
+    for family in FAMILIES:
+        if model_type in family.hf_model_types:
+            return family
+    raise ValueError(
+        f"model_type {model_type!r} is not supported (supported Hugging Face model types: "
+        f"{', '.join(supported_hf_model_types())})"
+    )

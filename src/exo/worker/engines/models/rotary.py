@@ -1,0 +1,60 @@
+"""The rotary tables of a model's layers, sized by the context actually served.
+
+    table[p, i] = exp(j p w_i)      w_i: the layer kind's frequencies (`rope.rope_frequencies`)
+
+A model's files declare its trained context (`context_length`: up to ~1M for real models, and
+whatever a hostile file says); a runner serves at most `runner_max_seq(context_length)`
+positions per request (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed when it sized the
+node's memory). The tables start at that size and grow only when a cache asks for more
+positions (`ensure`), so a file's claim alone never allocates anything.
+"""
+
+import torch
+from torch import Tensor
+
+from exo.shared.models.memory import runner_max_seq
+from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.rope import rope_frequencies, rope_table
+
+
+class RotaryTables:
+    """exp(j p w) tables [P, hd/2] of global (False) and sliding (True) layers: one table
+    unless sliding layers have a rotary base of their own (Gemma 3)."""
+
+    def __init__(
+        self,
+        config: LlamaConfig,
+        device: torch.device,
+        freq_factors: Tensor | None = None,
+        head_dim: int | None = None,
+    ) -> None:
+        hd = config.head_dim if head_dim is None else head_dim
+        global_freqs = rope_frequencies(hd, config.rope_theta, config.rope_scaling, freq_factors)
+        local_freqs = global_freqs
+        if config.rope_theta_local is not None:
+            local_freqs = rope_frequencies(hd, config.rope_theta_local)
+        self._freqs = {False: global_freqs, True: local_freqs}
+        self.device = device
+        self._tables: dict[bool, Tensor] = {}
+        self._build(runner_max_seq(config.context_length))
+
+    @property
+    def positions(self) -> int:
+        return self._tables[False].shape[0]
+
+    def table(self, sliding: bool) -> Tensor:
+        return self._tables[sliding]
+
+    def ensure(self, n_positions: int) -> None:
+        """Tables of at least `n_positions` positions (beyond the served context on demand)."""
+        if n_positions > self.positions:
+            self._build(n_positions)
+
+    def _build(self, n_positions: int) -> None:
+        table = rope_table(n_positions, self._freqs[False], self.device)
+        local = self._freqs[True]
+        same = local is self._freqs[False]
+        self._tables = {
+            False: table,
+            True: table if same else rope_table(n_positions, local, self.device),
+        }
