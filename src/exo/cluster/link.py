@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
@@ -50,6 +51,8 @@ from exo.shared.types.common import NodeId
 from exo.shared.types.events import ChunkGenerated, Event
 from exo.utils.channels import Receiver
 
+REPLAY_FILE = "replay.log"
+
 
 class ClusterLink:
     def __init__(
@@ -63,13 +66,17 @@ class ClusterLink:
         *,
         clock: Callable[[], float] = time.monotonic,
         network: OpenNetwork | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         """``clock`` and ``network`` are the real ones unless given (the simulator gives
         a virtual clock and a simulated network): the monotonic clock, and a zenoh router
-        for ``config``."""
+        for ``config``. ``data_dir``: this node's cluster directory, where the router
+        remembers the envelopes it admitted (``REPLAY_FILE``: a message recorded before
+        a restart is refused after it)."""
         self.config = config
+        replay = None if data_dir is None else data_dir / REPLAY_FILE
         self._open_network: OpenNetwork = network or (
-            lambda: Router(config.routing(host.node_id))
+            lambda: Router(config.routing(host.node_id, replay))
         )
         self._network: ClusterNetwork | None = None
         self.host = host
