@@ -35,6 +35,7 @@ class ReplayBook:
         self._high: dict[str, dict[int, int]] = {}
         """Per sender, per session (oldest first): the highest counter admitted."""
         self._fd: int | None = None
+        self._size = 0
         if path is not None:
             self._load(path)
             self._floor = {(s, n): c for s, ns in self._high.items() for n, c in ns.items()}
@@ -57,7 +58,7 @@ class ReplayBook:
             self._new_session(sender, sessions, counter)
         sessions[session] = counter
         self._write(json.dumps([sender, session, counter]) + "\n")
-        if self._fd is not None and os.fstat(self._fd).st_size > COMPACT_BYTES:
+        if self._size > COMPACT_BYTES:
             self._compact()
 
     def close(self) -> None:
@@ -102,6 +103,7 @@ class ReplayBook:
             for sender, sessions in self._high.items()
             for session, counter in sessions.items()
         ]
+        self._size = sum(len(line) for line in lines)
         with tmp.open("w") as f:
             f.writelines(lines)
             f.flush()
@@ -111,4 +113,4 @@ class ReplayBook:
 
     def _write(self, line: str) -> None:
         if self._fd is not None:
-            os.write(self._fd, line.encode())
+            self._size += os.write(self._fd, line.encode())
