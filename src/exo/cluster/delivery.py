@@ -16,11 +16,12 @@ from exo.cluster.config import ClusterConfig
 from exo.cluster.host import ClusterHost
 from exo.cluster.messages import COMMANDS, LOCAL_EVENTS, Ack, CommandMsg, LocalEventsMsg
 from exo.cluster.network import ClusterNetwork
+from exo.cluster.resubmit import Resubmission
 from exo.cluster.sequencer import Sequencer
 from exo.routing import Endpoint, RequestError
 from exo.shared.types.chunks import error_chunk
 from exo.shared.types.commands import Command
-from exo.shared.types.common import NodeId
+from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import ChunkGenerated, Event, NodeGatheredInfo
 from exo.utils.channels import Receiver, channel
 
@@ -53,6 +54,11 @@ class Delivery:
         self._wait_master_change = wait_master_change
         self.node_id = host.node_id
         self._outgoing_tx, self._outgoing_rx = channel[Event]()
+        self._again_tx, self._again_rx = channel[Command]()
+        self.resubmitted: list[CommandId] = []
+        """Every command this node re-submitted after a merge dropped it (in order)."""
+        self.resubmitting = 0
+        """Re-submitted commands not yet taken by a master."""
         self._info_sent_at = clock()  # the node reports its info as it starts
 
     def queue(self, event: Event) -> None:
@@ -79,6 +85,20 @@ class Delivery:
     async def forward_commands(self, commands: Receiver[tuple[Command, NodeId | None]]) -> None:
         async for command, origin in commands:
             await self._deliver_command(command, origin)
+
+    def resubmit(self, again: Resubmission) -> None:
+        """Send the master the commands a merge dropped from this node's log."""
+        for command in again.commands:
+            self.resubmitted.append(command.command_id)
+            self.resubmitting += 1
+            self._again_tx.send_nowait(command)
+
+    async def forward_resubmissions(self) -> None:
+        """Re-submitted commands, in order; this node stands for their origin (their
+        clients were answered when they were first applied)."""
+        async for command in self._again_rx:
+            await self._deliver_command(command, self.node_id)
+            self.resubmitting -= 1
 
     async def _deliver_command(self, command: Command, origin: NodeId | None) -> None:
         deadline = self._clock() + self._config.command_timeout_s

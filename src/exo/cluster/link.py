@@ -102,6 +102,7 @@ class ClusterLink:
             is_master=lambda: self.sequencer.is_master,
             wait_master_change=self.driver.wait_master_change,
             report=self.delivery.queue,
+            resubmit=self.delivery.resubmit,
             on_synced=self._synced,
         )
         self.chunks = ChunkPost(host, net)
@@ -153,6 +154,7 @@ class ClusterLink:
                 tg.start_soon(self.delivery.pump_local_events, self._local_events)
                 tg.start_soon(self.delivery.forward_local_events)
                 tg.start_soon(self.delivery.forward_commands, self._commands)
+                tg.start_soon(self.delivery.forward_resubmissions)
                 tg.start_soon(self.chunks.send_queued)
                 logger.info(
                     f"cluster: node {self.node_id} listening on "

@@ -77,7 +77,7 @@ def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
     follower = Follower(
         ClusterConfig(secret="s", listen=()), host, replica, lambda: 0.0, network,
         master=lambda: MASTER, is_master=lambda: False, wait_master_change=wait,
-        report=report, on_synced=lambda: None,
+        report=report, resubmit=lambda _again: report(None), on_synced=lambda: None,  # pyright: ignore[reportArgumentType]
     )
     follower.synced = True  # in sync at the start of the log
     return follower, replica
