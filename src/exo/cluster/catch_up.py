@@ -209,13 +209,12 @@ class Follower:
     async def _apply(self, master: NodeId, reply: CatchUpReply) -> bool:
         async with self._replica.lock:
             try:
-                report = await self._replica.apply_reply(reply)
+                report = await self._replica.apply_reply(reply, self._resubmit)
             except ValueError as e:  # a malformed page: ask again
                 logger.error(f"cluster: catch-up from {master} failed: {e}")
                 return False
             if report is not None:  # the merge is recorded in the log, never silent
                 self._report(MergeReported(report=report))
-                self._resubmit(self._replica.dropped[-1].resubmission)
             first = not self.synced
             self.synced = True
             self._forget_applied()

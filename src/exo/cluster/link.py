@@ -40,6 +40,7 @@ from exo.cluster.election_driver import ElectionDriver
 from exo.cluster.host import ClusterHost
 from exo.cluster.messages import CATCH_UP, CHUNKS, COMMANDS, EVENTS, HEARTBEATS, LOCAL_EVENTS
 from exo.cluster.network import ClusterNetwork, OpenNetwork
+from exo.cluster.pending import PendingResubmissions
 from exo.cluster.presence import Peers
 from exo.cluster.replica import Replica
 from exo.cluster.sequencer import Sequencer
@@ -52,6 +53,7 @@ from exo.shared.types.events import ChunkGenerated, Event
 from exo.utils.channels import Receiver
 
 REPLAY_FILE = "replay.log"
+PENDING_FILE = "resubmit.json"
 
 
 class ClusterLink:
@@ -72,7 +74,8 @@ class ClusterLink:
         a virtual clock and a simulated network): the monotonic clock, and a zenoh router
         for ``config``. ``data_dir``: this node's cluster directory, where the router
         remembers the envelopes it admitted (``REPLAY_FILE``: a message recorded before
-        a restart is refused after it)."""
+        a restart is refused after it) and the delivery its re-submissions not yet taken
+        (``PENDING_FILE``)."""
         self.config = config
         replay = None if data_dir is None else data_dir / REPLAY_FILE
         self._open_network: OpenNetwork = network or (
@@ -95,6 +98,7 @@ class ClusterLink:
             config, host, self.sequencer, clock, net,
             master=lambda: self.driver.master,
             wait_master_change=self.driver.wait_master_change,
+            pending=PendingResubmissions(None if data_dir is None else data_dir / PENDING_FILE),
         )
         self.follower = Follower(
             config, host, self.replica, clock, net,

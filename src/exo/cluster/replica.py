@@ -2,6 +2,7 @@
 order and kept in the node's own SQLite log, so that whichever node becomes master
 continues from its own log. Whoever writes (follower path or master) holds ``lock``."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -71,13 +72,18 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
-    async def apply_reply(self, reply: CatchUpReply) -> MergeReport | None:
+    async def apply_reply(
+        self, reply: CatchUpReply, resubmit: Callable[[Resubmission], None] = lambda _: None
+    ) -> MergeReport | None:
         """Apply a page of the master's log: from its base when it sends one, then the
         events that follow this node's log. Returns what this node's log lost to the
-        master's, if anything (for the master to record as an event)."""
+        master's, if anything (for the master to record as an event); ``resubmit`` gets
+        the commands behind what it lost, before they go from the log."""
         report: MergeReport | None = None
         if reply.base is not None:
             report = self._report_dropped(reply, reply.base)
+            if report is not None:
+                resubmit(self.dropped[-1].resubmission)
             logger.info(
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"

@@ -1,5 +1,8 @@
 """What a node re-submits when a merge drops a stretch of its log (``resubmit``)."""
 
+from pathlib import Path
+
+from exo.cluster.pending import PendingResubmissions
 from exo.cluster.resubmit import resubmissions
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelId
@@ -95,3 +98,16 @@ def test_a_group_port_the_winner_uses_is_moved() -> None:
     assert isinstance(created, CreateInstance)
     assert created.instance.instance_id == mine.instance_id
     assert created.instance.group_port == 29501
+
+
+def test_re_submissions_not_yet_taken_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "resubmit.json"
+    first = CreateInstance(instance=instance("a"), command_id=CommandId("c1"))
+    second = DeleteInstance(instance_id=InstanceId("b"), command_id=CommandId("c2"))
+    PendingResubmissions(path).add([first, second])
+    pending = PendingResubmissions(path)  # the node stopped before a master took them
+    assert pending.commands == [first, second]
+    pending.taken(CommandId("c1"))
+    assert PendingResubmissions(path).commands == [second]
+    path.write_text("not json")
+    assert PendingResubmissions(path).commands == []  # said in the log, not a crash
