@@ -14,7 +14,7 @@ Rules, in order:
    Terms alone never decide: a node isolated on its own claims a higher term but holds
    nothing a client asked for. Claimers' heartbeats carry what this needs (``Held``).
    The loser steps down; what its log held that the winner's lacks is re-submitted by
-   the nodes that drop it (``replica``), so no acknowledged command is lost.
+   the nodes that drop it (``resubmit``), so no acknowledged command is lost.
 2. **force_master.** A node started with ``force_master`` claims mastership once it has
    caught up with the current master (or, with no master around, after the join grace,
    unless a live node holds a newer log: that one claims first and the forced node
