@@ -4,6 +4,7 @@ node that resumes (SIGSTOP/SIGCONT), and a two-way partition healed while the si
 that kept serving streams an answer."""
 
 import threading
+import time
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,14 @@ from exo.tests.node_process import wait_until
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+LONG_ANSWER = {"response_format": {"type": "json_schema", "json_schema": {
+    "name": "digits", "schema": {
+        "type": "object", "required": ["d"], "additionalProperties": False,
+        "properties": {"d": {"type": "array", "minItems": 500,
+                             "items": {"type": "integer", "minimum": 0, "maximum": 9}}}}}}}
+"""An answer that cannot end early: 500 digits or more (about 1,000 tokens)."""
+PARTITION_S = 8.0
+"""How long the partition lasts once the cut-off side has elected itself and written."""
 
 
 @contextmanager
@@ -118,15 +127,17 @@ def test_a_healed_partition_keeps_the_side_that_kept_serving(tmp_path: Path) -> 
         created = b.runner_creations()
         stream: list[Outcome] = []
         client = threading.Thread(target=lambda: stream.append(run_one(
-            b.url, "openai_chat", MODEL, stream=True, deadline_s=120, max_tokens=400,
-            prompt="Count from 1 to 300, one number a line.")))
+            b.url, "openai_chat", MODEL, stream=True, deadline_s=240, max_tokens=1500,
+            prompt="List digits.", extra=LONG_ANSWER)))
         client.start()
         wait_until(lambda: bool((b.state() or {}).get("tasks")), 30, "B to run the task")
         cluster.mesh.cut(0, 1)  # both directions
         wait_until(lambda: is_master(a), 30, "cut off, A to elect itself")
         wait_until(lambda: "NodeTimedOut" in a.log(), 30, "A's side to write (B timed out)")
+        time.sleep(PARTITION_S)  # the partition lasts while B streams
+        assert not stream, "the answer ended before the partition healed"
         cluster.mesh.heal()
-        client.join(150)
+        client.join(300)
         state = agreed_state(cluster, lambda s: iid in s["instances"], 60,
                              "both nodes to agree, with B's instance")
         assert stream and stream[0].ending == "answer", stream  # the stream completed
