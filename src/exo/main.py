@@ -167,6 +167,7 @@ class Node:
                 store=ElectionStore(cluster_dir / "election.json"),
                 commands=self._commands_rx,
                 local_events=self._local_rx,
+                data_dir=cluster_dir,
             )
 
     # -- NodeHandle ------------------------------------------------------------------

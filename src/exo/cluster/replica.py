@@ -2,17 +2,35 @@
 order and kept in the node's own SQLite log, so that whichever node becomes master
 continues from its own log. Whoever writes (follower path or master) holds ``lock``."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import anyio
 from loguru import logger
 
 from exo.cluster.host import ClusterHost
 from exo.cluster.lineage import Lineage, agreed_prefix, epoch_at, extended, truncated
 from exo.cluster.messages import CatchUpReply, EventMsg
+from exo.cluster.resubmit import Resubmission, resubmissions
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
 from exo.shared.types.common import CommandId
 from exo.shared.types.events import IndexedEvent
 from exo.shared.types.state import MergeReport, State
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A stretch of this log that a reset dropped, as reported."""
+
+    first: int
+    kept: int
+    """The first of its events the log still held (those before were compacted: their
+    commands are not known here)."""
+    last: int
+    commands: list[CommandId]
+    """The commands behind its events (from ``kept`` on), in log order."""
+    resubmission: Resubmission
 
 
 class Replica:
@@ -24,9 +42,8 @@ class Replica:
         persisted = store.load()
         self.term = persisted.term
         self.lineage: Lineage = persisted.lineage
-        self.dropped: list[tuple[int, int, list[CommandId]]] = []
-        """Every stretch of this log a reset dropped (first, last index) and the commands
-        behind its events, as reported."""
+        self.dropped: list[Dropped] = []
+        """Every stretch of this log a reset dropped, as reported."""
 
     @property
     def last_idx(self) -> int:
@@ -55,13 +72,18 @@ class Replica:
         await self.host.apply_event(msg.event)
         self.log.append(msg.event, self.host.state())
 
-    async def apply_reply(self, reply: CatchUpReply) -> MergeReport | None:
+    async def apply_reply(
+        self, reply: CatchUpReply, resubmit: Callable[[Resubmission], None] = lambda _: None
+    ) -> MergeReport | None:
         """Apply a page of the master's log: from its base when it sends one, then the
         events that follow this node's log. Returns what this node's log lost to the
-        master's, if anything (for the master to record as an event)."""
+        master's, if anything (for the master to record as an event); ``resubmit`` gets
+        the commands behind what it lost, before they go from the log."""
         report: MergeReport | None = None
         if reply.base is not None:
-            report = self._report_dropped(reply)
+            report = self._report_dropped(reply, reply.base)
+            if report is not None:
+                resubmit(self.dropped[-1].resubmission)
             logger.info(
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
@@ -81,7 +103,7 @@ class Replica:
         return report
 
 
-    def _report_dropped(self, reply: CatchUpReply) -> MergeReport | None:
+    def _report_dropped(self, reply: CatchUpReply, base: State) -> MergeReport | None:
         """Before a reset: the events of this log that the master's log does not share
         are dropped (a merge after a partition where both sides wrote): say which, and
         which commands were behind them, so that nothing goes silently."""
@@ -91,7 +113,8 @@ class Replica:
         kept = max(first, self.log.first_kept() or 0)
         events = self.log.read_from(kept, self.last_idx - kept + 1)
         commands = [e.command_id for e in events if e.command_id is not None]
-        self.dropped.append((first, self.last_idx, commands))
+        again = resubmissions(events, base)
+        self.dropped.append(Dropped(first, kept, self.last_idx, commands, again))
         report = MergeReport(
             node_id=self.host.node_id,
             first_idx=first,
@@ -100,11 +123,17 @@ class Replica:
             event_kinds=tuple(sorted({type(e.event).__name__ for e in events})),
             command_ids=tuple(sorted(set(commands))),
         )
-        listed = ", ".join(report.command_ids[:20]) + (" ..." if len(commands) > 20 else "")
-        compacted = f" (events before {kept} were compacted: their commands are not known)"
+        compacted = (f" (events before {kept} were compacted: their commands are not known, "
+                     "nor re-submitted)")
         logger.warning(
             f"cluster: dropping {report.dropped_events} events {first}..{self.last_idx} "
             f"that the master's log does not hold ({', '.join(report.event_kinds) or 'not kept'});"
-            f" commands dropped: {listed or 'none'}" + (compacted if kept > first else "")
+            f" commands re-submitted: {_listed([c.command_id for c in again.commands])}; "
+            f"already in effect: {_listed(again.settled)}; answered already (generations, "
+            f"cancellations): {_listed(again.answered)}" + (compacted if kept > first else "")
         )
         return report
+
+
+def _listed(ids: list[CommandId]) -> str:
+    return (", ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")) or "none"

@@ -92,7 +92,10 @@ class Sequencer:
                 state=self._host.state(),
             )
             on_master()
-            # Commands any earlier master applied (the log says): a retry is not applied again.
+            # Commands any earlier master applied (the log says): a retry is not applied
+            # again. Only those: what this node handled as an earlier master and a merge
+            # dropped since is not in its log, and comes back re-submitted.
+            self._handled.clear()
             for command_id in self._replica.log.command_ids(REMEMBERED_COMMANDS):
                 self.remember(command_id)
         logger.info(f"cluster: {self.node_id} is the master (term {term}) from event {start}")

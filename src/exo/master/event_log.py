@@ -183,6 +183,14 @@ class SqliteEventLog:
         ).fetchall()
         return list(dict.fromkeys(CommandId(row[0]) for row in reversed(rows)))
 
+    def command_indices(self, limit: int) -> list[int]:
+        """The indices of the last ``limit`` events that came from commands, oldest first
+        (the cluster's election ranks claimers by them)."""
+        rows = self._db.execute(
+            "SELECT idx FROM commands ORDER BY idx DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [int(row[0]) for row in reversed(rows)]
+
     def snapshot(self) -> State | None:
         row = self._db.execute("SELECT state FROM snapshots ORDER BY idx DESC LIMIT 1").fetchone()
         return State.model_validate_json(row[0]) if row else None
