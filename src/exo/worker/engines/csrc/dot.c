@@ -1,5 +1,108 @@
+/* Dot products of one q4 / q8 weight row with R activation rows (R = 1 or 4: the weights are
+ * unpacked once for all R), plain C (the
+ * portable build, and any kind an ISA has no kernel of).
+ *
+ *   q4 (GGUF Q4_1): w = d q + m, q in 0..15; byte j of a block holds element j in its low
+ *       nibble and element j + 16 in its high one. A block's dot product with x = d_x q_x:
+ *       sum_j w_j x_j = d d_x sum_j q_j q_xj + m (d_x sum_j q_xj) = d d_x isum + m s_x
+ *   q8 (GGUF Q8_0): w = d q, q in -127..127: sum_j w_j x_j = d d_x sum_j q_j q_xj
+ *   Q5_0 / Q5_1: q in 0..31 (a fifth bit from qh), w = d q + m with m = -16 d for Q5_0: the
+ *       same sum as q4, d d_x isum + m s_x
+ */
+#include "kinds.h"
+#include "quants.h"
+
+
+/* Plain C: the weights are unpacked once per block into int16, then integer dot products. */
+/* acc[r] += block b of row r (xb + r * nb) dotted with the unpacked weights q, scaled: w = d q + m */
+static inline void dot_block_rows(const int16_t* q, float d, float m, const BlockX* xb, int nb, int R,
+                                  float* acc) {
+    for (int r = 0; r < R; r++, xb += nb) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK; j++) isum += (int32_t)q[j] * xb->qs[j];
+        acc[r] += d * xb->d * (float)isum + m * xb->s;
+    }
+}
+#define DEFINE_DOT_Q4(R)                                                                          \
+static inline void dot_q4_##R(const BlockQ4_1* w, const BlockX* x, int nb, float* out) {          \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    for (int b = 0; b < nb; b++) {                                                               \
+        int16_t q[QK];                                                                           \
+        for (int j = 0; j < 16; j++) {                                                           \
+            q[j] = (int16_t)(w[b].qs[j] & 15);                                                   \
+            q[j + 16] = (int16_t)(w[b].qs[j] >> 4);                                              \
+        }                                                                                        \
+        const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);                                    \
+        dot_block_rows(q, d, m, x + b, nb, R, acc);                                              \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+
+#define DEFINE_DOT_Q8(R)                                                                          \
+static inline void dot_q8_##R(const BlockQ8_0* w, const BlockX* x, int nb, float* out) {          \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const float d = exo_h2f(w[b].d);                                                         \
+        for (int r = 0; r < R; r++) {                                                            \
+            const BlockX* xb = x + (size_t)r * nb + b;                                           \
+            int32_t isum = 0;                                                                    \
+            for (int j = 0; j < QK; j++) isum += (int32_t)w[b].qs[j] * xb->qs[j];                \
+            acc[r] += d * xb->d * (float)isum;                                                   \
+        }                                                                                        \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+
+/* Q5_0 (has_m 0: m = -16 d) and Q5_1 blocks of `stride` bytes: {f16 d, [f16 m], qh[4], qs[16]}. */
+#define DEFINE_DOT_Q5(R)                                                                          \
+static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const BlockX* x,       \
+                              int nb, float* out) {                                              \
+    float acc[R];                                                                                \
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;                                                   \
+    const size_t hq = has_m ? 4 : 2;                                                             \
+    for (int b = 0; b < nb; b++) {                                                               \
+        const uint8_t* blk = w + (size_t)b * stride;                                             \
+        uint16_t d16, m16;                                                                       \
+        uint32_t qh;                                                                             \
+        memcpy(&d16, blk, 2);                                                                    \
+        memcpy(&m16, blk + 2, 2);                                                                \
+        memcpy(&qh, blk + hq, 4);                                                                \
+        const uint8_t* qs = blk + hq + 4;                                                        \
+        int16_t q[QK];                                                                           \
+        for (int j = 0; j < 16; j++) {                                                           \
+            q[j] = (int16_t)((qs[j] & 15) | (((qh >> j) & 1) << 4));                             \
+            q[j + 16] = (int16_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));                 \
+        }                                                                                        \
+        const float d = exo_h2f(d16), m = has_m ? exo_h2f(m16) : -16.0f * d;                     \
+        dot_block_rows(q, d, m, x + b, nb, R, acc);                                              \
+    }                                                                                            \
+    for (int r = 0; r < R; r++) out[r] = acc[r];                                                 \
+}
+
+DEFINE_DOT_Q4(1)
+DEFINE_DOT_Q4(4)
+DEFINE_DOT_Q8(1)
+DEFINE_DOT_Q8(4)
+DEFINE_DOT_Q5(1)
+DEFINE_DOT_Q5(4)
+
+/* Two q8 weight rows against one activation row (decode): the activation blocks are loaded
+ * once for both, and each row keeps its own chain; one reduction for both sums. */
+static inline void dot_q8_1x2(const BlockQ8_0* w0, const BlockQ8_0* w1, const BlockX* x, int nb, float* out) {
+    dot_q8_1(w0, x, nb, out);
+    dot_q8_1(w1, x, nb, out + 1);
+}
+
+/* Two Q5_0 weight rows against one activation row (decode), as dot_q8_1x2. */
+static inline void dot_q5_0_1x2(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
+    dot_q5_1(w0, sizeof(BlockQ5_0), 0, x, nb, out);
+    dot_q5_1(w1, sizeof(BlockQ5_0), 0, x, nb, out + 1);
+}
+
 /* K-quant dot products (llama.cpp's super-blocks of 256 values) against one activation row,
- * read from the file's bytes as they are; included by linear.c.
+ * read from the file's bytes as they are.
  *
  * Q4_K: sub-block j (32 values) is d * sc_j * q - dmin * m_j, q in 0..15; (sc, m) are 6-bit
  *   pairs packed in 12 bytes; 64-value chunk c holds sub-block 2c in the low nibbles of its 32
@@ -9,34 +112,12 @@
  *   in qh. 32-value group g = 4n + k (half n, quarter k): low bits from ql[64n + 32(k & 1) + l]
  *   (low nibble for k < 2, high for k >= 2), high bits from qh[32n + l] >> 2k.
  */
-#include "exo_kernels.h"
-
-static inline void q4k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
-}
-
-#if EXO_AVX2
-static inline __m256i kq_madd(__m256i q, const BlockX* xb, int is_signed) {
-    const __m128i lo16 = _mm256_castsi256_si128(q), hi16 = _mm256_extracti128_si256(q, 1);
-    const __m256i a = is_signed ? _mm256_cvtepi8_epi16(lo16) : _mm256_cvtepu8_epi16(lo16);
-    const __m256i b = is_signed ? _mm256_cvtepi8_epi16(hi16) : _mm256_cvtepu8_epi16(hi16);
-    return _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i*)xb->qs)),
-                            _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i*)(xb->qs + 16))));
-}
-#else
 /* sum_l q_l x_l over one 32-value sub-block */
 static inline int32_t kq_isum(const uint8_t* q, const BlockX* xb, int offset) {
     int32_t s = 0;
     for (int l = 0; l < QK; l++) s += ((int32_t)q[l] - offset) * xb->qs[l];
     return s;
 }
-#endif
 
 /* Q4_K and Q5_K (five: the fifth bit from qh) against R activation rows (x + r * nb blocks of
  * 32, nb = 8 nsb): each sub-block is unpacked once for all R rows. U accumulator chains per row
@@ -82,31 +163,6 @@ static inline void dot_q45k_##R(const uint8_t* base, size_t stride, int nsb, con
     }                                                                                            \
 }
 
-#if EXO_AVX2
-#define KQ_AVX2_DECLS(n)                                                                          \
-    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);                      \
-    __m256 acc[n];                                                                               \
-    for (int i = 0; i < (n); i++) acc[i] = _mm256_setzero_ps();
-#define KQ45_LOAD_QH                                                                              \
-    const __m256i vqh = five ? _mm256_loadu_si256((const __m256i*)qh) : _mm256_setzero_si256();
-#define KQ45_LOAD_CHUNK                                                                           \
-    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));                     \
-    const __m256i nib[2] = {_mm256_and_si256(bytes, low),                                        \
-                            _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
-/* the sub-block's 32 values widened to int16 once: a (values 0..15), b (16..31) */
-#define KQ45_SUBBLOCK                                                                             \
-    __m256i q = nib[h];                                                                          \
-    if (five) {                                                                                  \
-        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(vqh, j), one);                     \
-        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));                                        \
-    }                                                                                            \
-    const __m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));                          \
-    const __m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));                     \
-    const float dsc = d * (float)sc;
-#define KQ45_ACCUMULATE(i)                                                                        \
-    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dsc * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[i]);
-#define KQ_TOTAL(i) (accf[i] + exo_hsum8(acc[i]))
-#else
 #define KQ_AVX2_DECLS(n)
 #define KQ45_LOAD_QH
 #define KQ45_LOAD_CHUNK
@@ -125,7 +181,6 @@ static inline void dot_q45k_##R(const uint8_t* base, size_t stride, int nsb, con
         accf[i] += dsc * xb->d * (float)isum;                                                    \
     }
 #define KQ_TOTAL(i) (accf[i])
-#endif
 
 DEFINE_DOT_Q45K(1)
 DEFINE_DOT_Q45K(4)
@@ -159,30 +214,6 @@ static inline void dot_q6k_##R(const BlockQ6K* w, const BlockX* x, int nsb, floa
     }                                                                                            \
 }
 
-#if EXO_AVX2
-/* two chains per accumulator slot: values 0..15 (scale s0) and 16..31 (scale s1) */
-#define KQ6_AVX2_DECLS(n)                                                                         \
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                      \
-    const __m256i off = _mm256_set1_epi8(32);                                                    \
-    __m256 acc[2 * (n)];                                                                         \
-    for (int i = 0; i < 2 * (n); i++) acc[i] = _mm256_setzero_ps();
-#define KQ6_GROUP                                                                                 \
-    const __m256i vl = _mm256_loadu_si256((const __m256i*)ql);                                   \
-    const __m256i vh = _mm256_loadu_si256((const __m256i*)qh);                                   \
-    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(vl, 4) : vl, m4);             \
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(vh, 2 * k), m2);                       \
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), off);       \
-    const __m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));                          \
-    const __m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
-#define KQ6_ACCUMULATE(i)                                                                         \
-    {                                                                                            \
-        const __m256i p0 = _mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i*)xb->qs));    \
-        const __m256i p1 = _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i*)(xb->qs + 16))); \
-        acc[2 * (i)] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * xb->d), _mm256_cvtepi32_ps(p0), acc[2 * (i)]); \
-        acc[2 * (i) + 1] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * xb->d), _mm256_cvtepi32_ps(p1), acc[2 * (i) + 1]); \
-    }
-#define KQ6_TOTAL(i) (accf[i] + exo_hsum8(_mm256_add_ps(acc[2 * (i)], acc[2 * (i) + 1])))
-#else
 #define KQ6_AVX2_DECLS(n)
 #define KQ6_GROUP                                                                                 \
     int16_t q[QK];                                                                               \
@@ -198,7 +229,6 @@ static inline void dot_q6k_##R(const BlockQ6K* w, const BlockX* x, int nsb, floa
         accf[i] += xb->d * (s0 * (float)p[0] + s1 * (float)p[1]);                                \
     }
 #define KQ6_TOTAL(i) (accf[i])
-#endif
 
 DEFINE_DOT_Q6K(1)
 DEFINE_DOT_Q6K(4)
@@ -217,3 +247,44 @@ static inline void dot_q6k(const BlockQ6K* w, const BlockX* x, int nsb, int R, f
     if (R == 4) dot_q6k_4(w, x, nsb, out);
     else dot_q6k_1(w, x, nsb, out);
 }
+
+/* ---- the dot and pair strategies (kinds.h) ---- */
+static inline void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q4_4((const BlockQ4_1*)w, x, nb, out);
+    else dot_q4_1((const BlockQ4_1*)w, x, nb, out);
+}
+static inline void row_q8_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q8_4((const BlockQ8_0*)w, x, nb, out);
+    else dot_q8_1((const BlockQ8_0*)w, x, nb, out);
+}
+/* has_m a constant at each call: the unpacking specialises */
+static inline void row_q5_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q5_4(w, sizeof(BlockQ5_0), 0, x, nb, out);
+    else dot_q5_1(w, sizeof(BlockQ5_0), 0, x, nb, out);
+}
+static inline void row_q5_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q5_4(w, sizeof(BlockQ5_1), 1, x, nb, out);
+    else dot_q5_1(w, sizeof(BlockQ5_1), 1, x, nb, out);
+}
+static inline void row_q4_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    dot_q4k((const BlockQ4K*)w, x, nb / 8, R, out);
+}
+static inline void row_q5_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    dot_q5k((const BlockQ5K*)w, x, nb / 8, R, out);
+}
+static inline void row_q6_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    dot_q6k((const BlockQ6K*)w, x, nb / 8, R, out);
+}
+static inline void pair_q8_0(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
+    dot_q8_1x2((const BlockQ8_0*)w0, (const BlockQ8_0*)w1, x, nb, out);
+}
+
+int exo_generic_dot_q4_1(const Run* r) { run_rows(r, row_q4_1); return 0; }
+int exo_generic_dot_q8_0(const Run* r) { run_rows(r, row_q8_0); return 0; }
+int exo_generic_dot_q5_0(const Run* r) { run_rows(r, row_q5_0); return 0; }
+int exo_generic_dot_q5_1(const Run* r) { run_rows(r, row_q5_1); return 0; }
+int exo_generic_dot_q4_k(const Run* r) { run_rows(r, row_q4_k); return 0; }
+int exo_generic_dot_q5_k(const Run* r) { run_rows(r, row_q5_k); return 0; }
+int exo_generic_dot_q6_k(const Run* r) { run_rows(r, row_q6_k); return 0; }
+int exo_generic_pair_q8_0(const Run* r) { run_pairs(r, pair_q8_0); return 0; }
+int exo_generic_pair_q5_0(const Run* r) { run_pairs(r, dot_q5_0_1x2); return 0; }
