@@ -14,110 +14,100 @@
 #include "kinds.h"
 #include "quants.h"
 
-/* Accumulators: U independent chains per activation row (an FMA's latency is ~4 cycles, a
- * block's work ~2-3: one row with a single chain would wait on it), R rows. */
-#define EXO_CHAINS(R) ((R) == 1 ? 2 : 1)
+/* R = 1 or 4 activation rows (a constant at each call: the loops unroll, the arrays stay in
+ * registers). Accumulators: U independent chains per activation row (an FMA's latency is ~4
+ * cycles, a block's work ~2-3: one row with a single chain would wait on it). */
 
-#define DEFINE_DOT_Q4(R)                                                                          \
-static inline void dot_q4_##R(const BlockQ4_1* w, const BlockX* x, int nb, float* out) {          \
-    enum { U = EXO_CHAINS(R) };                                                                  \
-    const __m256i low = _mm256_set1_epi16(0x0F);                                                 \
-    __m256 acc[R * U];                                                                           \
-    float accm[R * U];                                                                           \
-    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }            \
-    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
-    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
-        const int b = b0 + u;                                                                    \
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));    \
-        const __m256i q0 = _mm256_and_si256(bytes, low);                                         \
-        const __m256i q1 = _mm256_srli_epi16(bytes, 4);                                          \
-        const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);                                    \
-        for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b;                                           \
-            const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
-            accm[r * U + u] += m * xb->s;                                                        \
-        }                                                                                        \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; } \
-        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];                                            \
-    }                                                                                            \
+static inline __attribute__((always_inline)) void dot_q4(const BlockQ4_1* w, const BlockX* x, int nb, int R, float* out) {
+    const int U = R == 1 ? 2 : 1;
+    const __m256i low = _mm256_set1_epi16(0x0F);
+    __m256 acc[4];
+    float accm[4];
+    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
+    for (int b0 = 0; b0 < nb; b0 += U)
+    for (int u = 0; u < U && b0 + u < nb; u++) {
+        const int b = b0 + u;
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));
+        const __m256i q0 = _mm256_and_si256(bytes, low);
+        const __m256i q1 = _mm256_srli_epi16(bytes, 4);
+        const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b;
+            const __m256i p = madd32(q0, q1, xb->qs);
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]);
+            accm[r * U + u] += m * xb->s;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; }
+        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];
+    }
 }
 
-#define DEFINE_DOT_Q8(R)                                                                          \
-static inline void dot_q8_##R(const BlockQ8_0* w, const BlockX* x, int nb, float* out) {          \
-    enum { U = EXO_CHAINS(R) };                                                                  \
-    __m256 acc[R * U];                                                                           \
-    for (int r = 0; r < R * U; r++) acc[r] = _mm256_setzero_ps();                                \
-    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
-    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
-        const int b = b0 + u;                                                                    \
-        const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));      \
-        const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w[b].qs + 16))); \
-        const float d = exo_h2f(w[b].d);                                                         \
-        for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b;                                           \
-            const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
-        }                                                                                        \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        for (int u = 1; u < U; u++) acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]);      \
-        out[r] = exo_hsum8(acc[r * U]);                                                          \
-    }                                                                                            \
+static inline __attribute__((always_inline)) void dot_q8(const BlockQ8_0* w, const BlockX* x, int nb, int R, float* out) {
+    const int U = R == 1 ? 2 : 1;
+    __m256 acc[4];
+    for (int r = 0; r < R * U; r++) acc[r] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += U)
+    for (int u = 0; u < U && b0 + u < nb; u++) {
+        const int b = b0 + u;
+        const __m256i q0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));
+        const __m256i q1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w[b].qs + 16)));
+        const float d = exo_h2f(w[b].d);
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b;
+            const __m256i p = madd32(q0, q1, xb->qs);
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        for (int u = 1; u < U; u++) acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]);
+        out[r] = exo_hsum8(acc[r * U]);
+    }
 }
 
 /* Q5_0 (has_m 0: m = -16 d) and Q5_1 blocks of `stride` bytes: {f16 d, [f16 m], qh[4], qs[16]}. */
-#define DEFINE_DOT_Q5(R)                                                                          \
-static inline void dot_q5_##R(const uint8_t* w, size_t stride, int has_m, const BlockX* x,       \
-                              int nb, float* out) {                                              \
-    enum { U = EXO_CHAINS(R) };                                                                  \
-    const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);                \
-    const __m256i minus16 = _mm256_set1_epi16(-16);                                              \
-    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,     \
-                                          4096, 8192, 16384, (short)0x8000);                     \
-    __m256 acc[R * U];                                                                           \
-    float accm[R * U];                                                                           \
-    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }            \
-    const size_t hq = has_m ? 4 : 2;                                                             \
-    for (int b0 = 0; b0 < nb; b0 += U)                                                           \
-    for (int u = 0; u < U && b0 + u < nb; u++) {                                                 \
-        const uint8_t* blk = w + (size_t)(b0 + u) * stride;                                      \
-        uint16_t d16, m16;                                                                       \
-        uint32_t qh;                                                                             \
-        memcpy(&d16, blk, 2);                                                                    \
-        memcpy(&m16, blk + 2, 2);                                                                \
-        memcpy(&qh, blk + hq, 4);                                                                \
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + hq + 4))); \
-        const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit); \
-        const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit); \
-        /* Q5_1: q = nib | 16 h, plus m s_x; Q5_0: q - 16 = nib + (h ? 0 : -16) as signed int16 */ \
-        const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);       \
-        const __m256i q0 = has_m ? _mm256_or_si256(n0, _mm256_and_si256(h0, sixteen))            \
-                                 : _mm256_add_epi16(n0, _mm256_andnot_si256(h0, minus16));        \
-        const __m256i q1 = has_m ? _mm256_or_si256(n1, _mm256_and_si256(h1, sixteen))            \
-                                 : _mm256_add_epi16(n1, _mm256_andnot_si256(h1, minus16));        \
-        const float d = exo_h2f(d16);                                                            \
-        for (int r = 0; r < R; r++) {                                                            \
-            const BlockX* xb = x + (size_t)r * nb + b0 + u;                                      \
-            const __m256i p = madd32(q0, q1, xb->qs);                                            \
-            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]); \
-            if (has_m) accm[r * U + u] += exo_h2f(m16) * xb->s;                                  \
-        }                                                                                        \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; } \
-        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];                                            \
-    }                                                                                            \
+static inline __attribute__((always_inline)) void dot_q5(const uint8_t* w, size_t stride, int has_m, const BlockX* x, int nb, int R, float* out) {
+    const int U = R == 1 ? 2 : 1;
+    const __m256i low = _mm256_set1_epi16(0x0F), sixteen = _mm256_set1_epi16(16);
+    const __m256i minus16 = _mm256_set1_epi16(-16);
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048,
+                                          4096, 8192, 16384, (short)0x8000);
+    __m256 acc[4];
+    float accm[4];
+    for (int r = 0; r < R * U; r++) { acc[r] = _mm256_setzero_ps(); accm[r] = 0.0f; }
+    const size_t hq = has_m ? 4 : 2;
+    for (int b0 = 0; b0 < nb; b0 += U)
+    for (int u = 0; u < U && b0 + u < nb; u++) {
+        const uint8_t* blk = w + (size_t)(b0 + u) * stride;
+        uint16_t d16, m16;
+        uint32_t qh;
+        memcpy(&d16, blk, 2);
+        memcpy(&m16, blk + 2, 2);
+        memcpy(&qh, blk + hq, 4);
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(blk + hq + 4)));
+        const __m256i h0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh & 0xFFFF)), bit), bit);
+        const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
+        /* Q5_1: q = nib | 16 h, plus m s_x; Q5_0: q - 16 = nib + (h ? 0 : -16) as signed int16 */
+        const __m256i n0 = _mm256_and_si256(bytes, low), n1 = _mm256_srli_epi16(bytes, 4);
+        const __m256i q0 = has_m ? _mm256_or_si256(n0, _mm256_and_si256(h0, sixteen))
+                                 : _mm256_add_epi16(n0, _mm256_andnot_si256(h0, minus16));
+        const __m256i q1 = has_m ? _mm256_or_si256(n1, _mm256_and_si256(h1, sixteen))
+                                 : _mm256_add_epi16(n1, _mm256_andnot_si256(h1, minus16));
+        const float d = exo_h2f(d16);
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b0 + u;
+            const __m256i p = madd32(q0, q1, xb->qs);
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]);
+            if (has_m) accm[r * U + u] += exo_h2f(m16) * xb->s;
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; }
+        out[r] = exo_hsum8(acc[r * U]) + accm[r * U];
+    }
 }
 
-DEFINE_DOT_Q4(1)
-DEFINE_DOT_Q4(4)
-DEFINE_DOT_Q8(1)
-DEFINE_DOT_Q8(4)
-DEFINE_DOT_Q5(1)
-DEFINE_DOT_Q5(4)
 
 /* Two q8 weight rows against one activation row (decode): the activation blocks are loaded
  * once for both, and each row keeps its own chain; one reduction for both sums. */
@@ -193,164 +183,132 @@ static inline __m256i kq_madd(__m256i q, const BlockX* xb, int is_signed) {
                             _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i*)(xb->qs + 16))));
 }
 
-/* Q4_K and Q5_K (five: the fifth bit from qh) against R activation rows (x + r * nb blocks of
- * 32, nb = 8 nsb): each sub-block is unpacked once for all R rows. U accumulator chains per row
- * (two for one row: an FMA's latency exceeds a sub-block's work). */
-#define DEFINE_DOT_Q45K(R)                                                                        \
-static inline void dot_q45k_##R(const uint8_t* base, size_t stride, int nsb, const BlockX* x,   \
-                                int five, float* out) {                                          \
-    enum { U = (R) == 1 ? 2 : 1 };                                                               \
-    const int nb = nsb * 8;                                                                      \
-    float accf[R * U], accm[R];                                                                  \
-    KQ_AVX2_DECLS(R * U)                                                                         \
-    for (int r = 0; r < R; r++) accm[r] = 0.0f;                                                  \
-    for (int r = 0; r < R * U; r++) accf[r] = 0.0f;                                              \
-    for (int s = 0; s < nsb; s++) {                                                              \
-        const uint8_t* blk = base + (size_t)s * stride;                                          \
-        uint16_t d16, dmin16;                                                                    \
-        memcpy(&d16, blk, 2);                                                                    \
-        memcpy(&dmin16, blk + 2, 2);                                                             \
-        const float d = exo_h2f(d16), dmin = exo_h2f(dmin16);                                    \
-        const uint8_t* scales = blk + 4;                                                         \
-        const uint8_t* qh = five ? blk + 16 : NULL;                                              \
-        const uint8_t* qs = blk + 16 + (five ? 32 : 0);                                          \
-        KQ45_LOAD_QH                                                                             \
-        for (int c = 0; c < 4; c++) {                                                            \
-            KQ45_LOAD_CHUNK                                                                      \
-            for (int h = 0; h < 2; h++) {                                                        \
-                const int j = 2 * c + h;                                                         \
-                int sc, m;                                                                       \
-                q4k_scale_min(scales, j, &sc, &m);                                               \
-                KQ45_SUBBLOCK                                                                    \
-                for (int r = 0; r < R; r++) {                                                    \
-                    const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + j;                   \
-                    KQ45_ACCUMULATE(r * U + (h & (U - 1)))                                       \
-                    accm[r] -= dmin * (float)m * xb->s;                                          \
-                }                                                                                \
-            }                                                                                    \
-        }                                                                                        \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        float f = 0.0f;                                                                          \
-        for (int u = 0; u < U; u++) f += KQ_TOTAL(r * U + u);                                    \
-        out[r] = f + accm[r];                                                                    \
-    }                                                                                            \
-}
-
-#define KQ_AVX2_DECLS(n)                                                                          \
-    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);                      \
-    __m256 acc[n];                                                                               \
-    for (int i = 0; i < (n); i++) acc[i] = _mm256_setzero_ps();
-#define KQ45_LOAD_QH                                                                              \
-    const __m256i vqh = five ? _mm256_loadu_si256((const __m256i*)qh) : _mm256_setzero_si256();
-#define KQ45_LOAD_CHUNK                                                                           \
-    const __m256i bytes = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));                     \
-    const __m256i nib[2] = {_mm256_and_si256(bytes, low),                                        \
-                            _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
-/* the sub-block's 32 values widened to int16 once: a (values 0..15), b (16..31) */
-#define KQ45_SUBBLOCK                                                                             \
-    __m256i q = nib[h];                                                                          \
-    if (five) {                                                                                  \
-        const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(vqh, j), one);                     \
-        q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));                                        \
-    }                                                                                            \
-    const __m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));                          \
-    const __m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));                     \
-    const float dsc = d * (float)sc;
-#define KQ45_ACCUMULATE(i)                                                                        \
-    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dsc * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[i]);
-#define KQ_TOTAL(i) (accf[i] + exo_hsum8(acc[i]))
-
-DEFINE_DOT_Q45K(1)
-DEFINE_DOT_Q45K(4)
-
-/* Q6_K against R activation rows (each row has two chains: the halves of a 32-value group). */
-#define DEFINE_DOT_Q6K(R)                                                                         \
-static inline void dot_q6k_##R(const BlockQ6K* w, const BlockX* x, int nsb, float* out) {       \
-    enum { U = 1 };                                                                              \
-    const int nb = nsb * 8;                                                                      \
-    float accf[R * U];                                                                           \
-    KQ6_AVX2_DECLS(R * U)                                                                        \
-    for (int r = 0; r < R * U; r++) accf[r] = 0.0f;                                              \
-    for (int s = 0; s < nsb; s++) {                                                              \
-        const float d = exo_h2f(w[s].d);                                                         \
-        for (int g = 0; g < 8; g++) {                                                            \
-            const int n = g / 4, k = g % 4;                                                      \
-            const uint8_t* ql = w[s].ql + 64 * n + 32 * (k & 1);                                 \
-            const uint8_t* qh = w[s].qh + 32 * n;                                                \
-            const float s0 = d * (float)w[s].scales[2 * g], s1 = d * (float)w[s].scales[2 * g + 1]; \
-            KQ6_GROUP                                                                            \
-            for (int r = 0; r < R; r++) {                                                        \
-                const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;                       \
-                KQ6_ACCUMULATE(r * U + (g & (U - 1)))                                            \
-            }                                                                                    \
-        }                                                                                        \
-    }                                                                                            \
-    for (int r = 0; r < R; r++) {                                                                \
-        float f = 0.0f;                                                                          \
-        for (int u = 0; u < U; u++) f += KQ6_TOTAL(r * U + u);                                   \
-        out[r] = f;                                                                              \
-    }                                                                                            \
-}
-
-/* two chains per accumulator slot: values 0..15 (scale s0) and 16..31 (scale s1) */
-#define KQ6_AVX2_DECLS(n)                                                                         \
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);                      \
-    const __m256i off = _mm256_set1_epi8(32);                                                    \
-    __m256 acc[2 * (n)];                                                                         \
-    for (int i = 0; i < 2 * (n); i++) acc[i] = _mm256_setzero_ps();
-#define KQ6_GROUP                                                                                 \
-    const __m256i vl = _mm256_loadu_si256((const __m256i*)ql);                                   \
-    const __m256i vh = _mm256_loadu_si256((const __m256i*)qh);                                   \
-    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(vl, 4) : vl, m4);             \
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(vh, 2 * k), m2);                       \
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), off);       \
-    const __m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));                          \
-    const __m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
-#define KQ6_ACCUMULATE(i)                                                                         \
-    {                                                                                            \
-        const __m256i p0 = _mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i*)xb->qs));    \
-        const __m256i p1 = _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i*)(xb->qs + 16))); \
-        acc[2 * (i)] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * xb->d), _mm256_cvtepi32_ps(p0), acc[2 * (i)]); \
-        acc[2 * (i) + 1] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * xb->d), _mm256_cvtepi32_ps(p1), acc[2 * (i) + 1]); \
+/* Q4_K and Q5_K (five: the fifth bit from qh) against R = 1 or 4 activation rows (x + r * nb
+ * blocks of 32, nb = 8 nsb; R a constant at each call): each sub-block is unpacked once for all R
+ * rows. U accumulator chains per row (two for one row: an FMA's latency exceeds a sub-block's
+ * work). */
+static inline __attribute__((always_inline)) void dot_q45k(const uint8_t* base, size_t stride, int nsb,
+                                                           const BlockX* x, int five, int R, float* out) {
+    const int U = R == 1 ? 2 : 1;
+    const int nb = nsb * 8;
+    float accf[4], accm[4];
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[4];
+    for (int i = 0; i < R * U; i++) acc[i] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) accm[r] = 0.0f;
+    for (int r = 0; r < R * U; r++) accf[r] = 0.0f;
+    for (int s = 0; s < nsb; s++) {
+        const uint8_t* blk = base + (size_t)s * stride;
+        uint16_t d16, dmin16;
+        memcpy(&d16, blk, 2);
+        memcpy(&dmin16, blk + 2, 2);
+        const float d = exo_h2f(d16), dmin = exo_h2f(dmin16);
+        const uint8_t* scales = blk + 4;
+        const uint8_t* qh = five ? blk + 16 : NULL;
+        const uint8_t* qs = blk + 16 + (five ? 32 : 0);
+        const __m256i vqh = five ? _mm256_loadu_si256((const __m256i*)qh) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+            const __m256i nib[2] = {_mm256_and_si256(bytes, low), _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low)};
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * c + h;
+                int sc, m;
+                q4k_scale_min(scales, j, &sc, &m);
+                /* the sub-block's 32 values widened to int16 once: a (values 0..15), b (16..31) */
+                __m256i q = nib[h];
+                if (five) {
+                    const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(vqh, j), one);
+                    q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+                }
+                const __m256i qa = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q));
+                const __m256i qb = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1));
+                const float dsc = d * (float)sc;
+                for (int r = 0; r < R; r++) {
+                    const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + j;
+                    const int i = r * U + (h & (U - 1));
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dsc * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)),
+                                             acc[i]);
+                    accm[r] -= dmin * (float)m * xb->s;
+                }
+            }
+        }
     }
-#define KQ6_TOTAL(i) (accf[i] + exo_hsum8(_mm256_add_ps(acc[2 * (i)], acc[2 * (i) + 1])))
+    for (int r = 0; r < R; r++) {
+        float f = 0.0f;
+        for (int u = 0; u < U; u++) f += accf[r * U + u] + exo_hsum8(acc[r * U + u]);
+        out[r] = f + accm[r];
+    }
+}
 
-DEFINE_DOT_Q6K(1)
-DEFINE_DOT_Q6K(4)
+/* Q6_K against R = 1 or 4 activation rows (each row has two chains: the halves of a 32-value
+ * group; values 0..15 have scale s0, 16..31 scale s1). */
+static inline __attribute__((always_inline)) void dot_q6k_rows(const BlockQ6K* w, const BlockX* x, int nsb, int R,
+                                                               float* out) {
+    const int nb = nsb * 8;
+    float accf[4];
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03);
+    const __m256i off = _mm256_set1_epi8(32);
+    __m256 acc[8];
+    for (int i = 0; i < 2 * R; i++) acc[i] = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) accf[r] = 0.0f;
+    for (int s = 0; s < nsb; s++) {
+        const float d = exo_h2f(w[s].d);
+        for (int g = 0; g < 8; g++) {
+            const int n = g / 4, k = g % 4;
+            const uint8_t* ql = w[s].ql + 64 * n + 32 * (k & 1);
+            const uint8_t* qh = w[s].qh + 32 * n;
+            const float s0 = d * (float)w[s].scales[2 * g], s1 = d * (float)w[s].scales[2 * g + 1];
+            const __m256i vl = _mm256_loadu_si256((const __m256i*)ql);
+            const __m256i vh = _mm256_loadu_si256((const __m256i*)qh);
+            const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(vl, 4) : vl, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(vh, 2 * k), m2);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), off);
+            const __m256i qa = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+            const __m256i qb = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+            for (int r = 0; r < R; r++) {
+                const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
+                const __m256i p0 = _mm256_madd_epi16(qa, _mm256_loadu_si256((const __m256i*)xb->qs));
+                const __m256i p1 = _mm256_madd_epi16(qb, _mm256_loadu_si256((const __m256i*)(xb->qs + 16)));
+                acc[2 * r] = _mm256_fmadd_ps(_mm256_set1_ps(s0 * xb->d), _mm256_cvtepi32_ps(p0), acc[2 * r]);
+                acc[2 * r + 1] = _mm256_fmadd_ps(_mm256_set1_ps(s1 * xb->d), _mm256_cvtepi32_ps(p1), acc[2 * r + 1]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = 0.0f + (accf[r] + exo_hsum8(_mm256_add_ps(acc[2 * r], acc[2 * r + 1])));
+}
 
 static inline void dot_q4k(const BlockQ4K* w, const BlockX* x, int nsb, int R, float* out) {
-    if (R == 4) dot_q45k_4((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, out);
-    else dot_q45k_1((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, out);
+    if (R == 4) dot_q45k((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, 4, out);
+    else dot_q45k((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, 1, out);
 }
 
 static inline void dot_q5k(const BlockQ5K* w, const BlockX* x, int nsb, int R, float* out) {
-    if (R == 4) dot_q45k_4((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, out);
-    else dot_q45k_1((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, out);
+    if (R == 4) dot_q45k((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, 4, out);
+    else dot_q45k((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, 1, out);
 }
 
 static inline void dot_q6k(const BlockQ6K* w, const BlockX* x, int nsb, int R, float* out) {
-    if (R == 4) dot_q6k_4(w, x, nsb, out);
-    else dot_q6k_1(w, x, nsb, out);
+    if (R == 4) dot_q6k_rows(w, x, nsb, 4, out);
+    else dot_q6k_rows(w, x, nsb, 1, out);
 }
 
 /* ---- the dot and pair strategies (kinds.h) ---- */
 static inline void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q4_4((const BlockQ4_1*)w, x, nb, out);
-    else dot_q4_1((const BlockQ4_1*)w, x, nb, out);
+    if (R == 4) dot_q4((const BlockQ4_1*)w, x, nb, 4, out);
+    else dot_q4((const BlockQ4_1*)w, x, nb, 1, out);
 }
 static inline void row_q8_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q8_4((const BlockQ8_0*)w, x, nb, out);
-    else dot_q8_1((const BlockQ8_0*)w, x, nb, out);
+    if (R == 4) dot_q8((const BlockQ8_0*)w, x, nb, 4, out);
+    else dot_q8((const BlockQ8_0*)w, x, nb, 1, out);
 }
 /* has_m a constant at each call: the unpacking specialises */
 static inline void row_q5_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q5_4(w, sizeof(BlockQ5_0), 0, x, nb, out);
-    else dot_q5_1(w, sizeof(BlockQ5_0), 0, x, nb, out);
+    if (R == 4) dot_q5(w, sizeof(BlockQ5_0), 0, x, nb, 4, out);
+    else dot_q5(w, sizeof(BlockQ5_0), 0, x, nb, 1, out);
 }
 static inline void row_q5_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q5_4(w, sizeof(BlockQ5_1), 1, x, nb, out);
-    else dot_q5_1(w, sizeof(BlockQ5_1), 1, x, nb, out);
+    if (R == 4) dot_q5(w, sizeof(BlockQ5_1), 1, x, nb, 4, out);
+    else dot_q5(w, sizeof(BlockQ5_1), 1, x, nb, 1, out);
 }
 static inline void row_q4_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     dot_q4k((const BlockQ4K*)w, x, nb / 8, R, out);
