@@ -175,14 +175,6 @@ static inline void dot_q5_0_1x2(const uint8_t* w0, const uint8_t* w1, const Bloc
  *   in qh. 32-value group g = 4n + k (half n, quarter k): low bits from ql[64n + 32(k & 1) + l]
  *   (low nibble for k < 2, high for k >= 2), high bits from qh[32n + l] >> 2k.
  */
-static inline __m256i kq_madd(__m256i q, const BlockX* xb, int is_signed) {
-    const __m128i lo16 = _mm256_castsi256_si128(q), hi16 = _mm256_extracti128_si256(q, 1);
-    const __m256i a = is_signed ? _mm256_cvtepi8_epi16(lo16) : _mm256_cvtepu8_epi16(lo16);
-    const __m256i b = is_signed ? _mm256_cvtepi8_epi16(hi16) : _mm256_cvtepu8_epi16(hi16);
-    return _mm256_add_epi32(_mm256_madd_epi16(a, _mm256_loadu_si256((const __m256i*)xb->qs)),
-                            _mm256_madd_epi16(b, _mm256_loadu_si256((const __m256i*)(xb->qs + 16))));
-}
-
 /* Q4_K and Q5_K (five: the fifth bit from qh) against R = 1 or 4 activation rows (x + r * nb
  * blocks of 32, nb = 8 nsb; R a constant at each call): each sub-block is unpacked once for all R
  * rows. U accumulator chains per row (two for one row: an FMA's latency exceeds a sub-block's

@@ -320,26 +320,66 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
 }
 
 /* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.c) */
-#define G8_ROWS_FOR(R)                                                                            \
-static __attribute__((noinline)) void g8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_rows(grp, nb, x, R, 0, out);                                                              \
-}                                                                                                \
-static __attribute__((noinline)) void g8_q5_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_rows(grp, nb, x, R, 1, out);                                                              \
-}                                                                                                \
-static __attribute__((noinline)) void g8_q8_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_q8_rows(grp, nb, x, R, out);                                                              \
-}                                                                                                \
-static __attribute__((noinline)) void g8_q4k_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_q4k_rows(grp, nb, x, R, out);                                                             \
-}                                                                                                \
-static __attribute__((noinline)) void g8_q6k_rows_##R(const uint8_t* grp, int nb, const BlockX* x, __m256* out) { \
-    g8_q6k_rows(grp, nb, x, R, out);                                                             \
+static __attribute__((noinline)) void g8_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 1, 0, out);
 }
-G8_ROWS_FOR(1)
-G8_ROWS_FOR(2)
-G8_ROWS_FOR(3)
-G8_ROWS_FOR(4)
+static __attribute__((noinline)) void g8_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 2, 0, out);
+}
+static __attribute__((noinline)) void g8_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 3, 0, out);
+}
+static __attribute__((noinline)) void g8_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 4, 0, out);
+}
+static __attribute__((noinline)) void g8_q5_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 1, 1, out);
+}
+static __attribute__((noinline)) void g8_q5_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 2, 1, out);
+}
+static __attribute__((noinline)) void g8_q5_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 3, 1, out);
+}
+static __attribute__((noinline)) void g8_q5_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 4, 1, out);
+}
+static __attribute__((noinline)) void g8_q8_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q8_rows(grp, nb, x, 1, out);
+}
+static __attribute__((noinline)) void g8_q8_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q8_rows(grp, nb, x, 2, out);
+}
+static __attribute__((noinline)) void g8_q8_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q8_rows(grp, nb, x, 3, out);
+}
+static __attribute__((noinline)) void g8_q8_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q8_rows(grp, nb, x, 4, out);
+}
+static __attribute__((noinline)) void g8_q4k_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q4k_rows(grp, nb, x, 1, out);
+}
+static __attribute__((noinline)) void g8_q4k_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q4k_rows(grp, nb, x, 2, out);
+}
+static __attribute__((noinline)) void g8_q4k_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q4k_rows(grp, nb, x, 3, out);
+}
+static __attribute__((noinline)) void g8_q4k_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q4k_rows(grp, nb, x, 4, out);
+}
+static __attribute__((noinline)) void g8_q6k_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q6k_rows(grp, nb, x, 1, out);
+}
+static __attribute__((noinline)) void g8_q6k_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q6k_rows(grp, nb, x, 2, out);
+}
+static __attribute__((noinline)) void g8_q6k_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q6k_rows(grp, nb, x, 3, out);
+}
+static __attribute__((noinline)) void g8_q6k_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_q6k_rows(grp, nb, x, 4, out);
+}
 
 typedef void (*G8Rows)(const uint8_t* grp, int nb, const BlockX* x, __m256* out);
 #define G8_BY_R(name) {name##_1, name##_2, name##_3, name##_4}

@@ -263,16 +263,25 @@ static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int 
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-#define TILE_ROWS_FOR(R)                                                                          \
-static void tile_rows_##R(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {       \
-    if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);                                    \
-    else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);                                \
-    else tile_rows(t, nb, x, R, 0, 0, out);                                                      \
+/* one copy per R (the layout's flags are branches outside the loops) */
+static inline __attribute__((always_inline)) void tile_rows_kind(const Tile* t, int nb, const BlockX* x, int kind,
+                                                                 int R, __m256* out) {
+    if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);
+    else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);
+    else tile_rows(t, nb, x, R, 0, 0, out);
 }
-TILE_ROWS_FOR(1)
-TILE_ROWS_FOR(2)
-TILE_ROWS_FOR(3)
-TILE_ROWS_FOR(4)
+static void tile_rows_1(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 1, out);
+}
+static void tile_rows_2(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 2, out);
+}
+static void tile_rows_3(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 3, out);
+}
+static void tile_rows_4(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 4, out);
+}
 
 /* out[r] for R = 1..TILE_MAX_R activation rows. */
 static inline void tile_dot(const Tile* t, int nb, const BlockX* x, int kind, int R, __m256* out) {
