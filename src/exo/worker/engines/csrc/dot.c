@@ -182,49 +182,49 @@ static inline __attribute__((always_inline)) void dot_q6k_rows(const BlockQ6K* w
     for (int r = 0; r < R; r++) out[r] = 0.0f + accf[r];
 }
 
-static inline void dot_q4k(const BlockQ4K* w, const BlockX* x, int nsb, int R, float* out) {
+static inline __attribute__((always_inline)) void dot_q4k(const BlockQ4K* w, const BlockX* x, int nsb, int R, float* out) {
     if (R == 4) dot_q45k((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, 4, out);
     else dot_q45k((const uint8_t*)w, sizeof(BlockQ4K), nsb, x, 0, 1, out);
 }
 
-static inline void dot_q5k(const BlockQ5K* w, const BlockX* x, int nsb, int R, float* out) {
+static inline __attribute__((always_inline)) void dot_q5k(const BlockQ5K* w, const BlockX* x, int nsb, int R, float* out) {
     if (R == 4) dot_q45k((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, 4, out);
     else dot_q45k((const uint8_t*)w, sizeof(BlockQ5K), nsb, x, 1, 1, out);
 }
 
-static inline void dot_q6k(const BlockQ6K* w, const BlockX* x, int nsb, int R, float* out) {
+static inline __attribute__((always_inline)) void dot_q6k(const BlockQ6K* w, const BlockX* x, int nsb, int R, float* out) {
     if (R == 4) dot_q6k_rows(w, x, nsb, 4, out);
     else dot_q6k_rows(w, x, nsb, 1, out);
 }
 
 /* ---- the dot and pair strategies (kinds.h) ---- */
-static inline void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q4((const BlockQ4_1*)w, x, nb, 4, out);
     else dot_q4((const BlockQ4_1*)w, x, nb, 1, out);
 }
-static inline void row_q8_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q8_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q8((const BlockQ8_0*)w, x, nb, 4, out);
     else dot_q8((const BlockQ8_0*)w, x, nb, 1, out);
 }
 /* has_m a constant at each call: the unpacking specialises */
-static inline void row_q5_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q5_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q5(w, sizeof(BlockQ5_0), 0, x, nb, 4, out);
     else dot_q5(w, sizeof(BlockQ5_0), 0, x, nb, 1, out);
 }
-static inline void row_q5_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q5_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q5(w, sizeof(BlockQ5_1), 1, x, nb, 4, out);
     else dot_q5(w, sizeof(BlockQ5_1), 1, x, nb, 1, out);
 }
-static inline void row_q4_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q4_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     dot_q4k((const BlockQ4K*)w, x, nb / 8, R, out);
 }
-static inline void row_q5_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q5_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     dot_q5k((const BlockQ5K*)w, x, nb / 8, R, out);
 }
-static inline void row_q6_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q6_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     dot_q6k((const BlockQ6K*)w, x, nb / 8, R, out);
 }
-static inline void pair_q8_0(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
+static inline __attribute__((always_inline)) void pair_q8_0(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
     dot_q8_1x2((const BlockQ8_0*)w0, (const BlockQ8_0*)w1, x, nb, out);
 }
 

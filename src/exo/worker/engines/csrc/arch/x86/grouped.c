@@ -10,33 +10,13 @@
  * (one activation row) runs this way too. Measured against the per-row kernels with weights not
  * in cache, one thread, at 1 / 2 activation rows: Q4_1 1.9-2.2x / 1.7x, Q8_0 1.25x / 1.65x,
  * Q5_0 1.2x / 1.35x, Q4_K 1.7x / 2.3x, Q6_K 1.25x / 1.5x (SmolLM2's and Gemma 3's layer
- * shapes). From a few rows on (kinds.c: a repacked kind's tile_rows) a group is turned into a tile and used
- * there (tile_from_group): each pass then reads int8 pairs, and building it needs no transpose.
+ * shapes). From a few rows on (kinds.c: a repacked kind's tile_rows) a group is turned into a
+ * tile and used there (exo_x86_tile_from_group): each pass then reads int8 pairs, and building
+ * it needs no transpose.
  *
- * The layout, per group of 8 rows (rows 8g .. 8g + 7 of a part) and per block b of 32 values,
- * 160 bytes at (g nb + b) 160: the 8 rows' f16 d (16 bytes, row c at 2c), their 8 f16 m, then 8
- * vectors of 16 bytes: vector i holds word i of each row's 16 bytes of nibbles (bytes 2i, 2i + 1
- * of row c at bytes 2c, 2c + 1). Word i's low nibbles are the row's values 2i, 2i + 1 (pair i),
- * its high nibbles values 2i + 16, 2i + 17 (pair i + 8). A group has the bytes of its 8 rows,
- * so offsets by rows stay those of Q4_1; a part so laid has a multiple of 8 rows.
- *
- * Q5_0 (KIND_Q5_0_G8), 176 bytes per group and block: the 8 rows' f16 d, then for i = 0..7 a
- * 32-bit word of fifth bits (bit 2c + e: row c's value 2i + e, bit 16 + 2c + e: its value
- * 2i + 16 + e), then the nibbles as Q4_1's; the values are signed, q - 16, with no offset.
- *
- * Q4_K (KIND_Q4_K_G8), 1152 bytes per group and super-block of 256 values: the 8 rows' f16 d,
- * their f16 dmin, their 12 bytes of packed 6-bit scales and mins transposed (byte k of row c at
- * 32 + 8k + c: one load gives a byte of all 8 rows), then for each 64-value chunk c and word i
- * of its 32 bytes the 8 rows' words (as Q4_1's: low nibbles are sub-block 2c's pair i, high
- * nibbles sub-block 2c + 1's).
- *
- * Q6_K (KIND_Q6_K_G8), 1680 bytes per group and super-block: the 8 rows' f16 d, their 16 int8
- * scales transposed (scale k of row c at 16 + 8k + c), then for each of ql's four 32-byte chunks
- * and word i the 8 rows' words, then the same for qh's two 32-byte halves.
- *
- * Q8_0 the same way (KIND_Q8_0_G8), 272 bytes per group and block: the 8 rows' f16 d, then 256 bytes
- * of int8 values laid as a tile's (arch/x86/tile.c): pair j (values 2j, 2j + 1) of row c at byte
- * 32 (j % 8) + 16 (j / 8) + 2c. A tile already, it is read directly at any number of rows.
+ * The layouts are the typed blocks of exo_kernels.h (BlockQ4_1x8, BlockQ5_0x8, BlockQ8_0x8,
+ * BlockQ4Kx8, BlockQ6Kx8), built by repack.c; Q8_0's values are laid as a tile's already, so a
+ * group of them is read directly at any number of rows.
  *
  * Both builds sum a block's 32 products per row as integers, then add d_w d_x isum and m s_x
  * in the same order, so a row's result does not depend on how many rows are in the call.

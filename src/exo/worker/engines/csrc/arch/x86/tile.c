@@ -263,23 +263,24 @@ static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int 
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-/* one copy per R (the layout's flags are branches outside the loops) */
+/* one copy per R, not inlined into the caller (measured faster so); the layout's flags are
+ * branches outside the loops */
 static inline __attribute__((always_inline)) void tile_rows_kind(const Tile* t, int nb, const BlockX* x, int kind,
                                                                  int R, __m256* out) {
     if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);
     else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);
     else tile_rows(t, nb, x, R, 0, 0, out);
 }
-static void tile_rows_1(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+static __attribute__((noinline)) void tile_rows_1(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
     tile_rows_kind(t, nb, x, kind, 1, out);
 }
-static void tile_rows_2(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+static __attribute__((noinline)) void tile_rows_2(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
     tile_rows_kind(t, nb, x, kind, 2, out);
 }
-static void tile_rows_3(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+static __attribute__((noinline)) void tile_rows_3(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
     tile_rows_kind(t, nb, x, kind, 3, out);
 }
-static void tile_rows_4(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+static __attribute__((noinline)) void tile_rows_4(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
     tile_rows_kind(t, nb, x, kind, 4, out);
 }
 
