@@ -218,7 +218,9 @@ class QKernels:
         itself) as the grouped kernels read them (`csrc/repack.c`, `csrc/exo_kernels.h`)."""
         k = self._repack_k(kind, rows)
         if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
-            raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
+            raise KernelArgumentError(
+                "the output must be a contiguous uint8 tensor of the same shape"
+            )
         src = rows.contiguous()
         rc = self._repack(kind, src.data_ptr(), rows.shape[0], k, out.data_ptr())
         del src  # alive until here: the kernel has returned

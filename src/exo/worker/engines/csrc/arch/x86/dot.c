@@ -311,7 +311,8 @@ static inline __attribute__((always_inline)) void row_q5_k(const uint8_t* w, con
 static inline __attribute__((always_inline)) void row_q6_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     dot_q6k((const BlockQ6K*)w, x, nb / 8, R, out);
 }
-static inline __attribute__((always_inline)) void pair_q8_0(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
+/* (out of line: measured ~8% faster so in the shared library) */
+static __attribute__((noinline)) void pair_q8_0(const uint8_t* w0, const uint8_t* w1, const BlockX* x, int nb, float* out) {
     dot_q8_1x2((const BlockQ8_0*)w0, (const BlockQ8_0*)w1, x, nb, out);
 }
 
