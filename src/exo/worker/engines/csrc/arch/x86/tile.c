@@ -212,27 +212,30 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
  * (left alone, it reassociates the 16 adds into a tree and spills the products to the stack). */
 #define TILE_KEEP(v) __asm__("" : "+x"(v))
 
-/* pairs j0..j0+7 of block b against R activation rows: s[r] += sum over lanes of 8 rows */
-#define TILE_PAIRS(s, j0)                                                                         \
-    for (int j = j0; j < (j0) + 8; j++) {                                                        \
-        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(W + 32 * (j & 7) + 16 * (j >> 3)))); \
-        for (int r = 0; r < R; r++) {                                                            \
-            int32_t xv;                                                                          \
-            memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);                             \
-            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));          \
-            TILE_KEEP(s[r]);                                                                     \
-        }                                                                                        \
+/* pairs j0..j0+7 of block b (its tile values W) against R activation rows: s[r] += the pairs'
+ * products, per lane (row of the tile) */
+static inline __attribute__((always_inline)) void tile_pairs(const int8_t* W, const BlockX* x, int nb, int b, int R,
+                                                             int j0, __m256i* s) {
+    for (int j = j0; j < j0 + 8; j++) {
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(W + 32 * (j & 7) + 16 * (j >> 3))));
+        for (int r = 0; r < R; r++) {
+            int32_t xv;
+            memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
+            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+            TILE_KEEP(s[r]);
+        }
     }
+}
 
-/* acc[r] += (scales of the 8 rows) * d_x * s[r] */
-#define TILE_TAIL(s, dsrc)                                                                        \
-    {                                                                                            \
-        const __m256 dv = _mm256_loadu_ps((dsrc) + (size_t)b * TILE_COLS);                       \
-        for (int r = 0; r < R; r++) {                                                            \
-            const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);                           \
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);   \
-        }                                                                                        \
+/* acc[r] += (the 8 rows' scales of block b, at d) * d_x * s[r] */
+static inline __attribute__((always_inline)) void tile_tail(const float* d, const BlockX* x, int nb, int b, int R,
+                                                            const __m256i* s, __m256* acc) {
+    const __m256 dv = _mm256_loadu_ps(d + (size_t)b * TILE_COLS);
+    for (int r = 0; r < R; r++) {
+        const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);
     }
+}
 
 /* out[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 4. */
 static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int nb, const BlockX* x, int R,
@@ -244,15 +247,15 @@ static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int 
         const int8_t* W = t.q + (size_t)b * 256;
         __m256i s[TILE_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-        TILE_PAIRS(s, 0)
+        tile_pairs(W, x, nb, b, R, 0, s);
         if (halves) { /* Q6_K: values 16..31 have a scale of their own */
-            TILE_TAIL(s, t.d)
+            tile_tail(t.d, x, nb, b, R, s, acc);
             for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-            TILE_PAIRS(s, 8)
-            TILE_TAIL(s, t.d2)
+            tile_pairs(W, x, nb, b, R, 8, s);
+            tile_tail(t.d2, x, nb, b, R, s, acc);
         } else {
-            TILE_PAIRS(s, 8)
-            TILE_TAIL(s, t.d)
+            tile_pairs(W, x, nb, b, R, 8, s);
+            tile_tail(t.d, x, nb, b, R, s, acc);
         }
         if (has_m) {
             const __m256 mv = _mm256_loadu_ps(t.m + (size_t)b * TILE_COLS);
