@@ -1,9 +1,11 @@
 """Building the C kernels (`csrc/`): which instruction set, which compiler, which flags.
 
-The same sources build two ways (see `csrc/exo_kernels.h`): `avx2` (AVX2 + FMA + F16C
-intrinsics, x86) and `portable` (plain C loops the compiler vectorises for the machine it
-targets: every ARM machine, old x86). Builds use warnings as errors; a failed build's compiler
-output goes to the log. The standalone test harness (`csrc/harness/`) builds from the same
+The same sources build one library per instruction set (see `csrc/exo_kernels.h`, `csrc/kinds.h`):
+`avx2` (the generic files plus `csrc/arch/x86/`, AVX2 + FMA + F16C intrinsics) and `portable`
+(the generic files alone: plain C loops the compiler vectorises for the machine it targets, every
+ARM machine, old x86; an ISA folder's files compile to nothing in other builds). Every `.c` under
+`csrc/` but the harness's is compiled, and every source and header keys the cached build.
+Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone test harness (`csrc/harness/`) builds from the same
 sources with AddressSanitizer and UndefinedBehaviorSanitizer.
 """
 
