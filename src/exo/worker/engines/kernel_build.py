@@ -5,8 +5,9 @@ The same sources build one library per instruction set (see `csrc/exo_kernels.h`
 (the generic files alone: plain C loops the compiler vectorises for the machine it targets, every
 ARM machine, old x86; an ISA folder's files compile to nothing in other builds). Every `.c` under
 `csrc/` but the harness's is compiled, and every source and header keys the cached build.
-Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone test harness (`csrc/harness/`) builds from the same
-sources with AddressSanitizer and UndefinedBehaviorSanitizer.
+Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone
+test harness (`csrc/harness/`) builds from the same sources with AddressSanitizer and
+UndefinedBehaviorSanitizer.
 """
 
 import hashlib
