@@ -23,6 +23,7 @@
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
+#include <stddef.h>
 #include "arch/x86/tile.h"
 #include "kinds.h"
 #include "quants.h"
@@ -50,7 +51,7 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : G8_BLOCK);
-        const uint8_t* nibbles = blk + (five ? 48 : 32);
+        const uint8_t* nibbles = blk + (five ? offsetof(BlockQ5_0x8, qs) : offsetof(BlockQ4_1x8, qs));
         __m256i s[G8_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int i = 0; i < 8; i++) {
@@ -60,7 +61,7 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_srli_epi16(v, 4);
             if (five) { /* q - 16 = nibble + (fifth bit ? 0 : -16), word 2c + e: bit 2c + e of h */
                 uint32_t h;
-                memcpy(&h, blk + 16 + 4 * i, sizeof h);
+                memcpy(&h, blk + offsetof(BlockQ5_0x8, qh) + 4 * i, sizeof h);
                 const __m256i hl = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(h & 0xFFFF)), bit), bit);
                 const __m256i hh = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(h >> 16)), bit), bit);
                 lo = _mm256_add_epi16(lo, _mm256_andnot_si256(hl, minus16));
@@ -77,7 +78,7 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 m = five ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16)));
+        const __m256 m = five ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))));
         for (int r = 0; r < R; r++) {
             const BlockX* xb = x + (size_t)r * nb + b;
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s[r]), acc[r]);
@@ -90,7 +91,7 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
 /* The 8 rows' scale d sc_j and offset dmin m_j of sub-block j of a Q4_K group's super-block
  * (the 6-bit pairs unpacked for all rows at once, as quants.h's q4k_scale_min does one). */
 static inline __attribute__((always_inline)) void g8_q4k_scales(const uint8_t* blk, int j, __m256* dsc, __m256* dm) {
-    const uint8_t* bytes = blk + 32;
+    const uint8_t* bytes = blk + offsetof(BlockQ4Kx8, scales);
 #define G8_SCALE_BYTE(k) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * (k))))
     const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15);
     __m256i sc, mn;
@@ -104,7 +105,8 @@ static inline __attribute__((always_inline)) void g8_q4k_scales(const uint8_t* b
     }
 #undef G8_SCALE_BYTE
     *dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)), _mm256_cvtepi32_ps(sc));
-    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16))), _mm256_cvtepi32_ps(mn));
+    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin)))),
+                        _mm256_cvtepi32_ps(mn));
 }
 
 /* The tile (tile.c) of a group, for many activation rows (prefill): the nibbles split into
@@ -117,7 +119,7 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
             const int j = b % 8, c = j / 2;
             int8_t* q = t.q + (size_t)b * 256;
             for (int i = 0; i < 16; i++) { /* pair i at 32 (i % 8) + 16 (i / 8) */
-                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 128 + 16 * (16 * c + i)));
+                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, qs) + 16 * (16 * c + i)));
                 const __m128i nib = j & 1 ? _mm_and_si128(_mm_srli_epi16(v, 4), low) : _mm_and_si128(v, low);
                 _mm_storeu_si128((__m128i*)(q + 32 * (i % 8) + 16 * (i / 8)), nib);
             }
@@ -133,8 +135,8 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
         for (int b = 0; b < nb; b++) {
             const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
             const int g = b % 8, n = g / 4, k = g % 4;
-            const uint8_t* ql = blk + 144 + 256 * (2 * n + (k & 1));
-            const uint8_t* qh = blk + 1168 + 256 * n;
+            const uint8_t* ql = blk + offsetof(BlockQ6Kx8, ql) + 256 * (2 * n + (k & 1));
+            const uint8_t* qh = blk + offsetof(BlockQ6Kx8, qh) + 256 * n;
             int8_t* q = t.q + (size_t)b * 256;
             for (int i = 0; i < 16; i++) {
                 const __m128i v = _mm_loadu_si128((const __m128i*)(ql + 16 * i));
@@ -143,8 +145,8 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
                 _mm_storeu_si128((__m128i*)(q + 32 * (i % 8) + 16 * (i / 8)), _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), m32));
             }
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-            const __m256 sa = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g)))));
-            const __m256 sb = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g + 1)))));
+            const __m256 sa = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g)))));
+            const __m256 sb = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + 1)))));
             _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_mul_ps(d, sa));
             _mm256_storeu_ps(t.d2 + (size_t)b * TILE_COLS, _mm256_mul_ps(d, sb));
         }
@@ -153,7 +155,7 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
     if (kind == KIND_Q8_0_G8) { /* the values are a tile's already */
         for (int b = 0; b < nb; b++) {
             const uint8_t* blk = grp + (size_t)b * G8_Q8_BLOCK;
-            memcpy(t.q + (size_t)b * 256, blk + 16, 256);
+            memcpy(t.q + (size_t)b * 256, blk + offsetof(BlockQ8_0x8, qs), 256);
             _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
         }
         return;
@@ -166,8 +168,8 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
             int8_t* q = t.q + (size_t)b * 256;
             for (int i = 0; i < 8; i++) {
                 uint32_t h;
-                memcpy(&h, blk + 16 + 4 * i, sizeof h);
-                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 48 + 16 * i));
+                memcpy(&h, blk + offsetof(BlockQ5_0x8, qh) + 4 * i, sizeof h);
+                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ5_0x8, qs) + 16 * i));
                 const __m128i hl = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)(h & 0xFFFF)), spread), bits), bits);
                 const __m128i hh = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(_mm_set1_epi16((short)(h >> 16)), spread), bits), bits);
                 const __m128i m16 = _mm_set1_epi8(-16);
@@ -183,12 +185,12 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
         const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
         int8_t* q = t.q + (size_t)b * 256;
         for (int i = 0; i < 8; i++) { /* pair i at 32 i, pair i + 8 at 32 i + 16 */
-            const __m128i v = _mm_loadu_si128((const __m128i*)(blk + 32 + 16 * i));
+            const __m128i v = _mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, qs) + 16 * i));
             _mm_storeu_si128((__m128i*)(q + 32 * i), _mm_and_si128(v, low));
             _mm_storeu_si128((__m128i*)(q + 32 * i + 16), _mm_and_si128(_mm_srli_epi16(v, 4), low));
         }
         _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
-        _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 16))));
+        _mm256_storeu_ps(t.m + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m)))));
     }
 }
 
@@ -203,7 +205,7 @@ static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp,
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int j = 0; j < 16; j++) {
             const __m256i w = _mm256_cvtepi8_epi16(
-                _mm_loadu_si128((const __m128i*)(blk + 16 + 32 * (j & 7) + 16 * (j >> 3))));
+                _mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ8_0x8, qs) + 32 * (j & 7) + 16 * (j >> 3))));
             for (int r = 0; r < R; r++) {
                 int32_t xv;
                 memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
@@ -230,7 +232,7 @@ static inline __attribute__((always_inline)) void g8_q4k_rows(const uint8_t* grp
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;
         const int j = b % 8, c = j / 2;
-        const uint8_t* words = blk + 128 + 16 * 16 * c;
+        const uint8_t* words = blk + offsetof(BlockQ4Kx8, qs) + 16 * 16 * c;
         __m256i s[G8_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int i = 0; i < 16; i++) {
@@ -265,8 +267,8 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q6K_BLOCK;
         const int g = b % 8, n = g / 4, k = g % 4;
-        const uint8_t* ql = blk + 144 + 256 * (2 * n + (k & 1));
-        const uint8_t* qh = blk + 1168 + 256 * n;
+        const uint8_t* ql = blk + offsetof(BlockQ6Kx8, ql) + 256 * (2 * n + (k & 1));
+        const uint8_t* qh = blk + offsetof(BlockQ6Kx8, qh) + 256 * n;
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
         for (int half = 0; half < 2; half++) { /* pairs 0..7 (values 0..15), then 8..15 */
             __m256i s[G8_MAX_R];
@@ -289,7 +291,7 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
                 }
             }
             const __m256 sc = _mm256_cvtepi32_ps(
-                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 16 + 8 * (2 * g + half)))));
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + half)))));
             const __m256 dsc = _mm256_mul_ps(d, sc);
             for (int r = 0; r < R; r++)
                 acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dsc, _mm256_set1_ps(x[(size_t)r * nb + b].d)),
