@@ -19,8 +19,7 @@ from loguru import logger
 from exo.api.main import ApiSettings, create_app
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
-from exo.cluster.store import ElectionStore
-from exo.master.event_log import SqliteEventLog
+from exo.cluster.log_open import open_log
 from exo.master.main import Master
 from exo.node.chunks import ChunkRouter
 from exo.node.info import cap_memory, gather_node_info, significantly_different
@@ -149,21 +148,19 @@ class Node:
                 node_id=self._node_id,
                 commands=self._commands_rx,
                 local_events=self._local_rx,
-                publish=self._on_indexed_event,
+                publish=self._from_own_master,
                 send_chunk=self.deliver_chunk,
                 resolve_card=self.resolve_card,
             )
         else:
-            cluster_dir = config.data_dir / "cluster"
-            log = SqliteEventLog(cluster_dir / "events.db")
-            self._state = log.restore()
+            log, store, self._state = open_log(config.data_dir / "cluster")
             self.worker.update_state(self._state)
             self.worker.set_in_sync(False)  # the restored log may be stale: catch up first
             self.cluster = ClusterLink(
                 config.cluster,
                 host=self,
                 log=log,
-                store=ElectionStore(cluster_dir / "election.json"),
+                store=store,
                 commands=self._commands_rx,
                 local_events=self._local_rx,
             )
@@ -250,8 +247,18 @@ class Node:
             return
         self.chunks.deliver(event.command_id, event.chunk)
 
+    async def _from_own_master(self, indexed: IndexedEvent) -> None:
+        """A node alone: its master folded the event already; its state is the node's
+        (folding it again here would apply every event twice)."""
+        if self.master is None or self.master.state.last_event_applied_idx != indexed.idx:
+            raise RuntimeError(f"event {indexed.idx} published out of step with the master")
+        await self._adopt(indexed, self.master.state)
+
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
-        self._state = apply(self._state, indexed)
+        await self._adopt(indexed, apply(self._state, indexed))
+
+    async def _adopt(self, indexed: IndexedEvent, state: State) -> None:
+        self._state = state
         self.requests.observe(indexed.event, self._state)
         event = indexed.event
         if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:

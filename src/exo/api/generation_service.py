@@ -94,6 +94,8 @@ def failure_error(failed: Failed) -> ApiError:
             return ApiError(400, failed.message, param="messages", code=failed.code)
         case "invalid_request":
             return ApiError(400, failed.message, code=failed.code)
+        case "insufficient_storage":
+            return ApiError(507, failed.message, code=failed.code)
         case None:
             return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
 

@@ -8,8 +8,9 @@ from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import FrozenModel
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-# Errors an API maps to a client error (4xx) rather than a server error.
-ErrorCode = Literal["context_length_exceeded", "invalid_request"]
+# Errors an API maps to a client error (4xx) rather than a server error, and the master's
+# log that cannot take a write (a full disk: 507).
+ErrorCode = Literal["context_length_exceeded", "invalid_request", "insufficient_storage"]
 
 
 class Usage(FrozenModel):
