@@ -22,18 +22,17 @@ from exo.cluster.link import ClusterLink
 from exo.cluster.log_open import open_log
 from exo.master.main import Master
 from exo.node.chunks import ChunkRouter
+from exo.node.hub_cards import node_registry
 from exo.node.info import cap_memory, gather_node_info, significantly_different
 from exo.node.requests import RequestTracker
 from exo.shared.apply import apply
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.models.registry import ModelRegistry
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
-    DownloadActionRequested,
     Event,
     IndexedEvent,
     NodeGatheredInfo,
@@ -112,9 +111,7 @@ class Node:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._data_dir_lock = lock_data_dir(config.data_dir)
         self._node_id = load_node_id(config.data_dir)
-        self.registry = ModelRegistry.default()
-        for card in config.models:
-            self.registry.add(card)
+        self.registry = node_registry(config.models)
         self._state = State()
         self._state_changed = anyio.Event()
         self.chunks = ChunkRouter()
@@ -212,7 +209,7 @@ class Node:
         self._publish_state()
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
-        return self.registry.resolve(model_id)
+        return self.registry.resolve(model_id, self._state)
 
     def set_in_sync(self, in_sync: bool) -> None:
         self.worker.set_in_sync(in_sync)
@@ -260,9 +257,7 @@ class Node:
     async def _adopt(self, indexed: IndexedEvent, state: State) -> None:
         self._state = state
         self.requests.observe(indexed.event, self._state)
-        event = indexed.event
-        if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:
-            self.worker.download_action(event.action, event.model_card)
+        self.worker.observe(indexed.event)
         self._publish_state()
 
     def _publish_state(self) -> None:
@@ -279,7 +274,7 @@ class Node:
     async def run(self) -> None:
         # Stored Responses live in the node's data directory.
         api_settings = self.config.api.model_copy(update={"data_dir": self.config.data_dir})
-        app = create_app(self, api_settings)
+        app = create_app(self, api_settings, self.registry)
         sock = _bind(self.config.api.host, self.config.api.port)
         self.api_port = sock.getsockname()[1]
         server = _ApiServer(

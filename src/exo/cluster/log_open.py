@@ -36,10 +36,10 @@ def open_log(cluster_dir: Path) -> tuple[SqliteEventLog, ElectionStore, State]:
                          f"{_recovery(path)}") from None
     if fresh:
         store.forget_log()
-    elif log.last_idx() < persisted.log_at_least:
+    elif (last := log.last_idx()) < persisted.log_at_least:
         log.close()
         raise SystemExit(
-            f"exo: the event log {path} ends at event {log.last_idx()} but "
+            f"exo: the event log {path} ends at event {last} but "
             f"{cluster_dir / 'election.json'} records that it held at least "
             f"{persisted.log_at_least + 1} events: it was truncated or replaced; "
             f"{_recovery(path)}"

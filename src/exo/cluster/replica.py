@@ -94,30 +94,34 @@ class Replica:
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
             )
-            self._write(lambda: self.log.reset(reply.base or State(), reply.commands))
+            self._write(lambda: self.log.reset(reply.base or State(), reply.commands), settles=True)
             self.host.replace_state(reply.base)
         events = [e for e in reply.events if e.idx > self.last_idx]
         end = self.last_idx + len(events)
         if events and [e.idx for e in events] != list(range(self.last_idx + 1, end + 1)):
             raise ValueError("a catch-up page with a gap")
         before = self.host.state()
-        self._write(lambda: self.save(self.term, truncated(reply.lineage, end)))
+        self._write(lambda: self.save(self.term, truncated(reply.lineage, end)), settles=False)
         written: list[tuple[IndexedEvent, State]] = []
         for event in events:
             await self.host.apply_event(event)
             written.append((event, self.host.state()))
-        self._write(lambda: self.log.append_many(written), before)
+        self._write(lambda: self.log.append_many(written), before, settles=bool(written))
         return report
 
-    def _write(self, write: Callable[[], None], before: State | None = None) -> None:
+    def _write(
+        self, write: Callable[[], None], before: State | None = None, *, settles: bool
+    ) -> None:
         """Run a write of the log or the store; when the disk cannot take it, the state
-        goes back to ``before`` and ``LogUnavailable`` says so (logged once)."""
+        goes back to ``before`` and ``LogUnavailable`` says so (logged once). ``settles``:
+        a success shows the log takes writes again."""
         try:
             write()
         except OSError as e:
             self._unwritten(before or self.host.state(), e)
             raise LogUnavailable(str(e)) from e
-        self._written()
+        if settles:
+            self._written()
 
 
     def _report_dropped(self, reply: CatchUpReply) -> MergeReport | None:

@@ -15,7 +15,7 @@ from exo.master.decide import (
     refusal_status,
     replacements,
 )
-from exo.shared.models.model_cards import ModelCard
+from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.tests.builders import (
     COMMAND_1,
     COMMAND_2,
@@ -80,7 +80,7 @@ TWO_READY = make_state(
 )
 
 
-def _generate(model: str = MODEL_1) -> GenerateText:
+def _generate(model: ModelId = MODEL_1) -> GenerateText:
     params = TextGenerationTaskParams(model=model, input=[InputMessage(role="user", content="hi")])
     return GenerateText(command_id=COMMAND_1, task_params=params, origin_node_id=NODE_A)
 
