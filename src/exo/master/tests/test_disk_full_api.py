@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -40,7 +40,7 @@ def anyio_backend() -> str:
 
 
 @asynccontextmanager
-async def running_node(data_dir: Path) -> AsyncIterator[Node]:
+async def running_node(data_dir: Path) -> AsyncGenerator[Node]:
     config = NodeConfig(
         data_dir=data_dir,
         api=ApiSettings(port=0),
