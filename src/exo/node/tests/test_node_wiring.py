@@ -15,8 +15,8 @@ import pytest
 from exo.api.settings import ApiSettings
 from exo.main import Node, NodeConfig
 from exo.shared.tests.builders import NODE_B, model_card, node_info
-from exo.shared.types.events import DownloadActionRequested, NodeGatheredInfo
 from exo.shared.types.commands import DownloadActionKind
+from exo.shared.types.events import DownloadActionRequested, NodeGatheredInfo
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +42,7 @@ class _Downloads:
         self.actions: list[tuple[DownloadActionKind, str]] = []
 
     def action(self, action: DownloadActionKind, card: object) -> None:
-        self.actions.append((action, getattr(card, "model_id")))
+        self.actions.append((action, card.model_id))
 
 
 async def test_the_worker_acts_on_its_own_download_actions(tmp_path: Path) -> None:
