@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
@@ -23,13 +24,16 @@ from exo.cluster.lineage import Epoch
 from exo.cluster.log_open import open_log
 from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.network import ClusterNetwork
+from exo.cluster.presence import Peers
 from exo.cluster.replica import Replica
+from exo.cluster.sequencer import Sequencer
 from exo.cluster.sim.node import SimHost
 from exo.cluster.store import MARK_STEP, ElectionStore
 from exo.master.event_log import LogUnavailable, SqliteEventLog
 from exo.shared.apply import apply
-from exo.shared.tests.builders import node_info
-from exo.shared.types.common import NodeId
+from exo.shared.tests.builders import model_card, node_info
+from exo.shared.types.commands import PlaceInstance
+from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import IndexedEvent, MergeReported, NodeGatheredInfo
 from exo.shared.types.state import State
 from exo.tests.node_process import free_port
@@ -174,3 +178,74 @@ async def test_a_follower_whose_disk_is_full_stays_up_and_catches_up_later(
     logger.remove(sink)
     assert len(errors) == 1, errors  # logged once, however many writes failed
     assert "cannot be written" in errors[0]
+
+
+# ------------------------------------------------------------------ a full disk, master
+
+
+class _FullDisk:
+    """A log behind a switch that fails writes as a full disk does."""
+
+    def __init__(self, inner: SqliteEventLog) -> None:
+        self.inner = inner
+        self.full = False
+
+    def append(self, event: IndexedEvent, state_after: State) -> None:
+        if self.full:
+            raise LogUnavailable("database or disk is full")
+        self.inner.append(event, state_after)
+
+    def read_from(self, idx: int, limit: int) -> list[IndexedEvent]:
+        return self.inner.read_from(idx, limit)
+
+    def snapshot(self) -> State | None:
+        return self.inner.snapshot()
+
+    def restore(self) -> State:
+        return self.inner.restore()
+
+    def command_ids(self, limit: int) -> list[CommandId]:
+        return self.inner.command_ids(limit)
+
+
+class _Published:
+    def __init__(self) -> None:
+        self.messages: list[object] = []
+
+    async def publish(self, _topic: object, message: object) -> None:
+        self.messages.append(message)
+
+
+@pytest.mark.anyio
+async def test_a_command_refused_for_a_full_disk_is_applied_when_retried(
+    tmp_path: Path,
+) -> None:
+    """The sequencer remembered a command as handled before the master refused it (the
+    log could not take it): the client's retry, once there was room, was acknowledged as
+    "applied already" and never applied. Local events the log cannot take are not
+    accepted, so their sender sends them again."""
+    host = SimHost(ME, State(), lambda: 0.0, node_info())
+    replica = Replica(host, SqliteEventLog(tmp_path / "events.db"),
+                      ElectionStore(tmp_path / "election.json"))
+    published = _Published()
+    sequencer = Sequencer(host, replica, Peers(ME, lambda: 0.0, 5.0),
+                          lambda: cast(ClusterNetwork, published))
+    await sequencer.take_over(1, lambda: None)
+    master = sequencer.master
+    assert master is not None
+    disk = _FullDisk(replica.log)
+    master.log = disk
+    info = NodeGatheredInfo(node_id=ME, info=node_info("me", memory_mb=8192))
+    disk.full = True
+    assert not await sequencer.emit_all([info])  # not accepted: sent again later
+    disk.full = False
+    assert await sequencer.emit_all([info])
+    command = PlaceInstance(model_id=model_card().model_id, model_card=model_card())
+    disk.full = True
+    assert await sequencer.submit(command, ME)
+    assert host.state().instances == {}
+    disk.full = False
+    assert await sequencer.submit(command, ME)  # the client's retry
+    assert len(host.state().instances) == 1
+    assert await sequencer.submit(command, ME)  # a retry of an applied one: once
+    assert len(host.state().instances) == 1
