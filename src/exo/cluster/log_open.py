@@ -12,7 +12,7 @@ catches up from the cluster."""
 from pathlib import Path
 
 from exo.cluster.store import ElectionStore
-from exo.master.event_log import LogCorrupt, SqliteEventLog
+from exo.master.event_log import LogCorrupt, LogUnavailable, SqliteEventLog
 from exo.shared.types.state import State
 
 
@@ -34,6 +34,8 @@ def open_log(cluster_dir: Path) -> tuple[SqliteEventLog, ElectionStore, State]:
     except LogCorrupt as e:
         raise SystemExit(f"exo: the event log {path} is damaged ({e.detail}); "
                          f"{_recovery(path)}") from None
+    except LogUnavailable as e:
+        raise SystemExit(f"exo: {e}") from None
     if fresh:
         store.forget_log()
     elif (last := log.last_idx()) < persisted.log_at_least:

@@ -170,11 +170,11 @@ def with_group_address(instance: Instance, state: State, fresh: Fresh) -> Instan
     )
 
 
-def next_port_offset(event: Event, fresh: Fresh) -> int:
+def next_port_offset(event: Event, port_base: int, port_offset: int) -> int:
     """Where the search for a free port starts after ``event`` was sequenced."""
-    if isinstance(event, InstanceCreated) and event.instance.group_port >= fresh.port_base:
-        return (event.instance.group_port - fresh.port_base + 1) % PORT_SPAN
-    return fresh.port_offset
+    if isinstance(event, InstanceCreated) and event.instance.group_port >= port_base:
+        return (event.instance.group_port - port_base + 1) % PORT_SPAN
+    return port_offset
 
 
 def admit(state: State, event: Event) -> bool:
@@ -205,7 +205,9 @@ def replacements(
             ))
             continue
         created = InstanceCreated(instance=with_group_address(placed, state, fresh))
-        fresh = replace(fresh, port_offset=next_port_offset(created, fresh))
+        fresh = replace(
+            fresh, port_offset=next_port_offset(created, fresh.port_base, fresh.port_offset)
+        )
         state = state.model_copy(update={"instances": {
             **state.instances, created.instance.instance_id: created.instance}})
         out.append(created)

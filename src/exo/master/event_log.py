@@ -107,6 +107,8 @@ class SqliteEventLog:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         try:
             self._open()
+        except sqlite3.OperationalError as e:  # locked, read-only, or no room to migrate
+            raise LogUnavailable(f"cannot open the event log {path}: {e}") from e
         except sqlite3.DatabaseError as e:  # not a database at all, or a damaged one
             raise LogCorrupt(path, f"cannot be read as an event log ({e})") from e
         self._snapshot_every = snapshot_every

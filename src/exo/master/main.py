@@ -146,7 +146,7 @@ class Master:
                 await self._sequence(event)
             except OSError as e:
                 return self._log_failed(e)
-            self._next_port = next_port_offset(event, self._fresh())
+            self._next_port = next_port_offset(event, self.group_port_base, self._next_port)
         return None
 
     async def _sequence(self, event: Event) -> None:

@@ -162,7 +162,7 @@ def test_placements_take_the_next_free_group_port() -> None:
     assert first[0].instance.instance_id == NEW
     after = fold(ONE_NODE, first)
     fresh = Fresh(instance_ids=(NEW_2,), task_id=TASK_1,
-                  port_offset=next_port_offset(first[0], FRESH))
+                  port_offset=next_port_offset(first[0], FRESH.port_base, FRESH.port_offset))
     second = decide(after, PlaceInstance(model_id=MODEL_1), fresh, model_card())
     assert isinstance(second, list) and isinstance(second[0], InstanceCreated)
     assert second[0].instance.group_port == 29501
