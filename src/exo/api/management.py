@@ -200,7 +200,7 @@ def router(service: GenerationService) -> APIRouter:
         await submit_and_wait(
             handle, command,
             lambda s: any(i.instance_id not in before for i in instances_of(s, card.model_id)),
-            timeout_s=COMMAND_WAIT_S, refused_status=409, what=f"cannot place {card.model_id}",
+            timeout_s=COMMAND_WAIT_S, what=f"cannot place {card.model_id}",
         )
         return {
             "message": "placing instance",
@@ -227,7 +227,7 @@ def router(service: GenerationService) -> APIRouter:
         command = DeleteInstance(instance_id=iid)
         await submit_and_wait(
             handle, command, lambda s: iid not in s.instances, timeout_s=COMMAND_WAIT_S,
-            refused_status=404, what=f"cannot delete instance {instance_id}",
+            what=f"cannot delete instance {instance_id}",
         )
         return {
             "message": "deleting instance",

@@ -18,6 +18,7 @@ from loguru import logger
 from exo.api.download_wait import DownloadWatch, terminal_error
 from exo.api.errors import ApiError
 from exo.api.handle import NodeHandle
+from exo.master.decide import refusal_status
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Chunk, ErrorChunk
 from exo.shared.types.commands import Command, PlaceInstance
@@ -40,12 +41,13 @@ async def send(handle: NodeHandle, command: Command) -> None:
         raise ApiError(503, f"could not send the request to the cluster: {e}") from e
 
 
-def refusal_error(chunk: ErrorChunk, status: int, what: str) -> ApiError:
-    """The HTTP error for a command the master refused (``status`` unless the log could
-    not take it: 507)."""
-    if chunk.error_code == "insufficient_storage":
-        return ApiError(507, f"{what}: {chunk.error_message}", code="insufficient_storage")
-    return ApiError(status, f"{what}: {chunk.error_message}")
+def refusal_error(chunk: ErrorChunk, what: str) -> ApiError:
+    """The HTTP error for a command that was not applied: the status of the master's
+    refusal (a log that cannot take the write: 507), else 503 (no master reached)."""
+    if chunk.refusal is None:
+        return ApiError(503, f"{what}: {chunk.error_message}", headers={"Retry-After": "5"})
+    code = "insufficient_storage" if chunk.refusal == "log_full" else chunk.refusal
+    return ApiError(refusal_status(chunk.refusal), f"{what}: {chunk.error_message}", code=code)
 
 
 async def submit_and_wait(
@@ -54,11 +56,10 @@ async def submit_and_wait(
     applied: Callable[[State], bool],
     *,
     timeout_s: float,
-    refused_status: int,
     what: str,
 ) -> None:
     """Send ``command``; return once ``applied`` holds for the state; raise the master's
-    refusal as an ``ApiError`` (``refused_status``, or 507), or a 503 after ``timeout_s``."""
+    refusal as an ``ApiError`` (``refusal_error``), or a 503 after ``timeout_s``."""
     receiver = handle.open_response(command.command_id)
     refused: list[ApiError] = []
     try:
@@ -68,7 +69,7 @@ async def submit_and_wait(
             async def watch() -> None:
                 async for chunk in receiver:
                     if isinstance(chunk, ErrorChunk):
-                        refused.append(refusal_error(chunk, refused_status, what))
+                        refused.append(refusal_error(chunk, what))
                         tg.cancel_scope.cancel()
                         return
 
@@ -150,10 +151,13 @@ async def _wait_serving(
     async def watch_placement(receiver: Receiver[Chunk], scope: anyio.CancelScope) -> None:
         async for chunk in receiver:
             if isinstance(chunk, ErrorChunk):
-                error = refusal_error(chunk, 503, f"placing {model_id} failed")
-                if error.status == 503:
-                    error.code = "model_unavailable"
-                failure.append(error)
+                if chunk.refusal == "log_full":
+                    failure.append(refusal_error(chunk, f"placing {model_id} failed"))
+                else:  # the model cannot be served here: a client may retry later
+                    failure.append(ApiError(
+                        503, f"placing {model_id} failed: {chunk.error_message}",
+                        code="model_unavailable",
+                    ))
                 scope.cancel()
                 return
 

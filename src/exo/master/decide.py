@@ -11,7 +11,6 @@ the next free port come in as ``Fresh``.
 """
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from exo.master.placement import (
     PlacementError,
@@ -21,6 +20,7 @@ from exo.master.placement import (
     place_instance,
 )
 from exo.shared.models.model_cards import ModelCard
+from exo.shared.types.chunks import RefusalKind
 from exo.shared.types.commands import (
     CancelCommand,
     Command,
@@ -52,15 +52,13 @@ from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
 from exo.shared.types.worker.instances import Instance, InstanceId
 from exo.shared.types.worker.runners import RunnerShutdown
 
-RefusalKind = Literal["unknown_model", "no_placement", "no_instance", "not_serving", "log_full"]
-"""Why a command was refused; each API maps it to a status (``refusal_status``)."""
-
 PORT_SPAN = 10_000
 """Group ports are taken from ``port_base`` up to ``port_base + PORT_SPAN``."""
 
 
 class Refusal(FrozenModel):
-    """A command the master does not apply, and why (in words for the client)."""
+    """A command the master does not apply, and why (in words for the client); its
+    ``kind`` travels to the requester in the error chunk (``refusal_status``)."""
 
     kind: RefusalKind
     reason: str

@@ -177,12 +177,10 @@ class Master:
     ) -> None:
         if refusal is None or refusal.kind != "log_full":
             logger.warning(f"command {command_id}: {message}")
-        code = "insufficient_storage" if refusal is not None and refusal.kind == "log_full" \
-            else None
-        self.send_chunk(
-            ChunkGenerated(command_id=command_id, chunk=error_chunk(message, code=code)),
-            origin,
-        )
+        kind = None if refusal is None else refusal.kind
+        code = "insufficient_storage" if kind == "log_full" else None
+        chunk = error_chunk(message, code=code, refusal=kind)
+        self.send_chunk(ChunkGenerated(command_id=command_id, chunk=chunk), origin)
 
 
 def _count_nodes(n: int) -> str:

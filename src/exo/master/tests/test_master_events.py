@@ -158,6 +158,7 @@ async def test_a_command_the_log_cannot_take_is_refused_to_its_requester() -> No
     assert chunk.command_id == command.command_id
     assert isinstance(chunk.chunk, ErrorChunk)
     assert chunk.chunk.error_code == "insufficient_storage"
+    assert chunk.chunk.refusal == "log_full"
     assert "cannot be written" in chunk.chunk.error_message
     assert await master.submit(command, NODE_A) is None  # space came back
     assert len(master.state.instances) == 1
