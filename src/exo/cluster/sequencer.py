@@ -115,7 +115,9 @@ class Sequencer:
 
     async def _as_master(self, action: Callable[[Master], Awaitable[None]]) -> bool:
         """Run ``action`` on this node's master; False when this node is not the master.
-        A failure is a refusal (see the module's note): this node re-syncs."""
+        A failure is a refusal (see the module's note): this node re-syncs. (A log that
+        cannot take a write is no failure here: the master refuses that command to its
+        requester, or ``emit_all`` does not accept those events, and nothing changed.)"""
         async with self._replica.lock:
             master = self.master
             if master is None:

@@ -3,6 +3,7 @@ and commands it is given."""
 
 import anyio
 import pytest
+from loguru import logger
 
 from exo.master.event_log import MemoryEventLog
 from exo.master.main import Master
@@ -149,9 +150,16 @@ async def test_a_command_the_log_cannot_take_is_refused_to_its_requester() -> No
     log = _FailingOnceLog()
     master.log = log
     await master.emit(NodeGatheredInfo(node_id=NODE_A, info=node_info("a", memory_mb=8192)))
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(str(m)), level="ERROR")
+    log.fail_next = True
+    await master.submit(PlaceInstance(model_id=MODEL_1), NODE_A)  # refused too
+    chunks.clear()
     log.fail_next = True
     command = PlaceInstance(model_id=MODEL_1)
     refusal = await master.submit(command, NODE_A)
+    logger.remove(sink)
+    assert len(errors) == 1, errors  # the node logs it once, not once per command
     assert refusal is not None and refusal.kind == "log_full"
     assert master.state.instances == {}
     (chunk,) = chunks

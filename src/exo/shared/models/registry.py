@@ -10,7 +10,6 @@ worker's hub code; none on a node that cannot reach a hub). Pure apart from ``fe
 from collections.abc import Callable, Iterable
 
 from exo.shared.models import catalogue
-from exo.shared.models.embedded import embedded_model_card
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.state import State
 from exo.shared.types.state_queries import card_in_state
@@ -57,10 +56,6 @@ class ModelRegistry:
         self._is_hub_name = is_hub_name
         for card in cards:
             self.add(card)
-
-    @classmethod
-    def default(cls) -> "ModelRegistry":
-        return cls([embedded_model_card()])
 
     def add(self, card: ModelCard) -> None:
         self._cards[card.model_id] = card
