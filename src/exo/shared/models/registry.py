@@ -88,9 +88,7 @@ class ModelRegistry:
     def fetch(self, name: str) -> ModelCard:
         """The card of a hub model, built from the hub (blocking: run it in a thread) and
         remembered; a catalogue alias is kept as an alias of the card."""
-        hub = self.hub_name(name)
-        if hub is None:
-            raise CardUnavailable(f"model {name!r} is not a hub model (org/repo[:QUANT])", 404)
+        hub = self.hub_name(name) or name  # the fetcher says what is wrong with a name
         card = self._fetch(hub)
         if hub != name:
             card = card.model_copy(update={"aliases": [*card.aliases, name.strip().lower()]})

@@ -25,6 +25,8 @@ class _Hub:
 
     def fetch(self, name: str) -> ModelCard:
         self.asked.append(name)
+        if "/" not in name:
+            raise CardUnavailable(f"{name!r} is not a hub name (org/repo)", 400)
         return model_card(ModelId(name.split(":")[0]))
 
 
@@ -69,12 +71,14 @@ def test_a_catalogue_alias_is_kept_on_the_fetched_card() -> None:
     assert registry.resolve("llama-3.2-1b") == card
 
 
-def test_a_name_that_is_no_hub_name_is_not_fetched() -> None:
+def test_the_fetcher_says_what_is_wrong_with_a_name() -> None:
     hub = _Hub()
+    registry = _registry(hub)
+    assert registry.hub_name("plainname") is None
     with pytest.raises(CardUnavailable) as caught:
-        _registry(hub).fetch("plainname")
-    assert caught.value.status == 404
-    assert hub.asked == []
+        registry.fetch("plainname")
+    assert caught.value.status == 400
+    assert registry.resolve("plainname") is None
 
 
 def test_a_registry_without_a_hub_says_so() -> None:
