@@ -28,8 +28,9 @@ from exo.shared.types.state_queries import instances_of
 from exo.shared.types.worker.instances import InstanceId, Sharding, instance_is_serving
 from exo.utils import metrics
 
-COMMAND_WAIT_S = 30.0
-"""How long placing or deleting an instance waits for the master to apply it."""
+COMMAND_WAIT_S = 45.0
+"""How long placing or deleting an instance waits for the master to apply it (longer
+than a command waits for a master: with none, that definite 503 comes first)."""
 
 
 class PlaceInstanceRequest(ApiModel):

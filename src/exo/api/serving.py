@@ -77,8 +77,9 @@ async def submit_and_wait(
             try:
                 await handle.wait_for_state(applied, timeout_s)
             except TimeoutError:
-                refused.append(ApiError(503, f"{what}: not applied within {timeout_s:g} s",
-                                        headers={"Retry-After": "5"}))
+                refused.append(ApiError(
+                    503, f"{what}: not applied within {timeout_s:g} s (it may still be: "
+                    "see GET /state)", headers={"Retry-After": "5"}))
             tg.cancel_scope.cancel()
     finally:
         handle.close_response(command.command_id)
