@@ -14,6 +14,7 @@ import pytest
 
 from exo.api.settings import ApiSettings
 from exo.main import Node, NodeConfig
+from exo.shared.models.model_cards import ModelCard
 from exo.shared.tests.builders import NODE_B, model_card, node_info
 from exo.shared.types.commands import DownloadActionKind
 from exo.shared.types.events import DownloadActionRequested, NodeGatheredInfo
@@ -41,7 +42,7 @@ class _Downloads:
     def __init__(self) -> None:
         self.actions: list[tuple[DownloadActionKind, str]] = []
 
-    def action(self, action: DownloadActionKind, card: object) -> None:
+    def action(self, action: DownloadActionKind, card: ModelCard) -> None:
         self.actions.append((action, card.model_id))
 
 
