@@ -40,8 +40,9 @@ def open_log(cluster_dir: Path) -> tuple[SqliteEventLog, ElectionStore, State]:
         store.forget_log()
     elif (last := log.last_idx()) < persisted.log_at_least:
         log.close()
+        holds = "is empty" if last < 0 else f"ends at event {last}"
         raise SystemExit(
-            f"exo: the event log {path} ends at event {last} but "
+            f"exo: the event log {path} {holds} but "
             f"{cluster_dir / 'election.json'} records that it held at least "
             f"{persisted.log_at_least + 1} events: it was truncated or replaced; "
             f"{_recovery(path)}"
