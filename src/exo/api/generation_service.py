@@ -67,7 +67,7 @@ def failure_error(failed: Failed) -> ApiError:
             return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
 
 
-class Generation:
+class AnswerStream:
     """One running generation: its command id and the events of its answer."""
 
     def __init__(
@@ -198,7 +198,7 @@ class GenerationService:
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0
         self._placement_locks: dict[ModelId, anyio.Lock] = {}
-        self._active: dict[CommandId, Generation] = {}
+        self._active: dict[CommandId, AnswerStream] = {}
         self._clock = clock
 
     # ------------------------------------------------------------ models
@@ -251,7 +251,7 @@ class GenerationService:
         params: TextGenerationTaskParams,
         card: ModelCard,
         command_id: CommandId | None = None,
-    ) -> AsyncGenerator[Generation, None]:
+    ) -> AsyncGenerator[AnswerStream, None]:
         """Run a generation; raises ApiError (before yielding) when it cannot start."""
         accepted = self._clock()
         await self.ensure_serving(card)
@@ -263,7 +263,7 @@ class GenerationService:
             )
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
-            generation = Generation(
+            generation = AnswerStream(
                 command.command_id,
                 card.model_id,
                 receiver,
@@ -331,7 +331,7 @@ class GenerationService:
         await ensure_serving(self.handle, card, self._placement_timeout_s, lock)
 
 
-async def collect(generation: Generation) -> tuple[str, Finished]:
+async def collect(generation: AnswerStream) -> tuple[str, Finished]:
     """A whole answer: its text and how it ended. A failed generation is a 502."""
     parts: list[str] = []
     async for event in generation.events():
