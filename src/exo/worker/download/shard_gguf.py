@@ -50,7 +50,7 @@ from exo.worker.download.resumable import (
 )
 
 SHARD_DIR = "exo-shards"
-_HEAD_FIRST = 1 << 20
+_HEAD_FIRST = 8 << 10
 _HEAD_MAX = 256 << 20
 _COPY = 1 << 20
 _MAX_STALLS = 5
@@ -186,18 +186,20 @@ class GGUFShardFetch:
         )
 
     def _head(self, f: HubFile) -> GGUFIndex:
-        """The file's header, fetched with growing Range requests, its table checked."""
-        size = _HEAD_FIRST
+        """The file's header, its table checked: fetched in growing Range requests, each
+        continuing where the last ended (what it holds is fetched once)."""
+        data = b""
         while True:
-            data = self._get_range(f, 0, min(size, f.size))
-            self.on_bytes(len(data))
+            want = min(max(_HEAD_FIRST, 2 * len(data)), _HEAD_MAX, f.size)
+            if want <= len(data):
+                raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
+                                    f"header in its first {len(data)} bytes", 422)
+            more = self._get_range(f, len(data), want)
+            self.on_bytes(len(more))
+            data += more
             try:
                 index = read_gguf_index(data)
             except TruncatedHead:
-                if size >= _HEAD_MAX or size >= f.size:
-                    raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
-                                        "header", 422) from None
-                size *= 4
                 continue
             except ValueError as e:
                 raise DownloadError(f"{self.hub.repo_id}: {f.path}: refused: {e}", 422) from e
@@ -344,7 +346,7 @@ def _local_index(path: Path) -> GGUFIndex | None:
     try:
         size = path.stat().st_size
         with path.open("rb") as fh:
-            want = _HEAD_FIRST
+            want = 1 << 20
             while True:
                 fh.seek(0)
                 data = fh.read(want)
