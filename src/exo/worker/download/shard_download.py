@@ -133,6 +133,8 @@ class ShardDownload:
                         total_bytes=self.total_bytes,
                         bytes_per_s=speed,
                         eta_s=remaining / speed if speed > 0 else None,
+                        start_layer=self.start_layer,
+                        end_layer=self.end_layer,
                     )
                 )
             last_bytes, last_t = done, now

@@ -102,6 +102,32 @@ def shard_path(cache_dir: Path, hub: HubSource, start: int, end: int) -> Path:
     return inside(_repo_dir(cache_dir, hub), f"layers-{start}-{end}", _file_name(hub))
 
 
+def _head_path(cache_dir: Path, hub: HubSource, path: str) -> Path:
+    return inside(_repo_dir(cache_dir, hub), "heads", *PurePosixPath(path + ".head").parts)
+
+
+def keep_head(cache_dir: Path, hub: HubSource, path: str, data: bytes) -> None:
+    """Keep the first bytes of a GGUF file read for its card: a shard download of the same
+    commit continues from them (best effort: a name that is not safe keeps nothing)."""
+    try:
+        target = _head_path(cache_dir, hub, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    except (ValueError, OSError):
+        return
+
+
+def _kept_head(cache_dir: Path, hub: HubSource, f: HubFile) -> bytes:
+    try:
+        target = _head_path(cache_dir, hub, f.path)
+        data = target.read_bytes() if target.is_file() else b""
+    except (ValueError, OSError):
+        return b""
+    return data if len(data) <= f.size else b""
+
+
 def cached_shards(cache_dir: Path, hub: HubSource) -> list[tuple[int, int, Path]]:
     """Finished shard files of this repo, commit and file: (start, end, path)."""
     root = _repo_dir(cache_dir, hub)
@@ -186,20 +212,20 @@ class GGUFShardFetch:
         )
 
     def _head(self, f: HubFile) -> GGUFIndex:
-        """The file's header, its table checked: fetched in growing Range requests, each
-        continuing where the last ended (what it holds is fetched once)."""
-        data = b""
+        """The file's header, its table checked: what the card's read kept, continued with
+        growing Range requests, each starting where the last ended (fetched once)."""
+        data = _kept_head(self.settings.cache_dir, self.hub, f)
         while True:
-            want = min(max(_HEAD_FIRST, 2 * len(data)), _HEAD_MAX, f.size)
-            if want <= len(data):
-                raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
-                                    f"header in its first {len(data)} bytes", 422)
-            more = self._get_range(f, len(data), want)
-            self.on_bytes(len(more))
-            data += more
             try:
                 index = read_gguf_index(data)
             except TruncatedHead:
+                want = min(max(_HEAD_FIRST, 2 * len(data)), _HEAD_MAX, f.size)
+                if want <= len(data):
+                    raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
+                                        f"header in its first {len(data)} bytes", 422) from None
+                more = self._get_range(f, len(data), want)
+                self.on_bytes(len(more))
+                data += more
                 continue
             except ValueError as e:
                 raise DownloadError(f"{self.hub.repo_id}: {f.path}: refused: {e}", 422) from e

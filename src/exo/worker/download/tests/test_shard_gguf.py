@@ -3,6 +3,7 @@ fetches the header and its tensors' byte ranges, keeps a valid GGUF of just thos
 resumes a cut, reuses what it holds, falls back when the hub ignores Range, and refuses a
 header that lies."""
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import HubSettings, locate_hub_model
+from exo.worker.download.model_dirs import scan_models_dir
 from exo.worker.download.resumable import PARTIAL_SUFFIX
 from exo.worker.download.shard_download import ShardDownload
 from exo.worker.download.shard_gguf import GGUFShardFetch, shard_path, wanted
@@ -182,3 +184,21 @@ async def test_a_hub_that_ignores_range_gets_a_whole_file_download(
     assert Path(outcome.path).read_bytes() == hub.repos[GGUF_REPO].files[FILE]
     assert len([line for line in lines if "ignores Range" in line]) == 1
     assert locate_hub_model(card, settings.cache_dir, (1, 3)) == Path(outcome.path)
+
+
+def test_the_model_folder_scan_does_not_take_a_shard_for_a_broken_model(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path
+) -> None:
+    card = _card(settings)
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(_fetch(card, settings, 1, 3), models / "TinyLlama-shard-Q8_0.gguf")
+    (models / FILE).write_bytes(hub.repos[GGUF_REPO].files[FILE])
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="WARNING", format="{message}")
+    try:
+        cards = scan_models_dir(models)
+    finally:
+        logger.remove(sink)
+    assert [c.model_id for c in cards] == ["TinyLlama-Q8_0"]
+    assert lines == []
