@@ -280,8 +280,9 @@ def locate_hub_model(
     folder = snapshot_dir(cache_dir, hub)
     if hub.gguf_quant is not None:
         ggufs = sorted(f.path for f in hub.files if f.path.endswith(".gguf"))
+        split = len(ggufs) > 1  # parts are loaded as one shard file holding their tensors
         whole = bool(ggufs) and (folder / ggufs[0]).exists() and (
-            layers is None or _shard_present(card, folder, layers)
+            layers is None or (not split and _shard_present(card, folder, layers))
         )
         if whole or layers is None:
             return folder / ggufs[0] if whole else None

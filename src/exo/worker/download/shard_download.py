@@ -60,14 +60,15 @@ class ShardDownload:
 
     def _shard_only(self) -> bool:
         """A GGUF model of which this node holds only some layers (and that it does not
-        hold whole already): fetch only the shard's tensors."""
+        hold whole already), or a split GGUF: fetch only the shard's tensors (the parts of a
+        split file are joined into one shard file)."""
         hub = self.card.hub
+        if hub is None or hub.gguf_quant is None or self.settings.offline:
+            return False
+        if len([f for f in hub.files if f.path.endswith(".gguf")]) > 1:
+            return True
         whole = (self.start_layer, self.end_layer) == (0, self.card.n_layers)
-        return (
-            hub is not None and hub.gguf_quant is not None and not whole
-            and not self.settings.offline
-            and locate_hub_model(self.card, self.settings.cache_dir) is None
-        )
+        return not whole and locate_hub_model(self.card, self.settings.cache_dir) is None
 
     def _fetch_gguf_shard(self) -> Path:
         def total(n: int) -> None:

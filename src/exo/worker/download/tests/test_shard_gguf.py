@@ -15,6 +15,7 @@ from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import HubSettings, locate_hub_model
+from exo.worker.download.gguf_index import kv_u32, read_gguf_index, shard_layout
 from exo.worker.download.model_dirs import scan_models_dir
 from exo.worker.download.resumable import PARTIAL_SUFFIX
 from exo.worker.download.shard_download import ShardDownload
@@ -202,3 +203,51 @@ def test_the_model_folder_scan_does_not_take_a_shard_for_a_broken_model(
         logger.remove(sink)
     assert [c.model_id for c in cards] == ["TinyLlama-Q8_0"]
     assert lines == []
+
+
+SPLIT_REPO = "tiny-org/TinySplit-GGUF"
+PARTS = ("TinySplit-Q8_0-00001-of-00002.gguf", "TinySplit-Q8_0-00002-of-00002.gguf")
+
+
+def _write_split(source: bytes, folder: Path) -> None:
+    """The file as a 2-part split GGUF (as llama.cpp's gguf-split lays it out): the
+    embedding and layer 0 in part 1, the rest in part 2, each part a GGUF of its own."""
+    index = read_gguf_index(source)
+    names = [t.name for t in index.tensors]
+    cut = names.index("blk.1.attn_norm.weight")
+    groups = [list(index.tensors[:cut]), list(index.tensors[cut:])]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, group in enumerate(groups):
+        extra = [kv_u32("split.no", i), kv_u32("split.count", 2)]
+        header, offsets = shard_layout(index, group, extra)
+        out = bytearray(header)
+        for t, at in zip(group, offsets, strict=True):
+            out += b"\0" * (at - len(out))
+            begin = index.data_start + t.offset
+            out += source[begin : begin + t.n_bytes]
+        (folder / PARTS[i]).write_bytes(bytes(out))
+
+
+def test_a_split_gguf_fetches_only_the_parts_holding_the_shard(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path
+) -> None:
+    source = hub.repos[GGUF_REPO].files[FILE]
+    _write_split(source, tmp_path / "split")
+    hub.add_folder(SPLIT_REPO, tmp_path / "split", from_disk=True)
+    card = card_from_hub(f"{SPLIT_REPO}:Q8_0", settings)
+    assert card.hub is not None and [f.path for f in card.hub.files] == list(PARTS)
+    first_data = read_gguf_index((tmp_path / "split" / PARTS[0]).read_bytes()).data_start
+    hub.requests.clear()
+    path = _fetch(card, settings, 1, 3)
+    part1 = [r for r in hub.requests if r.file == PARTS[0] and r.method == "GET"]
+    assert all(r.range_start + r.sent <= first_data for r in part1)  # its header at most
+    full_path = tmp_path / FILE
+    full_path.write_bytes(source)
+    full, shard = GGUFFile(full_path), GGUFFile(path)
+    assert set(shard.tensors) == {n for n in full.tensors if wanted(n, 1, 3, 3, tied=False)}
+    assert all(shard.raw(n).tobytes() == full.raw(n).tobytes() for n in shard.tensors)
+    assert not any(k.startswith("split.") for k in shard.metadata)
+    whole = _fetch(card, settings, 0, 3)  # every layer: the parts joined into one file
+    stages = [LlamaModel(load_gguf_shard(whole, 0, 3), weight_format="dense")]
+    reference = [LlamaModel(load_gguf_shard(full_path, 0, 3), weight_format="dense")]
+    assert _greedy(stages, [1, 5, 9], 4) == _greedy(reference, [1, 5, 9], 4)
