@@ -14,8 +14,8 @@ from loguru import logger
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.worker.download.cards import card_from_hub
-from exo.worker.download.hub import HubSettings, locate_hub_model
 from exo.worker.download.gguf_index import kv_u32, read_gguf_index, shard_layout
+from exo.worker.download.hub import HubSettings, locate_hub_model
 from exo.worker.download.model_dirs import scan_models_dir
 from exo.worker.download.resumable import PARTIAL_SUFFIX
 from exo.worker.download.shard_download import ShardDownload
