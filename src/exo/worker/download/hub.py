@@ -52,7 +52,7 @@ from exo.worker.download.resumable import (
     snapshot_dir,
     snapshot_path,
 )
-from exo.worker.download.shard_gguf import locate_gguf_shard
+from exo.worker.download.shard_gguf import delete_gguf_shards, locate_gguf_shard
 
 ByteCallback = Callable[[int], None]
 
@@ -321,9 +321,10 @@ def delete_hub_model(card: ModelCard, cache_dir: Path) -> bool:
     hub = card.hub
     if hub is None:
         return False
+    shards = delete_gguf_shards(cache_dir, hub)
     folder = snapshot_dir(cache_dir, hub)
     if not folder.is_dir():
-        return False
+        return shards
     blobs = inside(repo_folder(cache_dir, hub.repo_id), "blobs")
     for link in folder.rglob("*"):
         target = link.resolve() if link.is_symlink() else None

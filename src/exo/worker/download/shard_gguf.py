@@ -17,6 +17,7 @@ file is checked only when the node fetches the whole file.
 
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -150,6 +151,15 @@ def locate_gguf_shard(card: ModelCard, cache_dir: Path, start: int, end: int) ->
         if lo <= start and end <= hi and _local_index(path) is not None:
             return path
     return None
+
+
+def delete_gguf_shards(cache_dir: Path, hub: HubSource) -> bool:
+    """Free the disk of this commit's shard files (links in it are removed, never followed)."""
+    root = _repo_dir(cache_dir, hub)
+    if not root.is_dir() or root.is_symlink():
+        return False
+    shutil.rmtree(root, ignore_errors=True)
+    return True
 
 
 def wanted(name: str, start: int, end: int, n_layers: int, tied: bool) -> bool:

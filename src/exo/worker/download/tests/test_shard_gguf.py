@@ -15,7 +15,7 @@ from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.gguf_index import kv_u32, read_gguf_index, shard_layout
-from exo.worker.download.hub import HubSettings, locate_hub_model
+from exo.worker.download.hub import HubSettings, delete_hub_model, locate_hub_model
 from exo.worker.download.model_dirs import scan_models_dir
 from exo.worker.download.resumable import PARTIAL_SUFFIX
 from exo.worker.download.shard_download import ShardDownload
@@ -251,3 +251,10 @@ def test_a_split_gguf_fetches_only_the_parts_holding_the_shard(
     stages = [LlamaModel(load_gguf_shard(whole, 0, 3), weight_format="dense")]
     reference = [LlamaModel(load_gguf_shard(full_path, 0, 3), weight_format="dense")]
     assert _greedy(stages, [1, 5, 9], 4) == _greedy(reference, [1, 5, 9], 4)
+
+
+def test_deleting_a_model_frees_its_shard_files(hub: FakeHub, settings: HubSettings) -> None:
+    card = _card(settings)
+    path = _fetch(card, settings, 1, 3)
+    assert delete_hub_model(card, settings.cache_dir)
+    assert not path.exists() and locate_hub_model(card, settings.cache_dir, (1, 3)) is None
