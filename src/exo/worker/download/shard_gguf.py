@@ -233,7 +233,11 @@ class GGUFShardFetch:
                 if want <= len(data):
                     raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
                                         f"header in its first {len(data)} bytes", 422) from None
-                data += self._get_range(f, len(data), want)
+                more = self._get_range(f, len(data), want)
+                if not more:
+                    raise DownloadError(f"{self.hub.repo_id}: {f.path}: the hub sent no bytes "
+                                        "of the header; retrying") from None
+                data += more
                 continue
             except ValueError as e:
                 raise DownloadError(f"{self.hub.repo_id}: {f.path}: refused: {e}", 422) from e
