@@ -17,8 +17,18 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
+from exo.worker.engines.call_formats import (
+    NATIVE_FORMATS,
+    NativeFormat,
+    call_text,
+    native_format,
+    native_prefix,
+    native_system,
+)
 
-ToolFormat = Literal["hermes", "llama3", "mistral", "smollm"]
+ToolFormat = Literal[
+    "hermes", "llama3", "mistral", "smollm", "harmony", "glm", "deepseek3", "deepseek31", "kimi"
+]
 
 # The rendering of a model whose files carry no chat template (as llama-server and Ollama
 # fall back to one): the system text, then one "Role: text" line per message, then
@@ -36,6 +46,9 @@ FALLBACK_TEMPLATE = (
 def tool_format(template: str | None) -> ToolFormat:
     """The call format a chat template teaches its model."""
     text = template or ""
+    native = native_format(template)
+    if native is not None:
+        return native
     if "<tool_call>" in text:
         return "hermes"
     if "<|python_tag|>" in text or "ipython" in text:
@@ -71,12 +84,29 @@ def tool_schema(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _hf_call(call: ToolCall) -> dict[str, Any]:
+def _hf_call(call: ToolCall, fmt: ToolFormat) -> dict[str, Any]:
+    # DeepSeek's templates join the arguments to their text: they want the JSON string.
+    as_text = fmt in ("deepseek3", "deepseek31")
+    arguments = call.arguments if as_text else json_object(call.arguments)
     return {
         "id": call.id,
         "type": "function",
-        "function": {"name": call.name, "arguments": json_object(call.arguments)},
+        "function": {"name": call.name, "arguments": arguments},
     }
+
+
+def _native(fmt: ToolFormat) -> NativeFormat | None:
+    return next((f for f in NATIVE_FORMATS if f == fmt), None)
+
+
+def _written_calls(fmt: ToolFormat, calls: Sequence[ToolCall]) -> str:
+    """Earlier calls as text, for a template that does not take them."""
+    native = _native(fmt)
+    if native is None:
+        return _smollm_calls(calls)
+    return "".join(
+        call_text(native, c.name, json_object(c.arguments), i) for i, c in enumerate(calls)
+    )
 
 
 def _smollm_calls(calls: Sequence[ToolCall]) -> str:
@@ -84,8 +114,11 @@ def _smollm_calls(calls: Sequence[ToolCall]) -> str:
     return f"<tool_call>{json.dumps(body)}</tool_call>"
 
 
-def _smollm_system(tools: Sequence[ToolSpec]) -> str:
+def _smollm_system(tools: Sequence[ToolSpec], fmt: ToolFormat) -> str:
     schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
+    native = _native(fmt)
+    if native is not None:
+        return native_system(native, schemas)
     return (
         "You can call functions. Their JSON schemas:\n<tools>\n"
         f"{schemas}\n</tools>\n"
@@ -107,13 +140,16 @@ class ChatPrompt:
 
 def forced_prefix(fmt: ToolFormat, name: str | None) -> str:
     """The opening of a call in ``fmt``; with ``name``, up to its arguments."""
+    native = _native(fmt)
+    if native is not None:
+        return native_prefix(native, name)
     key = "parameters" if fmt == "llama3" else "arguments"
     head = {
         "hermes": '<tool_call>\n{"name": "',
         "smollm": '<tool_call>[{"name": "',
         "llama3": '{"name": "',
         "mistral": '[TOOL_CALLS][{"name": "',
-    }[fmt]
+    }.get(fmt, "")
     return head if name is None else f'{head}{name}", "{key}": '
 
 
@@ -132,7 +168,7 @@ def chat_prompt(
         if native or not (m.tool_calls or m.role == "tool"):
             entry: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
-                entry["tool_calls"] = [_hf_call(c) for c in m.tool_calls]
+                entry["tool_calls"] = [_hf_call(c, fmt) for c in m.tool_calls]
             if m.role == "tool":
                 entry["tool_call_id"] = m.tool_call_id or ""
                 entry["name"] = m.name or ""
@@ -142,9 +178,9 @@ def chat_prompt(
             out.append({"role": "user", "content": content})
         else:
             text = f"{m.content}\n" if m.content else ""
-            out.append({"role": m.role, "content": text + _smollm_calls(m.tool_calls)})
+            out.append({"role": m.role, "content": text + _written_calls(fmt, m.tool_calls)})
     if offer and not native:
-        system = _smollm_system(tools)
+        system = _smollm_system(tools, fmt)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}
         else:

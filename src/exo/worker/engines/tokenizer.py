@@ -22,6 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from exo.worker.engines.call_formats import template_variables
 from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
@@ -168,7 +169,8 @@ class EngineTokenizer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, object] | None,
     ) -> str:
-        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+        variables = template_variables(self.meta.chat_template, template_kwargs)
+        extra = {k: v for k, v in variables.items() if k not in _RESERVED}
         try:
             return self._template.render(
                 **extra,

@@ -29,6 +29,7 @@ from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, layer_range
 from exo.worker.download.local import locate_progress
+from exo.worker.engines.call_formats import keeps_special_tokens
 from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.grammar import (
@@ -166,8 +167,10 @@ class Generation:
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
         decode = tokenizer.decode
-        if params.tools and params.tool_choice != "none":
-            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]).
+        markers = keeps_special_tokens(tokenizer.meta.chat_template)
+        if markers or (params.tools and params.tool_choice != "none"):
+            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]); harmony,
+            # DeepSeek, Kimi and GLM write all their structure in them.
             def decode(ids: Sequence[int]) -> str:
                 return tokenizer.decode(ids, skip_special_tokens=False)
 

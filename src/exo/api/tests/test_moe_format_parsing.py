@@ -1,0 +1,112 @@
+# ruff: noqa: RUF001 (DeepSeek's markers are written with full-width bars)
+"""The MoE families' output formats parsed from their documented examples, whole and
+streamed in any split; the parser is picked by the chat template."""
+
+import json
+
+import pytest
+
+from exo.api.generation_events import ReasoningDelta, TextDelta, ToolCallEvent
+from exo.api.tests.moe_formats import (
+    CALL_EXAMPLES,
+    HARMONY_ANSWER,
+    TEMPLATES,
+    WEATHER,
+    splits,
+)
+from exo.api.tool_formats import OutputParser, output_parser
+from exo.worker.engines.call_formats import NativeFormat, call_text, native_format
+
+
+def _run(parser: OutputParser, pieces: list[str]) -> tuple[str, str, list[ToolCallEvent]]:
+    events = [e for i, p in enumerate(pieces) for e in parser.feed(p, i + 1)]
+    events += parser.finish(len(pieces))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert reasoning == "".join(parser.reasoning)
+    calls = [e for e in events if isinstance(e, ToolCallEvent)]
+    assert calls == parser.calls
+    return text, reasoning, calls
+
+
+def test_each_template_names_its_format() -> None:
+    for fmt, template in TEMPLATES.items():
+        assert native_format(template) == fmt
+    assert native_format("{{ '<|im_start|>' }}<tool_call>") is None
+    assert native_format(None) is None
+
+
+@pytest.mark.parametrize(("fmt", "output", "text", "reasoning"), CALL_EXAMPLES)
+def test_documented_calls_parse_in_any_split(
+    fmt: NativeFormat, output: str, text: str, reasoning: str
+) -> None:
+    for pieces in splits(output):
+        got = _run(output_parser(TEMPLATES[fmt], parse_tools=True), pieces)
+        assert got[0] == text and got[1] == reasoning, pieces
+        calls = got[2]
+        assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == WEATHER
+        assert [c.index for c in calls] == list(range(len(calls)))
+    if fmt == "deepseek3":  # two calls in one section
+        assert [c.name for c in calls] == ["get_weather", "get_time"]
+        assert json.loads(calls[1].arguments) == {}
+
+
+@pytest.mark.parametrize("fmt", list(TEMPLATES))
+def test_calls_written_in_each_format_read_back(fmt: NativeFormat) -> None:
+    arguments = {"query": "a < b", "n": [1, 2], "flag": True}
+    output = "Sure. " + call_text(fmt, "search", arguments)
+    if fmt == "harmony":
+        output = "<|channel|>final<|message|>Sure. <|end|><|start|>assistant" + output
+    for pieces in splits(output):
+        text, _, calls = _run(output_parser(TEMPLATES[fmt], parse_tools=True), pieces)
+        assert text == "Sure. " and len(calls) == 1
+        assert calls[0].name == "search" and json.loads(calls[0].arguments) == arguments
+
+
+def test_harmony_reasoning_then_answer_and_its_tokens() -> None:
+    for pieces in splits(HARMONY_ANSWER):
+        parser = output_parser(TEMPLATES["harmony"], parse_tools=False)
+        text, reasoning, calls = _run(parser, pieces)
+        assert text == "2 + 2 = 4." and calls == []
+        assert reasoning == 'User asks: "What is 2 + 2?" Simple arithmetic.'
+        # The thought ended within the pieces that reached its <|end|>.
+        end = HARMONY_ANSWER.index("<|end|>") + len("<|end|>")
+        seen = [sum(len(p) for p in pieces[: i + 1]) for i in range(len(pieces))]
+        assert 0 < parser.reasoning_tokens <= next(i + 1 for i, n in enumerate(seen) if n >= end)
+
+
+def test_harmony_without_a_header_is_plain_answer() -> None:
+    for pieces in splits("Just text, <|not a header."):
+        text, reasoning, _ = _run(output_parser(TEMPLATES["harmony"], False), pieces)
+        assert text == "Just text, <|not a header." and reasoning == ""
+
+
+def test_harmony_call_without_tools_offered_is_text_and_unclosed_thought_is_thought() -> None:
+    text, _, calls = _run(output_parser(TEMPLATES["harmony"], False), [CALL_EXAMPLES[0][1]])
+    assert calls == [] and json.loads(text) == WEATHER
+    parser = output_parser(TEMPLATES["harmony"], False)
+    _, reasoning, _ = _run(parser, ["<|channel|>analysis<|message|>Hmm, let me"])
+    assert reasoning == "Hmm, let me" and parser.reasoning_tokens == 1
+
+
+@pytest.mark.parametrize("fmt", ["deepseek3", "deepseek31", "kimi", "glm"])
+def test_a_malformed_call_stays_text(fmt: NativeFormat) -> None:
+    good = call_text(fmt, "f", {"a": 1})
+    broken = good.replace('{"a": 1}', '{"a": ').replace("<arg_value>1", "1")
+    for pieces in splits("x " + broken):
+        text, _, calls = _run(output_parser(TEMPLATES[fmt], parse_tools=True), pieces)
+        assert calls == [] and text == "x " + broken
+
+
+def test_glm_values_are_json_when_they_parse() -> None:
+    output = (
+        "<tool_call>f\n<arg_key>s</arg_key>\n<arg_value>hello world</arg_value>\n"
+        '<arg_key>o</arg_key>\n<arg_value>{"k": [1]}</arg_value>\n</tool_call>'
+    )
+    _, _, calls = _run(output_parser(TEMPLATES["glm"], True), [output])
+    assert json.loads(calls[0].arguments) == {"s": "hello world", "o": {"k": [1]}}
+
+
+def test_markers_without_tools_offered_stay_text() -> None:
+    text, _, calls = _run(output_parser(TEMPLATES["kimi"], False), [CALL_EXAMPLES[4][1]])
+    assert calls == [] and text == CALL_EXAMPLES[4][1]
