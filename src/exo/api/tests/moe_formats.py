@@ -83,7 +83,9 @@ _DEEPSEEK3_TEMPLATE = (
     "{% elif m.role == 'tool' %}<｜tool▁outputs▁begin｜><｜tool▁output▁begin｜>"
     "{{ m.content }}<｜tool▁output▁end｜><｜tool▁outputs▁end｜>"
     "{% else %}<｜Assistant｜>{{ m.content }}<｜end▁of▁sentence｜>{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<｜Assistant｜>"
+    "{% if enable_thinking is defined and not enable_thinking %}</think>{% else %}<think>\n"
+    "{% endif %}{% endif %}"
 )
 _DEEPSEEK31_TEMPLATE = _DEEPSEEK3_TEMPLATE.replace(
     "function<｜tool▁sep｜>{{ c.function.name }}\n```json\n{{ c.function.arguments }}\n```",

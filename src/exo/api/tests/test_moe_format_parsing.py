@@ -1,4 +1,3 @@
-# ruff: noqa: RUF001 (DeepSeek's markers are written with full-width bars)
 """The MoE families' output formats parsed from their documented examples, whole and
 streamed in any split; the parser is picked by the chat template."""
 
@@ -40,6 +39,7 @@ def test_each_template_names_its_format() -> None:
 def test_documented_calls_parse_in_any_split(
     fmt: NativeFormat, output: str, text: str, reasoning: str
 ) -> None:
+    calls: list[ToolCallEvent] = []
     for pieces in splits(output):
         got = _run(output_parser(TEMPLATES[fmt], parse_tools=True), pieces)
         assert got[0] == text and got[1] == reasoning, pieces
