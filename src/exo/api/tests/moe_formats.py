@@ -64,7 +64,7 @@ CALL_EXAMPLES: list[tuple[NativeFormat, str, str, str]] = [
 
 _HARMONY_TEMPLATE = (
     "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}"
-    "{% if tools %}\n# Tools\n{% for t in tools %}{{ t.function.name }}\n{% endfor %}{% endif %}"
+    "{% if tools %}{{ '\\n' }}# Tools\n{% for t in tools %}{{ t.function.name }}\n{% endfor %}{% endif %}"
     "<|end|>"
     "{% for m in messages %}"
     "{% if m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant to=functions."
@@ -73,7 +73,7 @@ _HARMONY_TEMPLATE = (
     "{% else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
 )
-_DEEPSEEK3_TEMPLATE = (
+_DEEPSEEK_BODY = (
     "{{ bos_token }}{% for m in messages %}"
     "{% if m.role == 'user' %}<｜User｜>{{ m.content }}"
     "{% elif m.tool_calls %}<｜Assistant｜><｜tool▁calls▁begin｜>"
@@ -87,9 +87,14 @@ _DEEPSEEK3_TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}</think>{% else %}<think>\n"
     "{% endif %}{% endif %}"
 )
-_DEEPSEEK31_TEMPLATE = _DEEPSEEK3_TEMPLATE.replace(
+# V3.1's takes no tools (the runner offers them in a system prompt, in V3.1's syntax).
+_DEEPSEEK31_TEMPLATE = _DEEPSEEK_BODY.replace(
     "function<｜tool▁sep｜>{{ c.function.name }}\n```json\n{{ c.function.arguments }}\n```",
     "{{ c.function.name }}<｜tool▁sep｜>{{ c.function.arguments }}",
+)
+_DEEPSEEK3_TEMPLATE = (
+    "{% if tools %}## Tools\n{% for t in tools %}{{ t.function.name }}: "
+    "{{ t.function.parameters | tojson }}\n{% endfor %}{% endif %}" + _DEEPSEEK_BODY
 )
 _KIMI_TEMPLATE = (
     "{% if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>"

@@ -67,6 +67,11 @@ def native_format(template: str | None) -> NativeFormat | None:
     return None
 
 
+def as_native(fmt: str) -> NativeFormat | None:
+    """``fmt`` when it is one of these formats."""
+    return next((f for f in NATIVE_FORMATS if f == fmt), None)
+
+
 def keeps_special_tokens(template: str | None) -> bool:
     """Whether the model's answer is decoded with its special tokens (its markers)."""
     return native_format(template) is not None

@@ -18,8 +18,7 @@ from typing import Any, Literal
 
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
 from exo.worker.engines.call_formats import (
-    NATIVE_FORMATS,
-    NativeFormat,
+    as_native,
     call_text,
     native_format,
     native_prefix,
@@ -95,13 +94,9 @@ def _hf_call(call: ToolCall, fmt: ToolFormat) -> dict[str, Any]:
     }
 
 
-def _native(fmt: ToolFormat) -> NativeFormat | None:
-    return next((f for f in NATIVE_FORMATS if f == fmt), None)
-
-
 def _written_calls(fmt: ToolFormat, calls: Sequence[ToolCall]) -> str:
     """Earlier calls as text, for a template that does not take them."""
-    native = _native(fmt)
+    native = as_native(fmt)
     if native is None:
         return _smollm_calls(calls)
     return "".join(
@@ -116,7 +111,7 @@ def _smollm_calls(calls: Sequence[ToolCall]) -> str:
 
 def _smollm_system(tools: Sequence[ToolSpec], fmt: ToolFormat) -> str:
     schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
-    native = _native(fmt)
+    native = as_native(fmt)
     if native is not None:
         return native_system(native, schemas)
     return (
@@ -140,7 +135,7 @@ class ChatPrompt:
 
 def forced_prefix(fmt: ToolFormat, name: str | None) -> str:
     """The opening of a call in ``fmt``; with ``name``, up to its arguments."""
-    native = _native(fmt)
+    native = as_native(fmt)
     if native is not None:
         return native_prefix(native, name)
     key = "parameters" if fmt == "llama3" else "arguments"

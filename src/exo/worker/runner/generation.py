@@ -207,7 +207,8 @@ class Generation:
         if params.json_schema is not None:
             grammar = schema_grammar(json_object(params.json_schema))
         elif params.tools and params.tool_choice == "required":
-            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool)
+            token_id = self.engine.tokenizer.backend.token_to_id
+            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool, token_id)
         else:
             return None
         if self._grammars is None:
