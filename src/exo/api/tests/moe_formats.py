@@ -97,12 +97,15 @@ _DEEPSEEK3_TEMPLATE = (
     "{{ t.function.parameters | tojson }}\n{% endfor %}{% endif %}" + _DEEPSEEK_BODY
 )
 _KIMI_TEMPLATE = (
+    "{% set ids = [] %}"
     "{% if tools %}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson }}<|im_end|>"
     "{% endif %}{% for m in messages %}<|im_{{ m.role }}|>{{ m.role }}<|im_middle|>"
     "{% if m.tool_calls %}<|tool_calls_section_begin|>{% for c in m.tool_calls %}"
-    "<|tool_call_begin|>functions.{{ c.function.name }}:{{ loop.index0 }}"
+    "{% set _ = ids.append('functions.' ~ c.function.name ~ ':' ~ loop.index0) %}"
+    "<|tool_call_begin|>{{ ids | last }}"
     "<|tool_call_argument_begin|>{{ c.function.arguments | tojson }}<|tool_call_end|>"
-    "{% endfor %}<|tool_calls_section_end|>{% else %}{{ m.content }}{% endif %}<|im_end|>"
+    "{% endfor %}<|tool_calls_section_end|>{% elif m.role == 'tool' %}## Return of "
+    "{{ ids | first }}\n{{ m.content }}{% else %}{{ m.content }}{% endif %}<|im_end|>"
     "{% endfor %}{% if add_generation_prompt %}<|im_assistant|>assistant<|im_middle|>"
     "{% endif %}"
 )

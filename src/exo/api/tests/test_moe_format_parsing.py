@@ -110,3 +110,23 @@ def test_glm_values_are_json_when_they_parse() -> None:
 def test_markers_without_tools_offered_stay_text() -> None:
     text, _, calls = _run(output_parser(TEMPLATES["kimi"], False), [CALL_EXAMPLES[4][1]])
     assert calls == [] and text == CALL_EXAMPLES[4][1]
+
+
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<tool_call>{% endif %}{% if enable_thinking is defined and not "
+    "enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+)
+
+
+def test_qwen3_moe_is_read_as_qwen3() -> None:
+    """Qwen3-MoE shares Qwen3's template: <think> and Hermes calls, no special tokens."""
+    assert native_format(QWEN3_TEMPLATE) is None
+    output = (
+        "<think>\nweather needed\n</think>\n\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+    )
+    for pieces in splits(output):
+        text, reasoning, calls = _run(output_parser(QWEN3_TEMPLATE, True), pieces)
+        assert (text, reasoning) == ("", "weather needed\n")
+        assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == WEATHER

@@ -10,7 +10,7 @@ transformers' GGUF converter, when it is installed.
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -80,6 +80,9 @@ def _raise_exception(message: str) -> None:
 def _tojson(
     value: object, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
 ) -> str:
+    # A filtered sequence (``tools | map(attribute='function')``) is a generator: a list.
+    if isinstance(value, Iterator):
+        value = list(cast(Iterator[object], value))
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
 
 
@@ -87,8 +90,10 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _chat_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _chat_environment() -> SandboxedEnvironment:
+    # Sandboxed, but a template may fill lists of its own (Kimi K2's keeps its call ids in
+    # one with ``append``); it only ever sees copies of the request's messages and tools.
+    env = SandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
     env.filters["tojson"] = _tojson

@@ -92,8 +92,10 @@ WRITTEN_CALL: dict[NativeFormat, str] = {
     "deepseek3": '<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n'
     '{"city": "Paris", "days": 3}\n```<｜tool▁call▁end｜>',
     "deepseek31": '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris", "days": 3}',
+    # Kimi's template keeps the call ids in a list of its own (append) for the results.
     "kimi": '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
-    '{"city": "Paris", "days": 3}<|tool_call_end|>',
+    '{"city": "Paris", "days": 3}<|tool_call_end|><|tool_calls_section_end|><|im_end|>'
+    "<|im_tool|>tool<|im_middle|>## Return of functions.get_weather:0\nsunny",
     "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
     "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
 }
@@ -180,3 +182,11 @@ def test_the_runner_keeps_the_special_tokens_these_formats_write(engine: Engine)
     assert _forced_special(engine, TEMPLATES["harmony"]) == "<file_sep><file_sep>"
     assert _forced_special(engine, TEMPLATES["glm"]) == "<file_sep><file_sep>"
     assert _forced_special(engine, engine.tokenizer.meta.chat_template) == ""
+
+
+def test_a_filtered_sequence_renders_as_json(tokenizer: EngineTokenizer) -> None:
+    """DeepSeek R1 templates write ``tools | map(attribute='function') | tojson``."""
+    template = "{{ tools | map(attribute='function') | map(attribute='name') | tojson }}"
+    tok = EngineTokenizer(tokenizer.backend, replace(tokenizer.meta, chat_template=template))
+    chat = chat_prompt(HISTORY, TOOLS, "auto", None, template)
+    assert tok.render_chat(chat.messages, tools=chat.tools) == '["get_time", "get_weather"]'
