@@ -15,6 +15,7 @@ from exo.api.tests.moe_formats import (
 )
 from exo.api.tool_formats import OutputParser, output_parser
 from exo.worker.engines.call_formats import NativeFormat, call_text, native_format
+from exo.worker.engines.chat_prompt import forced_prefix
 
 
 def _run(parser: OutputParser, pieces: list[str]) -> tuple[str, str, list[ToolCallEvent]]:
@@ -129,4 +130,26 @@ def test_qwen3_moe_is_read_as_qwen3() -> None:
     for pieces in splits(output):
         text, reasoning, calls = _run(output_parser(QWEN3_TEMPLATE, True), pieces)
         assert (text, reasoning) == ("", "weather needed\n")
+        assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == WEATHER
+
+
+@pytest.mark.parametrize("fmt", list(TEMPLATES))
+def test_a_forced_calls_opening_continues_into_a_call(fmt: NativeFormat) -> None:
+    """Without a grammar the prompt ends with the call's opening (the runner shows it as the
+    answer's first text): the model's continuation makes the call."""
+    prefix = forced_prefix(fmt, "get_weather")
+    whole = call_text(fmt, "get_weather", WEATHER)
+    assert whole.startswith(prefix) and forced_prefix(fmt, None) in prefix
+    _, _, calls = _run(output_parser(TEMPLATES[fmt], True), [prefix, whole[len(prefix) :]])
+    assert len(calls) == 1 and json.loads(calls[0].arguments) == WEATHER
+
+
+def test_glm_47_compact_calls() -> None:
+    """GLM-4.7 writes its pairs without newlines."""
+    output = (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+        "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+    )
+    for pieces in splits(output):
+        _, _, calls = _run(output_parser(TEMPLATES["glm"], True), pieces)
         assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == WEATHER

@@ -83,12 +83,21 @@ def tool_schema(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _hf_call(call: ToolCall, fmt: ToolFormat) -> dict[str, Any]:
+def _call_ids(fmt: ToolFormat, messages: Sequence[InputMessage]) -> dict[str, str]:
+    """Kimi K2 knows its calls by ``functions.NAME:N`` (N counts the conversation's calls),
+    as it writes them: the ids its template sees, for each call id of the request."""
+    if fmt != "kimi":
+        return {}
+    calls = [c for m in messages for c in m.tool_calls]
+    return {c.id: f"functions.{c.name}:{i}" for i, c in enumerate(calls)}
+
+
+def _hf_call(call: ToolCall, fmt: ToolFormat, ids: dict[str, str]) -> dict[str, Any]:
     # DeepSeek's templates join the arguments to their text: they want the JSON string.
     as_text = fmt in ("deepseek3", "deepseek31")
     arguments = call.arguments if as_text else json_object(call.arguments)
     return {
-        "id": call.id,
+        "id": ids.get(call.id, call.id),
         "type": "function",
         "function": {"name": call.name, "arguments": arguments},
     }
@@ -158,14 +167,15 @@ def chat_prompt(
     fmt = tool_format(template)
     offer = bool(tools) and tool_choice != "none"
     native = template_knows_tools(template)
+    ids = _call_ids(fmt, messages)
     out: list[dict[str, Any]] = []
     for m in messages:
         if native or not (m.tool_calls or m.role == "tool"):
             entry: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
-                entry["tool_calls"] = [_hf_call(c, fmt) for c in m.tool_calls]
+                entry["tool_calls"] = [_hf_call(c, fmt, ids) for c in m.tool_calls]
             if m.role == "tool":
-                entry["tool_call_id"] = m.tool_call_id or ""
+                entry["tool_call_id"] = ids.get(m.tool_call_id or "", m.tool_call_id or "")
                 entry["name"] = m.name or ""
             out.append(entry)
         elif m.role == "tool":

@@ -190,3 +190,11 @@ def test_a_filtered_sequence_renders_as_json(tokenizer: EngineTokenizer) -> None
     tok = EngineTokenizer(tokenizer.backend, replace(tokenizer.meta, chat_template=template))
     chat = chat_prompt(HISTORY, TOOLS, "auto", None, template)
     assert tok.render_chat(chat.messages, tools=chat.tools) == '["get_time", "get_weather"]'
+
+
+def test_kimi_sees_its_own_call_ids() -> None:
+    chat = chat_prompt(HISTORY, TOOLS, "auto", None, TEMPLATES["kimi"])
+    assert chat.messages[1]["tool_calls"][0]["id"] == "functions.get_weather:0"
+    assert chat.messages[2]["tool_call_id"] == "functions.get_weather:0"
+    other = chat_prompt(HISTORY, TOOLS, "auto", None, TEMPLATES["glm"])
+    assert other.messages[1]["tool_calls"][0]["id"] == "call_1"
