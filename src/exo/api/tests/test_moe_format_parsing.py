@@ -153,3 +153,10 @@ def test_glm_47_compact_calls() -> None:
     for pieces in splits(output):
         _, _, calls = _run(output_parser(TEMPLATES["glm"], True), pieces)
         assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == WEATHER
+
+
+def test_harmony_turn_ends_at_its_call() -> None:
+    imagined = '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"sunny"<|end|>'
+    for pieces in splits(CALL_EXAMPLES[0][1] + imagined):
+        text, _, calls = _run(output_parser(TEMPLATES["harmony"], True), pieces)
+        assert text == "" and [c.name for c in calls] == ["get_weather"]

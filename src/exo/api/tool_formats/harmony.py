@@ -11,7 +11,9 @@ header up to ``<|message|>`` and a content up to ``<|end|>``, ``<|call|>`` or
   recipient may stand in the role part too, ``<|start|>assistant to=functions.NAME
   <|channel|>commentary json``): a call, once its arguments are complete.
 
-Output that does not open with a header (a raw prompt's continuation) is all answer.
+``<|call|>`` and ``<|return|>`` end the turn: anything after them (a model that goes on
+to imagine the tool's answer) is not part of the answer. Output that does not open with a
+header (a raw prompt's continuation) is all answer.
 """
 
 import re
@@ -39,6 +41,7 @@ class HarmonyParser:
         self._buffer = ""
         self._in_content = False
         self._plain = False  # not harmony: everything is answer text
+        self._over = False  # the turn ended (<|call|>, <|return|>)
         self._channel = ""
         self._call: str | None = None  # the recipient of the message (functions.NAME)
         self._arguments = ""
@@ -72,6 +75,9 @@ class HarmonyParser:
 
     def _step(self, out: list[Event]) -> bool:
         """One move through the buffer; False when it needs more text."""
+        if self._over:
+            self._buffer = ""
+            return False
         if self._plain:
             self._content(self._buffer, out)
             self._buffer = ""
@@ -94,6 +100,10 @@ class HarmonyParser:
             return False
         at, marker = min(hits)
         self._content(self._buffer[:at], out)
+        if marker in (H_CALL, H_RETURN):  # the turn is over: what follows is not the answer
+            self._close(out)
+            self._buffer, self._over = "", True
+            return False
         # A new message's <|start|> stays: it begins the next header.
         self._buffer = self._buffer[at + (0 if marker == H_START else len(marker)) :]
         self._close(out)

@@ -41,6 +41,16 @@ GLM_KEY, GLM_KEY_END, GLM_VALUE, GLM_VALUE_END = "<arg_key>", "</arg_key>", "<ar
 H_START, H_CHANNEL, H_MESSAGE, H_CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 H_END, H_CALL, H_RETURN = "<|end|>", "<|call|>", "<|return|>"
 
+# The tokens that end the model's turn in each format (a GGUF file may name only one of
+# them its end of sequence): harmony's answer and call, GLM's next user or tool turn.
+TURN_ENDS: dict[NativeFormat, tuple[str, ...]] = {
+    "harmony": (H_RETURN, H_CALL),
+    "glm": ("<|user|>", "<|observation|>", "<|endoftext|>"),
+    "deepseek3": ("<｜end▁of▁sentence｜>",),
+    "deepseek31": ("<｜end▁of▁sentence｜>",),
+    "kimi": ("<|im_end|>",),
+}
+
 # Harmony's reasoning levels, from every effort the APIs accept.
 _HARMONY_EFFORT = {
     "none": "low",

@@ -22,7 +22,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from exo.worker.engines.call_formats import template_variables
+from exo.worker.engines.call_formats import TURN_ENDS, native_format, template_variables
 from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
@@ -118,7 +118,12 @@ class EngineTokenizer:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return self.meta.eos_token_ids
+        """The model's ends of sequence, and the tokens that end its turn in its chat format
+        (harmony's ``<|call|>``...) when its vocabulary has them."""
+        fmt = native_format(self.meta.chat_template)
+        ends = [self.backend.token_to_id(t) for t in TURN_ENDS[fmt]] if fmt is not None else []
+        extra = [i for i in ends if i is not None and i not in self.meta.eos_token_ids]
+        return (*self.meta.eos_token_ids, *extra)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of text; special-token strings in it (e.g. <|im_start|>) map to their ids."""

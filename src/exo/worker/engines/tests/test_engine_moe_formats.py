@@ -198,3 +198,14 @@ def test_kimi_sees_its_own_call_ids() -> None:
     assert chat.messages[2]["tool_call_id"] == "functions.get_weather:0"
     other = chat_prompt(HISTORY, TOOLS, "auto", None, TEMPLATES["glm"])
     assert other.messages[1]["tool_calls"][0]["id"] == "call_1"
+
+
+def test_the_formats_turn_ends_stop_the_answer(
+    special_backend: Tokenizer, tokenizer: EngineTokenizer
+) -> None:
+    harmony = _tokenizer(special_backend, tokenizer, "harmony")
+    ends = {special_backend.token_to_id(cf.H_CALL), special_backend.token_to_id(cf.H_RETURN)}
+    assert ends <= set(harmony.eos_token_ids)
+    assert harmony.eos_token_ids[: len(tokenizer.eos_token_ids)] == tokenizer.eos_token_ids
+    plain = EngineTokenizer(special_backend, tokenizer.meta)
+    assert plain.eos_token_ids == tokenizer.eos_token_ids
