@@ -160,3 +160,9 @@ def test_harmony_turn_ends_at_its_call() -> None:
     for pieces in splits(CALL_EXAMPLES[0][1] + imagined):
         text, _, calls = _run(output_parser(TEMPLATES["harmony"], True), pieces)
         assert text == "" and [c.name for c in calls] == ["get_weather"]
+
+
+def test_a_header_that_never_ends_is_text() -> None:
+    output = "<|channel|>final " + "word " * 100
+    text, _, _ = _run(output_parser(TEMPLATES["harmony"], False), list(output))
+    assert text == output

@@ -27,6 +27,9 @@ Event = TextDelta | ReasoningDelta | ToolCallEvent
 _ENDS = (H_END, H_CALL, H_RETURN, H_START)
 _HEAD_STARTS = (H_CHANNEL, H_START, "to=")
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
+# A header is a role, a channel, a recipient and a content type: text this long without
+# its <|message|> is not one.
+_MAX_HEADER = 400
 _CHANNEL = re.compile(re.escape(H_CHANNEL) + r"\s*([^\s<]+)")
 
 
@@ -85,7 +88,7 @@ class HarmonyParser:
         if not self._in_content:
             at = self._buffer.find(H_MESSAGE)
             if at < 0:
-                if not _could_be_header(self._buffer):
+                if len(self._buffer) > _MAX_HEADER or not _could_be_header(self._buffer):
                     self._plain = True
                     return True
                 return False
