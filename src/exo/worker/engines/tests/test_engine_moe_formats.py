@@ -117,10 +117,10 @@ def test_each_template_renders_tools_and_earlier_calls(
     assert prompt.endswith(GENERATION_PROMPT[fmt])
 
 
-def _forced_call(tok: EngineTokenizer, fmt: NativeFormat) -> str:
+def _forced_call(tok: EngineTokenizer, fmt: NativeFormat, forced: str | None) -> str:
     """The text a grammar-forced call of get_weather takes, token by token, checking that
-    every token is allowed and the call ends there."""
-    grammar = tool_call_grammar(fmt, TOOLS, "get_weather", tok.backend.token_to_id)
+    every token is allowed and the call ends there (``forced`` None: any tool's call)."""
+    grammar = tool_call_grammar(fmt, TOOLS, forced, tok.backend.token_to_id)
     constraint = GrammarCompiler(tok, tok.vocab_size).constraint(grammar)
     text = call_text(fmt, "get_weather", WEATHER).removesuffix(cf.H_CALL)
     ids = tok.encode(text)
@@ -133,12 +133,13 @@ def _forced_call(tok: EngineTokenizer, fmt: NativeFormat) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
+@pytest.mark.parametrize("forced", ["get_weather", None])
 @pytest.mark.parametrize("fmt", list(TEMPLATES))
 def test_a_forced_call_under_the_grammar_is_a_call_in_the_models_syntax(
-    special_backend: Tokenizer, tokenizer: EngineTokenizer, fmt: NativeFormat
+    special_backend: Tokenizer, tokenizer: EngineTokenizer, fmt: NativeFormat, forced: str | None
 ) -> None:
     tok = _tokenizer(special_backend, tokenizer, fmt)
-    output = _forced_call(tok, fmt)
+    output = _forced_call(tok, fmt, forced)
     parser = output_parser(tok.meta.chat_template, parse_tools=True)
     events = [*parser.feed(output, 1), *parser.finish(1)]
     calls = [e for e in events if isinstance(e, ToolCallEvent)]
