@@ -25,6 +25,7 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
@@ -39,6 +40,7 @@ from exo.cluster.election_driver import ElectionDriver
 from exo.cluster.host import ClusterHost
 from exo.cluster.messages import CATCH_UP, CHUNKS, COMMANDS, EVENTS, HEARTBEATS, LOCAL_EVENTS
 from exo.cluster.network import ClusterNetwork, OpenNetwork
+from exo.cluster.pending import PendingResubmissions
 from exo.cluster.presence import Peers
 from exo.cluster.replica import Replica
 from exo.cluster.sequencer import Sequencer
@@ -49,6 +51,9 @@ from exo.shared.types.commands import Command
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import ChunkGenerated, Event
 from exo.utils.channels import Receiver
+
+REPLAY_FILE = "replay.log"
+PENDING_FILE = "resubmit.json"
 
 
 class ClusterLink:
@@ -63,13 +68,18 @@ class ClusterLink:
         *,
         clock: Callable[[], float] = time.monotonic,
         network: OpenNetwork | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         """``clock`` and ``network`` are the real ones unless given (the simulator gives
         a virtual clock and a simulated network): the monotonic clock, and a zenoh router
-        for ``config``."""
+        for ``config``. ``data_dir``: this node's cluster directory, where the router
+        remembers the envelopes it admitted (``REPLAY_FILE``: a message recorded before
+        a restart is refused after it) and the delivery its re-submissions not yet taken
+        (``PENDING_FILE``)."""
         self.config = config
+        replay = None if data_dir is None else data_dir / REPLAY_FILE
         self._open_network: OpenNetwork = network or (
-            lambda: Router(config.routing(host.node_id))
+            lambda: Router(config.routing(host.node_id, replay))
         )
         self._network: ClusterNetwork | None = None
         self.host = host
@@ -88,6 +98,7 @@ class ClusterLink:
             config, host, self.sequencer, clock, net,
             master=lambda: self.driver.master,
             wait_master_change=self.driver.wait_master_change,
+            pending=PendingResubmissions(None if data_dir is None else data_dir / PENDING_FILE),
         )
         self.follower = Follower(
             config, host, self.replica, clock, net,
@@ -95,6 +106,7 @@ class ClusterLink:
             is_master=lambda: self.sequencer.is_master,
             wait_master_change=self.driver.wait_master_change,
             report=self.delivery.queue,
+            resubmit=self.delivery.resubmit,
             on_synced=self._synced,
         )
         self.chunks = ChunkPost(host, net)
@@ -146,6 +158,7 @@ class ClusterLink:
                 tg.start_soon(self.delivery.pump_local_events, self._local_events)
                 tg.start_soon(self.delivery.forward_local_events)
                 tg.start_soon(self.delivery.forward_commands, self._commands)
+                tg.start_soon(self.delivery.forward_resubmissions)
                 tg.start_soon(self.chunks.send_queued)
                 logger.info(
                     f"cluster: node {self.node_id} listening on "

@@ -14,6 +14,7 @@ from exo.cluster.lineage import Epoch
 from exo.cluster.messages import CatchUpReply, CatchUpRequest, EventMsg
 from exo.cluster.network import ClusterNetwork
 from exo.cluster.replica import Replica
+from exo.cluster.resubmit import Resubmission
 from exo.cluster.sim.node import SimHost
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
@@ -74,10 +75,13 @@ def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
     def report(_report: MergeReported) -> None:
         raise AssertionError("nothing is dropped here")
 
+    def resubmit(_again: Resubmission) -> None:
+        raise AssertionError("nothing is dropped here")
+
     follower = Follower(
         ClusterConfig(secret="s", listen=()), host, replica, lambda: 0.0, network,
         master=lambda: MASTER, is_master=lambda: False, wait_master_change=wait,
-        report=report, on_synced=lambda: None,
+        report=report, resubmit=resubmit, on_synced=lambda: None,
     )
     follower.synced = True  # in sync at the start of the log
     return follower, replica
