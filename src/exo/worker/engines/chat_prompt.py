@@ -4,7 +4,11 @@ Templates that know tools (Qwen/Hermes, Llama 3.1+, Mistral) get them the Huggin
 way: ``tools`` as JSON schemas, assistant ``tool_calls`` with argument objects, ``tool``
 messages. A template that knows none (the embedded SmolLM2-135M's) gets them as a system
 prompt in SmolLM2's own format, ``<tool_call>[{"name": ..., "arguments": ...}]</tool_call>``,
-with earlier calls and results written the same way.
+with earlier calls and results written the same way. The MoE families' formats
+(``call_formats``: harmony, DeepSeek, Kimi K2, GLM) are their own: DeepSeek's templates get
+the arguments as JSON text (they join them to their text), Kimi K2 its own call ids
+(``functions.NAME:N``), and a template of theirs that knows no tools gets the system prompt
+and the earlier calls in the family's own syntax.
 
 ``tool_choice`` required (or a named function) starts the answer with the opening of a
 call in the model's format (the *prefix*): the model continues a call, it does not decide
