@@ -14,7 +14,7 @@ from exo.api.tests.moe_formats import (
     splits,
 )
 from exo.api.tool_formats import OutputParser, output_parser
-from exo.worker.engines.call_formats import NativeFormat, call_text, native_format
+from exo.worker.engines.call_formats import NativeFormat, call_text, calls_text, native_format
 from exo.worker.engines.chat_prompt import forced_prefix
 
 
@@ -166,3 +166,17 @@ def test_a_header_that_never_ends_is_text() -> None:
     output = "<|channel|>final " + "word " * 100
     text, _, _ = _run(output_parser(TEMPLATES["harmony"], False), list(output))
     assert text == output
+
+
+@pytest.mark.parametrize("fmt", ["deepseek3", "deepseek31", "kimi", "glm"])
+def test_several_calls_of_a_turn_read_back(fmt: NativeFormat) -> None:
+    written = calls_text(fmt, [("get_weather", WEATHER), ("get_time", {"zone": "CET"})])
+    # DeepSeek and Kimi hold a turn's calls in one section.
+    opening = written[: written.index(">") + 1]
+    assert written.count(opening) == (2 if fmt == "glm" else 1)
+    for pieces in splits(written):
+        _, _, calls = _run(output_parser(TEMPLATES[fmt], True), pieces)
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+            ("get_weather", WEATHER),
+            ("get_time", {"zone": "CET"}),
+        ]

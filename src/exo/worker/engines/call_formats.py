@@ -21,7 +21,7 @@ tokens kept (``keeps_special_tokens``).
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal
 
 NativeFormat = Literal["harmony", "glm", "deepseek3", "deepseek31", "kimi"]
@@ -107,8 +107,29 @@ def template_variables(
     return harmony_variables(kwargs) if native_format(template) == "harmony" else kwargs
 
 
-def call_text(fmt: NativeFormat, name: str, arguments: Mapping[str, object], index: int = 0) -> str:
+Call = tuple[str, Mapping[str, object]]  # a function's name and its arguments
+
+
+def calls_text(fmt: NativeFormat, calls: Sequence[Call]) -> str:
+    """Calls as the model writes them: DeepSeek and Kimi put a turn's calls in one section,
+    harmony and GLM write each on its own."""
+    match fmt:
+        case "harmony" | "glm":
+            return "".join(_one_call(fmt, name, args, i) for i, (name, args) in enumerate(calls))
+        case "deepseek3" | "deepseek31":
+            body = "".join(_one_call(fmt, name, args, i) for i, (name, args) in enumerate(calls))
+            return f"{DS_CALLS_BEGIN}{body}{DS_CALLS_END}"
+        case "kimi":
+            body = "".join(_one_call(fmt, name, args, i) for i, (name, args) in enumerate(calls))
+            return f"{KIMI_SECTION_BEGIN}{body}{KIMI_SECTION_END}"
+
+
+def call_text(fmt: NativeFormat, name: str, arguments: Mapping[str, object]) -> str:
     """One whole call (with its section markers) as the model writes it."""
+    return calls_text(fmt, [(name, arguments)])
+
+
+def _one_call(fmt: NativeFormat, name: str, arguments: Mapping[str, object], index: int) -> str:
     args = json.dumps(arguments, ensure_ascii=False)
     match fmt:
         case "harmony":
@@ -120,13 +141,11 @@ def call_text(fmt: NativeFormat, name: str, arguments: Mapping[str, object], ind
             )
             return f"{GLM_CALL}{name}\n{pairs}{GLM_CALL_END}"
         case "deepseek3":
-            body = f"function{DS_SEP}{name}\n```json\n{args}\n```"
-            return f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}{body}{DS_CALL_END}{DS_CALLS_END}"
+            return f"{DS_CALL_BEGIN}function{DS_SEP}{name}\n```json\n{args}\n```{DS_CALL_END}"
         case "deepseek31":
-            return f"{DS_CALLS_BEGIN}{DS_CALL_BEGIN}{name}{DS_SEP}{args}{DS_CALL_END}{DS_CALLS_END}"
+            return f"{DS_CALL_BEGIN}{name}{DS_SEP}{args}{DS_CALL_END}"
         case "kimi":
-            call = f"{KIMI_CALL_BEGIN}functions.{name}:{index}{KIMI_ARGS}{args}{KIMI_CALL_END}"
-            return f"{KIMI_SECTION_BEGIN}{call}{KIMI_SECTION_END}"
+            return f"{KIMI_CALL_BEGIN}functions.{name}:{index}{KIMI_ARGS}{args}{KIMI_CALL_END}"
 
 
 def _glm_value(value: object) -> str:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
 from exo.worker.engines.call_formats import (
     as_native,
-    call_text,
+    calls_text,
     native_format,
     native_prefix,
     native_system,
@@ -112,9 +112,7 @@ def _written_calls(fmt: ToolFormat, calls: Sequence[ToolCall]) -> str:
     native = as_native(fmt)
     if native is None:
         return _smollm_calls(calls)
-    return "".join(
-        call_text(native, c.name, json_object(c.arguments), i) for i, c in enumerate(calls)
-    )
+    return calls_text(native, [(c.name, json_object(c.arguments)) for c in calls])
 
 
 def _smollm_calls(calls: Sequence[ToolCall]) -> str:
