@@ -7,7 +7,7 @@ format is recognised by."""
 import json
 from collections.abc import Iterator
 
-from exo.worker.engines.call_formats import NativeFormat
+from exo.shared.chat_formats import NativeFormat
 
 WEATHER = {"city": "Paris", "days": 3}
 

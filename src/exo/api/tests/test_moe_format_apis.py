@@ -12,7 +12,7 @@ import pytest
 
 from exo.api.tests.moe_formats import CALL_EXAMPLES, HARMONY_ANSWER, TEMPLATES, WEATHER, splits
 from exo.api.tests.scripted_node import Script, ScriptedNode, ServedApp, small_card
-from exo.worker.engines.call_formats import NativeFormat
+from exo.shared.chat_formats import NativeFormat
 
 DEADLINE_S = 10.0
 PARAMS: dict[str, Any] = {

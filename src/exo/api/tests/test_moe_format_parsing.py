@@ -14,7 +14,7 @@ from exo.api.tests.moe_formats import (
     splits,
 )
 from exo.api.tool_formats import OutputParser, output_parser
-from exo.worker.engines.call_formats import NativeFormat, call_text, calls_text, native_format
+from exo.shared.chat_formats import NativeFormat, call_text, calls_text, native_format
 from exo.worker.engines.chat_prompt import forced_prefix
 
 

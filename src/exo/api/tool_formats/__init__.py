@@ -1,7 +1,7 @@
 """A model's answer split into reasoning, text and calls, in the format its template says.
 
 ``output_parser(template, parse_tools)`` picks the parser by the chat template's markers
-(``exo.worker.engines.call_formats``): harmony has its own (channels carry reasoning and
+(``exo.shared.chat_formats``): harmony has its own (channels carry reasoning and
 calls); the other formats think in ``<think>`` (``ReasoningSplitter``) and call in their
 own syntax (``SectionCallParser`` for DeepSeek, Kimi and GLM, ``ToolCallParser`` for the
 rest). Every parser takes text as it streams.
@@ -14,7 +14,7 @@ from exo.api.reasoning import ReasoningSplitter
 from exo.api.tool_calls import ToolCallParser
 from exo.api.tool_formats.harmony import HarmonyParser
 from exo.api.tool_formats.sections import SectionCallParser, section_parser
-from exo.worker.engines.call_formats import native_format
+from exo.shared.chat_formats import native_format
 
 Event = TextDelta | ReasoningDelta | ToolCallEvent
 

@@ -21,7 +21,7 @@ import re
 from exo.api.generation_events import ReasoningDelta, TextDelta, ToolCallEvent
 from exo.api.tool_calls import new_call_id
 from exo.api.tool_formats.sections import arguments_json, held_prefix
-from exo.worker.engines.call_formats import H_CALL, H_CHANNEL, H_END, H_MESSAGE, H_RETURN, H_START
+from exo.shared.chat_formats import H_CALL, H_CHANNEL, H_END, H_MESSAGE, H_RETURN, H_START
 
 Event = TextDelta | ReasoningDelta | ToolCallEvent
 _ENDS = (H_END, H_CALL, H_RETURN, H_START)

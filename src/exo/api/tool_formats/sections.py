@@ -12,7 +12,7 @@ from typing import Literal
 
 from exo.api.generation_events import TextDelta, ToolCallEvent
 from exo.api.tool_calls import new_call_id
-from exo.worker.engines.call_formats import (
+from exo.shared.chat_formats import (
     DS_CALL_BEGIN,
     DS_CALL_END,
     DS_CALLS_BEGIN,

@@ -5,7 +5,7 @@ way: ``tools`` as JSON schemas, assistant ``tool_calls`` with argument objects, 
 messages. A template that knows none (the embedded SmolLM2-135M's) gets them as a system
 prompt in SmolLM2's own format, ``<tool_call>[{"name": ..., "arguments": ...}]</tool_call>``,
 with earlier calls and results written the same way. The MoE families' formats
-(``call_formats``: harmony, DeepSeek, Kimi K2, GLM) are their own: DeepSeek's templates get
+(``exo.shared.chat_formats``: harmony, DeepSeek, Kimi K2, GLM) are their own: DeepSeek's templates get
 the arguments as JSON text (they join them to their text), Kimi K2 its own call ids
 (``functions.NAME:N``), and a template of theirs that knows no tools gets the system prompt
 and the earlier calls in the family's own syntax.
@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
-from exo.worker.engines.call_formats import (
+from exo.shared.chat_formats import (
     as_native,
     calls_text,
     native_format,
     native_prefix,
     native_system,
 )
+from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
 
 ToolFormat = Literal[
     "hermes", "llama3", "mistral", "smollm", "harmony", "glm", "deepseek3", "deepseek31", "kimi"

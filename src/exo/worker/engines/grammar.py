@@ -26,8 +26,8 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from exo.shared.chat_formats import as_native
 from exo.shared.types.text_generation import ToolSpec
-from exo.worker.engines.call_formats import as_native
 from exo.worker.engines.chat_prompt import ToolFormat, json_object
 from exo.worker.engines.native_grammar import TokenId, native_call_lark, offered
 from exo.worker.engines.tokenizer import EngineTokenizer

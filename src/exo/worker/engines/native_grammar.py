@@ -1,4 +1,4 @@
-"""Lark grammars for one call in the MoE families' own syntax (``call_formats``).
+"""Lark grammars for one call in the MoE families' own syntax (``exo.shared.chat_formats``).
 
 A marker that is one token of the model's vocabulary (harmony's ``<|channel|>``,
 DeepSeek's tool separator) is written as that token (``<[id]>``), so the model emits
@@ -12,8 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exo.shared.types.text_generation import ToolSpec
-from exo.worker.engines.call_formats import (
+from exo.shared.chat_formats import (
     DS_CALL_BEGIN,
     DS_CALL_END,
     DS_CALLS_BEGIN,
@@ -35,6 +34,7 @@ from exo.worker.engines.call_formats import (
     KIMI_SECTION_END,
     NativeFormat,
 )
+from exo.shared.types.text_generation import ToolSpec
 
 TokenId = Callable[[str], int | None]
 Styled = Callable[[dict[str, Any]], dict[str, Any]]

@@ -22,7 +22,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from exo.worker.engines.call_formats import TURN_ENDS, native_format, template_variables
+from exo.shared.chat_formats import TURN_ENDS, native_format, template_variables
 from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe

@@ -12,6 +12,7 @@ from typing import cast
 import torch
 from loguru import logger
 
+from exo.shared.chat_formats import keeps_special_tokens
 from exo.shared.types.chunks import (
     EchoedPrompt,
     ErrorCode,
@@ -29,7 +30,6 @@ from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, layer_range
 from exo.worker.download.local import locate_progress
-from exo.worker.engines.call_formats import keeps_special_tokens
 from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.grammar import (

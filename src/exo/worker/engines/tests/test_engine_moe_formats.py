@@ -15,6 +15,8 @@ from tokenizers import AddedToken, Tokenizer
 from exo.api.generation_events import TextDelta, ToolCallEvent
 from exo.api.tests.moe_formats import TEMPLATES, WEATHER
 from exo.api.tool_formats import output_parser
+from exo.shared import chat_formats as cf
+from exo.shared.chat_formats import NativeFormat, call_text
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.types.chunks import TokenChunk
 from exo.shared.types.common import CommandId
@@ -27,8 +29,6 @@ from exo.shared.types.text_generation import (
     ToolSpec,
 )
 from exo.shared.types.worker.instances import InstanceId
-from exo.worker.engines import call_formats as cf
-from exo.worker.engines.call_formats import NativeFormat, call_text
 from exo.worker.engines.chat_prompt import chat_prompt
 from exo.worker.engines.engine import Engine, load_engine
 from exo.worker.engines.grammar import GrammarCompiler, tool_call_grammar
