@@ -33,19 +33,6 @@ ToolFormat = Literal[
     "hermes", "llama3", "mistral", "smollm", "harmony", "glm", "deepseek3", "deepseek31", "kimi"
 ]
 
-# The rendering of a model whose files carry no chat template (as llama-server and Ollama
-# fall back to one): the system text, then one "Role: text" line per message, then
-# "Assistant:" for the answer.
-FALLBACK_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% else %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
-)
-
-
 def tool_format(template: str | None) -> ToolFormat:
     """The call format a chat template teaches its model."""
     text = template or ""

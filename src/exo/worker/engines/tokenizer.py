@@ -23,7 +23,7 @@ from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from exo.shared.chat_formats import TURN_ENDS, native_format, template_variables
-from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
+from exo.shared.models.chat_fallback import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
 
