@@ -26,10 +26,9 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.handle import NodeHandle
-from exo.api.reasoning import ReasoningSplitter
 from exo.api.serving import ensure_serving, send
 from exo.api.settings import ApiSettings
-from exo.api.tool_calls import ToolCallParser
+from exo.api.tool_formats import output_parser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import CardUnavailable, ModelRegistry
@@ -79,6 +78,7 @@ class AnswerStream:
         accepted_ns: int,
         clock: Clock,
         parse_tools: bool = False,
+        template: str | None = None,
     ) -> None:
         self.command_id = command_id
         self.model_id = model_id
@@ -86,8 +86,8 @@ class AnswerStream:
         self._clock = clock
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
-        self._tools = ToolCallParser() if parse_tools else None
-        self._thinking = ReasoningSplitter()
+        # Reasoning, text and calls, in the format of the model's template.
+        self._output = output_parser(template, parse_tools)
         # Log-probabilities of every token so far; the first ``_logprobs_sent`` went out.
         self._logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
@@ -135,37 +135,25 @@ class AnswerStream:
                 return event
 
     def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
-        """Thinking apart from the answer, then function calls out of the answer (when
-        the request offered tools)."""
+        """Reasoning apart from the answer, and function calls out of it (when the request
+        offered tools)."""
+        output = self._output
         match event:
             case TextDelta():
-                return self._calls(self._thinking.feed(event.text, self._translator.tokens))
+                return [*output.feed(event.text, self._translator.tokens)]
             case Finished():
-                rest = self._calls(self._thinking.finish(self._translator.tokens))
-                reasoning = "".join(self._thinking.reasoning)
-                parser = self._tools
-                if parser is not None:
-                    rest.extend(parser.finish())
-                calls = tuple(parser.calls) if parser is not None else ()
+                rest: list[GenerationEvent] = [*output.finish(self._translator.tokens)]
+                reasoning = "".join(output.reasoning)
+                calls = tuple(output.calls)
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                thought = self._thinking.reasoning_tokens if reasoning else 0
+                thought = output.reasoning_tokens if reasoning else 0
                 done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
                                reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
-
-    def _calls(self, events: list[TextDelta | ReasoningDelta]) -> list[GenerationEvent]:
-        parser = self._tools
-        out: list[GenerationEvent] = []
-        for event in events:
-            if parser is not None and isinstance(event, TextDelta):
-                out.extend(parser.feed(event.text))
-            else:
-                out.append(event)
-        return out
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -271,6 +259,7 @@ class GenerationService:
                 accepted,
                 self._clock,
                 parse_tools=bool(params.tools) and params.tool_choice != "none",
+                template=card.chat_template,
             )
             self._active[command_id] = generation
             sent = False
