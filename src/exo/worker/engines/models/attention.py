@@ -98,14 +98,7 @@ def attend(
         return kernels.attend_decode(
             qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
         )
-    qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
-    if s.qk_norm is not None:
-        qk = F.rms_norm(qk, (hd,), None, s.eps) * s.qk_norm
-    assert t.rotation is not None
-    qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
-    q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
-    v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
-    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
     if n_new == 1:
         # One query per row: fold the query heads of each kv group into the query axis.
         q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
@@ -119,6 +112,50 @@ def attend(
         is_causal=t.is_causal,
         enable_gqa=heads != kvh,
     )  # [B, H, T, hd]
+    return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
+
+
+def _rotate_and_cache(
+    qkv: Tensor, s: AttentionShape, t: StepTensors, layer_cache: LayerCache
+) -> tuple[Tensor, Tensor, Tensor]:
+    """qkv [B, T, (H + 2KV) * hd] -> q [B, T, H, hd] rotated, and this row's cached keys and
+    values [B, KV, L, hd] with the new ones written."""
+    hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
+    qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
+    if s.qk_norm is not None:
+        qk = F.rms_norm(qk, (hd,), None, s.eps) * s.qk_norm
+    assert t.rotation is not None
+    qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
+    q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
+    v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
+    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    return q, keys, values
+
+
+def attend_with_sinks(
+    qkv: Tensor, s: AttentionShape, t: StepTensors, layer_cache: LayerCache, sinks: Tensor
+) -> Tensor:
+    """Attention with a learned logit per head that takes part in the softmax and attends to
+    nothing (gpt-oss's sinks: a head may give most of its weight to no position):
+
+        p = softmax([q K^T / sqrt(hd) + mask, sink_h])[:L];  a = p V
+
+    qkv [B, T, (H + 2KV) * hd], sinks [H] -> [B, T, H*hd]; the new k, v are stored. (`t` is
+    built without the compiled decode: it has no sinks.)"""
+    bsz, n_new, _ = qkv.shape
+    hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
+    q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
+    group = heads // kvh
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    scores = (q.transpose(1, 2).float() @ keys.float().transpose(-1, -2)) / hd**0.5  # [B,H,T,L]
+    mask = t.mask
+    if mask is None and t.is_causal:
+        mask = torch.ones(n_new, t.kv_len, dtype=torch.bool, device=qkv.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    sink = sinks.float().view(1, heads, 1, 1).expand(bsz, heads, n_new, 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    out = probs.to(values.dtype) @ values  # [B, H, T, hd]
     return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
 
 

@@ -5,10 +5,11 @@ from typing import Any
 
 from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.dense import DENSE
+from exo.worker.engines.models.qwen3moe import QWEN3MOE
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE,)
+FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
