@@ -22,8 +22,11 @@ from dataclasses import fields
 import torch
 from torch import Tensor
 
-from exo.worker.engines.config import LlamaConfig, MoeConfig
+from exo.worker.engines.config import LlamaConfig, MoeConfig, RopeScaling
 from exo.worker.engines.materialise import StoragePlan, TensorSource, materialise
+from exo.worker.engines.models import hf_meta
+from exo.worker.engines.models.base import JsonDict
+from exo.worker.engines.models.gguf_meta import Meta, meta_float, meta_int
 from exo.worker.engines.models.moe import (
     ExpertWeights,
     MoeWeights,
@@ -36,6 +39,39 @@ from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import halves_to_pairs
 
 FLOAT32 = StoragePlan(dtype=torch.float32)
+
+
+def hf_yarn(raw: JsonDict) -> RopeScaling | None:
+    """YaRN rotary scaling of config.json (None without scaling; ValueError for other kinds)."""
+    p = hf_meta.rope_params(raw, "full_attention")
+    if p is None or p.get("rope_type", p.get("type")) in (None, "default"):
+        return None
+    if p.get("rope_type", p.get("type")) != "yarn":
+        raise ValueError(f"rope scaling {p.get('rope_type')!r} is not supported")
+    factor = p.get("attention_factor")
+    return RopeScaling(
+        kind="yarn",
+        factor=float(p["factor"]),
+        original_context_length=int(p["original_max_position_embeddings"]),
+        beta_fast=float(p.get("beta_fast") or 32.0),
+        beta_slow=float(p.get("beta_slow") or 1.0),
+        truncate=bool(p.get("truncate", True)),
+        attention_factor=float(factor) if isinstance(factor, int | float) else None,
+    )
+
+
+def gguf_yarn(meta: Meta, arch: str, truncate: bool = True) -> RopeScaling | None:
+    """YaRN rotary scaling of a GGUF file's metadata (None when the file has none)."""
+    if meta.get(f"{arch}.rope.scaling.type") != "yarn":
+        return None
+    return RopeScaling(
+        kind="yarn",
+        factor=meta_float(meta, f"{arch}.rope.scaling.factor", 1.0),
+        original_context_length=meta_int(meta, f"{arch}.rope.scaling.original_context_length"),
+        beta_fast=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        truncate=truncate,
+    )
 
 
 def moe_config(base: LlamaConfig, **extra: object) -> MoeConfig:

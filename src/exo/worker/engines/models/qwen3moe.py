@@ -19,6 +19,7 @@ GGUF: llama.cpp's `qwen3moe` architecture (`{arch}.expert_count`, `expert_used_c
 `expert_weights_norm` says otherwise). Hugging Face: `qwen3_moe`.
 """
 
+from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
@@ -27,7 +28,7 @@ from torch import Tensor
 from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
-from exo.worker.engines.models import dense_files, moe_files
+from exo.worker.engines.models import dense_files, hf_meta, moe_files
 from exo.worker.engines.models.base import BuildOptions, JsonDict, ModelFamily, ShardModel
 from exo.worker.engines.models.gguf_meta import meta_int
 from exo.worker.engines.models.moe import MoeWeights
@@ -44,7 +45,7 @@ def _moe(config: LlamaConfig) -> MoeConfig:
 def gguf_config(f: GGUFFile) -> MoeConfig:
     meta = f.metadata
     arch = str(meta["general.architecture"])
-    base = dense_files.gguf_config(f)
+    base = dense_files.gguf_config(f)  # (YaRN GGUF files are refused there, naming it)
     norm = meta.get(f"{arch}.expert_weights_norm", True)
     n_layers = base.n_layers
     return moe_config_with_layers(
@@ -68,7 +69,14 @@ def _sparse_layers(raw: JsonDict, n_layers: int) -> tuple[bool, ...]:
 
 
 def hf_config(raw: JsonDict, folder: Path) -> MoeConfig:
-    base = dense_files.hf_config(raw, folder)
+    yarn = moe_files.hf_yarn(raw)
+    plain = raw
+    if yarn is not None:  # the dense reader knows linear and llama3 scaling only
+        theta = hf_meta.rope_theta(raw) or 10000.0
+        plain = {**raw, "rope_scaling": None, "rope_parameters": {"rope_theta": theta}}
+    base = dense_files.hf_config(plain, folder)
+    if yarn is not None:
+        base = replace(base, rope_scaling=yarn)
     return moe_config_with_layers(
         base,
         n_experts=int(raw.get("num_experts") or raw["num_local_experts"]),
