@@ -143,20 +143,24 @@ def attend_with_sinks(
     qkv [B, T, (H + 2KV) * hd], sinks [H] -> [B, T, H*hd]; the new k, v are stored. (`t` is
     built without the compiled decode: it has no sinks.)"""
     bsz, n_new, _ = qkv.shape
-    hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
+    heads, group = s.heads, s.heads // s.kv_heads
     q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
-    group = heads // kvh
-    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    scores = (q.transpose(1, 2).float() @ keys.float().transpose(-1, -2)) / hd**0.5  # [B,H,T,L]
     mask = t.mask
     if mask is None and t.is_causal:
         mask = torch.ones(n_new, t.kv_len, dtype=torch.bool, device=qkv.device).tril()
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    sink = sinks.float().view(1, heads, 1, 1).expand(bsz, heads, n_new, 1)
-    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    out = probs.to(values.dtype) @ values  # [B, H, T, hd]
-    return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
+    rows: list[Tensor] = []
+    for b in range(bsz):  # each row over its own keys only: the same sums alone or batched
+        n_keys = int(t.pos_index[b]) + n_new
+        k = keys[b, :, :n_keys].repeat_interleave(group, 0).float()  # [H, L_b, hd]
+        v = values[b, :, :n_keys].repeat_interleave(group, 0)
+        scores = (q[b].transpose(0, 1).float() @ k.transpose(-1, -2)) / s.head_dim**0.5
+        if mask is not None:  # [B, 1, T, L] or the causal [T, L]
+            row_mask = mask[b] if mask.dim() == 4 else mask
+            scores = scores.masked_fill(~row_mask[..., :n_keys], float("-inf"))
+        sink = sinks.float().view(heads, 1, 1).expand(heads, n_new, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        rows.append((probs.to(v.dtype) @ v).transpose(0, 1).reshape(n_new, -1))  # [T, H*hd]
+    return torch.stack(rows)
 
 
 def check_step(step: StepInputs, cache: KVCache) -> None:
