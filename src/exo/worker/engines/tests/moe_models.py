@@ -85,11 +85,13 @@ def _classes(model_type: str) -> tuple[Any, Any]:
     }[model_type]
 
 
-def build_hf_model(case: MoeCase, folder: Path, seed: int = 0) -> Any:
-    """A random model of `case`, float16-exact weights, saved to `folder`."""
+def build_hf_model(case: MoeCase, folder: Path, seed: int = 0, vocab: int | None = None) -> Any:
+    """A random model of `case`, float16-exact weights, saved to `folder` (`vocab`: a
+    vocabulary size of its own, to go with a real tokenizer)."""
     config_cls, model_cls = _classes(case.model_type)
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**{**_COMMON, **case.extra})).eval()
+    sizes = {} if vocab is None else {"vocab_size": vocab}
+    model = model_cls(config_cls(**{**_COMMON, **case.extra, **sizes})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
@@ -165,9 +167,14 @@ def _quantised(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> bool:
     return dtype == "Q8_0" and data.ndim >= 2 and "ffn_gate_inp" not in name and "norm" not in name
 
 
-def write_gguf(model: Any, case: MoeCase, path: Path, dtype: GgufType) -> Path:
-    """`model` (from `build_hf_model`) as a GGUF file of llama.cpp's `case.name` architecture."""
+def write_gguf(
+    model: Any, case: MoeCase, path: Path, dtype: GgufType, tokenizer: Path | None = None
+) -> Path:
+    """`model` (from `build_hf_model`) as a GGUF file of llama.cpp's `case.name` architecture
+    (with the tokenizer and chat template of the GGUF file `tokenizer`, if given)."""
     import gguf
+
+    from .generated import copy_tokenizer
 
     arch, c = case.name, model.config
     gpt_oss = arch == "gpt-oss"
@@ -182,8 +189,11 @@ def write_gguf(model: Any, case: MoeCase, path: Path, dtype: GgufType) -> Path:
     w.add_value_length(c.head_dim)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
+    if tokenizer is not None:
+        assert copy_tokenizer(w, tokenizer) == c.vocab_size
+    else:
+        w.add_bos_token_id(c.bos_token_id)
+        w.add_eos_token_id(c.eos_token_id)
     w.add_expert_count(c.num_local_experts if gpt_oss else c.num_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
     if gpt_oss:
