@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from exo.shared.models.memory import running_weight_bytes
 from exo.worker.download.local import card_from_path
-from exo.worker.engines.engine import load_shard_weights
+from exo.worker.engines.engine import load_model, load_shard_weights
+from exo.worker.engines.load_report import describe_load, shard_bytes
 from exo.worker.engines.materialise import kernel_plan, running_bytes
 from exo.worker.engines.model_facts import model_facts
 from exo.worker.engines.models.base import StepInputs
@@ -113,3 +114,15 @@ def _layer_bytes(layer: object) -> int:
     else:
         total += sum(running_bytes(w) for w in (ffn.gate, ffn.up, ffn.down))
     return total
+
+
+def test_the_engines_loader_reports_every_experts_format(tmp_path: Path) -> None:
+    case = CASES["qwen3moe"]
+    path = write_gguf(build_hf_model(case, tmp_path / "hf"), case, tmp_path / "m.gguf", "Q8_0")
+    weights = load_shard_weights(path, 0, 3, plan=kernel_plan(torch.float32, True))
+    _, model = load_model(path, cache_dir=tmp_path / "cache")
+    line = describe_load(path, weights, model, 0.1)
+    experts = case.extra["num_experts"] * 2  # two MoE layers (layer 1 is dense)
+    assert f"'ffn.experts.gate:Q8_0': {experts}" in line
+    assert "'ffn.router:float32': 2" in line
+    assert shard_bytes(weights) >= sum(_layer_bytes(layer) for layer in weights.layers)

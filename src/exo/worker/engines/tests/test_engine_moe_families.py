@@ -53,7 +53,7 @@ class _Models:
             return self.tmp / name
         path = self.tmp / f"{name}-{source}.gguf"
         if not path.exists():
-            write_gguf(model, CASES[name], path, "Q8_0" if source == "Q8_0" else "F32")
+            write_gguf(model, CASES[name], path, source)  # type: ignore[arg-type]
         return path
 
 
@@ -133,6 +133,16 @@ def test_q8_gguf_greedy_matches_the_same_file_dequantised(models: _Models, name:
     experts = [k for k in blocks.kernels_used() if k.startswith("expert")]
     assert experts and all("C kernel" in k for k in experts)  # the file's blocks, on the kernels
     for prompt in PROMPTS:
+        assert greedy(blocks, prompt, 16)[0] == greedy(dense, prompt, 16)[0], prompt
+
+
+def test_mxfp4_experts_of_a_gguf_load_and_run_through_the_streaming_path(models: _Models) -> None:
+    skip_without_kernels("q8")
+    path = models.path("gpt-oss", "MXFP4")
+    blocks, dense = load(path, "q8"), load(path)
+    experts = [k for k in blocks.kernels_used() if k.startswith("expert")]
+    assert experts and all("MXFP4" in k for k in experts)  # dequantised a few rows at a time
+    for prompt in PROMPTS[:2]:
         assert greedy(blocks, prompt, 16)[0] == greedy(dense, prompt, 16)[0], prompt
 
 
