@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_family, load_shard_weights
 from exo.worker.engines.materialise import DENSE_PLAN, kernel_plan
@@ -24,6 +25,7 @@ from exo.worker.engines.models.base import (
     StepInputs,
     no_all_reduce,
 )
+from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.weights import TensorParallel
 
 from .kernel_skip import skip_without_kernels
@@ -204,3 +206,41 @@ def test_a_batch_gives_each_request_its_own_result(models: _Models, name: str) -
     for row in range(2):
         for ours, ref in zip(seen[row], alone[row], strict=False):
             assert torch.equal(ours, ref)
+
+
+def _generate(gen: BatchGenerator, requests: dict[str, list[int]], n: int) -> dict[str, list[int]]:
+    for rid, prompt in requests.items():
+        gen.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n))
+    out: dict[str, list[int]] = {rid: [] for rid in requests}
+    for _ in range(200):
+        if not gen.active:
+            break
+        for o in gen.step():
+            if o.token_id is not None:
+                out[o.request_id].append(o.token_id)
+    assert not gen.active
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_batcher_and_its_prefix_cache_serve_moe_models(models: _Models, name: str) -> None:
+    skip_without_kernels("q8")
+    model = load(models.path(name, "Q8_0"), "q8")
+    first = [(7 * i + 3) % 150 + 5 for i in range(40)]  # longer than two prefill chunks
+    second = [*first, *PROMPTS[1]]  # the next turn: the first chunks are cached
+    gen = BatchGenerator(model, 3, 128, eos_token_ids=[], prefill_chunk=16)
+    _generate(gen, {"turn1": first}, 4)
+    with_cache = _generate(gen, {"turn2": second, "a": PROMPTS[0], "b": PROMPTS[2]}, 8)
+    fresh = BatchGenerator(model, 3, 128, eos_token_ids=[], prefill_chunk=16, prefix_cache=False)
+    for rid, prompt in (("turn2", second), ("a", PROMPTS[0]), ("b", PROMPTS[2])):
+        assert with_cache[rid] == _generate(fresh, {rid: prompt}, 8)[rid], rid
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_final_hidden_states_are_transformers_last_hidden_state(models: _Models, name: str) -> None:
+    hf = models.reference(name)
+    model = load(models.path(name, "safetensors"))
+    with torch.inference_mode():
+        ref = hf.model(torch.tensor([PROMPT])).last_hidden_state[0].float()
+        ours = model.final_hidden(torch.tensor([PROMPT]))
+    assert float((ours - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
