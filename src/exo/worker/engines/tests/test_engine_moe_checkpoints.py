@@ -11,7 +11,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from exo.shared.models.memory import running_weight_bytes
+from exo.worker.download.cards import card_from_hub
+from exo.worker.download.hub import HubSettings
 from exo.worker.download.local import card_from_path
+from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.engine import load_model, load_shard_weights
 from exo.worker.engines.load_report import describe_load, shard_bytes
@@ -167,3 +170,18 @@ def test_experts_stored_fused_as_transformers_5_holds_them_load_alike(tmp_path: 
             for m in (load(folder), load(fused))
         )
     assert torch.equal(a, b)
+
+
+def test_hub_cards_of_moe_models_carry_their_expert_counts(tmp_path: Path) -> None:
+    case = CASES["qwen3moe"]
+    hf = build_hf_model(case, tmp_path / "st")
+    (tmp_path / "gg").mkdir()
+    write_gguf(hf, case, tmp_path / "gg" / "Tiny-Q8_0.gguf", "Q8_0")
+    hub = FakeHub()
+    hub.add_folder("org/tiny-moe", tmp_path / "st")
+    hub.add_folder("org/tiny-moe-GGUF", tmp_path / "gg")
+    with serve_hub(hub):
+        settings = HubSettings(cache_dir=tmp_path / "cache", endpoint=hub.url)
+        for name in ("org/tiny-moe", "org/tiny-moe-GGUF:Q8_0"):
+            card = card_from_hub(name, settings)
+            assert (card.n_experts, card.experts_per_token) == (16, 4), name
