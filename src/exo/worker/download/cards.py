@@ -70,19 +70,15 @@ def card_from_hub(name: str, settings: HubSettings) -> ModelCard:
         if info.sha is None or info.siblings is None:
             raise DownloadError(f"the hub gave no file list for {repo_id}")
         files = [
-            HubFile(
-                path=s.rfilename,
-                size=int(s.size or 0),
-                sha256=s.lfs.sha256 if s.lfs is not None else None,
-            )
+            HubFile(path=s.rfilename, size=int(s.size or 0),
+                    sha256=s.lfs.sha256 if s.lfs is not None else None)
             for s in info.siblings
         ]
         hub = HubSource(repo_id=repo_id, revision=info.sha, files=files)
         problem = hub_source_problem(hub)
         if problem is not None:
-            raise DownloadError(
-                f"the hub's answer for {repo_id} is refused: {problem}", UNSAFE_HUB_ANSWER
-            )
+            raise DownloadError(f"the hub's answer for {repo_id} is refused: {problem}",
+                                UNSAFE_HUB_ANSWER)
         if quant is not None or (gguf_files(files) and not _has_safetensors(files)):
             return _gguf_card(name, hub, quant, settings)
         return _safetensors_card(name, hub, settings)
@@ -104,10 +100,8 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
     weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
-    embedding = (
-        _DTYPE_BYTES.get(weight_format, 0)
-        * int(raw.get("vocab_size") or 0)
-        * int(raw["hidden_size"])
+    embedding = _DTYPE_BYTES.get(weight_format, 0) * int(raw.get("vocab_size") or 0) * int(
+        raw["hidden_size"]
     )
     return ModelCard(
         model_id=ModelId(name),
@@ -125,14 +119,15 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         weight_format=weight_format,
         embedding_bytes=embedding,
         head_bytes=0 if raw.get("tie_word_embeddings", False) else embedding,
-        n_experts=int(
-            raw.get("num_experts")
-            or raw.get("num_local_experts")
-            or raw.get("n_routed_experts")
-            or 0
-        ),
+        n_experts=_expert_count(raw),
         experts_per_token=int(raw.get("num_experts_per_tok") or 0),
     )
+
+
+def _expert_count(raw: dict[str, Any]) -> int:
+    """Routed experts of an MoE config.json (Qwen3-MoE, gpt-oss, DeepSeek); 0 for dense."""
+    count = raw.get("num_experts") or raw.get("num_local_experts") or raw.get("n_routed_experts")
+    return int(count or 0)
 
 
 def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettings) -> ModelCard:
@@ -204,12 +199,8 @@ def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str
     size = _HEAD_START
     client = get_session()
     while True:
-        r = client.get(
-            url,
-            headers={**headers, "Range": f"bytes=0-{size - 1}"},
-            follow_redirects=True,
-            timeout=30,
-        )
+        r = client.get(url, headers={**headers, "Range": f"bytes=0-{size - 1}"},
+                       follow_redirects=True, timeout=30)
         if r.status_code in (401, 403):
             raise DownloadError(f"{hub.repo_id}: access denied by the hub ({r.status_code})", 403)
         if r.status_code == 404:
