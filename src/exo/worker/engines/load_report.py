@@ -2,7 +2,9 @@
 
 import ctypes
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import torch
 from loguru import logger
@@ -30,6 +32,19 @@ def load_plan(
     return kernel_plan(dtype, kernels is not None, torch.float16 if packs_fp16 else None)
 
 
+def named_weights(record: object, name: str = "") -> Iterator[tuple[str, Weight]]:
+    """The weights of a layer record by field name, through nested records and lists (an MoE
+    layer's attention, router and experts: "ffn.experts.gate", once per expert)."""
+    if isinstance(record, Weight):
+        yield name, record
+    elif isinstance(record, list | tuple):
+        for item in cast(Sequence[object], record):
+            yield from named_weights(item, name)
+    elif hasattr(record, "__dataclass_fields__"):
+        for field, value in vars(record).items():
+            yield from named_weights(value, f"{name}.{field}" if name else field)
+
+
 def shard_bytes(weights: ShardWeights) -> int:
     """Bytes of the shard's weights as loaded (a tied head counted once)."""
     seen: set[int] = set()
@@ -42,7 +57,7 @@ def shard_bytes(weights: ShardWeights) -> int:
             total += running_bytes(w)
 
     for layer in weights.layers:
-        for w in vars(layer).values():
+        for _, w in named_weights(layer):
             add(w)
     for w in (weights.embed, weights.lm_head, weights.final_norm, weights.rope_freq_factors):
         add(w)
@@ -56,7 +71,7 @@ def _is_matrix(w: object) -> bool:
 def describe_load(path: Path, weights: ShardWeights, model: ShardModel, seconds: float) -> str:
     kinds: Counter[str] = Counter()
     for layer in weights.layers:
-        for field, w in vars(layer).items():
+        for field, w in named_weights(layer):
             if _is_matrix(w):
                 kinds[f"{field}:{kind_of(w)}"] += 1
     if weights.embed is not None:

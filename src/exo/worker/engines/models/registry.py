@@ -5,10 +5,12 @@ from typing import Any
 
 from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.dense import DENSE
+from exo.worker.engines.models.gpt_oss import GPT_OSS
+from exo.worker.engines.models.qwen3moe import QWEN3MOE
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE,)
+FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:

@@ -9,12 +9,53 @@ node's memory). The tables start at that size and grow only when a cache asks fo
 positions (`ensure`), so a file's claim alone never allocates anything.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
 from exo.shared.models.memory import runner_max_seq
-from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.config import LlamaConfig, RopeScaling
 from exo.worker.engines.rope import rope_frequencies, rope_table
+
+
+def yarn_frequencies(head_dim: int, theta: float, s: RopeScaling) -> Tensor:
+    """YaRN: w_i kept for pairs that turn more than `beta_fast` times over the original
+    context, divided by `factor` for those turning fewer than `beta_slow` times, a linear ramp
+    (over the pair index) between. [head_dim / 2], float64.
+
+        d(r) = head_dim ln(original / (2 pi r)) / (2 ln theta)     the pair turning r times
+        ramp_i = clamp((i - d(beta_fast)) / (d(beta_slow) - d(beta_fast)), 0, 1)
+        w_i' = w_i / factor * ramp_i + w_i * (1 - ramp_i)
+    """
+    w = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+
+    def dim_of(rotations: float) -> float:
+        turns = s.original_context_length / (rotations * 2 * math.pi)
+        return head_dim * math.log(turns) / (2 * math.log(theta))
+
+    low, high = dim_of(s.beta_fast), dim_of(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0.0), min(high, head_dim - 1.0)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    return w / s.factor * ramp + w * (1 - ramp)
+
+
+def yarn_attention_factor(s: RopeScaling) -> float:
+    """YaRN's scale of q and k (so of the attention logits, squared): 0.1 ln(factor) + 1."""
+    if s.attention_factor is not None:
+        return s.attention_factor
+    return 1.0 if s.factor <= 1 else 0.1 * math.log(s.factor) + 1.0
+
+
+def _frequencies(hd: int, config: LlamaConfig, freq_factors: Tensor | None) -> Tensor:
+    s = config.rope_scaling
+    if s is not None and s.kind == "yarn":
+        return yarn_frequencies(hd, config.rope_theta, s)
+    return rope_frequencies(hd, config.rope_theta, s, freq_factors)
 
 
 class RotaryTables:
@@ -29,7 +70,7 @@ class RotaryTables:
         head_dim: int | None = None,
     ) -> None:
         hd = config.head_dim if head_dim is None else head_dim
-        global_freqs = rope_frequencies(hd, config.rope_theta, config.rope_scaling, freq_factors)
+        global_freqs = _frequencies(hd, config, freq_factors)
         local_freqs = global_freqs
         if config.rope_theta_local is not None:
             local_freqs = rope_frequencies(hd, config.rope_theta_local)

@@ -14,7 +14,12 @@ from exo.worker.download.local import card_from_path
 from exo.worker.engines.engine import Shard, load_engine, load_model
 from exo.worker.engines.models.base import ShardModel, StepInputs
 from exo.worker.engines.models.dense import DENSE, DenseModel
-from exo.worker.engines.models.registry import FAMILIES, family_for_gguf, family_for_hf
+from exo.worker.engines.models.registry import (
+    FAMILIES,
+    family_for_gguf,
+    family_for_hf,
+    supported_gguf_architectures,
+)
 from exo.worker.engines.safetensors_loader import hf_config
 from exo.worker.engines.weights import TensorParallel
 
@@ -98,7 +103,11 @@ def test_an_unknown_architecture_is_refused_naming_it_and_the_supported_ones(
     model_file: Path, tmp_path: Path
 ) -> None:
     mamba = _with_architecture(model_file, tmp_path / "mamba.gguf", b"mamba")
-    message = rf"architecture 'mamba' is not supported \(supported GGUF architectures: {DENSE_GGUF}\)"
+    supported = ", ".join(supported_gguf_architectures())  # the dense ones, then the MoE ones
+    assert supported.startswith(DENSE_GGUF)
+    message = (
+        rf"architecture 'mamba' is not supported \(supported GGUF architectures: {supported}\)"
+    )
     with pytest.raises(ValueError, match=message):
         load_engine(mamba, cache_dir=tmp_path)
     with pytest.raises(ValueError, match=message):
