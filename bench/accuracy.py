@@ -66,9 +66,10 @@ class Score:
 
     def add(self, ref: torch.Tensor, logits: torch.Tensor) -> None:
         """ref, logits [T, V]: the reference's and the candidate's logits of T positions."""
-        ref_lp = torch.log_softmax(ref.double(), dim=-1)
-        lp = torch.log_softmax(logits.double(), dim=-1)
-        self.kl.extend((ref_lp.exp() * (ref_lp - lp)).sum(-1).tolist())
+        for i in range(0, ref.shape[0], 64):  # in slices: Gemma's vocabulary is 262,144
+            ref_lp = torch.log_softmax(ref[i : i + 64].double(), dim=-1)
+            lp = torch.log_softmax(logits[i : i + 64].double(), dim=-1)
+            self.kl.extend((ref_lp.exp() * (ref_lp - lp)).sum(-1).tolist())
         self.agree += int((ref.argmax(-1) == logits.argmax(-1)).sum())
 
     @property
