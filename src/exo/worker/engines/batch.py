@@ -143,11 +143,13 @@ class BatchGenerator:
                 f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
             )
         asked = frozenset(params.stop_token_ids)
-        # ignore_eos: the end-of-sequence tokens are not sampled (those asked for still stop)
+        # ignore_eos: the end-of-sequence tokens are not sampled (those asked for still stop);
+        # under a grammar the grammar says when the answer ends, so it does not apply there
+        ignore = params.ignore_eos and params.constraint is None
         eos = [t for t in self.eos_token_ids - asked if t < vocab]
-        banned = sorted(eos) if params.ignore_eos else []
+        banned = sorted(eos) if ignore else []
         sampler = RequestSampler(params, prompt_ids, vocab, self.model.device, banned)
-        stop_ids = asked | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        stop_ids = asked | (frozenset() if ignore else self.eos_token_ids)
         self._arrivals += 1
         self._waiting.append(
             _Request(request_id, list(prompt_ids), sampler, stop_ids, arrival=self._arrivals)

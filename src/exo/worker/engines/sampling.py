@@ -55,7 +55,8 @@ class SamplingParams:
     # OpenAI's logit_bias: (token id, bias) pairs added to the logits before sampling.
     logit_bias: tuple[tuple[int, float], ...] = ()
     # llama-server's extension: the model's end-of-sequence tokens are never sampled (so they
-    # cannot end the answer), for a fixed output length; `stop_token_ids` still stop it.
+    # cannot end the answer), for a fixed output length; `stop_token_ids` still stop it. Not
+    # under a `constraint` (a grammar ends the answer when it is complete).
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:

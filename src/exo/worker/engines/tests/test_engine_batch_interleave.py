@@ -150,3 +150,28 @@ def test_ignore_eos_never_samples_the_end_token_and_runs_to_max_tokens(
     gen.add("asked", prompt, asked)
     outs = gen.step()
     assert [(o.token_id, o.finish_reason) for o in outs] == [(first, "stop")]
+
+
+class OnlyToken:
+    """A grammar at its end: only `token` (the end-of-sequence) may come next."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        masked = torch.full_like(logits.float(), float("-inf"))
+        masked[self.token] = 0.0
+        return masked
+
+    def accept(self, token: int) -> None:
+        assert token == self.token
+
+
+def test_under_a_grammar_ignore_eos_lets_the_grammar_end_the_answer(
+    fast_model: LlamaModel, tokenizer: EngineTokenizer
+) -> None:
+    prompt = _short_prompts(tokenizer, 1)[0]
+    gen = BatchGenerator(fast_model, 1, 512, eos_token_ids=[7])
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, constraint=OnlyToken(7))
+    gen.add("json", prompt, params)
+    assert [(o.token_id, o.finish_reason) for o in gen.step()] == [(7, "stop")]
