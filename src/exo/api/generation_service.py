@@ -26,10 +26,9 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.handle import NodeHandle
-from exo.api.reasoning import ReasoningSplitter
 from exo.api.serving import ensure_serving, send
 from exo.api.settings import ApiSettings
-from exo.api.tool_calls import ToolCallParser
+from exo.api.tool_formats import output_parser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.models.registry import CardUnavailable, ModelRegistry
@@ -67,7 +66,7 @@ def failure_error(failed: Failed) -> ApiError:
             return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
 
 
-class Generation:
+class AnswerStream:
     """One running generation: its command id and the events of its answer."""
 
     def __init__(
@@ -79,6 +78,7 @@ class Generation:
         accepted_ns: int,
         clock: Clock,
         parse_tools: bool = False,
+        template: str | None = None,
     ) -> None:
         self.command_id = command_id
         self.model_id = model_id
@@ -86,8 +86,8 @@ class Generation:
         self._clock = clock
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
-        self._tools = ToolCallParser() if parse_tools else None
-        self._thinking = ReasoningSplitter()
+        # Reasoning, text and calls, in the format of the model's template.
+        self._output = output_parser(template, parse_tools)
         # Log-probabilities of every token so far; the first ``_logprobs_sent`` went out.
         self._logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
@@ -135,37 +135,25 @@ class Generation:
                 return event
 
     def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
-        """Thinking apart from the answer, then function calls out of the answer (when
-        the request offered tools)."""
+        """Reasoning apart from the answer, and function calls out of it (when the request
+        offered tools)."""
+        output = self._output
         match event:
             case TextDelta():
-                return self._calls(self._thinking.feed(event.text, self._translator.tokens))
+                return [*output.feed(event.text, self._translator.tokens)]
             case Finished():
-                rest = self._calls(self._thinking.finish(self._translator.tokens))
-                reasoning = "".join(self._thinking.reasoning)
-                parser = self._tools
-                if parser is not None:
-                    rest.extend(parser.finish())
-                calls = tuple(parser.calls) if parser is not None else ()
+                rest: list[GenerationEvent] = [*output.finish(self._translator.tokens)]
+                reasoning = "".join(output.reasoning)
+                calls = tuple(output.calls)
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                thought = self._thinking.reasoning_tokens if reasoning else 0
+                thought = output.reasoning_tokens if reasoning else 0
                 done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
                                reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
-
-    def _calls(self, events: list[TextDelta | ReasoningDelta]) -> list[GenerationEvent]:
-        parser = self._tools
-        out: list[GenerationEvent] = []
-        for event in events:
-            if parser is not None and isinstance(event, TextDelta):
-                out.extend(parser.feed(event.text))
-            else:
-                out.append(event)
-        return out
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -198,7 +186,7 @@ class GenerationService:
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0
         self._placement_locks: dict[ModelId, anyio.Lock] = {}
-        self._active: dict[CommandId, Generation] = {}
+        self._active: dict[CommandId, AnswerStream] = {}
         self._clock = clock
 
     # ------------------------------------------------------------ models
@@ -251,7 +239,7 @@ class GenerationService:
         params: TextGenerationTaskParams,
         card: ModelCard,
         command_id: CommandId | None = None,
-    ) -> AsyncGenerator[Generation, None]:
+    ) -> AsyncGenerator[AnswerStream, None]:
         """Run a generation; raises ApiError (before yielding) when it cannot start."""
         accepted = self._clock()
         await self.ensure_serving(card)
@@ -263,7 +251,7 @@ class GenerationService:
             )
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
-            generation = Generation(
+            generation = AnswerStream(
                 command.command_id,
                 card.model_id,
                 receiver,
@@ -271,6 +259,7 @@ class GenerationService:
                 accepted,
                 self._clock,
                 parse_tools=bool(params.tools) and params.tool_choice != "none",
+                template=card.chat_template,
             )
             self._active[command_id] = generation
             sent = False
@@ -331,7 +320,7 @@ class GenerationService:
         await ensure_serving(self.handle, card, self._placement_timeout_s, lock)
 
 
-async def collect(generation: Generation) -> tuple[str, Finished]:
+async def collect(generation: AnswerStream) -> tuple[str, Finished]:
     """A whole answer: its text and how it ended. A failed generation is a 502."""
     parts: list[str] = []
     async for event in generation.events():

@@ -53,7 +53,7 @@ def catch_up_reply(replica: Replica, current: State, request: CatchUpRequest) ->
                         commands=log.command_ids(REMEMBERED_COMMANDS))
 
 
-class Follower:
+class LogFollower:
     def __init__(
         self,
         config: ClusterConfig,

@@ -1,4 +1,4 @@
-"""Delivery to the master: commands and this node's local events go to the master by
+"""MasterDelivery to the master: commands and this node's local events go to the master by
 request/reply and are retried (in order) until a master accepts them, so a failover loses
 none; a command that finds no master within ``command_timeout_s`` fails with an error for
 its requester. On the master itself they go straight to its sequencer.
@@ -32,7 +32,7 @@ LOCAL_BATCH = 256
 """Local events sent to the master in one request, at most."""
 
 
-class Delivery:
+class MasterDelivery:
     def __init__(
         self,
         config: ClusterConfig,

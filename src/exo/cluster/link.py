@@ -10,9 +10,9 @@ rather than reading them:
 * ``sequencer.Sequencer``: the master's side -- sequences commands and every node's local
   events with a ``Master`` that continues from this node's log, publishes them, keeps the
   membership in step with the live nodes (``membership``), answers other nodes.
-* ``catch_up.Follower``: a follower's side -- applies what the master publishes in index
+* ``catch_up.LogFollower``: a follower's side -- applies what the master publishes in index
   order and asks it for what it missed.
-* ``delivery.Delivery``: commands and local events to the master, retried until one
+* ``delivery.MasterDelivery``: commands and local events to the master, retried until one
   accepts them.
 * ``chunks.ChunkPost``: response chunks point-to-point to the node that took the request.
 
@@ -31,10 +31,10 @@ import anyio
 from anyio.abc import TaskStatus
 from loguru import logger
 
-from exo.cluster.catch_up import Follower
+from exo.cluster.catch_up import LogFollower
 from exo.cluster.chunks import ChunkPost
 from exo.cluster.config import ClusterConfig
-from exo.cluster.delivery import Delivery
+from exo.cluster.delivery import MasterDelivery
 from exo.cluster.election import Election, Heartbeat
 from exo.cluster.election_driver import ElectionDriver
 from exo.cluster.host import ClusterHost
@@ -94,13 +94,13 @@ class ClusterLink:
         self.peers = Peers(self.node_id, clock, config.node_timeout_s)
         self.driver = ElectionDriver(config, self.replica, self.peers, clock, net)
         self.sequencer = Sequencer(host, self.replica, self.peers, net, clock)
-        self.delivery = Delivery(
+        self.delivery = MasterDelivery(
             config, host, self.sequencer, clock, net,
             master=lambda: self.driver.master,
             wait_master_change=self.driver.wait_master_change,
             pending=PendingResubmissions(None if data_dir is None else data_dir / PENDING_FILE),
         )
-        self.follower = Follower(
+        self.follower = LogFollower(
             config, host, self.replica, clock, net,
             master=lambda: self.driver.master,
             is_master=lambda: self.sequencer.is_master,

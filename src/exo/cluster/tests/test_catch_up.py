@@ -1,4 +1,4 @@
-"""A follower's buffer of events that came out of order (``catch_up.Follower``): in
+"""A follower's buffer of events that came out of order (``catch_up.LogFollower``): in
 order, once, and at a cost per event that does not grow with what is buffered."""
 
 from collections.abc import AsyncIterator
@@ -8,7 +8,7 @@ from typing import Any
 import anyio
 import pytest
 
-from exo.cluster.catch_up import Follower, catch_up_reply
+from exo.cluster.catch_up import LogFollower, catch_up_reply
 from exo.cluster.config import ClusterConfig
 from exo.cluster.lineage import Epoch
 from exo.cluster.messages import CatchUpReply, CatchUpRequest, EventMsg
@@ -61,7 +61,7 @@ def _edge(idx: int) -> EventMsg:
         connection=connection)))
 
 
-def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
+def _follower(tmp_path: Path) -> tuple[LogFollower, Replica]:
     host = SimHost(ME, State(), lambda: 0.0, node_info())
     replica = Replica(host, SqliteEventLog(tmp_path / "events.db"),
                       ElectionStore(tmp_path / "election.json"))
@@ -78,7 +78,7 @@ def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
     def resubmit(_again: Resubmission) -> None:
         raise AssertionError("nothing is dropped here")
 
-    follower = Follower(
+    follower = LogFollower(
         ClusterConfig(secret="s", listen=()), host, replica, lambda: 0.0, network,
         master=lambda: MASTER, is_master=lambda: False, wait_master_change=wait,
         report=report, resubmit=resubmit, on_synced=lambda: None,

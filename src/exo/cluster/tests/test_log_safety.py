@@ -18,7 +18,7 @@ import anyio
 import pytest
 from loguru import logger
 
-from exo.cluster.catch_up import Follower
+from exo.cluster.catch_up import LogFollower
 from exo.cluster.config import ClusterConfig
 from exo.cluster.lineage import Epoch
 from exo.cluster.log_open import open_log
@@ -120,7 +120,7 @@ def test_exo_refuses_to_start_on_a_truncated_log(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ a full disk, follower
 
 
-def _follower(tmp_path: Path) -> tuple[Follower, Replica, SqliteEventLog]:
+def _follower(tmp_path: Path) -> tuple[LogFollower, Replica, SqliteEventLog]:
     host = SimHost(ME, State(), lambda: 0.0, node_info())
     log = SqliteEventLog(tmp_path / "events.db")
     replica = Replica(host, log, ElectionStore(tmp_path / "election.json"))
@@ -134,7 +134,7 @@ def _follower(tmp_path: Path) -> tuple[Follower, Replica, SqliteEventLog]:
     def report(_report: MergeReported) -> None:
         raise AssertionError("nothing is dropped here")
 
-    follower = Follower(
+    follower = LogFollower(
         ClusterConfig(secret="s", listen=()), host, replica, lambda: 0.0, network,
         master=lambda: MASTER, is_master=lambda: False, wait_master_change=wait,
         report=report, resubmit=lambda _: None, on_synced=lambda: None,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.cluster.delivery import Delivery
+from exo.cluster.delivery import MasterDelivery
 from exo.cluster.sequencer import Sequencer
 from exo.cluster.sim.run import Result, Scenario, simulate
 
@@ -87,7 +87,7 @@ def test_merges_resubmit_the_commands_they_drop(
     assert all(r.dropped > 0 and r.resubmitted > 0 and not r.violations for r in merging), [
         (r.dropped, r.resubmitted, r.violations[:2]) for r in merging
     ]
-    monkeypatch.setattr(Delivery, "resubmit", lambda self, again: None)  # pyright: ignore[reportUnknownLambdaType]
+    monkeypatch.setattr(MasterDelivery, "resubmit", lambda self, again: None)  # pyright: ignore[reportUnknownLambdaType]
     silent = [run(seed, 3, tmp_path / "off") for seed in MERGE_SEEDS]
     assert all(any("not re-submitted" in v for v in r.violations) for r in silent), [
         r.violations[:2] for r in silent
