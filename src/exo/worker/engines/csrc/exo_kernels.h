@@ -96,6 +96,7 @@ static inline __m256 exo_exp8(__m256 x) {
 #define MAX_THREADS 64
 
 /* Weight layouts: GGUF's blocks as the file holds them (one row: K / values-per-block blocks). */
+typedef struct { uint16_t d; uint8_t qs[16]; } BlockQ4_0;      /* w = d (q - 8) (f16 d), nibbles as Q4_1's */
 typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4_1;   /* w = d q + m  (f16 d, m) */
 typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8_0;       /* w = d q      (f16 d) */
 /* Q5_0: w = d (q - 16); Q5_1: w = d q + m; q = nibble | (bit j of qh) << 4, 0..31; byte j of qs
@@ -131,6 +132,7 @@ typedef struct { uint16_t d[8]; int8_t scales[16][8]; uint8_t ql[4][16][16]; uin
  * <name> repacked in groups of 8 (above). One name a line: */
 enum {
     KIND_Q4_1 = 4,
+    KIND_Q4_0 = 40,
     KIND_Q8_0 = 8,
     KIND_Q5_0 = 50,
     KIND_Q5_1 = 51,

@@ -32,12 +32,13 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
     return p;
 }
 
-static const int KINDS[7] = {KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+#define N_KINDS 8
+static const int KINDS[N_KINDS] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
 
 /* A random layout that rows of K values can take. */
 static int random_kind(Rng* r, int K) {
     for (;;) {
-        const int kind = KINDS[rng_int(r, 0, 6)];
+        const int kind = KINDS[rng_int(r, 0, N_KINDS - 1)];
         if (kind < 100 || K % 256 == 0) return kind;
     }
 }
@@ -45,7 +46,7 @@ static int random_kind(Rng* r, int K) {
 /* One random linear call against the reference. Returns 0 if it matched. */
 static int check_linear(Rng* r, int quiet) {
     char msg[256];
-    const int kind = KINDS[rng_int(r, 0, 6)];
+    const int kind = KINDS[rng_int(r, 0, N_KINDS - 1)];
     const int kq = kind > 100;
     const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 24);
     const int N = rng_int(r, 1, 300);

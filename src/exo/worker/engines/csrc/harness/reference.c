@@ -38,6 +38,7 @@ static int block_values(int kind) { return kind > 100 ? 256 : 32; }
 
 static size_t block_bytes(int kind) {
     switch (kind) {
+        case 40: return 18;
         case 4: return 20;
         case 8: return 34;
         case 50: return 22;
@@ -126,7 +127,7 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
         if (kind == 4 || kind == 51 || kind == 104 || kind == 105) {
             put_half(blk, rng_half(r, -8, -3));
             put_half(blk + 2, rng_half(r, -8, -3));
-        } else if (kind == 50) {
+        } else if (kind == 50 || kind == 40) {
             put_half(blk, rng_half(r, -8, -3));
         } else if (kind == 8) {
             put_half(blk, rng_half(r, -9, -5));
@@ -162,6 +163,9 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
                 const int q = i < 16 ? blk[4 + i] % 16 : blk[4 + i - 16] / 16;
                 o[i] = d * q + m;
             }
+        } else if (kind == 40) { /* {d, qs[16]}: w = d (q - 8) */
+            const double d = ref_half(get_half(blk));
+            for (int i = 0; i < 32; i++) o[i] = d * ((i < 16 ? blk[2 + i] % 16 : blk[2 + i - 16] / 16) - 8);
         } else if (kind == 8) {
             const double d = ref_half(get_half(blk));
             for (int i = 0; i < 32; i++) o[i] = d * (int8_t)blk[2 + i];
