@@ -196,7 +196,7 @@ class QuantLinear:
         elif isinstance(prologue, GeGLU):
             kind = PROLOGUE_GEGLU
         flat = [p.reshape(p.shape[0], -1) for p in parts]
-        if regroup != "no" and kernels.isa == "avx2":
+        if regroup != "no" and kernels.x86:
             self._regroup(flat, regroup)
         post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
         self._weights = QuantWeights(

@@ -17,6 +17,18 @@
 #else
 #define EXO_AVX2 0
 #endif
+/* The x86 builds above AVX2 (kernel_build.py): the same arch/x86/ code, whose int16 pair
+ * multiply-adds become one VNNI instruction (vpdpwssd, ymm: arch/x86/x86.h). */
+#if EXO_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define EXO_AVX512VNNI 1
+#else
+#define EXO_AVX512VNNI 0
+#endif
+#if EXO_AVX2 && !EXO_AVX512VNNI && defined(__AVXVNNI__)
+#define EXO_AVXVNNI 1
+#else
+#define EXO_AVXVNNI 0
+#endif
 
 #include <string.h>
 

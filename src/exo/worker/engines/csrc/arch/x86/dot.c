@@ -142,12 +142,12 @@ static inline void dot_q8_1x2(const BlockQ8_0* w0, const BlockQ8_0* w1, const Bl
     for (int b = 0; b < nb; b++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i*)x[b].qs);
         const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[b].qs + 16));
-        const __m256i p0 = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w0[b].qs)), x0),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0[b].qs + 16))), x1));
-        const __m256i p1 = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w1[b].qs)), x0),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w1[b].qs + 16))), x1));
+        const __m256i p0 =
+            dp16(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w0[b].qs)), x0),
+                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0[b].qs + 16))), x1);
+        const __m256i p1 =
+            dp16(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w1[b].qs)), x0),
+                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w1[b].qs + 16))), x1);
         a0 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w0[b].d) * x[b].d), _mm256_cvtepi32_ps(p0), a0);
         a1 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w1[b].d) * x[b].d), _mm256_cvtepi32_ps(p1), a1);
     }
@@ -179,7 +179,7 @@ static inline void dot_q5_0_1x2(const uint8_t* w0, const uint8_t* w1, const Bloc
             const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
             const __m256i q0 = _mm256_add_epi16(_mm256_and_si256(bytes, low), _mm256_andnot_si256(h0, minus16));
             const __m256i q1 = _mm256_add_epi16(_mm256_srli_epi16(bytes, 4), _mm256_andnot_si256(h1, minus16));
-            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+            const __m256i p = dp16(_mm256_madd_epi16(q0, x0), q1, x1);
             a[r] = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(d16) * x[b].d), _mm256_cvtepi32_ps(p), a[r]);
         }
     }

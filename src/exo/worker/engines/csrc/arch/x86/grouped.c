@@ -25,6 +25,7 @@
 #if EXO_AVX2
 #include <stddef.h>
 #include "arch/x86/tile.h"
+#include "arch/x86/x86.h"
 #include "kinds.h"
 #include "quants.h"
 
@@ -71,8 +72,7 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
                 int32_t x0, x1; /* activation pairs i and i + 8 */
                 memcpy(&x0, x[(size_t)r * nb + b].qs + 2 * i, sizeof x0);
                 memcpy(&x1, x[(size_t)r * nb + b].qs + 2 * i + 16, sizeof x1);
-                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(x0)),
-                                                   _mm256_madd_epi16(hi, _mm256_set1_epi32(x1)));
+                const __m256i p = dp16(_mm256_madd_epi16(lo, _mm256_set1_epi32(x0)), hi, _mm256_set1_epi32(x1));
                 s[r] = _mm256_add_epi32(s[r], p);
                 G8_KEEP(s[r]);
             }
@@ -209,7 +209,7 @@ static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp,
             for (int r = 0; r < R; r++) {
                 int32_t xv;
                 memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
-                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+                s[r] = dp16(s[r], w, _mm256_set1_epi32(xv));
                 G8_KEEP(s[r]);
             }
         }
@@ -241,7 +241,7 @@ static inline __attribute__((always_inline)) void g8_q4k_rows(const uint8_t* grp
             for (int r = 0; r < R; r++) {
                 int32_t xv;
                 memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * i, sizeof xv);
-                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(q, _mm256_set1_epi32(xv)));
+                s[r] = dp16(s[r], q, _mm256_set1_epi32(xv));
                 G8_KEEP(s[r]);
             }
         }
@@ -285,8 +285,7 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
                     int32_t xa, xb;
                     memcpy(&xa, x[(size_t)r * nb + b].qs + 2 * i, sizeof xa);
                     memcpy(&xb, x[(size_t)r * nb + b].qs + 2 * i + 2, sizeof xb);
-                    s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_set1_epi32(xa)),
-                                                                   _mm256_madd_epi16(qb, _mm256_set1_epi32(xb))));
+                    s[r] = dp16(dp16(s[r], qa, _mm256_set1_epi32(xa)), qb, _mm256_set1_epi32(xb));
                     G8_KEEP(s[r]);
                 }
             }

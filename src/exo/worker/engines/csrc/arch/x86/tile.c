@@ -19,6 +19,7 @@
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include "arch/x86/tile.h"
+#include "arch/x86/x86.h"
 #include "kinds.h"
 #include "quants.h"
 
@@ -229,7 +230,7 @@ static inline __attribute__((always_inline)) void tile_pairs(const int8_t* W, co
         for (int r = 0; r < R; r++) {
             int32_t xv;
             memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
-            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+            s[r] = dp16(s[r], w, _mm256_set1_epi32(xv));
             TILE_KEEP(s[r]);
         }
     }
