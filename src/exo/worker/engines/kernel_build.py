@@ -34,7 +34,15 @@ HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-pthread", *WARNINGS)
 ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
-    "avx512vnni": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+    "avx512vnni": (
+        "-mavx2",
+        "-mfma",
+        "-mf16c",
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512vnni",
+    ),
     "avxvnni": ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": ("-DEXO_FORCE_PORTABLE",),
@@ -125,9 +133,14 @@ def choose_isa(flags: frozenset[str] | None = None) -> tuple[Isa, str]:
     if forced in ISAS:
         if forced in runnable:
             return forced, f"forced by EXO_KERNEL_ISA={forced}"
-        return best, f"EXO_KERNEL_ISA={forced} asked, but this CPU lacks {'/'.join(_CPU_FLAGS[forced])}"
+        return (
+            best,
+            f"EXO_KERNEL_ISA={forced} asked, but this CPU lacks {'/'.join(_CPU_FLAGS[forced])}",
+        )
     if forced not in ("", "auto"):
-        logger.warning(f"EXO_KERNEL_ISA={forced!r} is not one of auto, {', '.join(ISAS)}: using auto")
+        logger.warning(
+            f"EXO_KERNEL_ISA={forced!r} is not one of auto, {', '.join(ISAS)}: using auto"
+        )
     if best == "portable":
         return best, f"no AVX2 on this CPU ({platform.machine()})"
     return best, f"the best this CPU runs ({'/'.join(_CPU_FLAGS[best])})"

@@ -127,6 +127,8 @@ typedef struct { float d, s; int16_t qs[32]; } BlockX;
  * offsets by rows stay the file's; a part so laid has a multiple of 8 rows. */
 /* Q4_1: qs[i][2c + e] = byte 2i + e of row c's nibbles (low nibbles: values 2i + e, high: 2i + 16 + e) */
 typedef struct { uint16_t d[8], m[8]; uint8_t qs[8][16]; } BlockQ4_1x8;           /* 160 B */
+/* Q4_0: as Q4_1's, without m */
+typedef struct { uint16_t d[8]; uint8_t qs[8][16]; } BlockQ4_0x8;                 /* 144 B */
 /* Q5_0: the word qh[i] (little-endian) has bit 2c + e = the fifth bit of row c's value 2i + e,
  * bit 16 + 2c + e that of its value 2i + 16 + e; qs as Q4_1's. */
 typedef struct { uint16_t d[8]; uint8_t qh[8][4]; uint8_t qs[8][16]; } BlockQ5_0x8; /* 176 B */
@@ -152,6 +154,7 @@ enum {
     KIND_Q5_K = 105,
     KIND_Q6_K = 106,
     KIND_Q4_1_G8 = 204,
+    KIND_Q4_0_G8 = 240,
     KIND_Q8_0_G8 = 208,
     KIND_Q5_0_G8 = 250,
     KIND_Q4_K_G8 = 304,

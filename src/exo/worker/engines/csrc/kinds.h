@@ -90,6 +90,7 @@ int exo_x86_pair_q8_0(const Run* r);
 int exo_x86_pair_q5_0(const Run* r);
 int exo_x86_unpacked(const Run* r);
 int exo_x86_tile(const Run* r);
+int exo_x86_grouped_q4_0(const Run* r);
 int exo_x86_grouped_q4_1(const Run* r);
 int exo_x86_grouped_q8_0(const Run* r);
 int exo_x86_grouped_q5_0(const Run* r);

@@ -1,4 +1,4 @@
-"""Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights repacked in groups of 8 rows (`csrc/repack.c`): the
+"""Q4_0, Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights repacked in groups of 8 rows (`csrc/repack.c`): the
 same results as the file's rows, a row's result independent of the batch, the caller's blocks
 left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
 that are not whole groups."""
@@ -29,6 +29,7 @@ from exo.worker.engines.cpu_kernels import (
 )
 from exo.worker.engines.engine import load_shard_weights
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kinds import kind_named
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
@@ -38,6 +39,7 @@ T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
 K = 256
 LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0, KIND_Q4_K: T.Q4_K, KIND_Q6_K: T.Q6_K}
+LAYOUTS[kind_named("Q4_0").kernel] = T.Q4_0
 
 
 def _kernels(isa: Isa) -> QKernels:

@@ -29,7 +29,9 @@ def test_the_best_build_the_cpu_runs_is_chosen(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.parametrize("forced", ["portable", "avx2", "avxvnni", "avx512vnni"])
-def test_exo_kernel_isa_forces_any_lower_build(monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+def test_exo_kernel_isa_forces_any_lower_build(
+    monkeypatch: pytest.MonkeyPatch, forced: str
+) -> None:
     monkeypatch.setenv("EXO_KERNEL_ISA", forced)
     isa, why = choose_isa(ZEN4)
     assert isa == forced and f"EXO_KERNEL_ISA={forced}" in why

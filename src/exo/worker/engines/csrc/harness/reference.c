@@ -65,6 +65,11 @@ static void place_q4(uint8_t* o, const uint8_t* blk, int c) { /* d, m, qs[16] */
     for (int i = 0; i < 8; i++) memcpy(o + 32 + 16 * i + 2 * c, blk + 4 + 2 * i, 2);
 }
 
+static void place_q4_0(uint8_t* o, const uint8_t* blk, int c) { /* d, qs[16] */
+    memcpy(o + 2 * c, blk, 2);
+    for (int i = 0; i < 8; i++) memcpy(o + 16 + 16 * i + 2 * c, blk + 2 + 2 * i, 2);
+}
+
 static void place_q8(uint8_t* o, const uint8_t* blk, int c) { /* d, qs[32] */
     memcpy(o + 2 * c, blk, 2);
     for (int j = 0; j < 16; j++) memcpy(o + 16 + 32 * (j % 8) + 16 * (j / 8) + 2 * c, blk + 2 + 2 * j, 2);
@@ -106,7 +111,8 @@ static void place_q6k(uint8_t* o, const uint8_t* blk, int c) { /* ql, qh, scales
 void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out) {
     const int nb = K / block_values(kind);
     const size_t bytes = block_bytes(kind);
-    void (*place)(uint8_t*, const uint8_t*, int) = kind == 4    ? place_q4
+    void (*place)(uint8_t*, const uint8_t*, int) = kind == 40   ? place_q4_0
+                                                   : kind == 4    ? place_q4
                                                    : kind == 8  ? place_q8
                                                    : kind == 50 ? place_q5_0
                                                    : kind == 104 ? place_q4k
