@@ -109,6 +109,7 @@ class Journey:
 
 
 def generate(args: argparse.Namespace, folder: Path) -> Model:
+    folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"Split-{args.quant}.gguf"
     started = time.perf_counter()
     subprocess.run([sys.executable, str(Path(__file__).parent / "make_model.py"), "llama",
@@ -208,21 +209,34 @@ async def journey(cluster: Cluster, min_nodes: int, sampler: RssSampler,
         i = [p.name for p in cluster.procs].index(name)
         shard = assignments["runner_to_shard"][rid]
         result.nodes.append(NodeFigures(
-            name, node_id, cluster.hubs[i].bytes_sent(REPO), _held_bytes(cluster.caches[i]) + model.header,
+            name, node_id, cluster.hubs[i].bytes_sent(REPO),
+            share_bytes(model.path, shard["start_layer"], shard["end_layer"], model.n_layers)
+            + model.header,
             loaded.get(rid, float("nan")) - loading.get(rid, float("nan")),
             layers=(shard["start_layer"], shard["end_layer"]),
         ))  # fmt: skip
     return result
 
 
-def _held_bytes(cache: Path) -> int:
-    """The tensor bytes of the GGUF a node keeps (its shard file, or the whole file)."""
-    files = [p for p in cache.rglob("*.gguf") if p.is_file()]
-    if not files:
-        return 0
-    gguf = GGUFFile(max(files, key=lambda p: p.stat().st_size))
+def share_bytes(path: Path, start: int, end: int, n_layers: int) -> int:
+    """The tensor bytes a stage of layers [start, end) needs from the whole file: its blocks,
+    the embedding on the first stage, the head (or the tied embedding) on the last, and any
+    other tensor everywhere."""
+    gguf = GGUFFile(path)
     try:
-        return sum(t.n_bytes for t in gguf.tensors.values())
+        names = set(gguf.tensors)
+        total = 0
+        for name, t in gguf.tensors.items():
+            if name.startswith("blk."):
+                keep = start <= int(name.split(".")[1]) < end
+            elif name == "token_embd.weight":
+                keep = start == 0 or (end == n_layers and "output.weight" not in names)
+            elif name.startswith("output"):
+                keep = end == n_layers
+            else:
+                keep = True
+            total += t.n_bytes if keep else 0
+        return total
     finally:
         gguf.close()
 
@@ -351,8 +365,8 @@ async def row_pipelined(args: argparse.Namespace, tmp: Path, model: Model) -> fl
     if len(cores) < 2:
         print("pipelined: skipped: needs 2 cores")
         return None
-    one = await row_nodes(args, tmp, model, "pinned1-", 1, [], cores=cores[:1])
-    two = await row_nodes(args, tmp, model, "pinned2-", 2, [], cores=cores[:2],
+    one = await row_nodes(args, tmp, model, "pinned-one", 1, [], cores=cores[:1])
+    two = await row_nodes(args, tmp, model, "pinned-two", 2, [], cores=cores[:2],
                           trace=tmp / "stage-trace")
     assert one.figures is not None and two.figures is not None
     gain = two.figures.decode_n / one.figures.decode_n if one.figures.decode_n else 0.0
@@ -371,7 +385,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--pipelined-streams", type=int, default=16)
-    ap.add_argument("--limit-share", type=float, default=0.6,
+    ap.add_argument("--limit-share", type=float, default=0.95,
                     help="each split node's --memory-limit, as a share of one node's need")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--min-free-gb", type=float, default=15.0)

@@ -89,8 +89,9 @@ async def measure(url: str, body: dict[str, Any], n: int, timeout: float) -> Fig
 
 
 def show(name: str, f: Figures) -> str:
-    return (f"{name}: decode 1 stream {f.decode_1:.2f} tok/s; {f.n} streams aggregate "
-            f"{f.decode_n:.2f} tok/s; TTFT p50 under {f.n} streams {f.ttft_p50:.2f} s")
+    one = f"decode 1 stream {f.decode_1:.2f} tok/s; " if f.decode_1 else ""
+    return (f"{name}: {one}{f.n} streams aggregate {f.decode_n:.2f} tok/s; "
+            f"TTFT p50 under {f.n} streams {f.ttft_p50:.2f} s")
 
 
 class RssSampler:
