@@ -24,7 +24,7 @@ outputs from that step are dropped by the caller, which has already ended it.
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import Tensor
@@ -121,11 +121,11 @@ class LaneModel:
         local = self.head.new_local_cache(max_batch, max_seq)
         cache = LaneCache(local, self.head, self.lane.offset)
         self.lane.cache = cache
-        return cache  # pyright: ignore[reportReturnType]  # the batcher's moves go through it
+        return cast(KVCache, cache)  # the batcher's moves and releases go through it
 
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
                 every_position: bool = False) -> Tensor:
-        lane_cache: LaneCache = cache  # pyright: ignore[reportAssignmentType]
+        lane_cache = cast(LaneCache, cache)
         routed = StepInputs(tuple(s + self.lane.offset for s in step.slots), step.starts, step.n_new)
         pending = self.head.launch(tokens, step, routed, lane_cache.local, every_position,
                                    self.lane.index)  # fmt: skip
