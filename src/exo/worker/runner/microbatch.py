@@ -16,9 +16,10 @@ scheduler runs), so the batchers see exactly the sequential world they were writ
 nothing is shared between threads at once. A request's tokens do not depend on its lane:
 every kernel computes a row independently of the others in its batch.
 
-A cancel for a lane in the middle of a step waits until that step ends (its slot moves and
-releases, mirrored on every stage, must not cut into a step that is in flight); the request's
-outputs from that step are dropped by the caller, which has already ended it.
+A cancel for a lane in the middle of a step first finishes that step (its slot moves and
+releases, mirrored on every stage, must not cut into a step in flight): at most one trip
+through the pipeline. The step's outputs for the lane's other requests are kept for the
+next ``step``; the cancelled request's slot is free on every stage when ``cancel`` returns.
 """
 
 import threading
@@ -142,7 +143,6 @@ class Lane:
         self.batcher = make(LaneModel(head, self), size)
         self.in_step = False
         self.pending: Pending | None = None
-        self.cancels: list[str] = []
         self._reply: Tensor | BaseException | None = None
         self._outputs: list[StepOutput] = []
         self._error: BaseException | None = None
@@ -171,9 +171,6 @@ class Lane:
             error, self._error = self._error, None
             raise error
         outputs, self._outputs = self._outputs, []
-        for request_id in self.cancels:
-            self.batcher.cancel(request_id)
-        self.cancels.clear()
         return outputs
 
     def close(self) -> None:
@@ -223,6 +220,7 @@ class PipelinedBatcher:
             offset += size
         self._in_flight: deque[Lane] = deque()
         self._owner: dict[str, Lane] = {}
+        self._ready: list[StepOutput] = []  # of steps finished early (for a cancel)
 
     @property
     def active(self) -> int:
@@ -244,15 +242,13 @@ class PipelinedBatcher:
         lane = self._owner.pop(request_id, None)
         if lane is None:
             return False
-        if lane.in_step:
-            lane.cancels.append(request_id)
-            return True
+        self._ready.extend(self._finish(lane))
         return lane.batcher.cancel(request_id)
 
     def step(self) -> list[StepOutput]:
         """Start a step on every idle lane that has work, then take the oldest micro-batch's
         logits and carry its lane on; the outputs of every lane whose step ended."""
-        outputs: list[StepOutput] = []
+        outputs, self._ready = self._ready, []
         for lane in self.lanes:
             if not lane.in_step and lane.batcher.active:
                 lane.start_step()
@@ -276,6 +272,15 @@ class PipelinedBatcher:
             reply = e
         lane.resume(reply)
 
+    def _finish(self, lane: Lane) -> list[StepOutput]:
+        """Carry a lane's step, if one is in flight, to its end; its outputs."""
+        while lane.in_step:
+            self._in_flight.remove(lane)
+            self._carry_on(lane)
+            if lane.in_step:  # its next forward is the newest in flight
+                self._in_flight.append(lane)
+        return lane.take_outputs()
+
     def _after(self, lane: Lane) -> list[StepOutput]:
         if lane.in_step:
             self._in_flight.append(lane)
@@ -287,15 +292,9 @@ class PipelinedBatcher:
         return sum(lane.cache.held() for lane in self.lanes if lane.cache is not None)
 
     def close(self) -> int:
-        """Finish the steps in flight (their lanes' cancels then apply, on every stage), stop
-        the lanes' threads; the slots rank 0 still held."""
-        while self._in_flight:
-            lane = self._in_flight.popleft()
-            self._carry_on(lane)
-            if lane.in_step:
-                self._in_flight.append(lane)
-            else:
-                lane.take_outputs()  # the caller ended these requests already
+        """Finish the steps in flight, stop the lanes' threads; the slots rank 0 still held."""
+        for lane in self.lanes:
+            self._finish(lane)  # the caller ended these requests already
         held = self.held_slots()
         for lane in self.lanes:
             lane.close()

@@ -151,23 +151,37 @@ def test_one_micro_batch_leaves_the_stages_taking_turns() -> None:
     assert "stage 1: busy" in format_traces(stages.traces)
 
 
-def test_cancel_mid_step_waits_for_the_step_then_frees_the_slot_everywhere() -> None:
+def test_a_cancel_mid_step_finishes_the_step_frees_the_slot_everywhere_keeps_the_rest() -> None:
     stages = VirtualStages()
-    batcher = PipelinedBatcher(stages, 2, 2, _make(32))
-    for rid in ("a", "b"):
-        batcher.add(rid, [1, 2], SamplingParams(temperature=0.0, max_tokens=50))
-    batcher.step()  # both lanes launched; lane 0's first step completed
+    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
+    requests = {"a0": [1, 2], "b0": [3, 4], "c0": [5, 6], "d0": [7, 8]}  # lanes 0, 1, 0, 1
+    for rid, prompt in requests.items():
+        batcher.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=6))
+    tokens: dict[str, list[int]] = {rid: [] for rid in requests}
+
+    def collect(outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            assert out.error is None and out.token_id is not None
+            tokens[out.request_id].append(out.token_id)
+
+    collect(batcher.step())  # both lanes launched; lane 0's first step completed
     lane_b = batcher.lanes[1]
-    assert lane_b.in_step  # b's step is in flight
-    assert batcher.cancel("b")
-    assert ("release", 1) not in stages.mirrored  # not while its step is in flight
-    for _ in range(3):
-        batcher.step()
-    assert ("release", 1) in stages.mirrored
-    assert batcher.active == 1 and lane_b.cache is not None and lane_b.cache.held() == 0
-    assert not batcher.cancel("b")
+    assert lane_b.in_step and not stages.mirrored  # b's and d's step is in flight
+    assert batcher.cancel("b0")
+    # The step finished first; then b's slot (1 of lane 1, at offset 2) went on every stage.
+    assert not lane_b.in_step and stages.mirrored == [("move", 3)]
+    assert lane_b.cache is not None and lane_b.cache.held() == 1  # d's alone
+    while batcher.active:
+        collect(batcher.step())
+    assert tokens["b0"] == [5]  # the token of the step it was cancelled in (the caller drops it)
+    for rid in ("a0", "c0", "d0"):  # nothing of the others lost
+        start = requests[rid][-1] + 1
+        assert tokens[rid] == [start + k for k in range(6)], rid
+    assert batcher.held_slots() == 0
+    assert not batcher.cancel("b0")
     with pytest.raises(ValueError, match="already active"):
-        batcher.add("a", [1], SamplingParams(max_tokens=1))
+        batcher.add("x0", [1], SamplingParams(max_tokens=1))
+        batcher.add("x0", [1], SamplingParams(max_tokens=1))
 
 
 def test_lane_sizes_cover_every_slot() -> None:
