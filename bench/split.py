@@ -321,6 +321,9 @@ async def row_rpc(args: argparse.Namespace, tmp: Path, model: Model) -> Figures 
         figures = await measure(url, request, args.streams, args.timeout)
         print("  " + show("llama.cpp RPC (3 processes, 1 thread each)", figures))
         return figures
+    except (RuntimeError, httpx.HTTPError) as e:  # the row fails; the others stand
+        print(f"rpc: failed: {e} (they are removed with the temp dir)")
+        return None
     finally:
         stop_rpc(setup)
 
