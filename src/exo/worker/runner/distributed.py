@@ -216,8 +216,10 @@ class LeaderModel:
 
     def stop(self, held_slots: int = 0) -> None:
         self.send_header(self.header.encode(_OP_STOP))
-        self.trace.held_slots = held_slots
-        self.trace.save_if_asked()
+        if self.kind == "pipeline":
+            self.trace.held_slots = held_slots
+            logger.info(f"pipeline trace: {self.trace.summary()}")
+            self.trace.save_if_asked()
 
 
 class Follower:
@@ -248,6 +250,8 @@ class Follower:
             self.error = e
         finally:
             self.trace.held_slots = sum(1 for pages in self.cache.table if pages)
+            if self.kind == "pipeline":
+                logger.info(f"pipeline trace: {self.trace.summary()}")
             self.trace.save_if_asked()
             self.finished.set()
 

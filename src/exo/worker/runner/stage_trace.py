@@ -57,6 +57,15 @@ class StageTrace:
             trace.record(int(lane), float(start), float(end))  # pyright: ignore[reportUnknownArgumentType]
         return trace
 
+    def summary(self) -> str:
+        """One line: steps, busy seconds and share of this stage's own window."""
+        rows = list(self.intervals)
+        busy = sum(b.end - b.start for b in rows)
+        window = rows[-1].end - rows[0].start if rows else 0.0
+        share = busy / window if window > 0 else 0.0
+        return (f"stage {self.stage}: {len(rows)} steps, busy {busy:.2f} s of {window:.2f} s "
+                f"({share:.0%}), slots held at stop {self.held_slots}")
+
     def save_if_asked(self) -> Path | None:
         """Write this trace where ``EXO_PIPELINE_TRACE`` says, if it says."""
         folder = os.environ.get(TRACE_DIR_ENV)

@@ -149,6 +149,7 @@ def test_one_micro_batch_leaves_the_stages_taking_turns() -> None:
     assert out == {"only0": [5, 6, 7, 8, 9]}
     assert overlap(*stages.traces) == 0.0
     assert "stage 1: busy" in format_traces(stages.traces)
+    assert stages.traces[1].summary().startswith("stage 1: 5 steps, busy 5.00 s of 9.00 s (56%)")
 
 
 def test_a_cancel_mid_step_finishes_the_step_frees_the_slot_everywhere_keeps_the_rest() -> None:
