@@ -24,7 +24,7 @@ from exo.cluster.messages import CATCH_UP, CatchUpReply, CatchUpRequest, EventMs
 from exo.cluster.network import ClusterNetwork, Inbox
 from exo.cluster.replica import Replica
 from exo.cluster.resubmit import Resubmission
-from exo.master.event_log import REMEMBERED_COMMANDS
+from exo.master.event_log import REMEMBERED_COMMANDS, LogUnavailable
 from exo.routing import RequestError
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import MergeReported
@@ -210,6 +210,8 @@ class Follower:
         async with self._replica.lock:
             try:
                 report = await self._replica.apply_reply(reply, self._resubmit)
+            except LogUnavailable:  # the disk is full: the replica logged it once
+                return False
             except ValueError as e:  # a malformed page: ask again
                 logger.error(f"cluster: catch-up from {master} failed: {e}")
                 return False

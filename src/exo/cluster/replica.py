@@ -13,7 +13,7 @@ from exo.cluster.lineage import Lineage, agreed_prefix, epoch_at, extended, trun
 from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.resubmit import Resubmission, resubmissions
 from exo.cluster.store import ElectionStore
-from exo.master.event_log import SqliteEventLog
+from exo.master.event_log import LogUnavailable, SqliteEventLog
 from exo.shared.types.common import CommandId
 from exo.shared.types.events import IndexedEvent
 from exo.shared.types.state import MergeReport, State
@@ -42,6 +42,8 @@ class Replica:
         persisted = store.load()
         self.term = persisted.term
         self.lineage: Lineage = persisted.lineage
+        self.log_failure: str | None = None
+        """Why the last write to this node's log failed (None: it takes writes)."""
         self.dropped: list[Dropped] = []
         """Every stretch of this log a reset dropped, as reported."""
 
@@ -65,12 +67,36 @@ class Replica:
         self._store.save(self.term, self.lineage)
 
     async def apply(self, msg: EventMsg) -> None:
-        """Apply the next event from the master (the caller checked its index)."""
-        last = self.lineage[-1] if self.lineage else None
-        if last is None or not last.same_epoch(msg.epoch):
-            self.save(self.term, extended(self.lineage, msg.epoch))
-        await self.host.apply_event(msg.event)
-        self.log.append(msg.event, self.host.state())
+        """Apply the next event from the master (the caller checked its index). When the
+        disk cannot take it, the node's state stays as it was (the log says so) and the
+        follower catches the event up later: logged once, until a write works again."""
+        before = self.host.state()
+        try:
+            last = self.lineage[-1] if self.lineage else None
+            if last is None or not last.same_epoch(msg.epoch):
+                self.save(self.term, extended(self.lineage, msg.epoch))
+            await self.host.apply_event(msg.event)
+            self.log.append(msg.event, self.host.state())
+        except OSError as e:  # LogUnavailable, or the election store's own write
+            self._unwritten(before, e)
+            return
+        self._written()
+
+    def _unwritten(self, before: State, error: OSError) -> None:
+        if self.host.state() is not before:
+            self.host.replace_state(before)
+        if self.log_failure is None:
+            logger.error(
+                f"cluster: this node's log cannot be written ({error}): it stays at event "
+                f"{before.last_event_applied_idx} and catches up once the disk takes writes"
+            )
+        self.log_failure = str(error)
+
+    def _written(self) -> None:
+        if self.log_failure is not None:
+            logger.info(f"cluster: this node's log takes writes again (it failed: "
+                        f"{self.log_failure})")
+            self.log_failure = None
 
     async def apply_reply(
         self, reply: CatchUpReply, resubmit: Callable[[Resubmission], None] = lambda _: None
@@ -88,19 +114,34 @@ class Replica:
                 f"cluster: starting again from the master's state at event "
                 f"{reply.base.last_event_applied_idx} (was at {self.last_idx})"
             )
+            self._write(lambda: self.log.reset(reply.base or State(), reply.commands), settles=True)
             self.host.replace_state(reply.base)
-            self.log.reset(reply.base, reply.commands)
         events = [e for e in reply.events if e.idx > self.last_idx]
         end = self.last_idx + len(events)
         if events and [e.idx for e in events] != list(range(self.last_idx + 1, end + 1)):
             raise ValueError("a catch-up page with a gap")
-        self.save(self.term, truncated(reply.lineage, end))
+        before = self.host.state()
+        self._write(lambda: self.save(self.term, truncated(reply.lineage, end)), settles=False)
         written: list[tuple[IndexedEvent, State]] = []
         for event in events:
             await self.host.apply_event(event)
             written.append((event, self.host.state()))
-        self.log.append_many(written)
+        self._write(lambda: self.log.append_many(written), before, settles=bool(written))
         return report
+
+    def _write(
+        self, write: Callable[[], None], before: State | None = None, *, settles: bool
+    ) -> None:
+        """Run a write of the log or the store; when the disk cannot take it, the state
+        goes back to ``before`` and ``LogUnavailable`` says so (logged once). ``settles``:
+        a success shows the log takes writes again."""
+        try:
+            write()
+        except OSError as e:
+            self._unwritten(before or self.host.state(), e)
+            raise LogUnavailable(str(e)) from e
+        if settles:
+            self._written()
 
 
     def _report_dropped(self, reply: CatchUpReply, base: State) -> MergeReport | None:

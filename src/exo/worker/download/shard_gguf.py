@@ -234,7 +234,9 @@ class GGUFShardFetch:
                     raise DownloadError(f"{self.hub.repo_id}: {f.path} has no complete GGUF "
                                         f"header in its first {len(data)} bytes", 422) from None
                 more = self._get_range(f, len(data), want)
-                self.on_bytes(len(more))
+                if not more:
+                    raise DownloadError(f"{self.hub.repo_id}: {f.path}: the hub sent no bytes "
+                                        "of the header; retrying") from None
                 data += more
                 continue
             except ValueError as e:
@@ -305,6 +307,7 @@ class GGUFShardFetch:
         if have > total:
             part.unlink()
             have = 0
+        self.on_bytes(have)  # progress counts the file's bytes, fetched, copied or held
         with part.open("ab") as out:
             for seg in segments:
                 if seg.dest + seg.length <= have:
@@ -316,6 +319,7 @@ class GGUFShardFetch:
                     self._copy(out, seg.local, seg.source + skip, seg.length - skip)
                 else:
                     out.write(seg.literal[skip:])
+                    self.on_bytes(seg.length - skip)
                 have = seg.dest + seg.length
                 out.flush()
 
@@ -328,6 +332,7 @@ class GGUFShardFetch:
                 if not block:
                     raise DownloadError(f"{source} is shorter than its header says")
                 out.write(block)
+                self.on_bytes(len(block))
                 length -= len(block)
 
     def _fetch(self, out: BinaryIO, seg: _Segment, skip: int) -> None:

@@ -11,8 +11,9 @@ import pytest
 import torch
 from loguru import logger
 
+from exo.modelgen.custom import Size, llama_gguf
 from exo.shared.models.model_cards import ModelCard
-from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
+from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed, DownloadOngoing
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.gguf_index import kv_u32, read_gguf_index, shard_layout
 from exo.worker.download.hub import HubSettings, delete_hub_model, locate_hub_model
@@ -258,3 +259,43 @@ def test_deleting_a_model_frees_its_shard_files(hub: FakeHub, settings: HubSetti
     path = _fetch(card, settings, 1, 3)
     assert delete_hub_model(card, settings.cache_dir)
     assert not path.exists() and locate_hub_model(card, settings.cache_dir, (1, 3)) is None
+
+
+@pytest.mark.anyio
+async def test_a_shard_download_reports_its_range_and_its_file_s_bytes(
+    hub: FakeHub, settings: HubSettings
+) -> None:
+    card = _card(settings)
+    hub.bytes_per_s = 2e6
+    reports: list[object] = []
+
+    async def report(p: object) -> None:
+        reports.append(p)
+
+    download = ShardDownload(card, 1, 3, settings, interval_s=0.02)
+    outcome = await download.run(report)
+    assert isinstance(outcome, DownloadCompleted)
+    assert (outcome.start_layer, outcome.end_layer) == (1, 3)
+    ongoing = [p for p in reports if isinstance(p, DownloadOngoing)]
+    assert ongoing and all((p.start_layer, p.end_layer) == (1, 3) for p in ongoing)
+    assert ongoing[-1].total_bytes == Path(outcome.path).stat().st_size
+    assert download.done_bytes == download.total_bytes  # held, fetched and copied: all of it
+
+
+def test_a_tied_head_puts_the_embedding_in_the_last_stage_too(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path
+) -> None:
+    folder = tmp_path / "tied"
+    folder.mkdir()
+    full_path = llama_gguf(folder / "Tied-Q8_0.gguf", "Q8_0", Size(layers=3, tied=True))
+    hub.add_folder("gen-org/Tied-GGUF", folder, from_disk=True)
+    card = card_from_hub("gen-org/Tied-GGUF:Q8_0", settings)
+    first, last = _fetch(card, settings, 0, 2), _fetch(card, settings, 2, 3)
+    tail = GGUFFile(last).tensors
+    assert "token_embd.weight" in tail and "output.weight" not in tail
+    assert {n for n in tail if n.startswith("blk.")} == {n for n in GGUFFile(full_path).tensors
+                                                         if n.startswith("blk.2.")}
+    stages = [LlamaModel(load_gguf_shard(first, 0, 2), weight_format="dense"),
+              LlamaModel(load_gguf_shard(last, 2, 3), weight_format="dense")]
+    whole = LlamaModel(load_gguf_shard(full_path, 0, 3), weight_format="dense")
+    assert _greedy(stages, [1, 7, 300], 5) == _greedy([whole], [1, 7, 300], 5)

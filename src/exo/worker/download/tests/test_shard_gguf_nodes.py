@@ -10,10 +10,10 @@ import pytest
 
 from exo.cluster.tests.nodes import node_group, wait_until
 from exo.cluster.tests.test_cluster_nodes import ids_of, wait_agreed
+from exo.modelgen.custom import Size, llama_gguf
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.engines.gguf_reader import GGUFFile
-from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 
 pytestmark = [pytest.mark.slow, pytest.mark.anyio]
 
@@ -29,8 +29,8 @@ async def test_each_node_downloads_only_its_shard_of_a_gguf_and_the_split_answer
     assert smol is not None
     folder = tmp_path / "repo"
     folder.mkdir()
-    write_gguf_with_tokenizer(folder / FILE, "Q8_0", smol, layers=4, hidden=128, ffn=256,
-                              heads=4, kv_heads=2)
+    size = Size(layers=4, hidden=128, ffn=256, heads=4, kv_heads=2, tied=True)
+    llama_gguf(folder / FILE, "Q8_0", size, tokenizer=smol)  # tied: both ends hold the embedding
     hubs = [FakeHub(), FakeHub()]  # one per node: each counts what its node downloads
     for hub in hubs:
         hub.add_folder(REPO, folder, from_disk=True)
@@ -86,6 +86,8 @@ async def test_each_node_downloads_only_its_shard_of_a_gguf_and_the_split_answer
         held = GGUFFile(kept)
         blocks = {int(n.split(".")[1]) for n in held.tensors if n.startswith("blk.")}
         assert blocks == set(range(start, end))
+        assert "token_embd.weight" in held.tensors and "output.weight" not in held.tensors
+        assert ("output_norm.weight" in held.tensors) == (end == 4)
         share = sum(t.n_bytes for t in held.tensors.values())
         header = min(t.offset for t in whole.tensors.values())
         sent = downloaded[i]
