@@ -9,8 +9,13 @@ executes what rank 0 asks, step by step:
 * tensor: each rank holds a slice of every layer; rank 0 broadcasts the step, every rank
   runs all layers with two all-reduces per layer (after attention and after the MLP).
 
-Every step starts with a fixed-size header (op, batch, length, slots, cache starts), so
-the followers' caches stay in the same layout as the leader's, moves included.
+Every step starts with a fixed-size header (op, batch, length, lane, slots, cache starts),
+so the followers' caches stay in the same layout as the leader's, moves included.
+
+A pipeline keeps several steps in flight (``microbatch.PipelinedBatcher``: one micro-batch
+per stage): a stage receives a step, computes it, and only then sends it on, so each stage
+works on one micro-batch while the next stage works on another. Rank 0 posts the receive of
+a step's logits as it sends the step, so the last stage never waits to hand them back.
 """
 
 import os
@@ -36,10 +41,12 @@ from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.models.base import AllReduce, ShardModel, StepInputs, no_all_reduce
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
+from exo.worker.runner.stage_trace import StageTrace
 
 Kind = Literal["pipeline", "tensor"]
 _OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
-_HEADER_FIXED = 4  # op, batch, new tokens, (move: length; forward: 1 = every position's logits)
+# op, batch, new tokens, (move: length; forward: 1 = every position's logits), lane
+_HEADER_FIXED = 5
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
@@ -96,12 +103,12 @@ class _Header:
         return _HEADER_FIXED + 2 * self.max_batch
 
     def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0),
-               every_position: bool = False) -> Tensor:
+               every_position: bool = False, lane: int = 0) -> Tensor:
         h = torch.zeros(self.length, dtype=torch.int64)
         h[0] = op
         if step is not None:
             b = len(step.slots)
-            h[1], h[2], h[3] = b, step.n_new, int(every_position)
+            h[1], h[2], h[3], h[4] = b, step.n_new, int(every_position), lane
             h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
             h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
         else:
@@ -131,8 +138,21 @@ class _LeaderCache:
         self.local.release(slot)
 
 
+class _Received:
+    """Logits the last stage sends back: a receive posted when the step was sent."""
+
+    def __init__(self, work: dist.Work | None, logits: Tensor) -> None:
+        self.work, self.logits = work, logits
+
+    def wait(self) -> Tensor:
+        if self.work is not None:
+            self.work.wait()
+        return self.logits
+
+
 class LeaderModel:
-    """What the batcher sees on rank 0: a whole model whose forward spans every rank."""
+    """What the batcher sees on rank 0: a whole model whose forward spans every rank (and,
+    for a pipeline, the ``microbatch.PipelineHead`` that keeps several steps in flight)."""
 
     def __init__(self, local: ShardModel, kind: Kind, world_size: int, max_batch: int) -> None:
         self.local = local
@@ -144,6 +164,7 @@ class LeaderModel:
         self.start_layer = 0
         self.end_layer = local.config.n_layers
         self.weight_format: WeightFormat = local.weight_format
+        self.trace = StageTrace(0)
 
     def send_header(self, header: Tensor) -> None:
         if self.kind == "tensor":
@@ -154,21 +175,37 @@ class LeaderModel:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return cast(KVCache, _LeaderCache(self.local.new_cache(max_batch, max_seq), self))
 
+    def new_local_cache(self, max_batch: int, max_seq: int) -> KVCache:
+        return self.local.new_cache(max_batch, max_seq)
+
+    def mirror_move(self, src: int, dst: int, length: int) -> None:
+        self.send_header(self.header.encode(_OP_MOVE, move=(src, dst, length)))
+
+    def mirror_release(self, slot: int) -> None:
+        self.send_header(self.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
+
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
                 every_position: bool = False) -> Tensor:
         """The whole model's logits: of each row's last position [B, V], or of every
         position [B, T, V] (the last stage computes them and sends them here)."""
         local_cache = cast(_LeaderCache, cache).local
-        self.send_header(self.header.encode(_OP_FORWARD, step, every_position=every_position))
         if self.kind == "tensor":
+            self.send_header(self.header.encode(_OP_FORWARD, step, every_position=every_position))
             dist.broadcast(tokens.to(torch.int64).contiguous(), src=0)
             return self.local.forward(tokens, step, local_cache, every_position)
-        hidden = self.local.forward_layers(self.local.embed(tokens), step, local_cache)
+        return self.launch(tokens, step, step, local_cache, every_position, 0).wait()
+
+    def launch(self, tokens: Tensor, local: StepInputs, routed: StepInputs, cache: KVCache,
+               every_position: bool, lane: int) -> _Received:
+        """Stage 0 of a pipeline step, sent on once computed (so a busy stage 1 does not hold
+        this stage up), with the receive of its logits posted at once."""
+        with self.trace.timed(lane):
+            hidden = self.local.forward_layers(self.local.embed(tokens), local, cache)
+        self.send_header(self.header.encode(_OP_FORWARD, routed, every_position=every_position, lane=lane))
         dist.send(hidden.contiguous(), dst=1)
-        shape = (len(step.slots), step.n_new) if every_position else (len(step.slots),)
+        shape = (len(routed.slots), routed.n_new) if every_position else (len(routed.slots),)
         logits = torch.empty(*shape, self.config.vocab, dtype=torch.float32)
-        dist.recv(logits, src=self.world_size - 1)
-        return logits
+        return _Received(dist.irecv(logits, src=self.world_size - 1), logits)
 
     def final_hidden(self, tokens: Tensor) -> Tensor:
         """Embeddings need the whole model in one process: refused for a split one."""
@@ -177,8 +214,12 @@ class LeaderModel:
             f"({self.kind} parallel)"
         )
 
-    def stop(self) -> None:
+    def stop(self, held_slots: int = 0) -> None:
         self.send_header(self.header.encode(_OP_STOP))
+        if self.kind == "pipeline":
+            self.trace.held_slots = held_slots
+            logger.info(f"pipeline trace: {self.trace.summary()}")
+            self.trace.save_if_asked()
 
 
 class Follower:
@@ -193,6 +234,7 @@ class Follower:
         self.header = _Header(max_batch)
         self.cache = local.new_cache(max_batch, max_seq)
         self.error: BaseException | None = None
+        self.trace = StageTrace(rank)
         self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exo-follower", daemon=True)
 
@@ -207,6 +249,10 @@ class Follower:
         except BaseException as e:  # reported by the runner's main loop
             self.error = e
         finally:
+            self.trace.held_slots = sum(1 for pages in self.cache.table if pages)
+            if self.kind == "pipeline":
+                logger.info(f"pipeline trace: {self.trace.summary()}")
+            self.trace.save_if_asked()
             self.finished.set()
 
     def _receive_header(self) -> Tensor:
@@ -215,13 +261,17 @@ class Follower:
             dist.broadcast(header, src=0)
         else:
             dist.recv(header, src=self.rank - 1)
-            if self.rank < self.world_size - 1:
-                dist.send(header, dst=self.rank + 1)
         return header
+
+    def _pass_on(self, header: Tensor) -> None:
+        if self.kind == "pipeline" and self.rank < self.world_size - 1:
+            dist.send(header, dst=self.rank + 1)
 
     def _serve_one(self) -> bool:
         header = self._receive_header()
         op = int(header[0])
+        if op != _OP_FORWARD:
+            self._pass_on(header)
         if op == _OP_STOP:
             return False
         if op == _OP_MOVE:
@@ -239,12 +289,14 @@ class Follower:
             return True
         hidden = torch.empty(batch, step.n_new, self.local.config.hidden, dtype=self.local.dtype)
         dist.recv(hidden, src=self.rank - 1)
-        hidden = self.local.forward_layers(hidden, step, self.cache)
-        if self.rank < self.world_size - 1:
-            dist.send(hidden.contiguous(), dst=self.rank + 1)
-        else:
-            every_position = bool(header[3])
-            dist.send(self.local.head(hidden if every_position else hidden[:, -1]).contiguous(), dst=0)
+        last = self.rank == self.world_size - 1
+        with self.trace.timed(int(header[4])):
+            hidden = self.local.forward_layers(hidden, step, self.cache)
+            if last:
+                hidden = self.local.head(hidden if bool(header[3]) else hidden[:, -1])
+        if not last:
+            self._pass_on(header)  # once computed: the next stage may still be busy
+        dist.send(hidden.contiguous(), dst=0 if last else self.rank + 1)
         return True
 
 

@@ -30,6 +30,7 @@ from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, layer_range
 from exo.worker.download.local import locate_progress
+from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.grammar import (
@@ -43,6 +44,7 @@ from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import SamplingParams, TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
+from exo.worker.runner.microbatch import PipelinedBatcher, pipelined_batcher
 from exo.worker.runner.settings import RunnerSettings
 
 Progress = Callable[[int, int], None]
@@ -75,7 +77,12 @@ class Generation:
         self.engine = engine
         self.leader = leader
         self.max_seq = min(engine.config.context_length, DEFAULT_MAX_SEQ)
-        self.batch = engine.batch_generator(max_batch, self.max_seq)
+        self.batch: BatchGenerator | PipelinedBatcher = (
+            pipelined_batcher(leader, leader.world_size, max_batch, self.max_seq,
+                              sorted({*engine.config.eos_token_ids, *engine.tokenizer.eos_token_ids}))
+            if leader is not None and leader.kind == "pipeline"
+            else engine.batch_generator(max_batch, self.max_seq)
+        )
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch
         self._grammars: GrammarCompiler | None = None
@@ -337,7 +344,8 @@ class Generation:
     def close(self) -> None:
         """Release the other ranks of the group (they stop following)."""
         if self.leader is not None:
-            self.leader.stop()
+            batch = self.batch
+            self.leader.stop(batch.close() if isinstance(batch, PipelinedBatcher) else 0)
             self.leader = None
 
     def cancel_all(self) -> list[Event]:

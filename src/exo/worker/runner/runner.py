@@ -49,6 +49,8 @@ from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
 from exo.worker.runner.settings import RunnerSettings
 
+# A follower told to shut down waits this long for rank 0's stop (its trace is written then).
+_FOLLOWER_STOP_GRACE_S = 2.0
 MODEL_FILE_ERRORS = (ValueError, KeyError, IndexError, struct.error, NotImplementedError)
 """What a load raises for a model file it cannot use (a missing tensor, a bad header, an
 unsupported layout): deterministic, unlike a lost peer or a lack of memory."""
@@ -218,6 +220,8 @@ class Runner:
                     for event in self.generation.cancel_all():
                         self.events.send(event)
                     self.generation.close()
+                if self.follower is not None:  # rank 0's stop, when it comes, ends its trace
+                    self.follower.finished.wait(_FOLLOWER_STOP_GRACE_S)
                 self.send_task_status(task.task_id, TaskStatus.Complete)
                 self.done = True
             case CancelTask():
