@@ -3,7 +3,7 @@
 from dataclasses import dataclass
 from typing import Literal
 
-RopeScalingKind = Literal["linear", "llama3"]
+RopeScalingKind = Literal["linear", "llama3", "yarn"]
 Activation = Literal["silu", "gelu_tanh"]
 
 
@@ -13,6 +13,9 @@ class RopeScaling:
 
     linear: every frequency divided by `factor`.
     llama3: low frequencies divided by `factor`, high ones kept, a smooth ramp in between.
+    yarn: pairs turning fewer than `beta_slow` times over the original context divided by
+        `factor`, those turning more than `beta_fast` times kept, a linear ramp in between
+        (over the pair index); the rotation's magnitude is `attention_factor` (q and k both).
     """
 
     kind: RopeScalingKind
@@ -20,6 +23,10 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_context_length: int = 8192
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: the ramp's ends rounded outwards to whole pairs
+    attention_factor: float = 1.0  # yarn: the magnitude of the rotation (cos, sin scaled)
 
 
 @dataclass(frozen=True)

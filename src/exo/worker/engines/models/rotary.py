@@ -5,7 +5,9 @@
 A model's files declare its trained context (`context_length`: up to ~1M for real models, and
 whatever a hostile file says); a runner serves at most `runner_max_seq(context_length)`
 positions per request (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed when it sized the
-node's memory). The tables start at that size and grow only when a cache asks for more
+node's memory). YaRN scales the rotation's magnitude too (`RopeScaling.attention_factor`: the
+table is that times exp(j p w)); `head_dim` names the rotated dimensions when they are not a
+whole head (MLA's rope part, partial rotary). The tables start at that size and grow only when a cache asks for more
 positions (`ensure`), so a file's claim alone never allocates anything.
 """
 
@@ -34,6 +36,8 @@ class RotaryTables:
         if config.rope_theta_local is not None:
             local_freqs = rope_frequencies(hd, config.rope_theta_local)
         self._freqs = {False: global_freqs, True: local_freqs}
+        scaling = config.rope_scaling
+        self._magnitude = 1.0 if scaling is None else scaling.attention_factor
         self.device = device
         self._tables: dict[bool, Tensor] = {}
         self._build(runner_max_seq(config.context_length))
@@ -52,6 +56,8 @@ class RotaryTables:
 
     def _build(self, n_positions: int) -> None:
         table = rope_table(n_positions, self._freqs[False], self.device)
+        if self._magnitude != 1.0:
+            table = table * self._magnitude
         local = self._freqs[True]
         same = local is self._freqs[False]
         self._tables = {
