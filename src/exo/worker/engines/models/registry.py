@@ -4,11 +4,12 @@ Face `model_type`. A new family is one module providing a `ModelFamily`, listed 
 from typing import Any
 
 from exo.worker.engines.models.base import ModelFamily
+from exo.worker.engines.models.deepseek2 import DEEPSEEK2
 from exo.worker.engines.models.dense import DENSE
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE,)
+FAMILIES: tuple[Family, ...] = (DENSE, DEEPSEEK2)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:

@@ -68,7 +68,7 @@ def build_deepseek(folder: Path, seed: int = 0, **overrides: Any) -> Any:
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # zeros at init: make it matter
-                b.copy_(0.1 * torch.randn_like(b))
+                b.copy_(0.5 * torch.randn_like(b))
     model.save_pretrained(folder, safe_serialization=True)
     return model
 

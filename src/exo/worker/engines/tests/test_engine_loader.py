@@ -13,7 +13,12 @@ from exo.worker.download.local import card_from_path
 from exo.worker.engines.engine import Shard, load_engine, load_model
 from exo.worker.engines.models.base import ShardModel, StepInputs
 from exo.worker.engines.models.dense import DENSE, DenseModel
-from exo.worker.engines.models.registry import FAMILIES, family_for_gguf, family_for_hf
+from exo.worker.engines.models.registry import (
+    FAMILIES,
+    family_for_gguf,
+    family_for_hf,
+    supported_gguf_architectures,
+)
 from exo.worker.engines.safetensors_loader import hf_config
 from exo.worker.engines.tests.generated import write_gguf
 from exo.worker.engines.weights import TensorParallel
@@ -21,7 +26,9 @@ from exo.worker.engines.weights import TensorParallel
 from .test_engine_tensor_parallel import ThreadedAllReduce
 
 PROMPT = [5, 9, 33, 70, 101, 12]
-DENSE_GGUF = "llama, mistral, qwen2, qwen3, gemma3, phi3"
+# every family's architectures, the dense ones first (each MoE family adds its own)
+SUPPORTED_GGUF = ", ".join(supported_gguf_architectures())
+assert SUPPORTED_GGUF.startswith("llama, mistral, qwen2, qwen3, gemma3, phi3")
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +105,7 @@ def test_an_unknown_architecture_is_refused_naming_it_and_the_supported_ones(
     model_file: Path, tmp_path: Path
 ) -> None:
     mamba = _with_architecture(model_file, tmp_path / "mamba.gguf", b"mamba")
-    message = rf"architecture 'mamba' is not supported \(supported GGUF architectures: {DENSE_GGUF}\)"
+    message = rf"architecture 'mamba' is not supported \(supported GGUF architectures: {SUPPORTED_GGUF}\)"
     with pytest.raises(ValueError, match=message):
         load_engine(mamba, cache_dir=tmp_path)
     with pytest.raises(ValueError, match=message):
