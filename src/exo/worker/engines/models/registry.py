@@ -6,10 +6,11 @@ from typing import Any
 from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.deepseek2 import DEEPSEEK2
 from exo.worker.engines.models.dense import DENSE
+from exo.worker.engines.models.glm4moe import GLM4MOE
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE, DEEPSEEK2)
+FAMILIES: tuple[Family, ...] = (DENSE, DEEPSEEK2, GLM4MOE)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:

@@ -7,11 +7,14 @@ whatever a hostile file says); a runner serves at most `runner_max_seq(context_l
 positions per request (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed when it sized the
 node's memory). YaRN scales the rotation's magnitude too (`RopeScaling.attention_factor`: the
 table is that times exp(j p w)); `head_dim` names the rotated dimensions when they are not a
-whole head (MLA's rope part, partial rotary). The tables start at that size and grow only when a cache asks for more
+whole head (MLA's rope part). Partial rotary (`config.rotary_dim` < head_dim, GLM): the first
+rotary_dim / 2 pairs of a head turn at rotary_dim's frequencies, the rest at frequency 0, so one
+rotation of the whole head (and the compiled decode attention) leaves them as they are. The tables start at that size and grow only when a cache asks for more
 positions (`ensure`), so a file's claim alone never allocates anything.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from exo.shared.models.memory import runner_max_seq
@@ -31,10 +34,15 @@ class RotaryTables:
         head_dim: int | None = None,
     ) -> None:
         hd = config.head_dim if head_dim is None else head_dim
-        global_freqs = rope_frequencies(hd, config.rope_theta, config.rope_scaling, freq_factors)
+        rot = hd if config.rotary_dim is None else config.rotary_dim
+        global_freqs = rope_frequencies(rot, config.rope_theta, config.rope_scaling, freq_factors)
         local_freqs = global_freqs
         if config.rope_theta_local is not None:
-            local_freqs = rope_frequencies(hd, config.rope_theta_local)
+            local_freqs = rope_frequencies(rot, config.rope_theta_local)
+        if rot < hd:  # partial rotary: the last pairs turn at frequency 0 (are kept as they are)
+            pad, same = (0, (hd - rot) // 2), local_freqs is global_freqs
+            global_freqs = F.pad(global_freqs, pad)
+            local_freqs = global_freqs if same else F.pad(local_freqs, pad)
         self._freqs = {False: global_freqs, True: local_freqs}
         scaling = config.rope_scaling
         self._magnitude = 1.0 if scaling is None else scaling.attention_factor
