@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.download.local import card_from_path
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import load_family, load_model, load_shard_weights
 from exo.worker.engines.materialise import kernel_plan
@@ -275,3 +276,17 @@ def test_fp8_checkpoints_and_kimi_tokenizers_are_refused_with_the_gguf_route(
     (kimi / "tiktoken.model").write_text("")
     with pytest.raises(ValueError, match=r"tiktoken.*GGUF"):
         load_family(kimi)
+
+
+@pytest.mark.parametrize("source", ["safetensors", "gguf-Q8_0"])
+def test_the_card_carries_each_layers_bytes_and_the_latent_cache(
+    files: _Files, source: str
+) -> None:
+    """Placement's facts: the dense first layer is lighter than the MoE layers, and the cache
+    a position needs is the engine's own figure (the latent, all layers, float32)."""
+    path = files.path(source)
+    card = card_from_path(path)
+    assert len(card.layer_bytes) == card.n_layers == 3
+    assert card.layer_bytes[0] < card.layer_bytes[1] == card.layer_bytes[2]
+    assert sum(card.layer_bytes) < card.storage_size.in_bytes  # embedding and head apart
+    assert card.kv_bytes_per_token == _dense_model(path).kv_bytes_per_position()

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.download.local import card_from_path
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_family, load_model, load_shard_weights
@@ -165,3 +166,12 @@ def test_two_tensor_ranks_give_the_whole_models_logits(files: _Files) -> None:
     for got in results:
         assert isinstance(got, Tensor)
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_the_card_counts_the_models_layers_only(files: _Files) -> None:
+    """The GGUF's multi-token-prediction block is neither a layer nor in the layers' bytes; the
+    cache is keys and values of the kv heads (no latent figure)."""
+    card = card_from_path(files.path("gguf-Q8_0"))
+    assert card.n_layers == len(card.layer_bytes) == 3
+    assert card.layer_bytes[0] < card.layer_bytes[1] == card.layer_bytes[2]
+    assert card.kv_bytes_per_token == 0 and card.num_kv_heads == 2 and card.head_dim == 32
