@@ -96,6 +96,13 @@ class ModelCard(FrozenModel):
     # head, and every tensor rank holds it whole). 0: 2 x num_kv_heads x head_dim per layer,
     # split over tensor ranks by kv heads.
     kv_bytes_per_token: int = 0
+    # Mixture-of-experts models: routed experts per MoE layer and those each token runs (0:
+    # dense). storage_size counts every expert (every one is held in memory); active_params
+    # is what a token reads (total_params: all of them; both 0: unknown).
+    n_experts: int = 0
+    experts_per_token: int = 0
+    total_params: int = 0
+    active_params: int = 0
 
     @property
     def attention_head_dim(self) -> int:

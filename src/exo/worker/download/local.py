@@ -132,4 +132,8 @@ def card_from_path(path: Path) -> ModelCard:
         head_bytes=facts.head_bytes,
         layer_bytes=list(facts.layer_bytes),
         kv_bytes_per_token=facts.kv_bytes_per_token,
+        n_experts=facts.n_experts,
+        experts_per_token=facts.experts_per_token,
+        total_params=facts.total_params,
+        active_params=facts.active_params,
     )

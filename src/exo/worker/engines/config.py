@@ -5,6 +5,8 @@ from typing import Literal
 
 RopeScalingKind = Literal["linear", "llama3", "yarn"]
 Activation = Literal["silu", "gelu_tanh"]
+RouterKind = Literal["softmax", "softmax_selected", "sigmoid"]  # see models/router.py
+ExpertActivation = Literal["silu", "gelu_tanh", "swiglu_oai"]  # see models/moe.py
 
 
 @dataclass(frozen=True)
@@ -13,9 +15,9 @@ class RopeScaling:
 
     linear: every frequency divided by `factor`.
     llama3: low frequencies divided by `factor`, high ones kept, a smooth ramp in between.
-    yarn: pairs turning fewer than `beta_slow` times over the original context divided by
-        `factor`, those turning more than `beta_fast` times kept, a linear ramp in between
-        (over the pair index); the rotation's magnitude is `attention_factor` (q and k both).
+    yarn: the same idea with the ramp between `beta_fast` and `beta_slow` rotations over the
+    original context (`models/rotary.yarn_frequencies`), and attention scaled by
+    `attention_factor` squared (default 0.1 ln(factor) + 1).
     """
 
     kind: RopeScalingKind
@@ -25,8 +27,8 @@ class RopeScaling:
     original_context_length: int = 8192
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    truncate: bool = True  # yarn: the ramp's ends rounded outwards to whole pairs
-    attention_factor: float = 1.0  # yarn: the magnitude of the rotation (cos, sin scaled)
+    truncate: bool = True  # yarn: the ramp's ends rounded to whole dimensions
+    attention_factor: float | None = None  # yarn: None = 0.1 ln(factor) + 1
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,41 @@ class LlamaConfig:
             raise ValueError(
                 f"{len(self.sliding_layers)} sliding-layer flags for {self.n_layers} layers"
             )
+
+
+@dataclass(frozen=True)
+class MoeConfig(LlamaConfig):
+    """A mixture-of-experts model (`models/moe.py`): the Llama shape plus its experts, router and
+    the attention extras of its families (gpt-oss's sinks and output bias)."""
+
+    n_experts: int = 0  # E routed experts per MoE layer
+    experts_per_token: int = 0  # k
+    expert_ffn: int = 0  # F, each expert's width
+    router: RouterKind = "softmax"
+    norm_topk_prob: bool = False  # the k chosen weights renormalised to sum to one
+    n_group: int = 1  # group-limited routing (DeepSeek V3)
+    topk_group: int = 1
+    routed_scaling: float = 1.0
+    n_shared_experts: int = 0  # always-on experts (their total width: shared_ffn)
+    shared_ffn: int = 0
+    moe_layers: tuple[bool, ...] = ()  # per layer: True = MoE FFN, False = dense; () = all MoE
+    expert_activation: ExpertActivation = "silu"
+    swiglu_alpha: float = 1.702  # gpt-oss's clamped SwiGLU
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False  # gpt-oss: a learned per-head logit in every softmax
+    attention_out_bias: bool = False  # gpt-oss: o_proj has a bias
+
+    def is_moe(self, layer: int) -> bool:
+        return not self.moe_layers or self.moe_layers[layer]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            raise ValueError(
+                f"experts per token ({self.experts_per_token}) must be in 1..{self.n_experts}"
+            )
+        if self.moe_layers and len(self.moe_layers) != self.n_layers:
+            raise ValueError(f"{len(self.moe_layers)} MoE-layer flags for {self.n_layers} layers")
 
 
 def check_layer_range(config: LlamaConfig, start_layer: int, end_layer: int) -> None:

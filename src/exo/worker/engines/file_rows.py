@@ -60,6 +60,7 @@ SAFETENSORS_DTYPES: dict[str, tuple[torch.dtype, int]] = {
     "F32": (torch.float32, 4),
     "F16": (torch.float16, 2),
     "BF16": (torch.bfloat16, 2),
+    "U8": (torch.uint8, 1),  # gpt-oss's MXFP4 blocks and scales (`models/mxfp4.py`)
 }
 
 

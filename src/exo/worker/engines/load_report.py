@@ -3,7 +3,6 @@
 import ctypes
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import cast
 
@@ -33,17 +32,17 @@ def load_plan(
     return kernel_plan(dtype, kernels is not None, torch.float16 if packs_fp16 else None)
 
 
-def layer_weights(record: object, name: str = "") -> Iterator[tuple[str, Weight]]:
-    """(field, weight) of every tensor in a family's layer record, nested records (a layer's
-    attention, its experts) and lists of weights included; field names are the innermost."""
-    if isinstance(record, torch.Tensor | QuantTensor):
+def named_weights(record: object, name: str = "") -> Iterator[tuple[str, Weight]]:
+    """The weights of a layer record by field name, through nested records and lists (an MoE
+    layer's attention, router and experts: "ffn.experts.gate", once per expert)."""
+    if isinstance(record, Weight):
         yield name, record
     elif isinstance(record, list | tuple):
         for item in cast(Sequence[object], record):
-            yield from layer_weights(item, name)
-    elif is_dataclass(record) and not isinstance(record, type):
-        for f in fields(record):
-            yield from layer_weights(getattr(record, f.name), f.name)
+            yield from named_weights(item, name)
+    elif hasattr(record, "__dataclass_fields__"):
+        for field, value in vars(record).items():
+            yield from named_weights(value, f"{name}.{field}" if name else field)
 
 
 def shard_bytes(weights: ShardWeights) -> int:
@@ -58,7 +57,7 @@ def shard_bytes(weights: ShardWeights) -> int:
             total += running_bytes(w)
 
     for layer in weights.layers:
-        for _, w in layer_weights(layer):
+        for _, w in named_weights(layer):
             add(w)
     for w in (weights.embed, weights.lm_head, weights.final_norm, weights.rope_freq_factors):
         add(w)
@@ -72,7 +71,7 @@ def _is_matrix(w: object) -> bool:
 def describe_load(path: Path, weights: ShardWeights, model: ShardModel, seconds: float) -> str:
     kinds: Counter[str] = Counter()
     for layer in weights.layers:
-        for field, w in layer_weights(layer):
+        for field, w in named_weights(layer):
             if _is_matrix(w):
                 kinds[f"{field}:{kind_of(w)}"] += 1
     if weights.embed is not None:

@@ -3,10 +3,10 @@ bytes of all weights as stored, and the format of the layer matrices (which deci
 running size: `exo.shared.models.memory.running_weight_bytes`)."""
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from exo.worker.engines.config import LlamaConfig, check_context_length
+from exo.worker.engines.config import LlamaConfig, MoeConfig, check_context_length
 from exo.worker.engines.file_rows import SAFETENSORS_DTYPES, SafetensorsFile
 from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
@@ -32,6 +32,45 @@ class ModelFacts:
     kv_bytes_per_token: int = 0
     """Cache bytes of one position over all layers (float32) for an attention kind whose
     cache is not keys and values of the kv heads (MLA's latent); 0 otherwise."""
+    n_experts: int = 0
+    """Routed experts per MoE layer (0: a dense model)."""
+    experts_per_token: int = 0
+    """Experts each token runs through (0: a dense model)."""
+    total_params: int = 0
+    """Parameters of every layer matrix, embedding and head (all experts counted)."""
+    active_params: int = 0
+    """Parameters a token reads: as `total_params` with only `experts_per_token` experts."""
+
+
+def parameter_counts(c: LlamaConfig) -> tuple[int, int]:
+    """(total, active per token) parameters of the matrices, embedding and head (norms, biases
+    and routers' small vectors aside; routers counted)."""
+    d = c.hidden
+    attention = d * c.head_dim * (2 * c.heads + 2 * c.kv_heads)
+    embed = c.vocab * d * (1 if c.tie_embeddings else 2)
+    total = active = embed
+    for i in range(c.n_layers):
+        if isinstance(c, MoeConfig) and c.is_moe(i):
+            fixed = attention + c.n_experts * d + 3 * d * c.shared_ffn
+            total += fixed + 3 * d * c.expert_ffn * c.n_experts
+            active += fixed + 3 * d * c.expert_ffn * c.experts_per_token
+        else:
+            total += attention + 3 * d * c.ffn
+            active += attention + 3 * d * c.ffn
+    return total, active
+
+
+def _with_counts(facts: "ModelFacts") -> "ModelFacts":
+    c = facts.config
+    total, active = parameter_counts(c)
+    moe = isinstance(c, MoeConfig)
+    return replace(
+        facts,
+        n_experts=c.n_experts if moe else 0,
+        experts_per_token=c.experts_per_token if moe else 0,
+        total_params=total,
+        active_params=active,
+    )
 
 
 def model_facts(path: Path) -> ModelFacts:
@@ -39,7 +78,7 @@ def model_facts(path: Path) -> ModelFacts:
     card cannot offer (a declared context above 2^24 positions)."""
     facts = _folder_facts(path) if path.is_dir() else _gguf_facts(path)
     check_context_length(facts.config.context_length)
-    return facts
+    return _with_counts(facts)
 
 
 def kv_bytes_per_token(config: LlamaConfig) -> int:
@@ -73,7 +112,7 @@ def _gguf_facts(path: Path) -> ModelFacts:
         config = gguf_config(f)
         matrices: Counter[str] = Counter()
         for name, info in f.tensors.items():
-            if name.startswith("blk.") and len(info.shape) >= 2:
+            if name.startswith("blk.") and len(info.shape) >= 2:  # (3-D: merged experts)
                 matrices[info.qtype.name] += info.n_bytes
         total = sum(t.n_bytes for t in f.tensors.values())
         head = f.tensors.get("output.weight")

@@ -27,30 +27,7 @@ def rope_frequencies(
         w = w / scaling.factor
     elif scaling is not None and scaling.kind == "llama3":
         w = _llama3_scaled(w, scaling)
-    elif scaling is not None and scaling.kind == "yarn":
-        w = _yarn_scaled(w, scaling, head_dim, theta)
     return w
-
-
-def _yarn_scaled(w: Tensor, s: RopeScaling, head_dim: int, theta: float) -> Tensor:
-    """YaRN: pair i is interpolated (w / factor) when it turns fewer than `beta_slow` times
-    over the original context, kept when more than `beta_fast` times, blended linearly in the
-    pair index between the two."""
-
-    def pair_turning(turns: float) -> float:  # the (fractional) pair that turns `turns` times
-        return head_dim * math.log(s.original_context_length / (turns * 2 * math.pi)) / (
-            2 * math.log(theta)
-        )
-
-    low, high = pair_turning(s.beta_fast), pair_turning(s.beta_slow)
-    if s.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, head_dim - 1)
-    if low == high:
-        high += 0.001
-    i = torch.arange(head_dim // 2, dtype=torch.float64)
-    kept = 1 - ((i - low) / (high - low)).clamp(0, 1)  # 1: extrapolated (kept), 0: interpolated
-    return w / s.factor * (1 - kept) + w * kept
 
 
 def _llama3_scaled(w: Tensor, s: RopeScaling) -> Tensor:

@@ -98,14 +98,7 @@ def attend(
         return kernels.attend_decode(
             qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
         )
-    qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
-    if s.qk_norm is not None:
-        qk = F.rms_norm(qk, (hd,), None, s.eps) * s.qk_norm
-    assert t.rotation is not None
-    qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
-    q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
-    v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
-    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
     if n_new == 1:
         # One query per row: fold the query heads of each kv group into the query axis.
         q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
@@ -120,6 +113,54 @@ def attend(
         enable_gqa=heads != kvh,
     )  # [B, H, T, hd]
     return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
+
+
+def _rotate_and_cache(
+    qkv: Tensor, s: AttentionShape, t: StepTensors, layer_cache: LayerCache
+) -> tuple[Tensor, Tensor, Tensor]:
+    """qkv [B, T, (H + 2KV) * hd] -> q [B, T, H, hd] rotated, and this row's cached keys and
+    values [B, KV, L, hd] with the new ones written."""
+    hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
+    qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
+    if s.qk_norm is not None:
+        qk = F.rms_norm(qk, (hd,), None, s.eps) * s.qk_norm
+    assert t.rotation is not None
+    qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
+    q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
+    v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
+    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    return q, keys, values
+
+
+def attend_with_sinks(
+    qkv: Tensor, s: AttentionShape, t: StepTensors, layer_cache: LayerCache, sinks: Tensor
+) -> Tensor:
+    """Attention with a learned logit per head that takes part in the softmax and attends to
+    nothing (gpt-oss's sinks: a head may give most of its weight to no position):
+
+        p = softmax([q K^T / sqrt(hd) + mask, sink_h])[:L];  a = p V
+
+    qkv [B, T, (H + 2KV) * hd], sinks [H] -> [B, T, H*hd]; the new k, v are stored. (`t` is
+    built without the compiled decode: it has no sinks.)"""
+    bsz, n_new, _ = qkv.shape
+    heads, group = s.heads, s.heads // s.kv_heads
+    q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
+    mask = t.mask
+    if mask is None and t.is_causal:
+        mask = torch.ones(n_new, t.kv_len, dtype=torch.bool, device=qkv.device).tril()
+    rows: list[Tensor] = []
+    for b in range(bsz):  # each row over its own keys only: the same sums alone or batched
+        n_keys = int(t.pos_index[b]) + n_new
+        k = keys[b, :, :n_keys].repeat_interleave(group, 0).float()  # [H, L_b, hd]
+        v = values[b, :, :n_keys].repeat_interleave(group, 0)
+        scores = (q[b].transpose(0, 1).float() @ k.transpose(-1, -2)) / s.head_dim**0.5
+        if mask is not None:  # [B, 1, T, L] or the causal [T, L]
+            row_mask = mask[b] if mask.dim() == 4 else mask
+            scores = scores.masked_fill(~row_mask[..., :n_keys], float("-inf"))
+        sink = sinks.float().view(heads, 1, 1).expand(heads, n_new, 1)
+        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        rows.append((probs.to(v.dtype) @ v).transpose(0, 1).reshape(n_new, -1))  # [T, H*hd]
+    return torch.stack(rows)
 
 
 def check_step(step: StepInputs, cache: KVCache) -> None:

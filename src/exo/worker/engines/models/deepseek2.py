@@ -62,7 +62,7 @@ from exo.worker.engines.models.moe import (
     stacked_experts,
 )
 from exo.worker.engines.models.norms import residual, rms_norm
-from exo.worker.engines.models.rotary import RotaryTables
+from exo.worker.engines.models.rotary import RotaryTables, yarn_attention_factor
 from exo.worker.engines.models.router import RouterSpec
 from exo.worker.engines.qtensor import QuantTensor, Weight
 from exo.worker.engines.weights import ShardWeights
@@ -92,12 +92,12 @@ def _config(config: LlamaConfig) -> DeepseekConfig:
 
 
 def router_spec(c: DeepseekConfig) -> RouterSpec:
-    if c.gating == "softmax" and c.n_group > 1:
+    if c.router == "softmax" and c.n_group > 1:
         raise ValueError("group-limited softmax routing (DeepSeek V2) is not supported")
     return RouterSpec(
-        kind="sigmoid" if c.gating == "sigmoid" else "softmax",
+        kind=c.router,
         n_experts=c.n_experts,
-        top_k=c.n_experts_used,
+        top_k=c.experts_per_token,
         normalize=c.norm_topk_prob,
         n_group=c.n_group,
         topk_group=c.topk_group,
@@ -248,7 +248,10 @@ class DeepseekModel:
             self.embedding = Embedding(
                 weights.embed, options.weight_format, self.dtype, self.device, head
             )
-        self.rotary = RotaryTables(c, self.device, head_dim=c.head_dim)
+        # YaRN's magnitude scales the rotary dims only (MLA's scale m^2 is in `scale`)
+        s = c.rope_scaling
+        magnitude = yarn_attention_factor(s) if s is not None and s.kind == "yarn" else 1.0
+        self.rotary = RotaryTables(c, self.device, head_dim=c.head_dim, magnitude=magnitude)
 
     def _block(self, w: DeepseekLayer, scale: float, make: LinearMaker) -> Block:
         attention = build_mla(w.attention, w.attn_norm, self.dims, scale, make)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from exo.worker.engines.config import LlamaConfig, RopeScaling
+from exo.worker.engines.config import MoeConfig, RopeScaling
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
@@ -41,9 +41,10 @@ HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
 
 
 @dataclass(frozen=True)
-class DeepseekConfig(LlamaConfig):
-    """LlamaConfig's fields (head_dim: the rotary dims dr; kv_heads = heads; ffn: the dense
-    layers' width) plus MLA's ranks and the mixture of experts'."""
+class DeepseekConfig(MoeConfig):
+    """MoeConfig's fields (head_dim: the rotary dims dr; kv_heads = heads; ffn: the dense
+    layers' width; router "sigmoid" for V3 with the expert bias, "softmax" for V2) plus MLA's
+    ranks and the number of dense first layers."""
 
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
@@ -51,15 +52,6 @@ class DeepseekConfig(LlamaConfig):
     v_head_dim: int = 0
     mscale_all_dim: float = 0.0  # YaRN's softmax-scale multiplier (m = 1 + 0.1 this ln factor)
     first_k_dense_replace: int = 0  # layers [0, this) are dense, the rest mixtures of experts
-    n_experts: int = 0
-    n_experts_used: int = 0
-    n_shared_experts: int = 0
-    moe_ffn: int = 0  # one expert's width
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling: float = 1.0
-    norm_topk_prob: bool = True
-    gating: str = "sigmoid"  # "sigmoid" (V3, with the expert bias) or "softmax" (V2)
     rope_interleave: bool = True  # Hugging Face: rotary pairs adjacent (else half-split rows)
 
     def mla_dims(self, heads: int | None = None) -> MlaDims:
@@ -94,6 +86,7 @@ def _gguf_yarn(meta: Meta, arch: str) -> tuple[RopeScaling | None, float]:
         original_context_length=meta_int(meta, f"{arch}.rope.scaling.original_context_length"),
         beta_fast=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
         beta_slow=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        attention_factor=1.0,
     )
     return scaling, meta_float(meta, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
 
@@ -137,14 +130,16 @@ def gguf_config(f: GGUFFile) -> DeepseekConfig:
         mscale_all_dim=mscale_all_dim,
         first_k_dense_replace=meta_int(meta, f"{arch}.leading_dense_block_count", 0),
         n_experts=meta_int(meta, f"{arch}.expert_count", 0),
-        n_experts_used=meta_int(meta, f"{arch}.expert_used_count", 0),
+        experts_per_token=meta_int(meta, f"{arch}.expert_used_count", 0),
         n_shared_experts=meta_int(meta, f"{arch}.expert_shared_count", 0),
-        moe_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
+        expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
         n_group=meta_int(meta, f"{arch}.expert_group_count", 1),
         topk_group=meta_int(meta, f"{arch}.expert_group_used_count", 1),
         routed_scaling=meta_float(meta, f"{arch}.expert_weights_scale", 1.0),
         norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", False)),
-        gating="sigmoid" if gating == 2 else "softmax",
+        router="sigmoid" if gating == 2 else "softmax",
+        shared_ffn=meta_int(meta, f"{arch}.expert_shared_count", 0)
+        * meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
     )
 
 
@@ -251,14 +246,16 @@ def hf_config(raw: hf_meta.JsonDict, folder: Path) -> DeepseekConfig:
         mscale_all_dim=mscale_all_dim,
         first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
         n_experts=int(raw.get("n_routed_experts") or 0),
-        n_experts_used=int(raw.get("num_experts_per_tok") or 0),
+        experts_per_token=int(raw.get("num_experts_per_tok") or 0),
         n_shared_experts=int(raw.get("n_shared_experts") or 0),
-        moe_ffn=int(raw.get("moe_intermediate_size") or 0),
+        expert_ffn=int(raw.get("moe_intermediate_size") or 0),
         n_group=int(raw.get("n_group") or 1),
         topk_group=int(raw.get("topk_group") or 1),
         routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-        gating=scoring,
+        router="sigmoid" if scoring == "sigmoid" else "softmax",
+        shared_ffn=int(raw.get("n_shared_experts") or 0)
+        * int(raw.get("moe_intermediate_size") or 0),
         rope_interleave=bool(raw.get("rope_interleave", True)),
     )
 

@@ -58,7 +58,7 @@ def router_spec(c: GlmConfig) -> RouterSpec:
     return RouterSpec(
         kind="sigmoid",
         n_experts=c.n_experts,
-        top_k=c.n_experts_used,
+        top_k=c.experts_per_token,
         normalize=c.norm_topk_prob,
         n_group=c.n_group,
         topk_group=c.topk_group,

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
@@ -36,19 +36,11 @@ _GATE_UP_DOWN = ("gate", "up", "down")
 
 
 @dataclass(frozen=True)
-class GlmConfig(LlamaConfig):
-    """LlamaConfig's fields (rotary_dim: the rotated dims of a head; ffn: the dense layers'
-    width) plus the mixture of experts'."""
+class GlmConfig(MoeConfig):
+    """MoeConfig's fields (rotary_dim: the rotated dims of a head; ffn: the dense layers'
+    width; the sigmoid router) plus the number of dense first layers."""
 
     first_k_dense_replace: int = 0
-    n_experts: int = 0
-    n_experts_used: int = 0
-    n_shared_experts: int = 0
-    moe_ffn: int = 0
-    n_group: int = 1
-    topk_group: int = 1
-    routed_scaling: float = 1.0
-    norm_topk_prob: bool = True
 
     def is_moe(self, layer: int) -> bool:
         return self.n_experts > 0 and layer >= self.first_k_dense_replace
@@ -104,13 +96,16 @@ def gguf_config(f: GGUFFile) -> GlmConfig:
         rotary_dim=meta_int(meta, f"{arch}.rope.dimension_count", head_dim),
         first_k_dense_replace=meta_int(meta, f"{arch}.leading_dense_block_count", 0),
         n_experts=meta_int(meta, f"{arch}.expert_count", 0),
-        n_experts_used=meta_int(meta, f"{arch}.expert_used_count", 0),
+        experts_per_token=meta_int(meta, f"{arch}.expert_used_count", 0),
         n_shared_experts=meta_int(meta, f"{arch}.expert_shared_count", 0),
-        moe_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
+        expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
         n_group=meta_int(meta, f"{arch}.expert_group_count", 1),
         topk_group=meta_int(meta, f"{arch}.expert_group_used_count", 1),
         routed_scaling=meta_float(meta, f"{arch}.expert_weights_scale", 1.0),
         norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        router="sigmoid",
+        shared_ffn=meta_int(meta, f"{arch}.expert_shared_count", 0)
+        * meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
     ))  # fmt: skip
 
 
@@ -182,13 +177,15 @@ def hf_config(raw: hf_meta.JsonDict, folder: Path) -> GlmConfig:
         rotary_dim=int(head_dim * partial),
         first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
         n_experts=int(raw.get("n_routed_experts") or 0),
-        n_experts_used=int(raw.get("num_experts_per_tok") or 0),
+        experts_per_token=int(raw.get("num_experts_per_tok") or 0),
         n_shared_experts=int(raw.get("n_shared_experts") or 0),
-        moe_ffn=int(raw.get("moe_intermediate_size") or 0),
+        expert_ffn=int(raw.get("moe_intermediate_size") or 0),
         n_group=int(raw.get("n_group") or 1),
         topk_group=int(raw.get("topk_group") or 1),
         routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
         norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        router="sigmoid",
+        shared_ffn=int(raw.get("n_shared_experts") or 0) * int(raw.get("moe_intermediate_size") or 0),
     ))  # fmt: skip
 
 

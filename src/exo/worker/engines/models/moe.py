@@ -22,11 +22,11 @@ bias is added by rank 0 only); the all-reduce sums the partial outputs.
 """
 
 from dataclasses import dataclass, replace
-from typing import Literal
 
 import torch
 from torch import Tensor
 
+from exo.worker.engines.config import ExpertActivation as ExpertActivation
 from exo.worker.engines.linear import GeGLU, Linear, SwiGLU
 from exo.worker.engines.materialise import StoredTensor, TensorSource, materialise
 from exo.worker.engines.models.base import AllReduce
@@ -34,8 +34,6 @@ from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.norms import rms_norm
 from exo.worker.engines.models.router import RouterSpec, route
 from exo.worker.engines.qtensor import QuantTensor, Weight
-
-ExpertActivation = Literal["silu", "gelu_tanh", "swiglu_oai"]
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,11 @@ never depend on the other tokens of its batch.
 """
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 from torch import Tensor
 
-RouterKind = Literal["softmax", "softmax_selected", "sigmoid"]
+from exo.worker.engines.config import RouterKind as RouterKind
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""gpt-oss's MXFP4 safetensors against transformers' own MXFP4 decoder, and the facts a card
+carries for MoE models (expert counts, active parameters, every expert in the size)."""
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from exo.shared.models.memory import running_weight_bytes
+from exo.worker.download.local import card_from_path
+from exo.worker.engines.engine import load_shard_weights
+from exo.worker.engines.materialise import kernel_plan, running_bytes
+from exo.worker.engines.model_facts import model_facts
+from exo.worker.engines.models.base import StepInputs
+from exo.worker.engines.models.moe import MoeWeights
+from exo.worker.engines.models.moe_model import MoeLayer
+from exo.worker.engines.qtensor import QuantTensor
+
+from .moe_models import CASES, build_hf_model, write_gguf
+from .test_engine_moe_families import PROMPT, load
+
+pytest.importorskip("transformers")
+
+
+def _random_mxfp4(shape: tuple[int, ...], gen: torch.Generator) -> tuple[Any, Any]:
+    """blocks [.., G, 16] of random codes and scales [.., G] around 2^-3."""
+    blocks = torch.randint(0, 256, (*shape, 16), generator=gen, dtype=torch.uint8)
+    scales = torch.randint(122, 126, shape, generator=gen, dtype=torch.uint8)
+    return blocks, scales
+
+
+def test_mxfp4_safetensors_match_transformers_decoding_them(tmp_path: Path) -> None:
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    float_folder, folder = tmp_path / "float", tmp_path / "mxfp4"
+    hf = build_hf_model(CASES["gpt-oss"], float_folder)
+    c = hf.config
+    e, d, f = c.num_local_experts, c.hidden_size, c.intermediate_size
+    state = load_file(str(float_folder / "model.safetensors"))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for i, layer in enumerate(hf.model.layers):
+            p = f"model.layers.{i}.mlp.experts."
+            for name, rows, cols in (("gate_up_proj", 2 * f, d), ("down_proj", d, f)):
+                blocks, scales = _random_mxfp4((e, rows, cols // 32), gen)
+                del state[p + name]
+                state[p + name + "_blocks"], state[p + name + "_scales"] = blocks, scales
+                decoded = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+                getattr(layer.mlp.experts, name).copy_(decoded)  # [E, in, out], as it holds them
+    shutil.copytree(float_folder, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file(state, str(folder / "model.safetensors"))
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (folder / "config.json").write_text(json.dumps(config))
+
+    model = load(folder)
+    layer = model_layer_weights(folder)
+    assert isinstance(layer.ffn, MoeWeights)
+    assert all(isinstance(w, QuantTensor) and w.qtype.name == "MXFP4" for w in layer.ffn.experts.up)
+    with torch.inference_mode():
+        ref = hf(torch.tensor([PROMPT])).logits[0].float()
+        ours = model.forward(
+            torch.tensor([PROMPT]), StepInputs.single(0, 0, len(PROMPT)),
+            model.new_cache(1, len(PROMPT)), every_position=True,
+        )[0]  # fmt: skip
+    assert float((ours - ref).abs().max()) <= 1e-3 * float(ref.max() - ref.min())
+
+
+def model_layer_weights(folder: Path) -> MoeLayer:
+    layer = load_shard_weights(folder, 0, 1).layers[0]
+    assert isinstance(layer, MoeLayer)
+    return layer
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cards_carry_expert_counts_active_parameters_and_every_experts_bytes(
+    tmp_path: Path, name: str
+) -> None:
+    case = CASES[name]
+    hf = build_hf_model(case, tmp_path / name)
+    path = write_gguf(hf, case, tmp_path / f"{name}.gguf", "Q8_0")
+    card = card_from_path(path)
+    c = hf.config
+    experts = c.num_local_experts if name == "gpt-oss" else c.num_experts
+    assert (card.n_experts, card.experts_per_token) == (experts, c.num_experts_per_tok)
+    hf_total = sum(p.numel() for n, p in hf.named_parameters() if p.dim() >= 2 and "bias" not in n)
+    assert card.total_params == hf_total  # every matrix, every expert
+    assert 0 < card.active_params < card.total_params
+    # the running size the estimate counts is every expert's blocks as loaded
+    weights = load_shard_weights(
+        path, 0, c.num_hidden_layers, plan=kernel_plan(torch.float32, True)
+    )
+    loaded = sum(_layer_bytes(layer) for layer in weights.layers)
+    loaded += running_bytes(weights.embed) + running_bytes(weights.lm_head)
+    facts = model_facts(path)
+    estimate = running_weight_bytes(facts.weight_bytes, facts.weight_format)
+    assert abs(estimate - loaded) <= 0.1 * loaded
+
+
+def _layer_bytes(layer: object) -> int:
+    assert isinstance(layer, MoeLayer)
+    a = layer.attention
+    total = sum(running_bytes(w) for w in (a.wq, a.wk, a.wv, a.wo))
+    ffn = layer.ffn
+    if isinstance(ffn, MoeWeights):
+        x = ffn.experts
+        total += sum(running_bytes(w) for w in (*x.gate, *x.up, *x.down))
+        total += running_bytes(ffn.router)
+    else:
+        total += sum(running_bytes(w) for w in (ffn.gate, ffn.up, ffn.down))
+    return total
