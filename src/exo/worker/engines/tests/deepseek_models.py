@@ -129,8 +129,10 @@ def _tensors(model: Any, split_kv_b: bool) -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def _metadata(w: Any, c: Any, split_kv_b: bool) -> None:
+def _metadata(w: Any, c: Any, split_kv_b: bool, tokenizer: Path | None) -> None:
     import gguf
+
+    from .generated import copy_tokenizer
 
     rope = c.rope_parameters
     w.add_block_count(c.num_hidden_layers)
@@ -140,8 +142,11 @@ def _metadata(w: Any, c: Any, split_kv_b: bool) -> None:
     w.add_head_count(c.num_attention_heads)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(rope["rope_theta"])
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
+    if tokenizer is not None:  # its tokens, special ids and chat template
+        assert copy_tokenizer(w, tokenizer) == c.vocab_size
+    else:
+        w.add_bos_token_id(c.bos_token_id)
+        w.add_eos_token_id(c.eos_token_id)
     w.add_leading_dense_block_count(c.first_k_dense_replace)
     w.add_q_lora_rank(c.q_lora_rank)
     w.add_kv_lora_rank(c.kv_lora_rank)
@@ -172,13 +177,20 @@ def _metadata(w: Any, c: Any, split_kv_b: bool) -> None:
 
 
 def write_deepseek_gguf(
-    model: Any, path: Path, dtype: str = "F32", *, split_kv_b: bool = True
+    model: Any,
+    path: Path,
+    dtype: str = "F32",
+    *,
+    split_kv_b: bool = True,
+    tokenizer: Path | None = None,
 ) -> Path:
-    """`model` (from `build_deepseek`) as a llama.cpp `deepseek2` GGUF file, F32 or Q8_0."""
+    """`model` (from `build_deepseek`) as a llama.cpp `deepseek2` GGUF file, F32 or Q8_0
+    (with the tokenizer and chat template of the GGUF file `tokenizer`, if given: the model's
+    vocabulary must be that size)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "deepseek2")
-    _metadata(w, model.config, split_kv_b)
+    _metadata(w, model.config, split_kv_b, tokenizer)
     q8 = gguf.GGMLQuantizationType.Q8_0
     for name, data in _tensors(model, split_kv_b).items():
         data = np.ascontiguousarray(data, dtype=np.float32)
