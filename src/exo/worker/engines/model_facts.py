@@ -42,11 +42,24 @@ class ModelFacts:
     """Parameters a token reads: as `total_params` with only `experts_per_token` experts."""
 
 
+def _attention_params(c: LlamaConfig) -> int:
+    """One layer's attention matrices: q, k, v, o of the heads, or MLA's down and up
+    projections (q LoRA, the latent's, Wkvb, Wo)."""
+    d = c.hidden
+    if not isinstance(c, DeepseekConfig):
+        return d * c.head_dim * (2 * c.heads + 2 * c.kv_heads)
+    m = c.mla_dims()
+    qk = m.heads * (m.qk_nope + m.qk_rope)
+    q = d * qk if m.q_lora_rank is None else m.q_lora_rank * (d + qk)
+    latent = d * m.latent + m.kv_lora_rank * m.heads * (m.qk_nope + m.v_head_dim)
+    return q + latent + m.heads * m.v_head_dim * d
+
+
 def parameter_counts(c: LlamaConfig) -> tuple[int, int]:
     """(total, active per token) parameters of the matrices, embedding and head (norms, biases
     and routers' small vectors aside; routers counted)."""
     d = c.hidden
-    attention = d * c.head_dim * (2 * c.heads + 2 * c.kv_heads)
+    attention = _attention_params(c)
     embed = c.vocab * d * (1 if c.tie_embeddings else 2)
     total = active = embed
     for i in range(c.n_layers):

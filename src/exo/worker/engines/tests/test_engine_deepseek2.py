@@ -290,3 +290,9 @@ def test_the_card_carries_each_layers_bytes_and_the_latent_cache(
     assert card.layer_bytes[0] < card.layer_bytes[1] == card.layer_bytes[2]
     assert sum(card.layer_bytes) < card.storage_size.in_bytes  # embedding and head apart
     assert card.kv_bytes_per_token == _dense_model(path).kv_bytes_per_position()
+    # every matrix of transformers' model (MLA's, the experts', the router), embedding, head
+    matrices = sum(p.numel() for p in files.hf.parameters() if p.dim() >= 2)
+    assert card.total_params == matrices
+    idle = (CONFIG["n_routed_experts"] - CONFIG["num_experts_per_tok"]) * 3 * 64 * 32
+    assert card.active_params == matrices - 2 * idle  # two MoE layers
+    assert (card.n_experts, card.experts_per_token) == (8, 2)

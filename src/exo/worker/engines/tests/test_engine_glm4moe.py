@@ -175,3 +175,5 @@ def test_the_card_counts_the_models_layers_only(files: _Files) -> None:
     assert card.n_layers == len(card.layer_bytes) == 3
     assert card.layer_bytes[0] < card.layer_bytes[1] == card.layer_bytes[2]
     assert card.kv_bytes_per_token == 0 and card.num_kv_heads == 2 and card.head_dim == 32
+    assert card.total_params == sum(p.numel() for p in files.hf.parameters() if p.dim() >= 2)
+    assert (card.n_experts, card.experts_per_token) == (8, 2)
