@@ -110,9 +110,14 @@ def _tensors(model: Any) -> dict[str, np.ndarray[Any, Any]]:
     return out
 
 
-def write_glm_gguf(model: Any, path: Path, dtype: str = "F32") -> Path:
-    """`model` (from `build_glm`) as a llama.cpp `glm4moe` GGUF file, F32 or Q8_0."""
+def write_glm_gguf(
+    model: Any, path: Path, dtype: str = "F32", tokenizer: Path | None = None
+) -> Path:
+    """`model` (from `build_glm`) as a llama.cpp `glm4moe` GGUF file, F32 or Q8_0 (with the
+    tokenizer and chat template of the GGUF file `tokenizer`, if given)."""
     import gguf
+
+    from .generated import copy_tokenizer
 
     c = model.config
     rope = c.rope_parameters
@@ -129,8 +134,11 @@ def write_glm_gguf(model: Any, path: Path, dtype: str = "F32") -> Path:
     w.add_rope_dimension_count(int(c.head_dim * rope["partial_rotary_factor"]))
     w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_bos_token_id(c.bos_token_id)
-    w.add_eos_token_id(c.eos_token_id)
+    if tokenizer is not None:
+        assert copy_tokenizer(w, tokenizer) == c.vocab_size
+    else:
+        w.add_bos_token_id(c.bos_token_id)
+        w.add_eos_token_id(c.eos_token_id)
     w.add_leading_dense_block_count(c.first_k_dense_replace)
     w.add_expert_count(c.n_routed_experts)
     w.add_expert_used_count(c.num_experts_per_tok)
