@@ -56,12 +56,18 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def build_deepseek(folder: Path, seed: int = 0, **overrides: Any) -> Any:
-    """A random tiny DeepSeek V3 saved to `folder` (safetensors), in eval mode."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+def build_deepseek(folder: Path, seed: int = 0, v2: bool = False, **overrides: Any) -> Any:
+    """A random tiny DeepSeek V3 (`v2`: V2, softmax routing) saved to `folder` (safetensors),
+    in eval mode."""
+    import transformers
 
+    classes: tuple[Any, Any] = (
+        (transformers.DeepseekV2Config, transformers.DeepseekV2ForCausalLM)
+        if v2
+        else (transformers.DeepseekV3Config, transformers.DeepseekV3ForCausalLM)
+    )
     torch.manual_seed(seed)
-    model = DeepseekV3ForCausalLM(DeepseekV3Config(**{**CONFIG, **overrides})).eval()
+    model = classes[1](classes[0](**{**CONFIG, **overrides})).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # ones at init: make them matter

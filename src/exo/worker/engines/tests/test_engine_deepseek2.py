@@ -97,6 +97,35 @@ def test_logits_match_transformers(files: _Files, source: str) -> None:
     assert float((step - ref[-1]).abs().max()) <= bound
 
 
+V2_LITE = {  # DeepSeek V2-Lite's shape of features: no q LoRA, softmax greedy routing, one group
+    "q_lora_rank": None,
+    "n_group": 1,
+    "topk_group": 1,
+    "topk_method": "greedy",
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.0,
+    "rope_parameters": {**CONFIG["rope_parameters"], "mscale": 0.707, "mscale_all_dim": 0.707},
+}
+
+
+@pytest.mark.parametrize(
+    ("v2", "overrides"),
+    [
+        (False, {"q_lora_rank": None, "rope_interleave": False}),  # q = x Wq^T; half-split rotary
+        (True, V2_LITE),
+    ],
+    ids=["v3-no-q-lora-half-split", "v2-lite"],
+)
+def test_variants_match_transformers(tmp_path: Path, v2: bool, overrides: dict[str, Any]) -> None:
+    hf = build_deepseek(tmp_path / "hf", v2=v2, **overrides)
+    model = _dense_model(tmp_path / "hf")
+    with torch.inference_mode():
+        ref = hf(torch.tensor([PROMPT])).logits[0].float()
+        step = StepInputs.single(0, 0, len(PROMPT))
+        ours = model.forward(torch.tensor([PROMPT]), step, model.new_cache(1, 16), True)[0]
+    assert float((ours - ref).abs().max()) <= 1e-3 * float(ref.max() - ref.min())
+
+
 def test_32_greedy_tokens_match_transformers(files: _Files) -> None:
     expected = _hf_greedy(files.hf, PROMPT, 32)
     assert len(set(expected)) > 3  # a real continuation, not one token repeated
