@@ -202,25 +202,21 @@ def _write_and_read(latent: Tensor, d: MlaDims, cache: LayerCache, kv_len: int) 
 
 def _attend_latent(query: Tensor, cached: Tensor, r: int, t: StepTensors, scale: float) -> Tensor:
     """query [B, T, H, R + dr] over cached [B, 1, L, R + dr] (values: its first R) ->
-    [B, T, H, R]."""
+    [B, T, H, R]. Every head of a row attends to the same latents, so the heads are folded
+    into the query axis (T * H queries, position-major) over the one cached "head": the cache
+    is never expanded per head."""
     bsz, n_new, heads, _ = query.shape
-    values = cached[..., :r]
-    if n_new == 1:  # every head of a row attends to the same latents: heads as the query axis
-        out = F.scaled_dot_product_attention(
-            query.transpose(1, 2).reshape(bsz, 1, heads, -1),
-            cached,
-            values,
-            attn_mask=t.mask,
-            scale=scale,
-        )  # [B, 1, H, R]
-        return out.reshape(bsz, 1, heads, r)
-    length = cached.shape[2]
+    mask = t.mask  # [B, 1, T, L] or None (decode of one row; or a causal prefill from 0)
+    if mask is None and n_new > 1:  # causal from position 0: query t sees keys 0..t
+        keys = torch.arange(cached.shape[2], device=query.device)
+        mask = (keys <= torch.arange(n_new, device=query.device)[:, None])[None, None]
+    if mask is not None:
+        mask = mask.repeat_interleave(heads, dim=2)  # [B, 1, T * H, L]
     out = F.scaled_dot_product_attention(
-        query.transpose(1, 2),  # [B, H, T, R + dr]
-        cached.expand(bsz, heads, length, cached.shape[-1]),
-        values.expand(bsz, heads, length, r),
-        attn_mask=t.mask,
-        is_causal=t.is_causal,
+        query.reshape(bsz, 1, n_new * heads, -1),
+        cached,
+        cached[..., :r],
+        attn_mask=mask,
         scale=scale,
-    )  # [B, H, T, R]
-    return out.transpose(1, 2)
+    )  # [B, 1, T * H, R]
+    return out.reshape(bsz, n_new, heads, r)
