@@ -325,3 +325,34 @@ def test_the_card_carries_each_layers_bytes_and_the_latent_cache(
     idle = (CONFIG["n_routed_experts"] - CONFIG["num_experts_per_tok"]) * 3 * 64 * 32
     assert card.active_params == matrices - 2 * idle  # two MoE layers
     assert (card.n_experts, card.experts_per_token) == (8, 2)
+
+
+def test_a_next_turn_reuses_the_cached_latents(files: _Files) -> None:
+    """A request that extends a finished one's prompt reuses its cached latents (the prefix
+    cache) and gives the tokens of a fresh model."""
+    model = _dense_model(files.path("gguf-F32"))
+    gen = BatchGenerator(model, 2, 64, prefill_chunk=4)
+    first = PROMPTS[0] + PROMPTS[1]
+    second = [*first, 9, 99, 19]
+
+    def run(request_id: str, prompt: list[int]) -> list[int]:
+        gen.add(request_id, prompt, SamplingParams(temperature=0.0, max_tokens=8))
+        tokens: list[int] = []
+        while gen.active:
+            tokens += [o.token_id for o in gen.step() if o.token_id is not None]
+        return tokens
+
+    assert run("a", first) == _greedy(model, first, 8)
+    prefixes = gen.prefixes
+    assert prefixes is not None
+    take = prefixes.take
+    reused: list[int] = []
+
+    def recording_take(prompt: list[int]) -> tuple[int, list[int]] | None:
+        found = take(prompt)
+        reused.append(0 if found is None else found[0])
+        return found
+
+    setattr(prefixes, "take", recording_take)  # noqa: B010  (an instance's method, wrapped)
+    assert run("b", second) == _greedy(model, second, 8)
+    assert reused and reused[0] > 0  # the first turn's positions came from the cache
