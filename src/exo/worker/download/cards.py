@@ -119,7 +119,15 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         weight_format=weight_format,
         embedding_bytes=embedding,
         head_bytes=0 if raw.get("tie_word_embeddings", False) else embedding,
+        n_experts=_expert_count(raw),
+        experts_per_token=int(raw.get("num_experts_per_tok") or 0),
     )
+
+
+def _expert_count(raw: dict[str, Any]) -> int:
+    """Routed experts of an MoE config.json (Qwen3-MoE, gpt-oss, DeepSeek); 0 for dense."""
+    count = raw.get("num_experts") or raw.get("num_local_experts") or raw.get("n_routed_experts")
+    return int(count or 0)
 
 
 def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettings) -> ModelCard:
@@ -154,6 +162,8 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         chat_template=template if isinstance(template, str) else None,
         head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
         weight_format=(pinned.gguf_quant or "").upper(),
+        n_experts=key("expert_count", 0),
+        experts_per_token=key("expert_used_count", 0),
     )
 
 

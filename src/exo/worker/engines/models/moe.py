@@ -115,14 +115,17 @@ def stacked_experts(src: TensorSource, name: str, n_experts: int) -> list[Weight
 # --- tensor parallel -----------------------------------------------------------------------------
 
 
-def _rows(w: Weight, rank: int, world: int) -> Weight:
+def rows_of(w: Weight, rank: int, world: int) -> Weight:
+    """Rank `rank` of `world`'s share of a matrix's rows (column-parallel)."""
     n = w.shape[0] // world
     if isinstance(w, QuantTensor):
         return w.rows(rank * n, (rank + 1) * n)
     return w[rank * n : (rank + 1) * n].contiguous()
 
 
-def _cols(w: Weight, rank: int, world: int) -> Weight:
+def cols_of(w: Weight, rank: int, world: int) -> Weight:
+    """Rank `rank` of `world`'s share of a matrix's columns (row-parallel; blocks a boundary
+    would split are dequantised first)."""
     n = w.shape[1] // world
     if isinstance(w, QuantTensor):
         sliced = w.cols(rank * n, (rank + 1) * n)
@@ -130,7 +133,8 @@ def _cols(w: Weight, rank: int, world: int) -> Weight:
     return w[:, rank * n : (rank + 1) * n].contiguous()
 
 
-def _bias_rows(b: Tensor | None, rank: int, world: int) -> Tensor | None:
+def bias_rows(b: Tensor | None, rank: int, world: int) -> Tensor | None:
+    """Rank `rank` of `world`'s share of a bias's last axis (per expert for [E, F] ones)."""
     if b is None:
         return None
     n = b.shape[-1] // world
@@ -148,18 +152,18 @@ def slice_moe(w: MoeWeights, rank: int, world: int) -> MoeWeights:
         )
     x = w.experts
     experts = ExpertWeights(
-        gate=[_rows(g, rank, world) for g in x.gate],
-        up=[_rows(u, rank, world) for u in x.up],
-        down=[_cols(d, rank, world) for d in x.down],
-        gate_bias=_bias_rows(x.gate_bias, rank, world),
-        up_bias=_bias_rows(x.up_bias, rank, world),
+        gate=[rows_of(g, rank, world) for g in x.gate],
+        up=[rows_of(u, rank, world) for u in x.up],
+        down=[cols_of(d, rank, world) for d in x.down],
+        gate_bias=bias_rows(x.gate_bias, rank, world),
+        up_bias=bias_rows(x.up_bias, rank, world),
         down_bias=x.down_bias if rank == 0 else None,
     )
     shared = None
     if w.shared is not None:
         s = w.shared
         shared = SharedExpert(
-            _rows(s.gate, rank, world), _rows(s.up, rank, world), _cols(s.down, rank, world)
+            rows_of(s.gate, rank, world), rows_of(s.up, rank, world), cols_of(s.down, rank, world)
         )
     return replace(w, experts=experts, shared=shared)
 

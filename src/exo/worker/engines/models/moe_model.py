@@ -41,11 +41,19 @@ from exo.worker.engines.models.base import AllReduce, BuildOptions, StepInputs
 from exo.worker.engines.models.dense import head_format
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.mlp import DenseMlp, build_dense_mlp
-from exo.worker.engines.models.moe import ClampedSwiGLU, MoeFeedForward, MoeWeights, slice_moe
+from exo.worker.engines.models.moe import (
+    ClampedSwiGLU,
+    MoeFeedForward,
+    MoeWeights,
+    bias_rows,
+    cols_of,
+    rows_of,
+    slice_moe,
+)
 from exo.worker.engines.models.norms import residual, rms_norm
 from exo.worker.engines.models.rotary import RotaryTables, yarn_attention_factor
 from exo.worker.engines.models.router import RouterSpec
-from exo.worker.engines.qtensor import QuantTensor, Weight
+from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import ShardWeights
 
 
@@ -86,25 +94,6 @@ class MoeLayer:
 # --- tensor parallel -----------------------------------------------------------------------------
 
 
-def _rows(w: Weight, rank: int, world: int) -> Weight:
-    n = w.shape[0] // world
-    if isinstance(w, QuantTensor):
-        return w.rows(rank * n, (rank + 1) * n)
-    return w[rank * n : (rank + 1) * n].contiguous()
-
-
-def _rows_opt(w: Tensor | None, rank: int, world: int) -> Tensor | None:
-    return None if w is None else w[rank * (n := w.shape[0] // world) : (rank + 1) * n]
-
-
-def _cols(w: Weight, rank: int, world: int) -> Weight:
-    n = w.shape[1] // world
-    if isinstance(w, QuantTensor):
-        sliced = w.cols(rank * n, (rank + 1) * n)
-        return sliced if sliced is not None else w.dequantize()[:, rank * n : (rank + 1) * n]
-    return w[:, rank * n : (rank + 1) * n].contiguous()
-
-
 def slice_moe_layer(layer: MoeLayer, config: MoeConfig, rank: int, world: int) -> MoeLayer:
     """Rank `rank` of `world`'s share: whole heads (and their sinks), every expert's rows."""
     if config.heads % world or config.kv_heads % world:
@@ -115,15 +104,15 @@ def slice_moe_layer(layer: MoeLayer, config: MoeConfig, rank: int, world: int) -
     a = layer.attention
     attention = replace(
         a,
-        wq=_rows(a.wq, rank, world),
-        wk=_rows(a.wk, rank, world),
-        wv=_rows(a.wv, rank, world),
-        wo=_cols(a.wo, rank, world),
-        bq=_rows_opt(a.bq, rank, world),
-        bk=_rows_opt(a.bk, rank, world),
-        bv=_rows_opt(a.bv, rank, world),
+        wq=rows_of(a.wq, rank, world),
+        wk=rows_of(a.wk, rank, world),
+        wv=rows_of(a.wv, rank, world),
+        wo=cols_of(a.wo, rank, world),
+        bq=bias_rows(a.bq, rank, world),
+        bk=bias_rows(a.bk, rank, world),
+        bv=bias_rows(a.bv, rank, world),
         bo=a.bo if rank == 0 else None,  # summed once by the all-reduce
-        sinks=_rows_opt(a.sinks, rank, world),
+        sinks=bias_rows(a.sinks, rank, world),
     )
     f = layer.ffn
     if isinstance(f, MoeWeights):
@@ -131,8 +120,8 @@ def slice_moe_layer(layer: MoeLayer, config: MoeConfig, rank: int, world: int) -
     else:
         if f.gate.shape[0] % world:
             raise ValueError(f"ffn ({f.gate.shape[0]}) must divide by the world size ({world})")
-        ffn = DenseFfn(_rows(f.gate, rank, world), _rows(f.up, rank, world),
-                       _cols(f.down, rank, world))  # fmt: skip
+        ffn = DenseFfn(rows_of(f.gate, rank, world), rows_of(f.up, rank, world),
+                       cols_of(f.down, rank, world))  # fmt: skip
     return replace(layer, attention=attention, ffn=ffn)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-GgufType = Literal["F32", "Q8_0"]
+GgufType = Literal["F32", "Q8_0", "MXFP4"]  # MXFP4: experts in MXFP4, other matrices Q8_0
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 160,
@@ -162,9 +162,16 @@ def _layer_tensors(state: dict[str, torch.Tensor], i: int, gpt_oss: bool) -> Arr
     return out
 
 
-def _quantised(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> bool:
-    """Which tensors llama-quantize turns into blocks: matrices, not norms, routers or sinks."""
-    return dtype == "Q8_0" and data.ndim >= 2 and "ffn_gate_inp" not in name and "norm" not in name
+def _block_type(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> Any:
+    """The block type llama-quantize gives a tensor (None: kept F32): matrices only, never
+    norms, routers or biases; gpt-oss's MXFP4 files hold their experts in MXFP4."""
+    import gguf
+
+    if dtype == "F32" or data.ndim < 2 or "ffn_gate_inp" in name or not name.endswith("weight"):
+        return None
+    if dtype == "MXFP4" and "_exps." in name:
+        return gguf.GGMLQuantizationType.MXFP4
+    return gguf.GGMLQuantizationType.Q8_0
 
 
 def write_gguf(
@@ -213,11 +220,11 @@ def write_gguf(
     }
     for i in range(c.num_hidden_layers):
         tensors |= _layer_tensors(state, i, gpt_oss)
-    q8 = gguf.GGMLQuantizationType.Q8_0
     for name, data in tensors.items():
         data = np.ascontiguousarray(data, dtype=np.float32)
-        if _quantised(name, data, dtype):
-            w.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
+        qtype = _block_type(name, data, dtype)
+        if qtype is not None:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, data)
     w.write_header_to_file()

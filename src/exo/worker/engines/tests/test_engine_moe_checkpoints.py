@@ -11,12 +11,18 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from exo.shared.models.memory import running_weight_bytes
+from exo.worker.download.cards import card_from_hub
+from exo.worker.download.hub import HubSettings
 from exo.worker.download.local import card_from_path
-from exo.worker.engines.engine import load_shard_weights
+from exo.worker.download.tests.hub_server import FakeHub, serve_hub
+from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.engine import load_model, load_shard_weights
+from exo.worker.engines.load_report import describe_load, shard_bytes
 from exo.worker.engines.materialise import kernel_plan, running_bytes
-from exo.worker.engines.model_facts import model_facts
+from exo.worker.engines.model_facts import model_facts, parameter_counts
 from exo.worker.engines.models.base import StepInputs
 from exo.worker.engines.models.moe import MoeWeights
+from exo.worker.engines.models.moe_files import moe_config
 from exo.worker.engines.models.moe_model import MoeLayer
 from exo.worker.engines.qtensor import QuantTensor
 
@@ -113,3 +119,69 @@ def _layer_bytes(layer: object) -> int:
     else:
         total += sum(running_bytes(w) for w in (ffn.gate, ffn.up, ffn.down))
     return total
+
+
+def test_the_engines_loader_reports_every_experts_format(tmp_path: Path) -> None:
+    case = CASES["qwen3moe"]
+    path = write_gguf(build_hf_model(case, tmp_path / "hf"), case, tmp_path / "m.gguf", "Q8_0")
+    weights = load_shard_weights(path, 0, 3, plan=kernel_plan(torch.float32, True))
+    _, model = load_model(path, cache_dir=tmp_path / "cache")
+    line = describe_load(path, weights, model, 0.1)
+    experts = case.extra["num_experts"] * 2  # two MoE layers (layer 1 is dense)
+    assert f"'ffn.experts.gate:Q8_0': {experts}" in line
+    assert "'ffn.router:float32': 2" in line
+    assert shard_bytes(weights) >= sum(_layer_bytes(layer) for layer in weights.layers)
+
+
+def test_qwen3_30b_a3b_counts_as_30b_total_and_3b_active() -> None:
+    base = LlamaConfig(
+        architecture="qwen3moe", n_layers=48, hidden=2048, ffn=6144, heads=32, kv_heads=4,
+        head_dim=128, rope_theta=1e6, rms_eps=1e-6, vocab=151936, context_length=40960,
+        tie_embeddings=False, bos_token_id=None, eos_token_ids=(), chat_template=None,
+    )  # fmt: skip
+    config = moe_config(base, n_experts=128, experts_per_token=8, expert_ffn=768)
+    total, active = parameter_counts(config)
+    assert 30.0e9 < total < 31.0e9  # the model card: 30.5B total, 3.3B activated
+    assert 3.2e9 < active < 3.4e9
+
+
+def test_experts_stored_fused_as_transformers_5_holds_them_load_alike(tmp_path: Path) -> None:
+    """`mlp.experts.gate_up_proj` [E, 2F, D] and `down_proj` [E, D, F] instead of one tensor
+    per expert: the same model, the same logits."""
+    case = CASES["qwen3moe"]
+    folder, fused = tmp_path / "per-expert", tmp_path / "fused"
+    build_hf_model(case, folder)
+    state = load_file(str(folder / "model.safetensors"))
+    n = case.extra["num_experts"]
+    for i in (0, 2):  # the MoE layers
+        p = f"model.layers.{i}.mlp.experts."
+        per = {x: [state.pop(f"{p}{e}.{x}_proj.weight") for e in range(n)]
+               for x in ("gate", "up", "down")}  # fmt: skip
+        state[p + "gate_up_proj"] = torch.cat(
+            [torch.stack(per["gate"]), torch.stack(per["up"])], dim=1
+        )
+        state[p + "down_proj"] = torch.stack(per["down"])
+    shutil.copytree(folder, fused, ignore=shutil.ignore_patterns("*.safetensors"))
+    save_file(state, str(fused / "model.safetensors"))
+    step = StepInputs.single(0, 0, len(PROMPT))
+    with torch.inference_mode():
+        a, b = (
+            m.forward(torch.tensor([PROMPT]), step, m.new_cache(1, len(PROMPT)))
+            for m in (load(folder), load(fused))
+        )
+    assert torch.equal(a, b)
+
+
+def test_hub_cards_of_moe_models_carry_their_expert_counts(tmp_path: Path) -> None:
+    case = CASES["qwen3moe"]
+    hf = build_hf_model(case, tmp_path / "st")
+    (tmp_path / "gg").mkdir()
+    write_gguf(hf, case, tmp_path / "gg" / "Tiny-Q8_0.gguf", "Q8_0")
+    hub = FakeHub()
+    hub.add_folder("org/tiny-moe", tmp_path / "st")
+    hub.add_folder("org/tiny-moe-GGUF", tmp_path / "gg")
+    with serve_hub(hub):
+        settings = HubSettings(cache_dir=tmp_path / "cache", endpoint=hub.url)
+        for name in ("org/tiny-moe", "org/tiny-moe-GGUF:Q8_0"):
+            card = card_from_hub(name, settings)
+            assert (card.n_experts, card.experts_per_token) == (16, 4), name

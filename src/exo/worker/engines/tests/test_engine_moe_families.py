@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_family, load_shard_weights
 from exo.worker.engines.materialise import DENSE_PLAN, kernel_plan
@@ -24,6 +25,7 @@ from exo.worker.engines.models.base import (
     StepInputs,
     no_all_reduce,
 )
+from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.weights import TensorParallel
 
 from .kernel_skip import skip_without_kernels
@@ -53,7 +55,7 @@ class _Models:
             return self.tmp / name
         path = self.tmp / f"{name}-{source}.gguf"
         if not path.exists():
-            write_gguf(model, CASES[name], path, "Q8_0" if source == "Q8_0" else "F32")
+            write_gguf(model, CASES[name], path, source)  # type: ignore[arg-type]
         return path
 
 
@@ -136,6 +138,16 @@ def test_q8_gguf_greedy_matches_the_same_file_dequantised(models: _Models, name:
         assert greedy(blocks, prompt, 16)[0] == greedy(dense, prompt, 16)[0], prompt
 
 
+def test_mxfp4_experts_of_a_gguf_load_and_run_through_the_streaming_path(models: _Models) -> None:
+    skip_without_kernels("q8")
+    path = models.path("gpt-oss", "MXFP4")
+    blocks, dense = load(path, "q8"), load(path)
+    experts = [k for k in blocks.kernels_used() if k.startswith("expert")]
+    assert experts and all("MXFP4" in k for k in experts)  # dequantised a few rows at a time
+    for prompt in PROMPTS[:2]:
+        assert greedy(blocks, prompt, 16)[0] == greedy(dense, prompt, 16)[0], prompt
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_two_pipeline_shards_give_the_whole_models_tokens(models: _Models, name: str) -> None:
     path = models.path(name, "F32")
@@ -194,3 +206,41 @@ def test_a_batch_gives_each_request_its_own_result(models: _Models, name: str) -
     for row in range(2):
         for ours, ref in zip(seen[row], alone[row], strict=False):
             assert torch.equal(ours, ref)
+
+
+def _generate(gen: BatchGenerator, requests: dict[str, list[int]], n: int) -> dict[str, list[int]]:
+    for rid, prompt in requests.items():
+        gen.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=n))
+    out: dict[str, list[int]] = {rid: [] for rid in requests}
+    for _ in range(200):
+        if not gen.active:
+            break
+        for o in gen.step():
+            if o.token_id is not None:
+                out[o.request_id].append(o.token_id)
+    assert not gen.active
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_batcher_and_its_prefix_cache_serve_moe_models(models: _Models, name: str) -> None:
+    skip_without_kernels("q8")
+    model = load(models.path(name, "Q8_0"), "q8")
+    first = [(7 * i + 3) % 150 + 5 for i in range(40)]  # longer than two prefill chunks
+    second = [*first, *PROMPTS[1]]  # the next turn: the first chunks are cached
+    gen = BatchGenerator(model, 3, 128, eos_token_ids=[], prefill_chunk=16)
+    _generate(gen, {"turn1": first}, 4)
+    with_cache = _generate(gen, {"turn2": second, "a": PROMPTS[0], "b": PROMPTS[2]}, 8)
+    fresh = BatchGenerator(model, 3, 128, eos_token_ids=[], prefill_chunk=16, prefix_cache=False)
+    for rid, prompt in (("turn2", second), ("a", PROMPTS[0]), ("b", PROMPTS[2])):
+        assert with_cache[rid] == _generate(fresh, {rid: prompt}, 8)[rid], rid
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_final_hidden_states_are_transformers_last_hidden_state(models: _Models, name: str) -> None:
+    hf = models.reference(name)
+    model = load(models.path(name, "safetensors"))
+    with torch.inference_mode():
+        ref = hf.model(torch.tensor([PROMPT])).last_hidden_state[0].float()
+        ours = model.final_hidden(torch.tensor([PROMPT]))
+    assert float((ours - ref).abs().max()) <= 1e-4 * float(ref.abs().max())
