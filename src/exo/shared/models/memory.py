@@ -69,6 +69,15 @@ def kv_cache_bytes(
     return 2 * n_layers * kv_heads * head_dim * positions * max_batch * dtype_bytes
 
 
+def mla_kv_bytes_per_token(
+    n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 4
+) -> int:
+    """MLA's cache of one position over `n_layers` layers: the latent and the shared rotary
+    key (kv_lora_rank + qk_rope_head_dim values, rounded up to even: the page holds it as two
+    halves), the engine's `models/mla.py`."""
+    return n_layers * 2 * (-(-(kv_lora_rank + qk_rope_head_dim) // 2)) * dtype_bytes
+
+
 def latent_cache_bytes(bytes_per_position: int, max_seq: int, max_batch: int) -> int:
     """A cache of `bytes_per_position` a position (its layers together; MLA's latents), for
     `max_batch` slots of `max_seq` positions in whole pages."""

@@ -12,7 +12,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.download.cards import card_from_hub
+from exo.worker.download.hub import HubSettings
 from exo.worker.download.local import card_from_path
+from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import load_family, load_model, load_shard_weights
 from exo.worker.engines.materialise import kernel_plan
@@ -356,3 +359,19 @@ def test_a_next_turn_reuses_the_cached_latents(files: _Files) -> None:
     setattr(prefixes, "take", recording_take)  # noqa: B010  (an instance's method, wrapped)
     assert run("b", second) == _greedy(model, second, 8)
     assert reused and reused[0] > 0  # the first turn's positions came from the cache
+
+
+def test_hub_cards_carry_the_latent_cache_as_the_files_do(files: _Files, tmp_path: Path) -> None:
+    """A card built from the hub's config.json or GGUF header (before any download) reserves
+    the engine's latent cache, as the card built from the files does."""
+    (tmp_path / "gg").mkdir()
+    write_deepseek_gguf(files.hf, tmp_path / "gg" / "Tiny-Q8_0.gguf", "Q8_0")
+    hub = FakeHub()
+    hub.add_folder("org/tiny-deepseek", files.path("safetensors"))
+    hub.add_folder("org/tiny-deepseek-GGUF", tmp_path / "gg")
+    expected = _dense_model(files.path("safetensors")).kv_bytes_per_position()
+    with serve_hub(hub):
+        settings = HubSettings(cache_dir=tmp_path / "cache", endpoint=hub.url)
+        for name in ("org/tiny-deepseek", "org/tiny-deepseek-GGUF:Q8_0"):
+            card = card_from_hub(name, settings)
+            assert card.n_layers == 3 and card.kv_bytes_per_token == expected, name

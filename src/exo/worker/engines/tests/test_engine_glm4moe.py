@@ -11,7 +11,10 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.worker.download.cards import card_from_hub
+from exo.worker.download.hub import HubSettings
 from exo.worker.download.local import card_from_path
+from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_family, load_model, load_shard_weights
@@ -177,3 +180,18 @@ def test_the_card_counts_the_models_layers_only(files: _Files) -> None:
     assert card.kv_bytes_per_token == 0 and card.num_kv_heads == 2 and card.head_dim == 32
     assert card.total_params == sum(p.numel() for p in files.hf.parameters() if p.dim() >= 2)
     assert (card.n_experts, card.experts_per_token) == (8, 2)
+
+
+def test_a_hub_card_of_a_glm_gguf_counts_the_models_layers_only(
+    files: _Files, tmp_path: Path
+) -> None:
+    """The GGUF header's block_count includes the prediction block: the card (and so placement's
+    layer ranges) must not."""
+    (tmp_path / "gg").mkdir()
+    write_glm_gguf(files.hf, tmp_path / "gg" / "Tiny-Q8_0.gguf", "Q8_0")
+    hub = FakeHub()
+    hub.add_folder("org/tiny-glm-GGUF", tmp_path / "gg")
+    with serve_hub(hub):
+        settings = HubSettings(cache_dir=tmp_path / "cache", endpoint=hub.url)
+        card = card_from_hub("org/tiny-glm-GGUF:Q8_0", settings)
+    assert card.n_layers == 3 and card.kv_bytes_per_token == 0
