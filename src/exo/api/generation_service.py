@@ -6,7 +6,6 @@ wait for a free slot, send the ``GenerateText`` command and read its chunks. Lea
 runner has not finished it (the client went away, or the answer ended early).
 """
 
-import contextlib
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -16,7 +15,6 @@ import anyio
 from anyio import ClosedResourceError, EndOfStream
 from loguru import logger
 
-from exo.api.download_wait import DownloadWatch, terminal_error
 from exo.api.errors import ApiError
 from exo.api.generation_events import (
     ChunkTranslator,
@@ -28,56 +26,24 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.handle import NodeHandle
-from exo.api.reasoning import ReasoningSplitter
+from exo.api.serving import ensure_serving, send
 from exo.api.settings import ApiSettings
-from exo.api.tool_calls import ToolCallParser
+from exo.api.tool_formats import output_parser
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
-from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard, ModelId
-from exo.shared.types.chunks import Chunk, ErrorChunk, TokenChunk, TokenLogprob
-from exo.shared.types.commands import CancelCommand, Command, GenerateText, PlaceInstance
+from exo.shared.models.registry import CardUnavailable, ModelRegistry
+from exo.shared.types.chunks import Chunk, TokenChunk, TokenLogprob
+from exo.shared.types.commands import CancelCommand, Command, GenerateText
 from exo.shared.types.common import CommandId
-from exo.shared.types.state import State
-from exo.shared.types.tasks import TextGeneration
+from exo.shared.types.state_queries import task_of_command
 from exo.shared.types.text_generation import TextGenerationTaskParams
-from exo.shared.types.worker.downloads import DownloadFailed
-from exo.shared.types.worker.instances import Instance, instance_is_serving
-from exo.shared.types.worker.runners import RunnerFailed
 from exo.utils import metrics
 from exo.utils.channels import Receiver
-from exo.worker.download.cards import card_from_hub, hub_name_problem, parse_model_name
-from exo.worker.download.hub import DownloadError, HubSettings
 
 Clock = Callable[[], int]
 
 # How long cleanup may take to tell the master a command is cancelled.
 _CANCEL_SEND_TIMEOUT_S = 5.0
-_OWN_INFO_WAIT_S = 30.0
-"""How long a placement waits for this node to have reported its own memory."""
-
-
-def find_model(cards: Sequence[ModelCard], name: str) -> ModelCard | None:
-    """A card by model id or alias, ignoring case."""
-    key = name.strip().lower()
-    for card in cards:
-        if card.model_id.lower() == key or key in (alias.lower() for alias in card.aliases):
-            return card
-    return None
-
-
-def instances_of(state: State, model_id: ModelId) -> list[Instance]:
-    return [
-        instance
-        for instance in state.instances.values()
-        if instance.shard_assignments.model_id == model_id
-    ]
-
-
-def serving_instance(state: State, model_id: ModelId) -> Instance | None:
-    for instance in instances_of(state, model_id):
-        if instance_is_serving(instance, state.runners):
-            return instance
-    return None
 
 
 def served_card(card: ModelCard) -> ModelCard:
@@ -94,11 +60,13 @@ def failure_error(failed: Failed) -> ApiError:
             return ApiError(400, failed.message, param="messages", code=failed.code)
         case "invalid_request":
             return ApiError(400, failed.message, code=failed.code)
+        case "insufficient_storage":
+            return ApiError(507, failed.message, code=failed.code)
         case None:
             return ApiError(502, f"generation failed: {failed.message}", code="generation_failed")
 
 
-class Generation:
+class AnswerStream:
     """One running generation: its command id and the events of its answer."""
 
     def __init__(
@@ -110,6 +78,7 @@ class Generation:
         accepted_ns: int,
         clock: Clock,
         parse_tools: bool = False,
+        template: str | None = None,
     ) -> None:
         self.command_id = command_id
         self.model_id = model_id
@@ -117,8 +86,8 @@ class Generation:
         self._clock = clock
         self._translator = ChunkTranslator(stops, accepted_ns, clock())
         self._last_token_ns: int | None = None
-        self._tools = ToolCallParser() if parse_tools else None
-        self._thinking = ReasoningSplitter()
+        # Reasoning, text and calls, in the format of the model's template.
+        self._output = output_parser(template, parse_tools)
         # Log-probabilities of every token so far; the first ``_logprobs_sent`` went out.
         self._logprobs: list[TokenLogprob] = []
         self._logprobs_sent = 0
@@ -166,37 +135,25 @@ class Generation:
                 return event
 
     def _parse(self, event: GenerationEvent) -> list[GenerationEvent]:
-        """Thinking apart from the answer, then function calls out of the answer (when
-        the request offered tools)."""
+        """Reasoning apart from the answer, and function calls out of it (when the request
+        offered tools)."""
+        output = self._output
         match event:
             case TextDelta():
-                return self._calls(self._thinking.feed(event.text, self._translator.tokens))
+                return [*output.feed(event.text, self._translator.tokens)]
             case Finished():
-                rest = self._calls(self._thinking.finish(self._translator.tokens))
-                reasoning = "".join(self._thinking.reasoning)
-                parser = self._tools
-                if parser is not None:
-                    rest.extend(parser.finish())
-                calls = tuple(parser.calls) if parser is not None else ()
+                rest: list[GenerationEvent] = [*output.finish(self._translator.tokens)]
+                reasoning = "".join(output.reasoning)
+                calls = tuple(output.calls)
                 reason = event.reason
                 if calls and reason in ("stop", "stop_sequence"):
                     reason = "tool_calls"
-                thought = self._thinking.reasoning_tokens if reasoning else 0
+                thought = output.reasoning_tokens if reasoning else 0
                 done = replace(event, reason=reason, tool_calls=calls, reasoning=reasoning,
                                reasoning_tokens=thought)
                 return [*rest, done]
             case ReasoningDelta() | ToolCallEvent() | Failed():
                 return [event]
-
-    def _calls(self, events: list[TextDelta | ReasoningDelta]) -> list[GenerationEvent]:
-        parser = self._tools
-        out: list[GenerationEvent] = []
-        for event in events:
-            if parser is not None and isinstance(event, TextDelta):
-                out.extend(parser.feed(event.text))
-            else:
-                out.append(event)
-        return out
 
     def _observe(self, chunk: Chunk, now_ns: int) -> None:
         if not isinstance(chunk, TokenChunk):
@@ -214,9 +171,14 @@ class GenerationService:
     """What the API formats share: models, instances, slots and commands."""
 
     def __init__(
-        self, handle: NodeHandle, settings: ApiSettings, clock: Clock = time.monotonic_ns
+        self,
+        handle: NodeHandle,
+        settings: ApiSettings,
+        registry: ModelRegistry,
+        clock: Clock = time.monotonic_ns,
     ) -> None:
         self.handle = handle
+        self.registry = registry
         self._placement_timeout_s = settings.placement_timeout_s
         self.keep_alive_interval_s = settings.keep_alive_interval_s
         self.settings = settings
@@ -224,66 +186,50 @@ class GenerationService:
         self._slots = anyio.Semaphore(settings.max_concurrent_requests)
         self._waiting = 0
         self._placement_locks: dict[ModelId, anyio.Lock] = {}
-        self._active: dict[CommandId, Generation] = {}
-        self._hub_cards: dict[ModelId, ModelCard] = {}
+        self._active: dict[CommandId, AnswerStream] = {}
         self._clock = clock
 
     # ------------------------------------------------------------ models
 
     def model_cards(self) -> list[ModelCard]:
-        known = [served_card(card) for card in self.handle.model_cards()]
-        ids = {c.model_id for c in known}
-        return known + [
-            served_card(c) for c in self._hub_cards.values() if c.model_id not in ids
-        ]
-
-    def add_card(self, card: ModelCard) -> None:
-        self._hub_cards[card.model_id] = card
+        return [served_card(card) for card in self.registry.cards()]
 
     async def resolve_model_async(self, name: str) -> ModelCard:
-        """A known card, or one built from the hub for an ``org/repo[:QUANT]`` name."""
+        """A known card (or one an instance in the state carries), or one built from the
+        hub for an ``org/repo[:QUANT]`` name or a catalogue alias."""
         try:
             return self.resolve_model(name)
         except ApiError:
-            in_catalogue = catalogue.hub_name(name)
-            if in_catalogue is None and parse_model_name(name) is None:
-                if (problem := hub_name_problem(name)) is not None:  # no retry can help
+            if self.registry.hub_name(name) is None:
+                if (problem := self.registry.name_problem(name)) is not None:  # no retry helps
                     raise ApiError(400, problem, param="model", code="invalid_model_name",
                                    headers={"x-should-retry": "false"}) from None
                 raise
-        if in_catalogue is None:
-            return await self.fetch_card(name)
-        card = await self.fetch_card(in_catalogue)
-        card = card.model_copy(update={"aliases": [*card.aliases, name.strip().lower()]})
-        self.add_card(card)
-        return card
+        return await self.fetch_card(name)
 
     async def fetch_card(self, name: str) -> ModelCard:
-        settings = HubSettings.from_env()
+        """A hub model's card, built by the node's registry (which keeps it)."""
         try:
-            card = await anyio.to_thread.run_sync(card_from_hub, name, settings)
-        except DownloadError as e:
+            return await anyio.to_thread.run_sync(self.registry.fetch, name)
+        except CardUnavailable as e:
             if e.status is None:
                 raise ApiError(503, e.message, code="hub_unavailable",
                                headers={"Retry-After": "10"}) from e
             code = "model_access_denied" if e.status == 403 else "model_not_found"
             raise ApiError(e.status, e.message, param="model", code=code,
                            headers={"x-should-retry": "false"}) from e
-        self.add_card(card)
-        return card
 
     def resolve_model(self, name: str) -> ModelCard:
-        cards = self.model_cards()
-        card = find_model(cards, name)
+        card = self.registry.resolve(name, self.handle.state())
         if card is None:
-            known = ", ".join(sorted(c.model_id for c in cards)) or "none"
+            known = ", ".join(sorted(c.model_id for c in self.registry.cards())) or "none"
             raise ApiError(
                 404,
                 f"model '{name}' not found; known models: {known}",
                 param="model",
                 code="model_not_found",
             )
-        return card
+        return served_card(card)
 
     # ------------------------------------------------------------ generation
 
@@ -293,7 +239,7 @@ class GenerationService:
         params: TextGenerationTaskParams,
         card: ModelCard,
         command_id: CommandId | None = None,
-    ) -> AsyncGenerator[Generation, None]:
+    ) -> AsyncGenerator[AnswerStream, None]:
         """Run a generation; raises ApiError (before yielding) when it cannot start."""
         accepted = self._clock()
         await self.ensure_serving(card)
@@ -305,7 +251,7 @@ class GenerationService:
             )
             command_id = command.command_id
             receiver = self.handle.open_response(command_id)
-            generation = Generation(
+            generation = AnswerStream(
                 command.command_id,
                 card.model_id,
                 receiver,
@@ -313,6 +259,7 @@ class GenerationService:
                 accepted,
                 self._clock,
                 parse_tools=bool(params.tools) and params.tool_choice != "none",
+                template=card.chat_template,
             )
             self._active[command_id] = generation
             sent = False
@@ -328,9 +275,8 @@ class GenerationService:
 
     async def cancel(self, command_id: CommandId) -> bool:
         """Cancel a generation running here or known to the cluster; False if unknown."""
-        known = command_id in self._active or any(
-            isinstance(task, TextGeneration) and task.command_id == command_id
-            for task in self.handle.state().tasks.values()
+        known = command_id in self._active or (
+            task_of_command(self.handle.state(), command_id) is not None
         )
         if known:
             await self.send(CancelCommand(cancelled_command_id=command_id))
@@ -357,11 +303,7 @@ class GenerationService:
             self._slots.release()
 
     async def send(self, command: Command) -> None:
-        try:
-            await self.handle.send_command(command)
-        except Exception as e:
-            logger.opt(exception=e).warning(f"could not send {command.kind}")
-            raise ApiError(503, f"could not send the request to the cluster: {e}") from e
+        await send(self.handle, command)
 
     async def _send_cancel(self, command_id: CommandId) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_SEND_TIMEOUT_S):
@@ -374,109 +316,11 @@ class GenerationService:
 
     async def ensure_serving(self, card: ModelCard) -> None:
         """Return once an instance of the model serves; place one if there is none."""
-        if serving_instance(self.handle.state(), card.model_id) is not None:
-            return
         lock = self._placement_locks.setdefault(card.model_id, anyio.Lock())
-        # One request places; the others wait for it, then find the instance serving.
-        async with lock:
-            state = self.handle.state()
-            if serving_instance(state, card.model_id) is not None:
-                return
-            if instances_of(state, card.model_id):
-                await self._wait_serving(card, None)
-            else:
-                await self._place_and_wait(card)
-
-    async def _place_and_wait(self, card: ModelCard) -> None:
-        # The card goes along: the master may not know the model (a hub card, or a file only
-        # the nodes that listed it know of). Another node may be placing it too: one instance.
-        command = PlaceInstance(model_id=card.model_id, model_card=card, unless_present=True)
-        # A node that just started has not reported its own memory yet: placing now would
-        # find no node at all. Its first report comes within seconds.
-        with contextlib.suppress(TimeoutError):
-            await self.handle.wait_for_state(
-                lambda state: self.handle.node_id in state.nodes, _OWN_INFO_WAIT_S
-            )
-        receiver = self.handle.open_response(command.command_id)
-        try:
-            await self.send(command)
-            await self._wait_serving(card, receiver)
-        finally:
-            self.handle.close_response(command.command_id)
-
-    async def _wait_serving(self, card: ModelCard, placement: Receiver[Chunk] | None) -> None:
-        """Wait for a serving instance; fail on a placement error, a timeout, or when the
-        instance goes away before it serves."""
-        model_id = card.model_id
-        seen = [bool(instances_of(self.handle.state(), model_id))]
-        failure: list[ApiError] = []
-        downloads = DownloadWatch(model_id)
-        runner_error: list[str] = []
-
-        def settled(state: State) -> bool:
-            if serving_instance(state, model_id) is not None:
-                return True
-            for instance in instances_of(state, model_id):
-                for rid in instance.shard_assignments.runner_to_shard:
-                    status = state.runners.get(rid)
-                    if isinstance(status, RunnerFailed):
-                        runner_error[:] = [status.error_message]
-            error = downloads.observe(state, time.monotonic())
-            if error is not None:
-                failure.append(error)
-                return True
-            if instances_of(state, model_id):
-                seen[0] = True
-                return False
-            return seen[0]
-
-        async def watch_placement(receiver: Receiver[Chunk], scope: anyio.CancelScope) -> None:
-            async for chunk in receiver:
-                if isinstance(chunk, ErrorChunk):
-                    failure.append(ApiError(
-                        503, f"placing {model_id} failed: {chunk.error_message}",
-                        code="model_unavailable",
-                    ))
-                    scope.cancel()
-                    return
-
-        timeout = self._placement_timeout_s
-        deadline = time.monotonic() + timeout
-        async with anyio.create_task_group() as tg:
-            if placement is not None:
-                tg.start_soon(watch_placement, placement, tg.cancel_scope)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    failure.append(ApiError(
-                        503, f"no instance of {model_id} became ready within {timeout:g} s",
-                        code="model_unavailable",
-                    ))
-                    break
-                try:  # wake up at least every second: a transient failure times out
-                    await self.handle.wait_for_state(settled, min(left, 1.0))
-                    break
-                except TimeoutError:
-                    continue
-            tg.cancel_scope.cancel()
-        if failure:
-            raise failure[0]
-        state = self.handle.state()
-        if serving_instance(state, model_id) is None:
-            # The instance may have come and gone between two looks (several events applied at
-            # once): a download that failed for good on any node is still the real cause.
-            for progress in (d.get(model_id) for d in state.downloads.values()):
-                if isinstance(progress, DownloadFailed) and progress.terminal:
-                    raise terminal_error(model_id, progress)
-            cause = f": the last runner error was: {runner_error[0]}" if runner_error else ""
-            raise ApiError(
-                503,
-                f"the instance of {model_id} was removed before it became ready{cause}",
-                code="model_unavailable",
-            )
+        await ensure_serving(self.handle, card, self._placement_timeout_s, lock)
 
 
-async def collect(generation: Generation) -> tuple[str, Finished]:
+async def collect(generation: AnswerStream) -> tuple[str, Finished]:
     """A whole answer: its text and how it ended. A failed generation is a 502."""
     parts: list[str] = []
     async for event in generation.events():

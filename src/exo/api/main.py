@@ -26,12 +26,16 @@ from exo.api.request_guard import RequestGuard
 from exo.api.settings import ApiSettings
 from exo.api.streaming import COMMAND_ID_HEADER
 from exo.api.unicode_guard import UnicodeGuard
+from exo.shared.models.registry import ModelRegistry
 
 __all__ = ["ApiSettings", "create_app"]
 
 
-def create_app(handle: NodeHandle, settings: ApiSettings) -> FastAPI:
-    service = GenerationService(handle, settings)
+def create_app(
+    handle: NodeHandle, settings: ApiSettings, registry: ModelRegistry | None = None
+) -> FastAPI:
+    """``registry``: the node's model registry (default: one of ``handle``'s models)."""
+    service = GenerationService(handle, settings, registry or ModelRegistry(handle.model_cards()))
     app = FastAPI(
         title="exo",
         docs_url=None,

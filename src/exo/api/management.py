@@ -6,15 +6,16 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, PlainTextResponse
-from huggingface_hub import HfApi
 from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.generation_service import GenerationService
+from exo.api.serving import submit_and_wait
 from exo.api.task_params import ApiModel
 from exo.master.placement import PlacementPreview, model_holders, placement_previews
 from exo.shared.models import catalogue
 from exo.shared.models.model_cards import ModelCard
+from exo.shared.models.registry import CardUnavailable, ModelRegistry
 from exo.shared.types.commands import (
     DeleteInstance,
     DownloadAction,
@@ -23,9 +24,13 @@ from exo.shared.types.commands import (
 )
 from exo.shared.types.common import NodeId
 from exo.shared.types.state import State
+from exo.shared.types.state_queries import instances_of
 from exo.shared.types.worker.instances import InstanceId, Sharding, instance_is_serving
 from exo.utils import metrics
-from exo.worker.download.hub import HubSettings
+
+COMMAND_WAIT_S = 45.0
+"""How long placing or deleting an instance waits for the master to apply it (longer
+than a command waits for a master: with none, that definite 503 comes first)."""
 
 
 class PlaceInstanceRequest(ApiModel):
@@ -52,20 +57,15 @@ def downloads_of(state: State, card: ModelCard) -> dict[str, Any]:
     }
 
 
-async def search_hub(query: str, limit: int) -> list[dict[str, Any]]:
-    settings = HubSettings.from_env()
-    if settings.offline:
-        raise ApiError(503, "the hub cannot be searched: HF_HUB_OFFLINE=1", code="hub_offline")
-
-    def search() -> list[dict[str, Any]]:
-        api = HfApi(endpoint=settings.endpoint, token=settings.token or False)
-        return [{"id": m.id} for m in api.list_models(search=query, limit=limit)]
-
+async def search_hub(registry: ModelRegistry, query: str, limit: int) -> list[dict[str, Any]]:
     try:
-        return await anyio.to_thread.run_sync(search)
-    except Exception as e:
-        raise ApiError(503, f"the hub could not be searched: {e}", code="hub_unavailable",
-                       headers={"Retry-After": "10"}) from e
+        found = await anyio.to_thread.run_sync(registry.search, query, limit)
+    except CardUnavailable as e:
+        if e.status is None:
+            raise ApiError(503, e.message, code="hub_unavailable",
+                           headers={"Retry-After": "10"}) from e
+        raise ApiError(e.status, e.message, code="hub_offline") from e
+    return [{"id": repo} for repo in found]
 
 
 def choose_preview(
@@ -142,7 +142,7 @@ def router(service: GenerationService) -> APIRouter:
     async def search_models(
         q: str = Query(min_length=1), limit: int = Query(default=20, ge=1, le=100)
     ) -> list[dict[str, Any]]:
-        return await search_hub(q, limit)
+        return await search_hub(service.registry, q, limit)
 
     async def download_action(action: DownloadActionKind, model: str, node: str | None) -> dict[str, Any]:
         card = await service.resolve_model_async(model)
@@ -197,7 +197,12 @@ def router(service: GenerationService) -> APIRouter:
             model_id=card.model_id, sharding=body.sharding, min_nodes=body.min_nodes,
             model_card=card if card.hub is not None else None,
         )
-        await service.send(command)
+        before = {i.instance_id for i in instances_of(current, card.model_id)}
+        await submit_and_wait(
+            handle, command,
+            lambda s: any(i.instance_id not in before for i in instances_of(s, card.model_id)),
+            timeout_s=COMMAND_WAIT_S, what=f"cannot place {card.model_id}",
+        )
         return {
             "message": "placing instance",
             "command_id": command.command_id,
@@ -221,7 +226,10 @@ def router(service: GenerationService) -> APIRouter:
         if iid not in handle.state().instances:
             raise ApiError(404, f"no instance {instance_id}")
         command = DeleteInstance(instance_id=iid)
-        await service.send(command)
+        await submit_and_wait(
+            handle, command, lambda s: iid not in s.instances, timeout_s=COMMAND_WAIT_S,
+            what=f"cannot delete instance {instance_id}",
+        )
         return {
             "message": "deleting instance",
             "instance_id": iid,

@@ -20,12 +20,7 @@ from exo.api.generation_events import (
     TextDelta,
     ToolCallEvent,
 )
-from exo.api.generation_service import (
-    GenerationService,
-    instances_of,
-    served_card,
-    serving_instance,
-)
+from exo.api.generation_service import GenerationService, served_card
 from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
@@ -50,6 +45,7 @@ from exo.api.tool_models import (
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import DeleteInstance
 from exo.shared.types.common import CommandId
+from exo.shared.types.state_queries import instances_of, serving_instance
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams, ToolCall
 
 # The Ollama API version we speak (clients check it).

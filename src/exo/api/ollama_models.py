@@ -5,8 +5,8 @@ import re
 from typing import Any
 
 from exo.api.tool_models import supports_thinking
+from exo.shared.models.chat_fallback import FALLBACK_TEMPLATE
 from exo.shared.models.model_cards import ModelCard
-from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
 
 
 def digest(card: ModelCard) -> str:

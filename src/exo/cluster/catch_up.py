@@ -9,7 +9,8 @@ apply one by one) when the follower's log is older than the master keeps, or div
 its own, or is ahead of it. Rule: *the master's log is the truth.* A new master is by construction the most
 up-to-date live node, so a follower is only ahead of it with events no live node
 confirmed (a dead master's last ones, or a node that comes back from a partition): it
-drops them and starts again from the master's state; nothing wedges."""
+drops them and starts again from the master's state (nothing wedges), reports what it
+dropped, and re-submits the commands behind it (``resubmit``): none is lost."""
 
 from collections.abc import Awaitable, Callable
 
@@ -22,7 +23,8 @@ from exo.cluster.lineage import agreed_prefix
 from exo.cluster.messages import CATCH_UP, CatchUpReply, CatchUpRequest, EventMsg
 from exo.cluster.network import ClusterNetwork, Inbox
 from exo.cluster.replica import Replica
-from exo.master.event_log import REMEMBERED_COMMANDS
+from exo.cluster.resubmit import Resubmission
+from exo.master.event_log import REMEMBERED_COMMANDS, LogUnavailable
 from exo.routing import RequestError
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import MergeReported
@@ -51,7 +53,7 @@ def catch_up_reply(replica: Replica, current: State, request: CatchUpRequest) ->
                         commands=log.command_ids(REMEMBERED_COMMANDS))
 
 
-class Follower:
+class LogFollower:
     def __init__(
         self,
         config: ClusterConfig,
@@ -64,11 +66,13 @@ class Follower:
         is_master: Callable[[], bool],
         wait_master_change: Callable[[float], Awaitable[None]],
         report: Callable[[MergeReported], None],
+        resubmit: Callable[[Resubmission], None],
         on_synced: Callable[[], None],
     ) -> None:
         """``master``: whom the election chose; ``is_master``: whether this node sequences
-        now; ``report``: send a merge report to the master; ``on_synced``: this node
-        caught up with a new master."""
+        now; ``report``: send a merge report to the master; ``resubmit``: send the master
+        the commands a merge dropped from this node's log (``resubmit``); ``on_synced``:
+        this node caught up with a new master."""
         self._config = config
         self._host = host
         self._replica = replica
@@ -78,6 +82,7 @@ class Follower:
         self._is_master = is_master
         self._wait_master_change = wait_master_change
         self._report = report
+        self._resubmit = resubmit
         self._on_synced = on_synced
         self.node_id = host.node_id
         self.synced = False
@@ -204,7 +209,9 @@ class Follower:
     async def _apply(self, master: NodeId, reply: CatchUpReply) -> bool:
         async with self._replica.lock:
             try:
-                report = await self._replica.apply_reply(reply)
+                report = await self._replica.apply_reply(reply, self._resubmit)
+            except LogUnavailable:  # the disk is full: the replica logged it once
+                return False
             except ValueError as e:  # a malformed page: ask again
                 logger.error(f"cluster: catch-up from {master} failed: {e}")
                 return False

@@ -3,6 +3,7 @@ timing of heartbeats and elections, all derived from one node timeout."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from exo.cluster.election import Timing
 from exo.routing import RoutingConfig
@@ -66,7 +67,8 @@ class ClusterConfig:
             join_grace_s=min(self.node_timeout_s, 3 * beat),
         )
 
-    def routing(self, node_id: str) -> RoutingConfig:
+    def routing(self, node_id: str, replay_path: Path | None = None) -> RoutingConfig:
+        """``replay_path``: where the replay guard remembers what it admitted."""
         lease_ms = max(int(min(self.node_timeout_s, 10.0) * 1000), 500)
         return RoutingConfig(
             node_id=node_id,
@@ -82,4 +84,5 @@ class ClusterConfig:
             request_timeout_s=self.request_timeout_s,
             gossip=self.gossip,
             mode="client" if self.connect else "router" if self.router else "peer",
+            replay_path=replay_path,
         )

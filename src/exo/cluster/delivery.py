@@ -1,4 +1,4 @@
-"""Delivery to the master: commands and this node's local events go to the master by
+"""MasterDelivery to the master: commands and this node's local events go to the master by
 request/reply and are retried (in order) until a master accepts them, so a failover loses
 none; a command that finds no master within ``command_timeout_s`` fails with an error for
 its requester. On the master itself they go straight to its sequencer.
@@ -16,11 +16,13 @@ from exo.cluster.config import ClusterConfig
 from exo.cluster.host import ClusterHost
 from exo.cluster.messages import COMMANDS, LOCAL_EVENTS, Ack, CommandMsg, LocalEventsMsg
 from exo.cluster.network import ClusterNetwork
+from exo.cluster.pending import PendingResubmissions
+from exo.cluster.resubmit import Resubmission
 from exo.cluster.sequencer import Sequencer
 from exo.routing import Endpoint, RequestError
 from exo.shared.types.chunks import error_chunk
 from exo.shared.types.commands import Command
-from exo.shared.types.common import NodeId
+from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import ChunkGenerated, Event, NodeGatheredInfo
 from exo.utils.channels import Receiver, channel
 
@@ -30,7 +32,7 @@ LOCAL_BATCH = 256
 """Local events sent to the master in one request, at most."""
 
 
-class Delivery:
+class MasterDelivery:
     def __init__(
         self,
         config: ClusterConfig,
@@ -41,9 +43,11 @@ class Delivery:
         *,
         master: Callable[[], NodeId | None],
         wait_master_change: Callable[[float], Awaitable[None]],
+        pending: PendingResubmissions | None = None,
     ) -> None:
         """``master``: whom the election chose; ``sequencer``: this node's own master
-        side, for when that is this node."""
+        side, for when that is this node; ``pending``: re-submissions kept across
+        restarts (those an earlier run left are sent first)."""
         self._config = config
         self._host = host
         self._sequencer = sequencer
@@ -53,6 +57,12 @@ class Delivery:
         self._wait_master_change = wait_master_change
         self.node_id = host.node_id
         self._outgoing_tx, self._outgoing_rx = channel[Event]()
+        self._again_tx, self._again_rx = channel[Command]()
+        self.resubmitted: list[CommandId] = []
+        """Every command this node re-submitted after a merge dropped it (in order)."""
+        self._pending = pending or PendingResubmissions(None)
+        for command in self._pending.commands:
+            self._again_tx.send_nowait(command)
         self._info_sent_at = clock()  # the node reports its info as it starts
 
     def queue(self, event: Event) -> None:
@@ -79,6 +89,28 @@ class Delivery:
     async def forward_commands(self, commands: Receiver[tuple[Command, NodeId | None]]) -> None:
         async for command, origin in commands:
             await self._deliver_command(command, origin)
+
+    @property
+    def resubmitting(self) -> int:
+        """Re-submitted commands not yet taken by a master."""
+        return len(self._pending.commands)
+
+    def resubmit(self, again: Resubmission) -> None:
+        """Send the master the commands a merge drops from this node's log (kept on disk
+        first: the caller drops their events next)."""
+        self._pending.add(again.commands)
+        for command in again.commands:
+            self.resubmitted.append(command.command_id)
+            self._again_tx.send_nowait(command)
+
+    async def forward_resubmissions(self) -> None:
+        """Re-submitted commands, in order, each until a master takes it (a master that
+        has it already says so); this node stands for their origin (their clients were
+        answered when they were first applied)."""
+        async for command in self._again_rx:
+            while not await self._command_to_master(command, self.node_id):
+                await self._wait_master_change(self._config.heartbeat_interval_s)
+            self._pending.taken(command.command_id)
 
     async def _deliver_command(self, command: Command, origin: NodeId | None) -> None:
         deadline = self._clock() + self._config.command_timeout_s

@@ -5,22 +5,29 @@ zero again) cannot confuse it.
 
 Rules, in order:
 
-1. **force_master wins.** A node started with ``force_master`` claims mastership once it
-   has caught up with the current master (or, with no master around, after the join
-   grace). Among several forced nodes the smallest node id wins.
-2. **Stickiness.** While a live node claims mastership, nobody else claims: a node that
-   starts or restarts follows the live master, whatever its own log or term. Two live
-   claimers only meet when partitions merge (or when a node could reach nobody for its
-   whole join grace, or when a stalled master resumes); then the claimer with the newer
-   log wins (see below): a node with an older log never wins over one with a newer log,
-   so writes a newer master acknowledged survive. Equal logs: more live followers, then
-   the older claim (lower claim term), then the smaller node id; the other steps down.
-3. **Failover.** With no live master (at start, after the join grace; after a loss, once
-   the views settled), the live node with the newest log claims, ties to the smaller
-   node id. It takes a term above every term it has seen and its own persisted term,
-   and a term only it can take (``claim_term_for``): a term is never claimed by two nodes,
-   not even by the two sides of a partition that each elect a master (there is no quorum:
-   each side stays available and the merge on healing reports what it drops).
+1. **Acknowledged writes win.** Two live claimers only meet when partitions merge (or
+   when a node could reach nobody for its whole join grace, or when a stalled master
+   resumes). Then the claimer holding more events of client commands since the two logs
+   forked wins; then the one whose state serves more instances (the side that kept
+   serving); then the newer log; then a forced node (the smallest id among several);
+   then more live followers, the older claim (lower claim term), the smaller node id.
+   Terms alone never decide: a node isolated on its own claims a higher term but holds
+   nothing a client asked for. Claimers' heartbeats carry what this needs (``Held``).
+   The loser steps down; what its log held that the winner's lacks is re-submitted by
+   the nodes that drop it (``resubmit``), so no acknowledged command is lost.
+2. **force_master.** A node started with ``force_master`` claims mastership once it has
+   caught up with the current master (or, with no master around, after the join grace,
+   unless a live node holds a newer log: that one claims first and the forced node
+   catches up with it). A stale forced node never wins over a newer log (rule 1).
+3. **Stickiness.** While a live node claims mastership, nobody else claims: a node that
+   starts or restarts follows the live master, whatever its own log or term.
+4. **Failover.** With no live master (at start, after the join grace; after a loss, once
+   the views settled), the live node with the newest log claims, ties to a forced node,
+   then the smaller node id. It takes a term above every term it has seen and its own
+   persisted term, and a term only it can take (``claim_term_for``): a term is never
+   claimed by two nodes, not even by the two sides of a partition that each elect a
+   master (there is no quorum: each side stays available, and the merge on healing
+   keeps every acknowledged command).
 
 A log is newer than another when the term of the master that wrote its last event is
 higher, or, for the same term, when it is longer: ``(log_term, last_idx)``.
@@ -34,10 +41,31 @@ or a connection still being made), and electing would split the cluster.
 import zlib
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, replace
+from itertools import combinations
 
 from pydantic import Field
 
+from exo.cluster.lineage import Epoch, agreed_prefix
 from exo.shared.types.common import FrozenModel, NodeId
+
+HELD_EPOCHS = 8
+"""Epochs of its lineage a claimer's heartbeat carries (to find where two logs forked)."""
+HELD_MARKS = 64
+"""Indices of its last client-command events a claimer's heartbeat carries."""
+
+
+class Held(FrozenModel):
+    """What a claimer's log holds, for ranking claimers that meet on a merge."""
+
+    lineage: tuple[Epoch, ...] = ()
+    """The last ``HELD_EPOCHS`` epochs of its log."""
+    command_marks: tuple[int, ...] = ()
+    """The indices of its last ``HELD_MARKS`` events that came from client commands."""
+    serving: int = Field(default=0, ge=0)
+    """The instances its state holds."""
+
+    def commands_after(self, idx: int) -> int:
+        return sum(1 for mark in self.command_marks if mark > idx)
 
 
 class Heartbeat(FrozenModel):
@@ -55,6 +83,8 @@ class Heartbeat(FrozenModel):
     """The term of this node's own claim while it is the master (0 otherwise)."""
     log_term: int = Field(default=0, ge=0)
     """The term of the master that wrote its last event (0: none known)."""
+    held: Held | None = None
+    """While this node is the master: what its log holds (see ``Held``)."""
 
     @property
     def log_position(self) -> tuple[int, int]:
@@ -103,11 +133,12 @@ class Election:
     def is_master(self) -> bool:
         return self.master == self.node_id
 
-    def heartbeat(self, last_idx: int, log_term: int = 0) -> Heartbeat:
+    def heartbeat(self, last_idx: int, log_term: int = 0, held: Held | None = None) -> Heartbeat:
+        """This node's heartbeat; ``held`` goes only with a claim."""
         return Heartbeat(node_id=self.node_id, term=self.term, master=self.master,
                          last_idx=last_idx, force_master=self.force_master,
                          claim_term=self.claim_term if self.is_master else 0,
-                         log_term=log_term)
+                         log_term=log_term, held=held if self.is_master else None)
 
 
 def live_beats(
@@ -129,13 +160,15 @@ def step(
     now: float,
     timing: Timing,
     log_term: int = 0,
+    held: Held | None = None,
 ) -> Election:
     """The election state after what this node has heard by ``now``; its log ends at
-    ``last_idx``, written by the master of term ``log_term``."""
+    ``last_idx``, written by the master of term ``log_term``; ``held``: what it holds
+    (needed while it is the master)."""
     me = election.node_id
     live = live_beats(me, heard, gone, now, timing.node_timeout_s)
     term = max([election.term, *(b.term for b in live.values())])
-    own = election.heartbeat(last_idx, log_term)
+    own = election.heartbeat(last_idx, log_term, held)
     claimers = [b for b in live.values() if b.master == b.node_id]
     if election.is_master:
         claimers.append(own)
@@ -143,8 +176,7 @@ def step(
     if election.force_master and not election.is_master and _may_force(election, own, live, now, timing):
         return _claim(election, term, now)
     if claimers:
-        followers = _followers(election, live)
-        winner = min(claimers, key=lambda b: _claim_rank(b, followers.get(b.node_id, 0)))
+        winner = merge_winner(claimers, _followers(election, live))
         return replace(election, term=term, master=winner.node_id, joined=True)
 
     # No live master: wait until the views settled, then the best candidate claims.
@@ -189,6 +221,8 @@ def _may_force(
     master = live.get(election.master) if election.master is not None else None
     if master is not None:
         return own.log_position >= master.log_position  # take over only once caught up
+    if any(b.log_position > own.log_position for b in live.values()):
+        return False  # a newer log claims first; this node catches up with it, then forces
     return now - election.started_at >= timing.join_grace_s
 
 
@@ -213,14 +247,35 @@ def _followers(election: Election, live: Mapping[NodeId, Heartbeat]) -> dict[Nod
     return counts
 
 
-def _claim_rank(beat: Heartbeat, followers: int) -> tuple[int, int, int, int, int, str]:
-    """Smaller wins: forced nodes by id; then the newer log, more followers, the older
-    claim (lower claim term), the smaller id."""
-    if beat.force_master:
-        return (0, 0, 0, 0, 0, beat.node_id)
-    return (1, -beat.log_term, -beat.last_idx, -followers, beat.claim_term, beat.node_id)
+def merge_winner(claimers: list[Heartbeat], followers: Mapping[NodeId, int]) -> Heartbeat:
+    """Which of several live claimers stays the master (see rule 1)."""
+    return min(claimers, key=lambda b: _claim_rank(b, _fork(claimers), followers.get(b.node_id, 0)))
 
 
-def _candidate_rank(beat: Heartbeat) -> tuple[bool, int, int, str]:
-    """Smaller wins: forced first, then the newest log, then the smaller id."""
-    return (not beat.force_master, -beat.log_term, -beat.last_idx, beat.node_id)
+def _fork(claimers: list[Heartbeat]) -> int:
+    """The last index up to which every claimer's log holds the same events."""
+    forks = [
+        agreed_prefix(_lineage(a), a.last_idx, _lineage(b), b.last_idx)
+        for a, b in combinations(claimers, 2)
+    ]
+    return min(forks, default=min(b.last_idx for b in claimers))
+
+
+def _lineage(beat: Heartbeat) -> tuple[Epoch, ...]:
+    return () if beat.held is None else beat.held.lineage
+
+
+def _claim_rank(
+    beat: Heartbeat, fork: int, followers: int
+) -> tuple[int, int, int, int, bool, str, int, int, str]:
+    """Smaller wins: more client commands since the fork, more instances served, the
+    newer log, forced (by id), more followers, the older claim, the smaller id."""
+    held = beat.held or Held()
+    forced = beat.node_id if beat.force_master else ""
+    return (-held.commands_after(fork), -held.serving, -beat.log_term, -beat.last_idx,
+            not beat.force_master, forced, -followers, beat.claim_term, beat.node_id)
+
+
+def _candidate_rank(beat: Heartbeat) -> tuple[int, int, bool, str]:
+    """Smaller wins: the newest log, then forced, then the smaller id."""
+    return (-beat.log_term, -beat.last_idx, not beat.force_master, beat.node_id)

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 
 from exo.cluster.config import ClusterConfig
-from exo.cluster.election import Election, step
+from exo.cluster.election import HELD_EPOCHS, HELD_MARKS, Election, Held, step
 from exo.cluster.messages import HEARTBEATS
 from exo.cluster.network import ClusterNetwork
 from exo.cluster.presence import Peers
@@ -73,6 +73,7 @@ class ElectionDriver:
             self._clock(),
             self._config.timing,
             log_term=self._replica.log_term,
+            held=self._held(),
         )
         self.election = after
         if after.master == before.master:
@@ -95,8 +96,25 @@ class ElectionDriver:
             await anyio.sleep(JOINED_BEAT_GAP_S)  # joins meanwhile: one more, then
 
     async def send_heartbeat(self) -> None:
-        beat = self.election.heartbeat(self._replica.last_idx, self._replica.log_term)
+        beat = self.election.heartbeat(
+            self._replica.last_idx, self._replica.log_term, self._held()
+        )
         await self._network().publish(HEARTBEATS, beat)
+
+    def _held(self) -> Held | None:
+        """What this node's log holds, while it claims (only claims are ranked by it)."""
+        if not self.election.is_master:
+            return None
+        last = self._replica.last_idx
+        return Held(
+            lineage=tuple(e for e in self._replica.lineage if e.start_idx <= last + 1)[
+                -HELD_EPOCHS:
+            ],
+            command_marks=tuple(
+                i for i in self._replica.log.command_indices(HELD_MARKS) if i <= last
+            ),
+            serving=len(self._replica.host.state().instances),
+        )
 
     async def wait_master_change(self, timeout: float) -> None:
         """Until the master changes, or ``timeout`` seconds."""

@@ -10,9 +10,9 @@ rather than reading them:
 * ``sequencer.Sequencer``: the master's side -- sequences commands and every node's local
   events with a ``Master`` that continues from this node's log, publishes them, keeps the
   membership in step with the live nodes (``membership``), answers other nodes.
-* ``catch_up.Follower``: a follower's side -- applies what the master publishes in index
+* ``catch_up.LogFollower``: a follower's side -- applies what the master publishes in index
   order and asks it for what it missed.
-* ``delivery.Delivery``: commands and local events to the master, retried until one
+* ``delivery.MasterDelivery``: commands and local events to the master, retried until one
   accepts them.
 * ``chunks.ChunkPost``: response chunks point-to-point to the node that took the request.
 
@@ -25,20 +25,22 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import anyio
 from anyio.abc import TaskStatus
 from loguru import logger
 
-from exo.cluster.catch_up import Follower
+from exo.cluster.catch_up import LogFollower
 from exo.cluster.chunks import ChunkPost
 from exo.cluster.config import ClusterConfig
-from exo.cluster.delivery import Delivery
+from exo.cluster.delivery import MasterDelivery
 from exo.cluster.election import Election, Heartbeat
 from exo.cluster.election_driver import ElectionDriver
 from exo.cluster.host import ClusterHost
 from exo.cluster.messages import CATCH_UP, CHUNKS, COMMANDS, EVENTS, HEARTBEATS, LOCAL_EVENTS
 from exo.cluster.network import ClusterNetwork, OpenNetwork
+from exo.cluster.pending import PendingResubmissions
 from exo.cluster.presence import Peers
 from exo.cluster.replica import Replica
 from exo.cluster.sequencer import Sequencer
@@ -49,6 +51,9 @@ from exo.shared.types.commands import Command
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import ChunkGenerated, Event
 from exo.utils.channels import Receiver
+
+REPLAY_FILE = "replay.log"
+PENDING_FILE = "resubmit.json"
 
 
 class ClusterLink:
@@ -63,13 +68,18 @@ class ClusterLink:
         *,
         clock: Callable[[], float] = time.monotonic,
         network: OpenNetwork | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         """``clock`` and ``network`` are the real ones unless given (the simulator gives
         a virtual clock and a simulated network): the monotonic clock, and a zenoh router
-        for ``config``."""
+        for ``config``. ``data_dir``: this node's cluster directory, where the router
+        remembers the envelopes it admitted (``REPLAY_FILE``: a message recorded before
+        a restart is refused after it) and the delivery its re-submissions not yet taken
+        (``PENDING_FILE``)."""
         self.config = config
+        replay = None if data_dir is None else data_dir / REPLAY_FILE
         self._open_network: OpenNetwork = network or (
-            lambda: Router(config.routing(host.node_id))
+            lambda: Router(config.routing(host.node_id, replay))
         )
         self._network: ClusterNetwork | None = None
         self.host = host
@@ -84,17 +94,19 @@ class ClusterLink:
         self.peers = Peers(self.node_id, clock, config.node_timeout_s)
         self.driver = ElectionDriver(config, self.replica, self.peers, clock, net)
         self.sequencer = Sequencer(host, self.replica, self.peers, net, clock)
-        self.delivery = Delivery(
+        self.delivery = MasterDelivery(
             config, host, self.sequencer, clock, net,
             master=lambda: self.driver.master,
             wait_master_change=self.driver.wait_master_change,
+            pending=PendingResubmissions(None if data_dir is None else data_dir / PENDING_FILE),
         )
-        self.follower = Follower(
+        self.follower = LogFollower(
             config, host, self.replica, clock, net,
             master=lambda: self.driver.master,
             is_master=lambda: self.sequencer.is_master,
             wait_master_change=self.driver.wait_master_change,
             report=self.delivery.queue,
+            resubmit=self.delivery.resubmit,
             on_synced=self._synced,
         )
         self.chunks = ChunkPost(host, net)
@@ -146,6 +158,7 @@ class ClusterLink:
                 tg.start_soon(self.delivery.pump_local_events, self._local_events)
                 tg.start_soon(self.delivery.forward_local_events)
                 tg.start_soon(self.delivery.forward_commands, self._commands)
+                tg.start_soon(self.delivery.forward_resubmissions)
                 tg.start_soon(self.chunks.send_queued)
                 logger.info(
                     f"cluster: node {self.node_id} listening on "

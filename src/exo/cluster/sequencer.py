@@ -92,7 +92,10 @@ class Sequencer:
                 state=self._host.state(),
             )
             on_master()
-            # Commands any earlier master applied (the log says): a retry is not applied again.
+            # Commands any earlier master applied (the log says): a retry is not applied
+            # again. Only those: what this node handled as an earlier master and a merge
+            # dropped since is not in its log, and comes back re-submitted.
+            self._handled.clear()
             for command_id in self._replica.log.command_ids(REMEMBERED_COMMANDS):
                 self.remember(command_id)
         logger.info(f"cluster: {self.node_id} is the master (term {term}) from event {start}")
@@ -123,7 +126,9 @@ class Sequencer:
 
     async def _as_master(self, action: Callable[[Master], Awaitable[None]]) -> bool:
         """Run ``action`` on this node's master; False when this node is not the master.
-        A failure is a refusal (see the module's note): this node re-syncs."""
+        A failure is a refusal (see the module's note): this node re-syncs. (A log that
+        cannot take a write is no failure here: the master refuses that command to its
+        requester, or ``emit_all`` does not accept those events, and nothing changed.)"""
         async with self._replica.lock:
             master = self.master
             if master is None:
@@ -147,7 +152,10 @@ class Sequencer:
                 logger.info(f"cluster: command {command.command_id} was applied already")
                 return  # a retry of a command this master (or an earlier one) applied
             self.remember(command.command_id)
-            await master.submit(command, origin)
+            refusal = await master.submit(command, origin)
+            if refusal is not None and refusal.kind == "log_full":
+                # Refused unwritten (its requester heard why): a retry may be applied.
+                self._handled.pop(command.command_id, None)
 
         return await self._as_master(submit)
 
@@ -158,13 +166,20 @@ class Sequencer:
             self._handled.popitem(last=False)
 
     async def emit_all(self, events: list[Event]) -> bool:
-        """Sequence ``events`` in order; False when this node is not the master."""
+        """Sequence ``events`` in order; False when this node is not the master, or its
+        log cannot take them now."""
+
+        written = [True]
 
         async def emit(master: Master) -> None:
             for event in events:
-                await master.emit(event)
+                if await master.emit(event) is not None:  # the log cannot take it now
+                    written[0] = False
+                    return
 
-        return await self._as_master(emit)
+        # Not accepted while the log cannot take them: the sender retries later (those
+        # before the refused one come again; a node's events say how things are now).
+        return await self._as_master(emit) and written[0]
 
     async def serve_command(self, msg: CommandMsg) -> Ack:
         if msg.origin is not None:

@@ -1,54 +1,47 @@
 """The master: the single writer. It turns commands and workers' events into indexed
 events, applies them, keeps them in its log and publishes them to every node.
 
+What a command or an event becomes is decided by the pure ``decide`` module; this shell
+resolves the card a placement needs, hands out fresh ids, sequences what was decided
+(log first, then state, then publish) and tells a requester why its command was refused.
+
 When a node times out, the instances that had a shard on it go with it (``apply``); the
-master places each of their models again on the nodes that remain (``place_again``), or
-logs why it cannot."""
+master places each of their models again on the nodes that remain, or logs why it cannot.
+
+A log that cannot take a write (a full disk) refuses the command whose events it could
+not hold (``log_full``: the client hears it, HTTP 507) and leaves the state as it was;
+the node stays up, read-only, and each later command tries again, so it recovers by
+itself once space returns. The failure is logged once, and its end once."""
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeGuard
 
 import anyio
 from loguru import logger
 
-from exo.master.event_log import EventLog, MemoryEventLog
-from exo.master.placement import (
-    PlacementError,
-    group_host,
-    model_holders,
-    place_again,
-    place_instance,
+from exo.master.decide import (
+    Fresh,
+    Refusal,
+    admit,
+    decide,
+    next_port_offset,
+    replacements,
 )
+from exo.master.event_log import EventLog, MemoryEventLog
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.shared.types.chunks import error_chunk
-from exo.shared.types.commands import (
-    CancelCommand,
-    Command,
-    CreateInstance,
-    DeleteInstance,
-    DownloadAction,
-    GenerateText,
-    PlaceInstance,
-)
+from exo.shared.types.commands import Command, PlaceInstance
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
-    DownloadActionRequested,
     Event,
     IndexedEvent,
-    InstanceCreated,
-    InstanceDeleted,
     NodeTimedOut,
-    RunnerStatusUpdated,
-    TaskCreated,
-    TaskStatusUpdated,
 )
 from exo.shared.types.state import State
-from exo.shared.types.tasks import TaskId, TaskStatus, TextGeneration
-from exo.shared.types.worker.instances import Instance, InstanceId, instance_is_serving
-from exo.shared.types.worker.runners import RunnerShutdown
+from exo.shared.types.tasks import TaskId
+from exo.shared.types.worker.instances import InstanceId
 from exo.utils.channels import Receiver
 
 Publish = Callable[[IndexedEvent], Awaitable[None]]
@@ -68,9 +61,11 @@ class Master:
     state: State = field(default_factory=State)
     group_port_base: int = 29500
     _next_port: int = field(default=0, init=False)
+    """Where the search for the next group port starts, from ``group_port_base``."""
     _handling: CommandId | None = field(default=None, init=False)
     """The command being handled: its events carry its id into the log."""
-    """Where the search for the next group port starts, from ``group_port_base``."""
+    log_failure: str | None = field(default=None, init=False)
+    """Why the last write to the log failed (None: the log takes writes)."""
 
     async def run(self) -> None:
         logger.info(
@@ -84,31 +79,75 @@ class Master:
         async for command, origin in self.commands:
             await self.submit(command, origin)
 
-    async def submit(self, command: Command, origin: NodeId | None) -> None:
-        """Handle a command; a failure becomes an error for its requester."""
-        self._handling = command.command_id
-        try:
-            await self.handle_command(command, origin)
-        except Exception as e:  # a bad command must not take the master down
-            logger.opt(exception=e).error(f"command {type(command).__name__} failed")
-            self._error(command.command_id, origin, f"{type(e).__name__}: {e}")
-        finally:
-            self._handling = None
-
     async def _event_loop(self) -> None:
         async for event in self.local_events:
             await self.emit(event)
 
-    async def emit(self, event: Event) -> None:
-        if _stale_runner_status(event, self.state):
-            logger.debug(f"dropped a status of runner {event.runner_id}: no instance has it")
-            return
+    def _fresh(self, ids: int = 1) -> Fresh:
+        return Fresh(
+            instance_ids=tuple(InstanceId() for _ in range(ids)),
+            task_id=TaskId(),
+            port_base=self.group_port_base,
+            port_offset=self._next_port,
+        )
+
+    async def submit(self, command: Command, origin: NodeId | None) -> Refusal | None:
+        """Handle a command; a refusal (returned) is an error for its requester. A command
+        that fails otherwise is an error for its requester too, and the master stays up."""
+        self._handling = command.command_id
+        try:
+            decided = decide(self.state, command, self._fresh(), self._card_for(command))
+            refusal = decided if isinstance(decided, Refusal) else await self._sequence_all(decided)
+        except Exception as e:  # a bad command must not take the master down
+            logger.opt(exception=e).error(f"command {type(command).__name__} failed")
+            self._error(command.command_id, origin, f"{type(e).__name__}: {e}", None)
+            return None
+        finally:
+            self._handling = None
+        if refusal is not None:
+            self._error(command.command_id, origin, refusal.reason, refusal)
+        return refusal
+
+    def _card_for(self, command: Command) -> ModelCard | None:
+        if not isinstance(command, PlaceInstance):
+            return None
+        return command.model_card or self.resolve_card(command.model_id)
+
+    async def emit(self, event: Event) -> Refusal | None:
+        """Sequence a node's event (unless ``admit`` drops it); a ``log_full`` refusal when
+        the log cannot take it (the state stays as it was: the sender retries later)."""
+        if not admit(self.state, event):
+            logger.debug(f"dropped {type(event).__name__}: no instance has its runner")
+            return None
         before = self.state
-        await self._sequence(event)
-        if isinstance(event, NodeTimedOut):
-            lost = [i for iid, i in before.instances.items() if iid not in self.state.instances]
-            for instance in lost:
-                await self._place_again(instance, event.node_id)
+        refusal = await self._sequence_all([event])
+        if refusal is None and isinstance(event, NodeTimedOut):
+            await self._place_again(before, event.node_id)
+        return refusal
+
+    async def _place_again(self, before: State, gone: NodeId) -> None:
+        """Instances that went with a node, placed again on the nodes left."""
+        lost = len(before.instances) - len(self.state.instances)
+        for outcome in replacements(before, self.state, gone, self._fresh(max(lost, 1))):
+            if isinstance(outcome, Refusal):
+                logger.warning(outcome.reason)
+                continue
+            logger.info(f"an instance lost with node {gone}: placed again as "
+                        f"{outcome.instance.instance_id} ({outcome.instance.sharding}, "
+                        f"{_count_nodes(outcome.instance.world_size)})")
+            if await self._sequence_all([outcome]) is not None:
+                return
+
+    async def _sequence_all(self, events: list[Event]) -> Refusal | None:
+        """Sequence ``events`` in order; a ``log_full`` refusal at the first the log
+        cannot take (those before it stay sequenced)."""
+        for event in events:
+            try:
+                await self._sequence(event)
+            except OSError as e:
+                return self._log_failed(e)
+            self._next_port = next_port_offset(event, self.group_port_base, self._next_port)
+        return None
 
     async def _sequence(self, event: Event) -> None:
         """Give ``event`` the next index: written to the log first, then the master's
@@ -119,154 +158,29 @@ class Master:
         )
         state = apply(self.state, indexed)
         self.log.append(indexed, state)
+        if self.log_failure is not None:
+            logger.info(f"master: the event log takes writes again (it failed: {self.log_failure})")
+            self.log_failure = None
         self.state = state
         await self.publish(indexed)
 
-    async def _place_again(self, lost: Instance, gone: NodeId) -> None:
-        """An instance went with a node: its model, placed again on the nodes left."""
-        model_id = lost.shard_assignments.model_id
-        placed = place_again(
-            lost, self.state.nodes, self.state.topology, self.state.instances, InstanceId()
-        )
-        if isinstance(placed, PlacementError):
-            logger.warning(
-                f"instance {lost.instance_id} of {model_id} was lost with node {gone} and "
-                f"cannot be placed again: {placed.reason}"
-            )
-            return
-        instance = self._with_group_address(placed)
-        logger.info(
-            f"instance {lost.instance_id} of {model_id} was lost with node {gone}: placed "
-            f"again as {instance.instance_id} ({instance.sharding}, "
-            f"{_count_nodes(instance.world_size)}, was {_count_nodes(lost.world_size)})"
-        )
-        await self._sequence(InstanceCreated(instance=instance))
+    def _log_failed(self, error: OSError) -> Refusal:
+        reason = f"the event log cannot be written ({error}); nothing was changed"
+        if self.log_failure is None:  # logged once, until the log takes writes again
+            logger.error(f"master: {reason}: the node is read-only until the log takes "
+                         "writes again (free disk space); commands are refused meanwhile")
+        self.log_failure = str(error)
+        return Refusal(kind="log_full", reason=reason)
 
-    async def handle_command(self, command: Command, origin: NodeId | None) -> None:
-        match command:
-            case PlaceInstance():
-                await self._place(command, origin)
-            case CreateInstance():
-                await self.emit(InstanceCreated(instance=command.instance))
-            case DownloadAction():
-                await self.emit(DownloadActionRequested(
-                    node_id=command.node_id, action=command.action, model_card=command.model_card))
-            case DeleteInstance():
-                if command.instance_id in self.state.instances:
-                    await self.emit(
-                        InstanceDeleted(instance_id=command.instance_id, reason=command.reason)
-                    )
-            case GenerateText():
-                await self._generate(command)
-            case CancelCommand():
-                for task in list(self.state.tasks.values()):
-                    if (
-                        isinstance(task, TextGeneration)
-                        and task.command_id == command.cancelled_command_id
-                    ):
-                        await self.emit(
-                            TaskStatusUpdated(
-                                task_id=task.task_id, task_status=TaskStatus.Cancelled
-                            )
-                        )
-
-    async def _place(self, command: PlaceInstance, origin: NodeId | None) -> None:
-        present = [
-            i for i in self.state.instances.values()
-            if i.shard_assignments.model_id == command.model_id
-        ]
-        if command.unless_present and present:
-            logger.info(
-                f"{command.model_id} has an instance already ({present[0].instance_id}): "
-                f"not placed again for command {command.command_id}"
-            )
-            return
-        card = command.model_card or self.resolve_card(command.model_id)
-        if card is None:
-            self._error(command.command_id, origin, f"unknown model {command.model_id!r}")
-            return
-        placed = place_instance(
-            card,
-            command.sharding,
-            command.min_nodes,
-            self.state.nodes,
-            self.state.topology,
-            self.state.instances,
-            InstanceId(),
-            holders=model_holders(self.state, card.model_id),
-        )
-        if isinstance(placed, PlacementError):
-            self._error(command.command_id, origin, placed.reason)
-            return
-        await self.emit(InstanceCreated(instance=self._with_group_address(placed)))
-
-    def _with_group_address(self, instance: Instance) -> Instance:
-        """Rank 0's node hosts the runners' rendezvous; ports differ per instance, and
-        the next instance takes the next free port (a port just left by a deleted
-        instance may still be held by its runners)."""
-        span = 10_000
-        used = {i.group_port for i in self.state.instances.values()}
-        offset = next(
-            o
-            for k in range(span)
-            if (o := (self._next_port + k) % span) + self.group_port_base not in used
-        )
-        self._next_port = (offset + 1) % span
-        port = self.group_port_base + offset
-        host = group_host(instance, self.state.nodes)
-        return instance.model_copy(update={"group_host": host, "group_port": port})
-
-    async def _generate(self, command: GenerateText) -> None:
-        model_id = command.task_params.model
-        serving = [
-            inst
-            for inst in self.state.instances.values()
-            if inst.shard_assignments.model_id == model_id
-            and instance_is_serving(inst, self.state.runners)
-        ]
-        if not serving:
-            self._error(
-                command.command_id,
-                command.origin_node_id,
-                f"no ready instance of {model_id} (its runners are not all ready)",
-            )
-            return
-        load = {i.instance_id: 0 for i in serving}
-        for task in self.state.tasks.values():
-            if task.instance_id in load:
-                load[task.instance_id] += 1
-        chosen = min(serving, key=lambda i: (load[i.instance_id], i.instance_id))
-        task = TextGeneration(
-            task_id=TaskId(),
-            instance_id=chosen.instance_id,
-            command_id=command.command_id,
-            task_params=command.task_params,
-            origin_node_id=command.origin_node_id,
-        )
-        await self.emit(TaskCreated(task_id=task.task_id, task=task))
-
-    def _error(self, command_id: CommandId, origin: NodeId | None, message: str) -> None:
-        logger.warning(f"command {command_id}: {message}")
-        self.send_chunk(
-            ChunkGenerated(
-                command_id=command_id,
-                chunk=error_chunk(message),
-            ),
-            origin,
-        )
-
-
-def _stale_runner_status(event: Event, state: State) -> TypeGuard[RunnerStatusUpdated]:
-    """A runner's status arriving after its instance was deleted (its last words on the
-    way out): writing it would bring a runner of no instance back into the state."""
-    if not isinstance(event, RunnerStatusUpdated) or isinstance(
-        event.runner_status, RunnerShutdown
-    ):
-        return False
-    return not any(
-        event.runner_id in instance.shard_assignments.runner_to_shard
-        for instance in state.instances.values()
-    )
+    def _error(
+        self, command_id: CommandId, origin: NodeId | None, message: str, refusal: Refusal | None
+    ) -> None:
+        if refusal is None or refusal.kind != "log_full":
+            logger.warning(f"command {command_id}: {message}")
+        kind = None if refusal is None else refusal.kind
+        code = "insufficient_storage" if kind == "log_full" else None
+        chunk = error_chunk(message, code=code, refusal=kind)
+        self.send_chunk(ChunkGenerated(command_id=command_id, chunk=chunk), origin)
 
 
 def _count_nodes(n: int) -> str:

@@ -61,6 +61,7 @@ from exo.shared.types.worker.shards import (
     PipelineShardMetadata,
     ShardMetadata,
     TensorShardMetadata,
+    layer_range,
 )
 
 SHARDINGS: tuple[Sharding, ...] = ("pipeline", "tensor")
@@ -117,13 +118,40 @@ def place_instance(
     return PlacementError(reason=_summarise(sharding, first, last, refusals))
 
 
-def model_holders(state: State, model_id: ModelId) -> frozenset[NodeId]:
-    """Nodes that already hold a model's files (placement prefers them)."""
-    return frozenset(
-        n
-        for n, models in state.downloads.items()
-        if isinstance(models.get(model_id), DownloadCompleted)
-    )
+class Holders(frozenset[NodeId]):
+    """Nodes that hold some of a model's files, with the layers each holds (``ranges``:
+    ``(start, end)``, or None for the whole model)."""
+
+    ranges: dict[NodeId, tuple[int, int] | None]
+
+    def __new__(cls, ranges: Mapping[NodeId, tuple[int, int] | None]) -> "Holders":
+        made = super().__new__(cls, ranges.keys())
+        made.ranges = dict(ranges)
+        return made
+
+    def holds(self, node_id: NodeId, start: int, end: int) -> bool:
+        if node_id not in self.ranges:
+            return False
+        held = self.ranges[node_id]
+        return held is None or (held[0] <= start and end <= held[1])
+
+
+def model_holders(state: State, model_id: ModelId) -> Holders:
+    """Nodes that already hold a model's files, whole or some layers (placement prefers
+    them; a node counts as holding a shard when its layers cover the shard's)."""
+    ranges: dict[NodeId, tuple[int, int] | None] = {}
+    for n, models in state.downloads.items():
+        done = models.get(model_id)
+        if isinstance(done, DownloadCompleted):
+            whole = done.start_layer is None or done.end_layer is None
+            ranges[n] = None if whole else (done.start_layer or 0, done.end_layer or 0)
+    return Holders(ranges)
+
+
+def _holds_shard(holders: frozenset[NodeId], node_id: NodeId, shard: ShardMetadata) -> bool:
+    if isinstance(holders, Holders):
+        return holders.holds(node_id, *layer_range(shard))
+    return node_id in holders
 
 
 def place_again(
@@ -191,7 +219,9 @@ def _preview(
         instance=instance,
         memory_per_node={node_id: shard_memory(shard) for node_id, shard in layout},
         download_bytes={
-            node_id: shard_file_bytes(shard) for node_id, shard in layout if node_id not in holders
+            node_id: shard_file_bytes(shard)
+            for node_id, shard in layout
+            if not _holds_shard(holders, node_id, shard)
         },
     )
 
@@ -391,6 +421,7 @@ def _instance(
 
 
 __all__ = [
+    "Holders",
     "PlacementError",
     "PlacementPreview",
     "group_host",

@@ -17,6 +17,7 @@ with zenoh's default 10 s).
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from exo.routing.keys import check_node_id
@@ -55,6 +56,9 @@ class RoutingConfig:
     """Messages a subscription holds for a slow reader before it drops (and counts) more."""
     send_buffer: int = 1024
     """Messages queued for sending before ``publish`` waits."""
+    replay_path: Path | None = None
+    """Where this node remembers the envelopes it admitted, so that a recorded message
+    is refused after a restart too (None: only while it runs); see ``replay_book``."""
 
     def __post_init__(self) -> None:
         check_node_id(self.node_id)

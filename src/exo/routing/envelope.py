@@ -2,26 +2,32 @@
 
 Wire format (all integers big-endian)::
 
-    magic "EXO" + protocol version digit | sender length (1 byte) | sender (utf-8) | counter (8 bytes)
-    | HMAC-SHA256 (32 bytes) | payload
+    magic "EXO" + protocol version digit | sender length (1 byte) | sender (utf-8)
+    | session (8 bytes) | counter (8 bytes) | HMAC-SHA256 (32 bytes) | payload
 
 The MAC covers the key expression the message was sent on (its "context"), the sender,
-the counter and the payload, so a message cannot be moved to another key, sender or
-counter. The counter grows strictly per sender: it starts from the wall clock in
-nanoseconds, so it keeps growing across restarts of the sender (unless its clock steps
-back). A receiver admits a counter only if it is above the last one it admitted from that
-sender on that context. Anyone holding the secret may claim any sender id: the envelope
-proves membership of the cluster, not identity inside it.
+the session, the counter and the payload, so a message cannot be moved to another key,
+sender, session or counter. The session is drawn at random when the sender's process
+starts; the counter grows strictly within it (it starts from the wall clock in
+nanoseconds). A receiver admits a counter only if it is above the last one it admitted
+from that sender's session on that context (``ReplayGuard``); with a ``ReplayBook`` it
+also remembers, across its own restarts, each sender's current session with the highest
+counter admitted from it and the sessions that sender has left behind (``replay_book``).
+Anyone holding the secret may claim any sender id: the envelope proves membership of the
+cluster, not identity inside it.
 """
 
 import hashlib
 import hmac
+import secrets
 import struct
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-PROTOCOL_VERSION = 2
+from exo.routing.replay_book import ReplayBook
+
+PROTOCOL_VERSION = 3
 """The version of what nodes say to each other (envelope and messages). Nodes of
 different versions refuse each other's messages, with a clear log line, instead of
 misreading them. Bump it whenever a message changes in a way an older node misreads."""
@@ -42,19 +48,20 @@ class Rejection(StrEnum):
 @dataclass(frozen=True)
 class Opened:
     sender: str
+    session: int
     counter: int
     payload: bytes
 
 
-def seal(mac_key: bytes, context: str, sender: str, counter: int, payload: bytes) -> bytes:
+def seal(
+    mac_key: bytes, context: str, sender: str, session: int, counter: int, payload: bytes
+) -> bytes:
     sender_bytes = sender.encode()
     if len(sender_bytes) > 255:
         raise ValueError("sender id longer than 255 bytes")
-    counter_bytes = _COUNTER.pack(counter)
-    mac = _mac(mac_key, context, sender_bytes, counter_bytes, payload)
-    return b"".join(
-        (_MAGIC, bytes((len(sender_bytes),)), sender_bytes, counter_bytes, mac, payload)
-    )
+    stamp = _COUNTER.pack(session) + _COUNTER.pack(counter)
+    mac = _mac(mac_key, context, sender_bytes, stamp, payload)
+    return b"".join((_MAGIC, bytes((len(sender_bytes),)), sender_bytes, stamp, mac, payload))
 
 
 def open_envelope(mac_key: bytes, context: str, data: bytes) -> Opened | Rejection:
@@ -64,21 +71,22 @@ def open_envelope(mac_key: bytes, context: str, data: bytes) -> Opened | Rejecti
     if len(data) < len(_MAGIC) + 1 or not data.startswith(_MAGIC):
         return Rejection.MALFORMED
     sender_end = len(_MAGIC) + 1 + data[len(_MAGIC)]
-    counter_end = sender_end + _COUNTER.size
-    mac_end = counter_end + _MAC_LEN
+    stamp_end = sender_end + 2 * _COUNTER.size
+    mac_end = stamp_end + _MAC_LEN
     if len(data) < mac_end:
         return Rejection.MALFORMED
     sender_bytes = data[len(_MAGIC) + 1 : sender_end]
-    counter_bytes = data[sender_end:counter_end]
+    stamp = data[sender_end:stamp_end]
     payload = data[mac_end:]
-    expected = _mac(mac_key, context, sender_bytes, counter_bytes, payload)
-    if not hmac.compare_digest(expected, data[counter_end:mac_end]):
+    expected = _mac(mac_key, context, sender_bytes, stamp, payload)
+    if not hmac.compare_digest(expected, data[stamp_end:mac_end]):
         return Rejection.BAD_MAC
     try:
         sender = sender_bytes.decode()
     except UnicodeDecodeError:
         return Rejection.MALFORMED
-    return Opened(sender=sender, counter=_COUNTER.unpack(counter_bytes)[0], payload=payload)
+    session, counter = _COUNTER.unpack(stamp[:8])[0], _COUNTER.unpack(stamp[8:])[0]
+    return Opened(sender=sender, session=session, counter=counter, payload=payload)
 
 
 def claimed_header(data: bytes) -> tuple[str | None, str | None]:
@@ -91,10 +99,10 @@ def claimed_header(data: bytes) -> tuple[str | None, str | None]:
     return version, sender
 
 
-def _mac(mac_key: bytes, context: str, sender: bytes, counter: bytes, payload: bytes) -> bytes:
-    h = hmac.new(mac_key, b"exo/envelope/v1", hashlib.sha256)
+def _mac(mac_key: bytes, context: str, sender: bytes, stamp: bytes, payload: bytes) -> bytes:
+    h = hmac.new(mac_key, b"exo/envelope/v2", hashlib.sha256)
     context_bytes = context.encode()
-    for part in (context_bytes, sender, counter):
+    for part in (context_bytes, sender, stamp):
         h.update(struct.pack(">I", len(part)))
         h.update(part)
     h.update(payload)
@@ -103,22 +111,34 @@ def _mac(mac_key: bytes, context: str, sender: bytes, counter: bytes, payload: b
 
 @dataclass
 class ReplayGuard:
-    """Admits each (sender, context) counter only if it is above the last one admitted."""
+    """Admits each (sender, session, context) counter only if it is above the last one
+    admitted. With a shared ``book`` (one per node, kept in its data directory) it also
+    refuses, after this node restarts, what it admitted before (a counter at or below
+    the highest one recorded for that sender's session) and every session the sender has
+    left behind."""
 
-    _last: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
+    book: ReplayBook = field(default_factory=ReplayBook)
+    _last: dict[tuple[str, int, str], int] = field(
+        default_factory=dict[tuple[str, int, str], int]
+    )
 
-    def admit(self, sender: str, context: str, counter: int) -> bool:
-        key = (sender, context)
+    def admit(self, sender: str, context: str, counter: int, session: int = 0) -> bool:
+        if not self.book.admit(sender, session, counter):
+            return False
+        key = (sender, session, context)
         if counter <= self._last.get(key, -1):
             return False
         self._last[key] = counter
+        self.book.record(sender, session, counter)
         return True
 
 
 @dataclass
 class CounterSource:
-    """Strictly increasing counters, starting from the wall clock in nanoseconds."""
+    """Strictly increasing counters, starting from the wall clock in nanoseconds, in a
+    session drawn at random when it is made (one per process start of a node)."""
 
+    session: int = field(default_factory=lambda: secrets.randbits(64))
     _last: int = 0
 
     def next(self) -> int:

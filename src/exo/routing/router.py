@@ -28,6 +28,7 @@ from exo.routing.errors import RouterClosed
 from exo.routing.keys import ClusterKeys, check_node_id
 from exo.routing.outbox import Outbox
 from exo.routing.presence import PresenceWatch
+from exo.routing.replay_book import ReplayBook
 from exo.routing.rpc import Handler, Service, request
 from exo.routing.subscription import Subscription
 from exo.routing.topics import Endpoint, Topic
@@ -83,8 +84,10 @@ class Router:
             outbox = Outbox(f"exo-router-{self.node_id}", self.config.send_buffer)
             stack.push_async_callback(outbox.close)
             stack.callback(self._end_streams)
+            book = ReplayBook(self.config.replay_path)
+            stack.callback(book.close)
             self._transport = Transport(
-                self.node_id, self._keys, session, bridge, outbox, self._stats
+                self.node_id, self._keys, session, bridge, outbox, self._stats, book
             )
             stack.callback(self._forget_transport)
             self._stack = stack.pop_all()

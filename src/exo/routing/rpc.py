@@ -17,7 +17,7 @@ from loguru import logger
 from pydantic import ValidationError
 
 from exo.routing._zenoh import IncomingQuery
-from exo.routing.envelope import Opened, Rejection, ReplayGuard
+from exo.routing.envelope import Opened, Rejection
 from exo.routing.errors import NoReply, RemoteError, RequestTimeout
 from exo.routing.topics import Endpoint
 from exo.routing.transport import Transport, reply_context
@@ -63,7 +63,7 @@ class Service(Generic[Req, Rep]):
         self._handler = handler
         self._max_concurrent = max_concurrent
         self._running = 0
-        self._guard = ReplayGuard()
+        self._guard = transport.guard()
         self._key = transport.keys.endpoint(endpoint.name, transport.node_id)
         self._inbox, self._accepted = anyio.create_memory_object_stream[_Accepted[Req]](
             _INBOX_BUFFER
@@ -157,7 +157,7 @@ async def request(
             on_reply=partial(_post_reply, transport, send),
             on_done=partial(transport.bridge.post, send.close),
         )
-        context = reply_context(key, transport.node_id, counter)
+        context = reply_context(key, transport.node_id, transport.envelope_session, counter)
         async for data in receive:
             opened = transport.open(context, data, None)
             if opened is not None:

@@ -9,7 +9,7 @@ from anyio.abc import ObjectReceiveStream
 from loguru import logger
 from pydantic import ValidationError
 
-from exo.routing.envelope import Rejection, ReplayGuard
+from exo.routing.envelope import Rejection
 from exo.routing.topics import Delivery, Topic
 from exo.routing.transport import Transport
 
@@ -25,7 +25,7 @@ class Subscription(ObjectReceiveStream[T], Generic[T]):
     ) -> None:
         self._transport = transport
         self._topic = topic
-        self._guard = ReplayGuard()
+        self._guard = transport.guard()
         self._send, self._receive = anyio.create_memory_object_stream[Delivery[T]](buffer)
         self._undeclare = transport.session.subscribe(
             key, self._on_sample_thread, include_local=include_self

@@ -32,6 +32,7 @@ from exo.routing.envelope import (
 )
 from exo.routing.keys import ClusterKeys
 from exo.routing.outbox import Outbox
+from exo.routing.replay_book import ReplayBook
 from exo.utils.metrics import CLUSTER_MESSAGES_REJECTED
 
 T = TypeVar("T")
@@ -103,7 +104,9 @@ class Transport:
         bridge: LoopBridge,
         outbox: Outbox,
         stats: RouterStats,
+        replay_book: ReplayBook | None = None,
     ) -> None:
+        """``replay_book``: what the replay guards remember across restarts (shared)."""
         self.node_id = node_id
         self.keys = keys
         self.session = session
@@ -111,11 +114,13 @@ class Transport:
         self.stats = stats
         self._outbox = outbox
         self._counter = CounterSource()
+        self.replay_book = replay_book or ReplayBook()
         self._reject_log = RateLimitedLog(period_s=60.0)
 
     async def put(self, key: str, payload: bytes) -> None:
         async with self._outbox.order:
-            data = seal(self.keys.mac_key, key, self.node_id, self._counter.next(), payload)
+            data = seal(self.keys.mac_key, key, self.node_id, self._counter.session,
+                        self._counter.next(), payload)
             await self._outbox.push(partial(self.session.put, key, data))
         self.stats.sent += 1
 
@@ -141,7 +146,8 @@ class Transport:
 
         async with self._outbox.order:
             counter = self._counter.next()
-            data = seal(self.keys.mac_key, key, self.node_id, counter, payload)
+            data = seal(self.keys.mac_key, key, self.node_id, self._counter.session, counter,
+                        payload)
             await self._outbox.push(ask)
         self.stats.sent += 1
         return counter
@@ -157,11 +163,21 @@ class Transport:
             finally:
                 query.finish()
 
-        context = reply_context(query.key, request.sender, request.counter)
+        context = reply_context(query.key, request.sender, request.session, request.counter)
         async with self._outbox.order:
-            data = seal(self.keys.mac_key, context, self.node_id, self._counter.next(), body)
+            data = seal(self.keys.mac_key, context, self.node_id, self._counter.session,
+                        self._counter.next(), body)
             await self._outbox.push(answer)
         self.stats.sent += 1
+
+    @property
+    def envelope_session(self) -> int:
+        """This process's session (in every envelope it seals)."""
+        return self._counter.session
+
+    def guard(self) -> ReplayGuard:
+        """A replay guard for one stream of envelopes, sharing this node's book."""
+        return ReplayGuard(self.replay_book)
 
     def open(self, context: str, data: bytes, guard: ReplayGuard | None) -> Opened | None:
         """Authenticate a received envelope (and check its counter, given a guard)."""
@@ -170,7 +186,9 @@ class Transport:
             version, sender = claimed_header(data)
             self.reject(result, context, sender, version)
             return None
-        if guard is not None and not guard.admit(result.sender, context, result.counter):
+        if guard is not None and not guard.admit(
+            result.sender, context, result.counter, result.session
+        ):
             self.reject(Rejection.REPLAY, context, result.sender)
             return None
         return result
@@ -218,6 +236,6 @@ class Transport:
         self.stats.delivered += 1
 
 
-def reply_context(request_key: str, requester: str, counter: int) -> str:
+def reply_context(request_key: str, requester: str, session: int, counter: int) -> str:
     """What a reply's MAC covers: it answers this very request and no other."""
-    return f"{request_key}#reply/{requester}/{counter}"
+    return f"{request_key}#reply/{requester}/{session}/{counter}"

@@ -16,12 +16,14 @@ from exo.shared.types.commands import Command, DeleteInstance, DownloadActionKin
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    DownloadActionRequested,
     Event,
     RunnerStatusUpdated,
     TaskAcknowledged,
     TaskStatusUpdated,
 )
 from exo.shared.types.state import State
+from exo.shared.types.state_queries import task_of_command
 from exo.shared.types.tasks import (
     AbandonInstance,
     CancelTask,
@@ -239,6 +241,12 @@ class Worker:
         # Wait for the event to come back through the log before planning on it.
         await self._wakeup.wait(1.0)
 
+    def observe(self, event: Event) -> None:
+        """An event of the log, as this node applies it: the worker acts on the download
+        actions (start, cancel, delete) the master sequenced for this node."""
+        if isinstance(event, DownloadActionRequested) and event.node_id == self.node_id:
+            self.download_action(event.action, event.model_card)
+
     def download_action(self, action: DownloadActionKind, card: ModelCard) -> None:
         self.downloads.action(action, card)
 
@@ -293,9 +301,9 @@ class Worker:
             self._wakeup.set()
 
     def _origin_of(self, event: ChunkGenerated) -> NodeId | None:
-        for task in self.state.tasks.values():
-            if isinstance(task, TextGeneration) and task.command_id == event.command_id:
-                return task.origin_node_id
+        task = task_of_command(self.state, event.command_id)
+        if task is not None:
+            return task.origin_node_id
         for runner in self.runners.values():
             for task in runner.in_progress.values():
                 if isinstance(task, TextGeneration) and task.command_id == event.command_id:

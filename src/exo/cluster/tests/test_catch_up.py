@@ -1,4 +1,4 @@
-"""A follower's buffer of events that came out of order (``catch_up.Follower``): in
+"""A follower's buffer of events that came out of order (``catch_up.LogFollower``): in
 order, once, and at a cost per event that does not grow with what is buffered."""
 
 from collections.abc import AsyncIterator
@@ -8,12 +8,13 @@ from typing import Any
 import anyio
 import pytest
 
-from exo.cluster.catch_up import Follower, catch_up_reply
+from exo.cluster.catch_up import LogFollower, catch_up_reply
 from exo.cluster.config import ClusterConfig
 from exo.cluster.lineage import Epoch
 from exo.cluster.messages import CatchUpReply, CatchUpRequest, EventMsg
 from exo.cluster.network import ClusterNetwork
 from exo.cluster.replica import Replica
+from exo.cluster.resubmit import Resubmission
 from exo.cluster.sim.node import SimHost
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import SqliteEventLog
@@ -60,7 +61,7 @@ def _edge(idx: int) -> EventMsg:
         connection=connection)))
 
 
-def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
+def _follower(tmp_path: Path) -> tuple[LogFollower, Replica]:
     host = SimHost(ME, State(), lambda: 0.0, node_info())
     replica = Replica(host, SqliteEventLog(tmp_path / "events.db"),
                       ElectionStore(tmp_path / "election.json"))
@@ -74,10 +75,13 @@ def _follower(tmp_path: Path) -> tuple[Follower, Replica]:
     def report(_report: MergeReported) -> None:
         raise AssertionError("nothing is dropped here")
 
-    follower = Follower(
+    def resubmit(_again: Resubmission) -> None:
+        raise AssertionError("nothing is dropped here")
+
+    follower = LogFollower(
         ClusterConfig(secret="s", listen=()), host, replica, lambda: 0.0, network,
         master=lambda: MASTER, is_master=lambda: False, wait_master_change=wait,
-        report=report, on_synced=lambda: None,
+        report=report, resubmit=resubmit, on_synced=lambda: None,
     )
     follower.synced = True  # in sync at the start of the log
     return follower, replica

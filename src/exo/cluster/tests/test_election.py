@@ -5,7 +5,16 @@ when the node (re)starts, as a monotonic clock does."""
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from exo.cluster.election import NODE_BITS, Election, Heard, Timing, claim_term_for, step
+from exo.cluster.election import (
+    NODE_BITS,
+    Election,
+    Heard,
+    Held,
+    Timing,
+    claim_term_for,
+    step,
+)
+from exo.cluster.lineage import Epoch, extended
 from exo.shared.types.common import NodeId
 
 A, B, C, D = NodeId("a"), NodeId("b"), NodeId("c"), NodeId("d")
@@ -31,6 +40,14 @@ class SimNode:
     """False: killed or hung (sends nothing, decides nothing)."""
     log_term: int = 0
     """The term of the master that wrote its last event."""
+    lineage: tuple[Epoch, ...] = ()
+    marks: list[int] = field(default_factory=list[int])
+    """Indices of the events that came from client commands."""
+    serving: int = 0
+    """Instances its state holds."""
+
+    def held(self) -> Held:
+        return Held(lineage=self.lineage, command_marks=tuple(self.marks), serving=self.serving)
 
 
 @dataclass
@@ -66,12 +83,23 @@ class Sim:
         """A hung process runs again (SIGCONT), with the election state it had."""
         self.nodes[node_id].running = True
 
-    def write(self, node_id: NodeId, events: int) -> None:
-        """The node (a master) appends events to its log, in its own claim's term."""
+    def write(self, node_id: NodeId, events: int, commands: int = 0) -> None:
+        """The node (a master) appends events to its log, in its own claim's term; the
+        last ``commands`` of them come from client commands."""
         node = self.nodes[node_id]
         assert node.election.is_master
+        epoch = Epoch(term=node.election.claim_term, master=node_id, start_idx=node.last_idx + 1)
+        if not node.lineage or not node.lineage[-1].same_epoch(epoch):
+            node.lineage = extended(node.lineage, epoch)
         node.last_idx += events
+        node.marks += range(node.last_idx - commands + 1, node.last_idx + 1)
         node.log_term = node.election.claim_term
+
+    def copy_log(self, to: NodeId, source: NodeId) -> None:
+        """``to`` catches up with ``source`` (replacing whatever its log held)."""
+        src, dst = self.nodes[source], self.nodes[to]
+        dst.last_idx, dst.log_term, dst.lineage = src.last_idx, src.log_term, src.lineage
+        dst.marks, dst.serving = list(src.marks), src.serving
 
     def linked(self, a: NodeId, b: NodeId) -> bool:
         return frozenset((a, b)) not in self.cut
@@ -91,13 +119,14 @@ class Sim:
             for node in self.nodes.values():
                 if node.running:
                     node.election = step(node.election, node.last_idx, node.heard, node.gone,
-                                         self.clock(node), TIMING, log_term=node.log_term)
+                                         self.clock(node), TIMING, log_term=node.log_term,
+                                         held=node.held())
 
     def _exchange(self) -> None:
         for sender_id, sender in self.nodes.items():
             if not sender.running:
                 continue
-            beat = sender.election.heartbeat(sender.last_idx, sender.log_term)
+            beat = sender.election.heartbeat(sender.last_idx, sender.log_term, sender.held())
             for receiver_id, receiver in self.nodes.items():
                 if receiver_id != sender_id and receiver.running and self.linked(sender_id, receiver_id):
                     receiver.heard[sender_id] = Heard(beat, self.clock(receiver))
@@ -374,3 +403,86 @@ def test_between_two_claimers_the_newer_log_wins_over_more_followers() -> None:
     sim.heal()
     sim.run(0.5)
     assert agreed(sim, C)
+
+
+def test_a_stale_forced_master_that_resumes_loses_to_the_newer_log_then_takes_over() -> None:
+    """#20.2: A (--force-master) is stopped, B takes over and applies a client's command;
+    A resumes believing it is the master: B keeps the write, A follows until it caught
+    up, then takes over from B's log (dropping nothing)."""
+    sim = Sim()
+    sim.start(A, force=True)
+    sim.start(B)
+    sim.run(1.0)
+    assert agreed(sim, A)
+    sim.write(A, 3, commands=1)
+    sim.copy_log(B, A)
+    sim.hang(A)
+    sim.run(2.0)
+    assert sim.masters() == {B: B}
+    sim.write(B, 3, commands=1)  # POST /place_instance on B: 200, applied
+    sim.resume(A)
+    sim.run(TICK)
+    assert agreed(sim, B)  # the stale forced master steps down at once
+    sim.run(1.0)
+    assert agreed(sim, B)  # and waits while it is behind
+    sim.copy_log(A, B)
+    sim.run(0.3)
+    assert agreed(sim, A)  # caught up: forced takes over, from B's log
+    sim.run(2.0)
+    assert agreed(sim, A)
+
+
+def test_a_forced_node_with_no_master_lets_a_newer_log_claim_first() -> None:
+    sim = Sim()
+    sim.start(A, last_idx=2, force=True)
+    sim.start(B, last_idx=9)
+    sim.run(1.0)
+    assert agreed(sim, B)  # the newer log claims; A catches up before it forces
+    sim.copy_log(A, B)
+    sim.run(0.3)
+    assert agreed(sim, A)
+
+
+def test_on_a_merge_the_side_that_kept_serving_wins_over_a_higher_term() -> None:
+    """#20.3: B is the master and serves; A is cut off, elects itself with a higher term
+    and writes (B timed out, B's instance gone from its state); B keeps serving a
+    client's commands. On healing B stays the master: the higher term does not win."""
+    sim = Sim()
+    sim.start(B)
+    sim.run(1.0)
+    sim.start(A)
+    sim.run(1.0)
+    assert agreed(sim, B)
+    sim.nodes[B].serving = 1
+    sim.write(B, 4, commands=1)
+    sim.copy_log(A, B)
+    sim.partition({A}, {B})
+    sim.run(2.0)
+    assert sim.masters() == {A: A, B: B}
+    assert sim.nodes[A].election.claim_term > sim.nodes[B].election.claim_term
+    sim.write(A, 2)  # NodeTimedOut(B), and B's instance went with it
+    sim.nodes[A].serving = 0
+    sim.write(B, 20, commands=5)  # the stream's tasks, the client's commands
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, B)
+
+
+def test_claimers_rank_by_commands_since_the_fork_before_instances_served() -> None:
+    sim = Sim()
+    sim.start(B)
+    sim.run(1.0)
+    sim.start(A)
+    sim.run(1.0)
+    assert agreed(sim, B)
+    sim.write(B, 2, commands=2)
+    sim.copy_log(A, B)
+    sim.partition({A}, {B})
+    sim.run(2.0)
+    assert sim.masters() == {A: A, B: B}
+    sim.nodes[A].serving = 3  # more instances and a higher term, but no client command
+    sim.write(A, 5)
+    sim.write(B, 1, commands=1)
+    sim.heal()
+    sim.run(0.5)
+    assert agreed(sim, B)

@@ -3,6 +3,7 @@ and commands it is given."""
 
 import anyio
 import pytest
+from loguru import logger
 
 from exo.master.event_log import MemoryEventLog
 from exo.master.main import Master
@@ -15,6 +16,7 @@ from exo.shared.tests.builders import (
     node_info,
     single_instance,
 )
+from exo.shared.types.chunks import ErrorChunk
 from exo.shared.types.commands import Command, PlaceInstance
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
@@ -120,17 +122,52 @@ class _FailingOnceLog:
 
 async def test_an_event_that_cannot_be_written_is_never_sequenced() -> None:
     """The master applied an event to its state before writing it: a failed write left a
-    state the log did not have (and the next event's index skipped one)."""
+    state the log did not have (and the next event's index skipped one). Now the event is
+    refused (``log_full``: the sender tries again later) and nothing changes."""
     master, published = make_master()
     log = _FailingOnceLog()
     master.log = log
     await master.emit(NodeGatheredInfo(node_id=NODE_A, info=node_info()))
     log.fail_next = True
-    with pytest.raises(OSError):
-        await master.emit(InstanceCreated(instance=single_instance()))
+    refusal = await master.emit(InstanceCreated(instance=single_instance()))
+    assert refusal is not None and refusal.kind == "log_full"
     assert master.state.last_event_applied_idx == 0
     assert INSTANCE_1 not in master.state.instances
-    await master.emit(InstanceCreated(instance=single_instance()))
+    assert await master.emit(InstanceCreated(instance=single_instance())) is None
     assert [e.idx for e in published] == [0, 1]
     assert [e.idx for e in log.read_from(0, 10)] == [0, 1]
     assert master.state.last_event_applied_idx == 1
+
+
+async def test_a_command_the_log_cannot_take_is_refused_to_its_requester() -> None:
+    """Disk full: the command was acknowledged and never applied, and nobody heard. Now
+    its requester gets an error that says so (insufficient storage), the state stays as it
+    was, and the same command succeeds once the log takes writes again."""
+    chunks: list[ChunkGenerated] = []
+    master, published = make_master()
+    master.send_chunk = lambda chunk, _origin: chunks.append(chunk)
+    master.resolve_card = lambda model_id: model_card(model_id)
+    log = _FailingOnceLog()
+    master.log = log
+    await master.emit(NodeGatheredInfo(node_id=NODE_A, info=node_info("a", memory_mb=8192)))
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(str(m)), level="ERROR")
+    log.fail_next = True
+    await master.submit(PlaceInstance(model_id=MODEL_1), NODE_A)  # refused too
+    chunks.clear()
+    log.fail_next = True
+    command = PlaceInstance(model_id=MODEL_1)
+    refusal = await master.submit(command, NODE_A)
+    logger.remove(sink)
+    assert len(errors) == 1, errors  # the node logs it once, not once per command
+    assert refusal is not None and refusal.kind == "log_full"
+    assert master.state.instances == {}
+    (chunk,) = chunks
+    assert chunk.command_id == command.command_id
+    assert isinstance(chunk.chunk, ErrorChunk)
+    assert chunk.chunk.error_code == "insufficient_storage"
+    assert chunk.chunk.refusal == "log_full"
+    assert "cannot be written" in chunk.chunk.error_message
+    assert await master.submit(command, NODE_A) is None  # space came back
+    assert len(master.state.instances) == 1
+    assert [type(p.event) for p in published] == [NodeGatheredInfo, InstanceCreated]

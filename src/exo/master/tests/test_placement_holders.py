@@ -11,6 +11,7 @@ from exo.shared.types.common import NodeId
 from exo.shared.types.topology import Connection, Topology
 from exo.shared.types.worker.downloads import DownloadCompleted, DownloadOngoing
 from exo.shared.types.worker.instances import Instance
+from exo.shared.types.worker.shards import PipelineShardMetadata
 
 A, B, C = NodeId("a"), NodeId("b"), NodeId("c")
 NODES = {A: node_info(8000), B: node_info(2000), C: node_info(2000)}
@@ -59,3 +60,24 @@ def test_holders_are_the_nodes_with_a_completed_download() -> None:
         B: {model.model_id: DownloadOngoing(downloaded_bytes=1, total_bytes=2)},
     })
     assert model_holders(state, model.model_id) == {A}
+
+
+def test_a_node_holding_some_layers_holds_the_shards_its_range_covers() -> None:
+    model = card(n_layers=30, storage_mb=3000)
+    state = make_state(downloads={
+        B: {model.model_id: DownloadCompleted(path="/s", start_layer=0, end_layer=15)},
+        C: {model.model_id: DownloadCompleted(path="/s", start_layer=0, end_layer=10)},
+    })
+    holders = model_holders(state, model.model_id)
+    assert holders == {B, C} and holders.ranges == {B: (0, 15), C: (0, 10)}
+    assert holders.holds(B, 3, 15) and not holders.holds(C, 0, 15) and not holders.holds(A, 0, 1)
+    previews = placement_previews(model, NODES, LINKED, {}, holders)
+    [two] = [p for p in previews if p.valid and p.sharding == "pipeline" and p.node_count == 2]
+    assert two.instance is not None and _nodes(two.instance) == {B, C}
+    sa = two.instance.shard_assignments
+    shards = {n: sa.runner_to_shard[r] for n, r in sa.node_to_runner.items()}
+    ranges = {n: (s.start_layer, s.end_layer) for n, s in shards.items()
+              if isinstance(s, PipelineShardMetadata)}
+    # B's layers [0, 15) cover its shard: only C downloads.
+    assert ranges == {B: (0, 15), C: (15, 30)}
+    assert set(two.download_bytes) == {C}

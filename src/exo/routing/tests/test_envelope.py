@@ -21,9 +21,9 @@ KEY = b"k" * 32
 CONTEXT = "exo/abc/t/events"
 
 
-def test_sealed_envelope_opens_with_its_sender_counter_and_payload() -> None:
-    data = seal(KEY, CONTEXT, "node-1", 42, b'{"x":1}')
-    assert open_envelope(KEY, CONTEXT, data) == Opened("node-1", 42, b'{"x":1}')
+def test_sealed_envelope_opens_with_its_sender_session_counter_and_payload() -> None:
+    data = seal(KEY, CONTEXT, "node-1", 7, 42, b'{"x":1}')
+    assert open_envelope(KEY, CONTEXT, data) == Opened("node-1", 7, 42, b'{"x":1}')
 
 
 def same(data: bytes) -> bytes:
@@ -36,6 +36,11 @@ def other_payload(data: bytes) -> bytes:
 
 def other_sender(data: bytes) -> bytes:
     return data.replace(b"node-1", b"node-2")
+
+
+def other_session(data: bytes) -> bytes:
+    at = data.index(b"node-1") + len(b"node-1")
+    return data[:at] + bytes((data[at] ^ 1,)) + data[at + 1 :]
 
 
 def truncated(data: bytes) -> bytes:
@@ -57,6 +62,7 @@ def empty(data: bytes) -> bytes:
         (KEY, "exo/abc/t/other", same, Rejection.BAD_MAC),
         (KEY, CONTEXT, other_payload, Rejection.BAD_MAC),
         (KEY, CONTEXT, other_sender, Rejection.BAD_MAC),
+        (KEY, CONTEXT, other_session, Rejection.BAD_MAC),
         (KEY, CONTEXT, truncated, Rejection.MALFORMED),
         (KEY, CONTEXT, garbage, Rejection.MALFORMED),
         (KEY, CONTEXT, empty, Rejection.MALFORMED),
@@ -65,7 +71,7 @@ def empty(data: bytes) -> bytes:
 def test_tampered_envelopes_are_rejected(
     key: bytes, context: str, mutate: Callable[[bytes], bytes], reason: Rejection
 ) -> None:
-    data = seal(KEY, CONTEXT, "node-1", 42, b'{"x":1}')
+    data = seal(KEY, CONTEXT, "node-1", 7, 42, b'{"x":1}')
     assert open_envelope(key, context, mutate(data)) == reason
 
 
@@ -77,6 +83,8 @@ def test_replay_guard_admits_only_growing_counters_per_sender_and_context() -> N
     assert guard.admit("a", "t2", 1)
     assert guard.admit("b", "t1", 1)
     assert guard.admit("a", "t1", 6)
+    assert guard.admit("a", "t1", 3, session=2)  # another session of a: its own counters
+    assert not guard.admit("a", "t1", 3, session=2)
 
 
 def test_counters_grow_strictly_and_start_from_the_clock() -> None:
@@ -84,6 +92,7 @@ def test_counters_grow_strictly_and_start_from_the_clock() -> None:
     values = [source.next() for _ in range(1000)]
     assert values == sorted(set(values))
     assert values[0] > 1_600_000_000 * 10**9
+    assert source.session != CounterSource().session  # one per process start
 
 
 def test_secrets_give_independent_prefixes_and_mac_keys() -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Literal, TypeVar
 
@@ -298,7 +299,7 @@ async def test_forged_and_replayed_envelopes_are_rejected_and_counted() -> None:
     counter = CounterSource()
 
     def sealed(payload: bytes, *, mac_key: bytes = keys.mac_key, context: str = key) -> bytes:
-        return seal(mac_key, context, "mallory", counter.next(), payload)
+        return seal(mac_key, context, "mallory", counter.session, counter.next(), payload)
 
     with anyio.fail_after(DEADLINE_S):
         async with Router(loopback_config("a", SECRET)) as a:
@@ -335,6 +336,53 @@ async def test_forged_and_replayed_envelopes_are_rejected_and_counted() -> None:
                 }
             finally:
                 await anyio.to_thread.run_sync(raw.close)
+
+
+async def test_a_recorded_envelope_is_refused_after_the_receiver_restarts(
+    tmp_path: Path,
+) -> None:
+    """#20.8: a message recorded before the receiver restarted is refused after it (its
+    data directory remembers what it admitted); the sender's new messages still pass."""
+    keys = ClusterKeys.from_secret(SECRET)
+    key = keys.topic(PING.name)
+    counter = CounterSource()
+    config = replace(loopback_config("a", SECRET), replay_path=tmp_path / "replay.log")
+
+    def sealed(n: int, sender: str = "b") -> bytes:
+        return seal(keys.mac_key, key, sender, counter.session, counter.next(),
+                    PING.encode(Ping(n=n)))
+
+    recorded: list[bytes] = []
+
+    def record() -> bytes:
+        if not recorded:
+            recorded.append(sealed(1))
+        return recorded[0]
+
+    async def run_receiver() -> tuple[Ping, dict[str, int]]:
+        """Start a, send it the recorded message then a fresh one: a's first message
+        after the probes, and what it refused."""
+        async with Router(config) as a:
+            subscription = a.subscribe(PING)
+            raw_config = zenoh_config(loopback_config("b", SECRET, peers=a.listen_endpoints))
+            raw = await anyio.to_thread.run_sync(ZenohSession, raw_config)
+            try:
+
+                async def put(data: bytes) -> None:
+                    await anyio.to_thread.run_sync(raw.put, key, data)
+
+                # Probes from another sender: nothing newer from b before the recording.
+                await until(lambda: put(sealed(PROBE, "probe")), subscription.receive)
+                await put(record())
+                await put(sealed(100))
+                return await next_ping(subscription), dict(a.stats.rejections)
+            finally:
+                await anyio.to_thread.run_sync(raw.close)
+
+    with anyio.fail_after(3 * DEADLINE_S):
+        assert await run_receiver() == (Ping(n=1), {})
+        # The receiver restarted: the recording is refused, the next message is not.
+        assert await run_receiver() == (Ping(n=100), {"replay": 1})
 
 
 def lo_carries_multicast(port: int) -> bool:

@@ -8,8 +8,11 @@ from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import FrozenModel
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
-# Errors an API maps to a client error (4xx) rather than a server error.
-ErrorCode = Literal["context_length_exceeded", "invalid_request"]
+# Errors an API maps to a client error (4xx) rather than a server error, and the master's
+# log that cannot take a write (a full disk: 507).
+ErrorCode = Literal["context_length_exceeded", "invalid_request", "insufficient_storage"]
+# Why the master refused a command (``exo.master.decide``; the API maps each to a status).
+RefusalKind = Literal["unknown_model", "no_placement", "no_instance", "not_serving", "log_full"]
 
 
 class Usage(FrozenModel):
@@ -73,14 +76,20 @@ class ErrorChunk(FrozenModel):
     finish_reason: FinishReason = "error"
     # Set when the request itself was at fault (the prompt is too long...).
     error_code: ErrorCode | None = None
+    # Set when the master refused the command (it was not applied).
+    refusal: RefusalKind | None = None
 
 
 def error_chunk(
-    message: str, model: ModelId | None = None, code: ErrorCode | None = None
+    message: str,
+    model: ModelId | None = None,
+    code: ErrorCode | None = None,
+    refusal: RefusalKind | None = None,
 ) -> ErrorChunk:
     """The one way an error reaches a request: from its model's runner (``model``), or from
     the cluster itself (no model: the node, the master, a lost link)."""
-    return ErrorChunk(model=model or ModelId("exo"), error_message=message, error_code=code)
+    return ErrorChunk(model=model or ModelId("exo"), error_message=message, error_code=code,
+                      refusal=refusal)
 
 
 Chunk = Annotated[TokenChunk | ErrorChunk, Field(discriminator="kind")]

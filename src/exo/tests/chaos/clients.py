@@ -63,9 +63,12 @@ def _stream_error(line: str) -> str | None:
 def run_one(
     url: str, kind: Kind, model: str, *, stream: bool, cancel_after: int | None = None,
     deadline_s: float = 60.0, max_tokens: int = 12, prompt: str = "Say hello.",
+    extra: dict[str, Any] | None = None,
 ) -> Outcome:
-    """One request; ``cancel_after``: close a stream after that many lines."""
+    """One request; ``cancel_after``: close a stream after that many lines; ``extra``:
+    more fields of the request's body."""
     path, body = _request(kind, model, prompt, stream, max_tokens)
+    body = {**body, **(extra or {})}
     started = time.monotonic()
 
     def done(ending: Ending, status: int, detail: str = "") -> Outcome:

@@ -58,6 +58,8 @@ class ChaosNode:
     log_dir: Path
     peers: list[str]
     models_dir: Path
+    extra: list[str] = field(default_factory=list[str])
+    """More command-line options (``--force-master``, ``--memory-limit``)."""
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     stopped: bool = False
@@ -73,7 +75,7 @@ class ChaosNode:
                 "--data-dir", str(self.data_dir), "--listen",
                 f"tcp/127.0.0.1:{self.cluster_port}", "--secret", SECRET,
                 "--node-timeout", str(NODE_TIMEOUT_S), "--models-dir", str(self.models_dir),
-                *(a for p in self.peers for a in ("--peer", p))]
+                *(a for p in self.peers for a in ("--peer", p)), *self.extra]
         with self.log_path(self.starts).open("wb") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                             env={**os.environ, **ENV}, start_new_session=True)
@@ -150,13 +152,16 @@ class ChaosCluster:
     events: list[str] = field(default_factory=list[str])
 
     @classmethod
-    def start(cls, tmp: Path, n: int = 3) -> "ChaosCluster":
+    def start(cls, tmp: Path, n: int = 3, *, extra: dict[int, list[str]] | None = None,
+              start: bool = True) -> "ChaosCluster":
+        """``extra``: more options per node index; ``start``: start every node now (else
+        the caller starts them, in its order)."""
         ports = [free_port() for _ in range(n)]
         mesh = Mesh.start(ports)
         models = bad_models(tmp / "models")
         nodes = [ChaosNode(i, tmp / f"node{i}", ports[i], free_port(), tmp, mesh.peers_of(i),
-                           models) for i in range(n)]
-        for node in nodes:
+                           models, list((extra or {}).get(i, []))) for i in range(n)]
+        for node in nodes if start else []:
             node.start()
         return cls(nodes, mesh)
 

@@ -25,6 +25,7 @@ from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
 from exo.worker.download.hub_names import hub_source_problem, repo_id_problem
+from exo.worker.download.shard_gguf import keep_head
 from exo.worker.engines.config import check_context_length
 
 _QUANT = re.compile(r"^[\w.-]{1,64}$")
@@ -207,24 +208,29 @@ def _quant_name(files: list[HubFile]) -> str:
 
 
 def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str, Any]:
-    """Read the header with growing Range requests (1 MB, 2 MB, ... up to 64 MB)."""
+    """Read the header with growing Range requests (1 MB, then doubling up to 64 MB), each
+    continuing where the last ended; what was read is kept for a shard download to reuse."""
     url = hf_hub_url(hub.repo_id, path, revision=hub.revision, endpoint=settings.endpoint)
     headers = build_hf_headers(token=settings.token or False)
-    size = _HEAD_START
+    data = b""
     client = get_session()
     while True:
-        r = client.get(url, headers={**headers, "Range": f"bytes=0-{size - 1}"},
+        size = max(_HEAD_START, 2 * len(data))
+        r = client.get(url, headers={**headers, "Range": f"bytes={len(data)}-{size - 1}"},
                        follow_redirects=True, timeout=30)
         if r.status_code in (401, 403):
             raise DownloadError(f"{hub.repo_id}: access denied by the hub ({r.status_code})", 403)
         if r.status_code == 404:
             raise DownloadError(f"{hub.repo_id}: {path} not found on the hub", 404)
         r.raise_for_status()
+        data = r.content if r.status_code == 200 else data + r.content  # 200: Range ignored
         try:
-            return read_gguf_metadata(r.content)
+            meta = read_gguf_metadata(data)
         except TruncatedHead:
-            if size >= _HEAD_MAX or len(r.content) < size:
+            if size >= _HEAD_MAX or len(data) < size:
                 raise DownloadError(f"{hub.repo_id}: {path} has no complete GGUF header") from None
-            size *= 2
+            continue
         except ValueError as e:
             raise DownloadError(f"{hub.repo_id}: {path}: {e}", 404) from e
+        keep_head(settings.cache_dir, hub, path, data[:size])
+        return meta

@@ -52,6 +52,7 @@ from exo.worker.download.resumable import (
     snapshot_dir,
     snapshot_path,
 )
+from exo.worker.download.shard_gguf import delete_gguf_shards, locate_gguf_shard
 
 ByteCallback = Callable[[int], None]
 
@@ -279,11 +280,13 @@ def locate_hub_model(
     folder = snapshot_dir(cache_dir, hub)
     if hub.gguf_quant is not None:
         ggufs = sorted(f.path for f in hub.files if f.path.endswith(".gguf"))
-        if not ggufs or not (folder / ggufs[0]).exists():
-            return None
-        if layers is not None and not _shard_present(card, folder, layers):
-            return None
-        return folder / ggufs[0]
+        split = len(ggufs) > 1  # parts are loaded as one shard file holding their tensors
+        whole = bool(ggufs) and (folder / ggufs[0]).exists() and (
+            layers is None or (not split and _shard_present(card, folder, layers))
+        )
+        if whole or layers is None:
+            return folder / ggufs[0] if whole else None
+        return locate_gguf_shard(card, cache_dir, *layers)
     if layers is not None:
         return folder if _shard_present(card, folder, layers) else None
     weights = [f.path for f in hub.files if f.path.endswith(".safetensors")]
@@ -318,9 +321,10 @@ def delete_hub_model(card: ModelCard, cache_dir: Path) -> bool:
     hub = card.hub
     if hub is None:
         return False
+    shards = delete_gguf_shards(cache_dir, hub)
     folder = snapshot_dir(cache_dir, hub)
     if not folder.is_dir():
-        return False
+        return shards
     blobs = inside(repo_folder(cache_dir, hub.repo_id), "blobs")
     for link in folder.rglob("*"):
         target = link.resolve() if link.is_symlink() else None

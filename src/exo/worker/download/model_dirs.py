@@ -11,8 +11,11 @@ from loguru import logger
 from exo.shared.models.hub_files import quant_of
 from exo.shared.models.model_cards import ModelCard, ModelId
 from exo.worker.download.folder_check import folder_problem
+from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
+from exo.worker.download.gguf_index import SHARD_PREFIX
 from exo.worker.download.local import card_from_path
 
+_SHARD_HEAD = 64 << 20
 _CACHE_REPO = re.compile(r"^models--(?P<org>[^-].*?)--(?P<name>.+)$")
 
 
@@ -41,6 +44,9 @@ def scan_models_dir(folder: Path) -> list[ModelCard]:
         raise ValueError(f"models dir not found: {folder}")
     cards: list[ModelCard] = []
     for path, model_id in _candidates(folder):
+        if path.is_file() and is_gguf_shard(path):
+            logger.info(f"{path} is a shard of a model (some of its layers): not listed")
+            continue
         problem = folder_problem(path) if path.is_dir() else None
         if problem is not None:
             logger.warning(f"skipping {path}: {problem}")
@@ -55,6 +61,24 @@ def scan_models_dir(folder: Path) -> list[ModelCard]:
                                            "aliases": [*card.aliases, model_id.lower()]})
         cards.append(card)
     return cards
+
+
+def is_gguf_shard(path: Path) -> bool:
+    """A GGUF file a node wrote on purpose with some of a model's layers (``exo.shard.*``
+    keys in its metadata): not a model of its own, and not a broken one."""
+    want, head = 1 << 20, b""
+    while True:
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(want)
+            meta = read_gguf_metadata(head)
+            return any(key.startswith(SHARD_PREFIX) for key in meta)
+        except TruncatedHead:
+            if len(head) < want or want >= _SHARD_HEAD:
+                return False
+            want *= 4
+        except (OSError, ValueError):
+            return False
 
 
 def _candidates(folder: Path) -> list[tuple[Path, ModelId | None]]:

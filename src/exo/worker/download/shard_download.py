@@ -22,8 +22,11 @@ from exo.worker.download.hub import (
     DownloadError,
     HubSettings,
     download_files,
+    explain,
+    locate_hub_model,
     shard_files,
 )
+from exo.worker.download.shard_gguf import GGUFShardFetch, RangeIgnored
 
 Report = Callable[[DownloadProgress], Awaitable[None]]
 
@@ -44,9 +47,41 @@ class ShardDownload:
         self.done_bytes += n
 
     def _fetch(self) -> Path:
+        if self._shard_only():
+            try:
+                return self._fetch_gguf_shard()
+            except RangeIgnored:
+                logger.warning(f"{self.card.model_id}: the hub ignores Range requests; "
+                               "fetching the whole GGUF file instead of the shard's tensors")
+                self.done_bytes = 0
         files = shard_files(self.card, self.start_layer, self.end_layer, self.settings)
         self.total_bytes = sum(f.size for f in files)
         return download_files(self.card, files, self.settings, self._count, self.cancelled)
+
+    def _shard_only(self) -> bool:
+        """A GGUF model of which this node holds only some layers (and that it does not
+        hold whole already), or a split GGUF: fetch only the shard's tensors (the parts of a
+        split file are joined into one shard file)."""
+        hub = self.card.hub
+        if hub is None or hub.gguf_quant is None or self.settings.offline:
+            return False
+        if len([f for f in hub.files if f.path.endswith(".gguf")]) > 1:
+            return True
+        whole = (self.start_layer, self.end_layer) == (0, self.card.n_layers)
+        return not whole and locate_hub_model(self.card, self.settings.cache_dir) is None
+
+    def _fetch_gguf_shard(self) -> Path:
+        def total(n: int) -> None:
+            self.total_bytes = n
+
+        fetch = GGUFShardFetch(self.card, self.start_layer, self.end_layer, self.settings,
+                               self._count, self.cancelled, total)
+        try:
+            return fetch.run()
+        except (RangeIgnored, DownloadCancelled):
+            raise
+        except Exception as e:
+            raise explain(e, self.card.model_id, self.settings) from e
 
     async def run(self, report: Report) -> DownloadProgress:
         """Download, reporting progress; the final state (Completed or Failed) is
@@ -99,6 +134,8 @@ class ShardDownload:
                         total_bytes=self.total_bytes,
                         bytes_per_s=speed,
                         eta_s=remaining / speed if speed > 0 else None,
+                        start_layer=self.start_layer,
+                        end_layer=self.end_layer,
                     )
                 )
             last_bytes, last_t = done, now

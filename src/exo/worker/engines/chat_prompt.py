@@ -4,7 +4,11 @@ Templates that know tools (Qwen/Hermes, Llama 3.1+, Mistral) get them the Huggin
 way: ``tools`` as JSON schemas, assistant ``tool_calls`` with argument objects, ``tool``
 messages. A template that knows none (the embedded SmolLM2-135M's) gets them as a system
 prompt in SmolLM2's own format, ``<tool_call>[{"name": ..., "arguments": ...}]</tool_call>``,
-with earlier calls and results written the same way.
+with earlier calls and results written the same way. The MoE families' formats
+(``exo.shared.chat_formats``: harmony, DeepSeek, Kimi K2, GLM) are their own: DeepSeek's templates get
+the arguments as JSON text (they join them to their text), Kimi K2 its own call ids
+(``functions.NAME:N``), and a template of theirs that knows no tools gets the system prompt
+and the earlier calls in the family's own syntax.
 
 ``tool_choice`` required (or a named function) starts the answer with the opening of a
 call in the model's format (the *prefix*): the model continues a call, it does not decide
@@ -16,26 +20,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from exo.shared.chat_formats import (
+    as_native,
+    calls_text,
+    native_format,
+    native_prefix,
+    native_system,
+)
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolSpec
 
-ToolFormat = Literal["hermes", "llama3", "mistral", "smollm"]
-
-# The rendering of a model whose files carry no chat template (as llama-server and Ollama
-# fall back to one): the system text, then one "Role: text" line per message, then
-# "Assistant:" for the answer.
-FALLBACK_TEMPLATE = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% else %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
-)
-
+ToolFormat = Literal[
+    "hermes", "llama3", "mistral", "smollm", "harmony", "glm", "deepseek3", "deepseek31", "kimi"
+]
 
 def tool_format(template: str | None) -> ToolFormat:
     """The call format a chat template teaches its model."""
     text = template or ""
+    native = native_format(template)
+    if native is not None:
+        return native
     if "<tool_call>" in text:
         return "hermes"
     if "<|python_tag|>" in text or "ipython" in text:
@@ -71,12 +74,32 @@ def tool_schema(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def _hf_call(call: ToolCall) -> dict[str, Any]:
+def _call_ids(fmt: ToolFormat, messages: Sequence[InputMessage]) -> dict[str, str]:
+    """Kimi K2 knows its calls by ``functions.NAME:N`` (N counts the conversation's calls),
+    as it writes them: the ids its template sees, for each call id of the request."""
+    if fmt != "kimi":
+        return {}
+    calls = [c for m in messages for c in m.tool_calls]
+    return {c.id: f"functions.{c.name}:{i}" for i, c in enumerate(calls)}
+
+
+def _hf_call(call: ToolCall, fmt: ToolFormat, ids: dict[str, str]) -> dict[str, Any]:
+    # DeepSeek's templates join the arguments to their text: they want the JSON string.
+    as_text = fmt in ("deepseek3", "deepseek31")
+    arguments = call.arguments if as_text else json_object(call.arguments)
     return {
-        "id": call.id,
+        "id": ids.get(call.id, call.id),
         "type": "function",
-        "function": {"name": call.name, "arguments": json_object(call.arguments)},
+        "function": {"name": call.name, "arguments": arguments},
     }
+
+
+def _written_calls(fmt: ToolFormat, calls: Sequence[ToolCall]) -> str:
+    """Earlier calls as text, for a template that does not take them."""
+    native = as_native(fmt)
+    if native is None:
+        return _smollm_calls(calls)
+    return calls_text(native, [(c.name, json_object(c.arguments)) for c in calls])
 
 
 def _smollm_calls(calls: Sequence[ToolCall]) -> str:
@@ -84,8 +107,11 @@ def _smollm_calls(calls: Sequence[ToolCall]) -> str:
     return f"<tool_call>{json.dumps(body)}</tool_call>"
 
 
-def _smollm_system(tools: Sequence[ToolSpec]) -> str:
+def _smollm_system(tools: Sequence[ToolSpec], fmt: ToolFormat) -> str:
     schemas = "\n".join(json.dumps(tool_schema(t)["function"]) for t in tools)
+    native = as_native(fmt)
+    if native is not None:
+        return native_system(native, schemas)
     return (
         "You can call functions. Their JSON schemas:\n<tools>\n"
         f"{schemas}\n</tools>\n"
@@ -107,13 +133,16 @@ class ChatPrompt:
 
 def forced_prefix(fmt: ToolFormat, name: str | None) -> str:
     """The opening of a call in ``fmt``; with ``name``, up to its arguments."""
+    native = as_native(fmt)
+    if native is not None:
+        return native_prefix(native, name)
     key = "parameters" if fmt == "llama3" else "arguments"
     head = {
         "hermes": '<tool_call>\n{"name": "',
         "smollm": '<tool_call>[{"name": "',
         "llama3": '{"name": "',
         "mistral": '[TOOL_CALLS][{"name": "',
-    }[fmt]
+    }.get(fmt, "")
     return head if name is None else f'{head}{name}", "{key}": '
 
 
@@ -127,14 +156,15 @@ def chat_prompt(
     fmt = tool_format(template)
     offer = bool(tools) and tool_choice != "none"
     native = template_knows_tools(template)
+    ids = _call_ids(fmt, messages)
     out: list[dict[str, Any]] = []
     for m in messages:
         if native or not (m.tool_calls or m.role == "tool"):
             entry: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
-                entry["tool_calls"] = [_hf_call(c) for c in m.tool_calls]
+                entry["tool_calls"] = [_hf_call(c, fmt, ids) for c in m.tool_calls]
             if m.role == "tool":
-                entry["tool_call_id"] = m.tool_call_id or ""
+                entry["tool_call_id"] = ids.get(m.tool_call_id or "", m.tool_call_id or "")
                 entry["name"] = m.name or ""
             out.append(entry)
         elif m.role == "tool":
@@ -142,9 +172,9 @@ def chat_prompt(
             out.append({"role": "user", "content": content})
         else:
             text = f"{m.content}\n" if m.content else ""
-            out.append({"role": m.role, "content": text + _smollm_calls(m.tool_calls)})
+            out.append({"role": m.role, "content": text + _written_calls(fmt, m.tool_calls)})
     if offer and not native:
-        system = _smollm_system(tools)
+        system = _smollm_system(tools, fmt)
         if out and out[0]["role"] == "system":
             out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system}"}
         else:

@@ -4,14 +4,14 @@ Why: decoding a small model on a CPU is bound by the bytes of weights read per t
 number of operations per token. torch's own low-bit CPU kernels are slow on AVX2-only machines
 (measured: int4/int8 weight-only matmuls at 1-4 GB/s against ~14 GB/s of memory bandwidth), so
 reading 5 bits per weight instead of 16 only pays off with a kernel that keeps up with memory.
-These do: 4- to 8-bit weight blocks (GGUF's Q4_1 / Q8_0 / Q5_0 / Q5_1 layouts, and the K-quant
-super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a layer's parts may differ in
-type) times activations quantised per block to 16 bits, with integer multiply-adds (see
-`csrc/`; with several rows, batched decode or prefill, 8 weight rows at a time share each
-activation load: `csrc/tile.h`); a layer may end with Gemma's norm of its output before the
-residual add. On AVX2, a model's Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights are re-laid at load in
-groups of 8 rows (`group_rows`, `csrc/grouped.h`), so that decode too shares each block's float
-work among 8 rows. A second kernel runs a whole decode step of attention (rotate q and k, append to
+These do: 4- to 8-bit weight blocks (the kinds of `kinds.py`: GGUF's Q4_1 / Q8_0 / Q5_0 / Q5_1
+layouts, and the K-quant super-blocks Q4_K / Q5_K / Q6_K read from the file as they are; a
+layer's parts may differ in type) times activations quantised per block to 16 bits, with integer
+multiply-adds (see `csrc/kinds.h`; with several rows, batched decode or prefill, 8 weight rows at
+a time share each activation load: `csrc/arch/x86/tile.c`); a layer may end with Gemma's norm of
+its output before the residual add. On AVX2, a model's Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights
+are repacked at load in groups of 8 rows (`QKernels.repack_rows`, `csrc/repack.c`), so that
+decode too shares each block's float work among 8 rows. A second kernel runs a whole decode step of attention (rotate q and k, append to
 the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU
@@ -30,7 +30,6 @@ from functools import cache
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
 import torch
 from loguru import logger
 from torch import Tensor
@@ -43,29 +42,21 @@ from exo.worker.engines.kernel_build import (
     find_compiler,
     library_name,
 )
+from exo.worker.engines.kinds import BY_KERNEL, GROUP_ROWS, KINDS, kind_named
 from exo.worker.engines.kv_cache import PagedLayer
 
 PROLOGUE_NONE, PROLOGUE_RMS_NORM, PROLOGUE_SWIGLU, PROLOGUE_GEGLU = 0, 1, 2, 3
 _GLU_PROLOGUES = (PROLOGUE_SWIGLU, PROLOGUE_GEGLU)
 MAX_PARTS = 4  # weight parts a quantised linear reads in place (C: MAX_PARTS)
-KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1 = 4, 8, 50, 51  # `exo_qlinear` layouts (blocks of 32)
-KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = 104, 105, 106  # (super-blocks of 256)
-# Q4_1, Q8_0, Q5_0, Q4_K, Q6_K rows re-laid in groups of 8 (`group_rows`, csrc/grouped.h)
-KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8, KIND_Q4_K_G8, KIND_Q6_K_G8 = 204, 208, 250, 304, 306
-GROUPED = {
-    KIND_Q4: KIND_Q4_G8, KIND_Q8: KIND_Q8_G8, KIND_Q5_0: KIND_Q5_0_G8, KIND_Q4_K: KIND_Q4_K_G8,
-    KIND_Q6_K: KIND_Q6_K_G8,
-}  # fmt: skip
-GROUP_ROWS = 8
-_BLOCK_BYTES = {
-    KIND_Q4: 20, KIND_Q8: 34, KIND_Q5_0: 22, KIND_Q5_1: 24,
-    KIND_Q4_K: 144, KIND_Q5_K: 176, KIND_Q6_K: 210, KIND_Q4_G8: 20, KIND_Q8_G8: 34,
-    KIND_Q5_0_G8: 22, KIND_Q4_K_G8: 144, KIND_Q6_K_G8: 210,
-}  # fmt: skip
-# values per block of the K-quant layouts (the others: 32)
-_BLOCK_VALUES = {
-    KIND_Q4_K: 256, KIND_Q5_K: 256, KIND_Q6_K: 256, KIND_Q4_K_G8: 256, KIND_Q6_K_G8: 256,
-}  # fmt: skip
+# The kernel ids (`kinds.KINDS`; C: KIND_*), under the names the engine's tests and benches use.
+KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K = (
+    kind_named(n).kernel for n in ("Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+)
+# each layout that has one -> its rows repacked in groups of 8 (`QKernels.repack_rows`)
+GROUPED: dict[int, int] = {k.kernel: k.grouped for k in KINDS if k.grouped is not None}
+KIND_Q4_G8, KIND_Q8_G8, KIND_Q5_0_G8, KIND_Q4_K_G8, KIND_Q6_K_G8 = (
+    GROUPED[k] for k in (KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K)
+)
 _INT_MAX = 2**31 - 1
 
 
@@ -111,14 +102,14 @@ class QuantWeights:
 
     `parts`: up to MAX_PARTS block matrices uint8 [rows_i, row bytes] whose rows stack into the
     layer's N outputs (q | k | v): the kernel reads each where it lies, so stacking them costs
-    no copy; `part_kinds` gives each part's layout (default: `bits` for all). With `post_gain`
+    no copy; `part_kinds` gives each part's layout (default: `kind` for all). With `post_gain`
     [N] the layer computes y = residual + rmsnorm(x W^T + bias) * post_gain (Gemma 3). The
     object holds every tensor whose address the spec carries.
     """
 
     def __init__(
         self,
-        bits: int,
+        kind: int,
         prologue: int,
         parts: list[Tensor],
         gain: Tensor | None,
@@ -129,21 +120,21 @@ class QuantWeights:
         post_gain: Tensor | None = None,
         post_eps: float = 0.0,
     ) -> None:
-        kinds = [bits] * len(parts) if part_kinds is None else list(part_kinds)
+        kinds = [kind] * len(parts) if part_kinds is None else list(part_kinds)
         if len(kinds) != len(parts):
             raise KernelArgumentError("one layout per part")
-        for kind in {bits, *kinds}:
-            if kind not in _BLOCK_BYTES:
-                raise KernelArgumentError(f"unknown weight layout {kind}")
+        for layout in {kind, *kinds}:
+            if layout not in BY_KERNEL:
+                raise KernelArgumentError(f"unknown weight layout {layout}")
         if prologue not in (PROLOGUE_NONE, PROLOGUE_RMS_NORM, *_GLU_PROLOGUES):
             raise KernelArgumentError(f"unknown prologue {prologue}")
         if not 1 <= len(parts) <= MAX_PARTS:
             raise KernelArgumentError(f"a quantised linear takes 1 to {MAX_PARTS} parts")
-        block = max(_BLOCK_VALUES.get(kind, 32) for kind in kinds)
+        block = max(BY_KERNEL[layout][0].block_values for layout in kinds)
         if k <= 0 or k % block != 0 or k > _INT_MAX:
             raise KernelArgumentError(f"k must be a positive multiple of {block}, got {k}")
-        for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
-            row_bytes = k // _BLOCK_VALUES.get(kind, 32) * _BLOCK_BYTES[kind]
+        for i, (p, layout) in enumerate(zip(parts, kinds, strict=True)):
+            row_bytes = BY_KERNEL[layout][0].row_bytes(k)
             if p.dtype != torch.uint8 or p.device.type != "cpu" or p.dim() != 2:
                 raise KernelArgumentError(f"part {i} must be a 2-D uint8 CPU tensor")
             if p.shape[1] != row_bytes:
@@ -151,8 +142,8 @@ class QuantWeights:
                     f"part {i} must have rows of {row_bytes} bytes, got {p.shape[1]}"
                 )
         start = 0
-        for i, (p, kind) in enumerate(zip(parts, kinds, strict=True)):
-            if kind in GROUPED.values() and (p.shape[0] % GROUP_ROWS or start % GROUP_ROWS):
+        for i, (p, layout) in enumerate(zip(parts, kinds, strict=True)):
+            if BY_KERNEL[layout][1] and (p.shape[0] % GROUP_ROWS or start % GROUP_ROWS):
                 raise KernelArgumentError(
                     f"part {i} is laid in groups of {GROUP_ROWS} rows: it must have a multiple "
                     f"of {GROUP_ROWS} rows and start on one (rows {start}..{start + p.shape[0]})"
@@ -175,12 +166,12 @@ class QuantWeights:
             if t is not None:
                 _float_cpu(name, t)
                 _shape(name, t, (size,))
-        self.bits, self.k, self.prologue, self.kinds = bits, k, prologue, kinds
+        self.kind, self.k, self.prologue, self.kinds = kind, k, prologue, kinds
         pad = [0] * (MAX_PARTS - len(parts))
         pointers = [p.data_ptr() for p in self.parts] + pad
         rows = [p.shape[0] for p in self.parts] + pad
         self.spec = _LinearSpec(
-            bits,
+            kind,
             prologue,
             k,
             self.n,
@@ -194,122 +185,6 @@ class QuantWeights:
             post_eps,
         )
         self.spec_address = ctypes.addressof(self.spec)
-
-
-_GROUP_CHUNK_BYTES = 1 << 20  # bytes of rows re-laid at a time (bounds the temporary copies)
-
-
-def _group_view(kind: int, rows: Tensor) -> tuple[int, int]:
-    """(blocks per row, groups) of file rows uint8 [8k, nb * block bytes] of a `kind` that
-    has a grouped layout (`GROUPED`)."""
-    size = _BLOCK_BYTES[kind]
-    n, width = rows.shape
-    if kind not in GROUPED or rows.dtype != torch.uint8 or not rows.is_cpu or width % size:
-        raise KernelArgumentError(f"rows of layout {kind} must be a uint8 CPU tensor")
-    if n % GROUP_ROWS:
-        raise KernelArgumentError(f"{n} rows are not whole groups of {GROUP_ROWS}")
-    return width // size, n // GROUP_ROWS
-
-
-def group_rows(kind: int, rows: Tensor, out: Tensor) -> None:
-    """File rows of `kind` (KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K), uint8
-    [n, row bytes] with n a multiple of 8, re-laid in groups of 8 rows into `out` (same shape;
-    may be `rows` itself) as the kernels read them (`csrc/grouped.h`). Per group and block (32
-    values; Q4_K: super-block of 256): the 8 rows' f16 d, then Q4_1: their f16 m, and for
-    i = 0..7 the bytes 2i, 2i + 1 of each row's 16 bytes of nibbles, row after row; Q5_0: for
-    i = 0..7 a 32-bit word of fifth bits (bit 2c + e: row c's value 2i + e; bit 16 + 2c + e: its
-    value 2i + 16 + e), then the nibbles as Q4_1's; Q8_0: value 2j + e of row c at byte
-    32 (j % 8) + 16 (j / 8) + 2c + e of 256 (a tile, `csrc/tile.h`); Q4_K: their f16 dmin, byte k
-    of row c's 12 scale bytes at 32 + 8k + c, then per 64-value chunk and word i of its 32 bytes
-    the rows' words; Q6_K (d last in its blocks, first in the groups'): scale k of row c at
-    16 + 8k + c, then ql's four 32-byte chunks and qh's two halves word by word, as Q4_K's."""
-    nb, groups = _group_view(kind, rows)
-    if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
-        raise KernelArgumentError("the output must be a contiguous uint8 tensor of the same shape")
-    size = _BLOCK_BYTES[kind]
-    src = rows.contiguous().numpy().reshape(groups, GROUP_ROWS, nb, size)
-    dst = out.numpy().reshape(groups, nb, GROUP_ROWS * size)
-    chunk = max(1, _GROUP_CHUNK_BYTES // (GROUP_ROWS * nb * size))
-    for g0 in range(0, groups, chunk):
-        blocks = src[g0 : g0 + chunk].transpose(0, 2, 1, 3).copy()  # [G, nb, row, size]
-        g = blocks.shape[0]
-        laid = dst[g0 : g0 + g]
-        laid[:, :, 0:16] = blocks[..., 0:2].reshape(g, nb, 16)  # d of rows 0..7
-        if kind == KIND_Q4:
-            laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # m
-            words = blocks[..., 4:20].reshape(g, nb, GROUP_ROWS, 8, 2)  # [.., row, word i, byte]
-            laid[:, :, 32:160] = words.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
-        elif kind == KIND_Q6_K:  # ql[128], qh[64], scales[16], d
-            laid[:, :, 0:16] = blocks[..., 208:210].reshape(g, nb, 16)
-            laid[:, :, 16:144] = blocks[..., 192:208].transpose(0, 1, 3, 2).reshape(g, nb, 128)
-            low = blocks[..., 0:128].reshape(g, nb, GROUP_ROWS, 4, 16, 2)
-            laid[:, :, 144:1168] = low.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 1024)
-            high = blocks[..., 128:192].reshape(g, nb, GROUP_ROWS, 2, 16, 2)
-            laid[:, :, 1168:1680] = high.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 512)
-        elif kind == KIND_Q4_K:
-            laid[:, :, 16:32] = blocks[..., 2:4].reshape(g, nb, 16)  # dmin
-            laid[:, :, 32:128] = blocks[..., 4:16].transpose(0, 1, 3, 2).reshape(g, nb, 96)
-            words = blocks[..., 16:144].reshape(g, nb, GROUP_ROWS, 4, 16, 2)  # [.., row, c, i, b]
-            laid[:, :, 128:1152] = words.transpose(0, 1, 3, 4, 2, 5).reshape(g, nb, 1024)
-        elif kind == KIND_Q5_0:
-            qh = blocks[..., 2:6].copy().view("<u4")[..., 0]  # [G, nb, row]
-            bits = (qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1  # value v = 16 h + 2i + e
-            bits = bits.reshape(g, nb, GROUP_ROWS, 2, 8, 2).transpose(0, 1, 4, 3, 2, 5)
-            words = (bits.reshape(g, nb, 8, 32) << np.arange(32, dtype=np.uint32)).sum(
-                -1, dtype=np.uint32
-            )  # word i, bit 16 h + 2c + e
-            laid[:, :, 16:48] = words.astype("<u4").view(np.uint8).reshape(g, nb, 32)
-            nibbles = blocks[..., 6:22].reshape(g, nb, GROUP_ROWS, 8, 2)
-            laid[:, :, 48:176] = nibbles.transpose(0, 1, 3, 2, 4).reshape(g, nb, 128)
-        else:  # [.., row, j // 8, j % 8, byte] -> [.., j % 8, j // 8, row, byte]
-            pairs = blocks[..., 2:34].reshape(g, nb, GROUP_ROWS, 2, 8, 2)
-            laid[:, :, 16:272] = pairs.transpose(0, 1, 4, 3, 2, 5).reshape(g, nb, 256)
-
-
-def ungroup_rows(kind: int, grouped: Tensor, index: Tensor) -> Tensor:
-    """Rows `index` (int64 [n]) of grouped rows of `kind` (see `group_rows`) in the file's
-    layout: uint8 [n, row bytes] (an embedding's lookups in a tied head's blocks)."""
-    nb, groups = _group_view(kind, grouped)
-    rows = index.cpu().numpy().astype(np.int64)
-    if rows.size and (rows.min() < 0 or rows.max() >= groups * GROUP_ROWS):
-        raise KernelArgumentError(f"row indices must be in [0, {groups * GROUP_ROWS})")
-    size, n = _BLOCK_BYTES[kind], rows.size
-    grp = grouped.numpy().reshape(groups, nb, GROUP_ROWS * size)[rows // GROUP_ROWS]
-    c, every = rows % GROUP_ROWS, np.arange(n)
-    out = np.empty((n, nb, size), dtype=np.uint8)
-    d = grp[:, :, 0:16].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
-    if kind == KIND_Q6_K:
-        out[:, :, 208:210] = d
-        out[:, :, 192:208] = grp[:, :, 16:144].reshape(n, nb, 16, GROUP_ROWS)[every, :, :, c]
-        low = grp[:, :, 144:1168].reshape(n, nb, 4, 16, GROUP_ROWS, 2)[every, :, :, :, c]
-        out[:, :, 0:128] = low.reshape(n, nb, 128)
-        high = grp[:, :, 1168:1680].reshape(n, nb, 2, 16, GROUP_ROWS, 2)[every, :, :, :, c]
-        out[:, :, 128:192] = high.reshape(n, nb, 64)
-        return torch.from_numpy(out.reshape(n, nb * size))
-    out[:, :, 0:2] = d
-    if kind == KIND_Q4:
-        out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
-        words = grp[:, :, 32:160].reshape(n, nb, 8, GROUP_ROWS, 2)[every, :, :, c]  # [n, nb, i, 2]
-        out[:, :, 4:20] = words.reshape(n, nb, 16)
-    elif kind == KIND_Q4_K:
-        out[:, :, 2:4] = grp[:, :, 16:32].reshape(n, nb, GROUP_ROWS, 2)[every, :, c]
-        out[:, :, 4:16] = grp[:, :, 32:128].reshape(n, nb, 12, GROUP_ROWS)[every, :, :, c]
-        words = grp[:, :, 128:1152].reshape(n, nb, 4, 16, GROUP_ROWS, 2)[every, :, :, :, c]
-        out[:, :, 16:144] = words.reshape(n, nb, 128)
-    elif kind == KIND_Q5_0:
-        words = grp[:, :, 16:48].copy().view("<u4")  # [n, nb, 8]: word i, bit 16 h + 2c' + e
-        shift = (np.arange(2)[:, None] * 16 + 2 * c[:, None, None] + np.arange(2)[None, None, :])
-        # bit of value 16 h + 2i + e of row c: [n, nb, i, h, e]
-        bits = (words[:, :, :, None, None] >> shift[:, None, None, :, :].astype(np.uint32)) & 1
-        qh = (bits.transpose(0, 1, 3, 2, 4).reshape(n, nb, 32)
-              << np.arange(32, dtype=np.uint32)).sum(-1, dtype=np.uint32)  # fmt: skip
-        out[:, :, 2:6] = qh.astype("<u4")[..., None].view(np.uint8)
-        nibbles = grp[:, :, 48:176].reshape(n, nb, 8, GROUP_ROWS, 2)[every, :, :, c]
-        out[:, :, 6:22] = nibbles.reshape(n, nb, 16)
-    else:
-        pairs = grp[:, :, 16:272].reshape(n, nb, 8, 2, GROUP_ROWS, 2)[every, :, :, :, c]
-        out[:, :, 2:34] = pairs.transpose(0, 1, 3, 2, 4).reshape(n, nb, 32)  # [n, nb, j//8, j%8, e]
-    return torch.from_numpy(out.reshape(n, nb * size))
 
 
 class QKernels:
@@ -330,6 +205,61 @@ class QKernels:
         self._attend = lib.exo_attend_decode
         self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p]
         self._attend.restype = i
+        self._repack = lib.exo_repack_rows
+        self._repack.argtypes = [i, p, i, i, p]
+        self._repack.restype = i
+        self._unrepack = lib.exo_unrepack_rows
+        self._unrepack.argtypes = [i, p, i, i, p, i, p]
+        self._unrepack.restype = i
+
+    def repack_rows(self, kind: int, rows: Tensor, out: Tensor) -> None:
+        """File rows of `kind` (one with a repacked layout: `GROUPED`), uint8 [n, row bytes] with
+        n a multiple of 8, repacked in groups of 8 rows into `out` (same shape; may be `rows`
+        itself) as the grouped kernels read them (`csrc/repack.c`, `csrc/exo_kernels.h`)."""
+        k = self._repack_k(kind, rows)
+        if out.shape != rows.shape or out.dtype != torch.uint8 or not out.is_contiguous():
+            raise KernelArgumentError(
+                "the output must be a contiguous uint8 tensor of the same shape"
+            )
+        src = rows.contiguous()
+        rc = self._repack(kind, src.data_ptr(), rows.shape[0], k, out.data_ptr())
+        del src  # alive until here: the kernel has returned
+        if rc != 0:
+            raise RuntimeError(f"exo_repack_rows failed with code {rc}")
+
+    def unrepack_rows(self, kind: int, grouped: Tensor, index: Tensor) -> Tensor:
+        """Rows `index` (int64 [n]) of rows repacked by `repack_rows`, in the file's layout:
+        uint8 [n, row bytes] (an embedding's lookups in a tied head's blocks)."""
+        k = self._repack_k(kind, grouped)
+        rows = index.reshape(-1).to(device="cpu", dtype=torch.int64).contiguous()
+        n = grouped.shape[0]
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+            raise KernelArgumentError(f"row indices must be in [0, {n})")
+        src = grouped.contiguous()
+        out = torch.empty(rows.numel(), grouped.shape[1], dtype=torch.uint8)
+        rc = self._unrepack(
+            kind, src.data_ptr(), n, k, rows.data_ptr(), rows.numel(), out.data_ptr()
+        )
+        del src, rows  # alive until here: the kernel has returned
+        if rc != 0:
+            raise RuntimeError(f"exo_unrepack_rows failed with code {rc}")
+        return out
+
+    @staticmethod
+    def _repack_k(kind: int, rows: Tensor) -> int:
+        """The values per row of `rows` (uint8 CPU [8k, row bytes]) of a kind with a repacked
+        layout."""
+        entry = BY_KERNEL.get(kind)
+        if entry is None or entry[1] or entry[0].grouped is None:
+            raise KernelArgumentError(f"layout {kind} has no repacked form")
+        if rows.dtype != torch.uint8 or not rows.is_cpu or rows.dim() != 2:
+            raise KernelArgumentError(f"rows of layout {kind} must be a 2-D uint8 CPU tensor")
+        size, per = entry[0].block_bytes, entry[0].block_values
+        if rows.shape[1] % size or rows.shape[1] // size * per > _INT_MAX:
+            raise KernelArgumentError(f"rows of {entry[0].name} hold whole blocks of {size} bytes")
+        if rows.shape[0] % GROUP_ROWS or rows.shape[0] > _INT_MAX:
+            raise KernelArgumentError(f"{rows.shape[0]} rows are not whole groups of {GROUP_ROWS}")
+        return rows.shape[1] // size * per
 
     def linear(self, w: QuantWeights, x: Tensor, residual: Tensor | None = None) -> Tensor:
         """y [..., n] = prologue(x) W^T + bias + residual; float32 in and out.

@@ -45,7 +45,7 @@ class Embedding:
                 and tied_head.parts[0].data_ptr() == table.raw.data_ptr()
             ):
                 self._head = tied_head
-        elif isinstance(tied_head, QuantLinear) and tied_head.bits == 8:
+        elif isinstance(tied_head, QuantLinear) and tied_head.file_kinds[0].name == "Q8_0":
             self._head = tied_head
         elif fmt in ("q4", "q8") and table.shape[1] % QUANT_BLOCK == 0:
             self._q8_blocks = quantize_q8(table)

@@ -100,6 +100,21 @@ class _Cursor:
         return self.scalar(fmt, size)
 
 
+def _model_shapes(
+    meta: Mapping[str, object], tensors: Mapping[str, TensorInfo]
+) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the whole model and its shape (numpy order): a shard file holding some
+    of them lists them all (``exo.shard.model_tensors``: ``name:d0,d1`` in GGUF order)."""
+    listed = meta.get("exo.shard.model_tensors")
+    if not isinstance(listed, list):
+        return {name: t.shape for name, t in tensors.items()}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in listed:
+        name, _, dims = str(item).rpartition(":")
+        shapes[name] = tuple(reversed([int(d) for d in dims.split(",") if d]))
+    return shapes
+
+
 class GGUFFile:
     """An open GGUF file: `metadata`, `tensors` by name, and `load(name)` as float32 numpy."""
 
@@ -145,6 +160,7 @@ class GGUFFile:
             self.tensors[name] = TensorInfo(
                 name, shape, qtype, data_start + offset, n_elements // block * type_size
             )
+        self.model_shapes = _model_shapes(self.metadata, self.tensors)
 
     def raw(self, name: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """The stored bytes of a tensor, one row per outermost index (read, not mapped)."""

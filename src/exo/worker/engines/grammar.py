@@ -26,8 +26,10 @@ import torch
 from numpy.typing import NDArray
 from torch import Tensor
 
+from exo.shared.chat_formats import as_native
 from exo.shared.types.text_generation import ToolSpec
 from exo.worker.engines.chat_prompt import ToolFormat, json_object
+from exo.worker.engines.native_grammar import TokenId, native_call_lark, offered
 from exo.worker.engines.tokenizer import EngineTokenizer
 
 # Compact JSON the way models write it: ", " and ": ", no free whitespace.
@@ -123,8 +125,19 @@ def call_schema(tools: Sequence[ToolSpec], forced: str | None, key: str) -> dict
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def tool_call_grammar(fmt: ToolFormat, tools: Sequence[ToolSpec], forced: str | None) -> str:
-    """A Lark grammar: one call in the model's own format."""
+def tool_call_grammar(
+    fmt: ToolFormat,
+    tools: Sequence[ToolSpec],
+    forced: str | None,
+    token_id: TokenId | None = None,
+) -> str:
+    """A Lark grammar: one call in the model's own format (``token_id``: a marker's id in
+    the model's vocabulary, so the MoE formats' markers are written as their tokens)."""
+    native = as_native(fmt)
+    if native is not None:
+        calls = offered(tools, forced, lambda t: _closed(json_object(t.parameters)))
+        lark = native_call_lark(native, calls, _styled, token_id)
+        return llguidance.LLMatcher.grammar_from_lark(lark)
     key = "parameters" if fmt == "llama3" else "arguments"
     call = json.dumps(_styled(call_schema(tools, forced, key)))
     start = {
@@ -133,7 +146,7 @@ def tool_call_grammar(fmt: ToolFormat, tools: Sequence[ToolSpec], forced: str | 
         # Special-token markers are left out: the parser reads a bare call object.
         "llama3": "start: call",
         "mistral": "start: call",
-    }[fmt]
+    }.get(fmt, "start: call")
     return llguidance.LLMatcher.grammar_from_lark(f"{start}\ncall: %json {call}")
 
 

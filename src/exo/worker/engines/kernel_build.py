@@ -1,10 +1,13 @@
 """Building the C kernels (`csrc/`): which instruction set, which compiler, which flags.
 
-The same sources build two ways (see `csrc/exo_kernels.h`): `avx2` (AVX2 + FMA + F16C
-intrinsics, x86) and `portable` (plain C loops the compiler vectorises for the machine it
-targets: every ARM machine, old x86). Builds use warnings as errors; a failed build's compiler
-output goes to the log. The standalone test harness (`csrc/harness/`) builds from the same
-sources with AddressSanitizer and UndefinedBehaviorSanitizer.
+The same sources build one library per instruction set (see `csrc/exo_kernels.h`, `csrc/kinds.h`):
+`avx2` (the generic files plus `csrc/arch/x86/`, AVX2 + FMA + F16C intrinsics) and `portable`
+(the generic files alone: plain C loops the compiler vectorises for the machine it targets, every
+ARM machine, old x86; an ISA folder's files compile to nothing in other builds). Every `.c` under
+`csrc/` but the harness's is compiled, and every source and header keys the cached build.
+Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone
+test harness (`csrc/harness/`) builds from the same sources with AddressSanitizer and
+UndefinedBehaviorSanitizer.
 """
 
 import hashlib
@@ -21,7 +24,6 @@ from loguru import logger
 
 Isa = Literal["avx2", "portable"]
 ISAS: tuple[Isa, ...] = ("avx2", "portable")
-KERNEL_SOURCES = ("pool.c", "vec.c", "linear.c", "attention.c")
 HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c")
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
@@ -49,7 +51,19 @@ def csrc_dir() -> Path:
 
 
 def source_text(names: tuple[str, ...]) -> str:
-    return "\0".join((csrc_dir() / n).read_text(encoding="utf-8") for n in names)
+    return "\0".join(f"{n}\0{(csrc_dir() / n).read_text(encoding='utf-8')}" for n in names)
+
+
+def _kernel_files(suffix: str) -> tuple[str, ...]:
+    """Paths (relative to csrc/, sorted) of the kernels' files ending in `suffix`: the generic
+    ones and every arch/ folder's (an ISA's files compile to nothing in other ISAs' builds)."""
+    root = csrc_dir()
+    found = (p.relative_to(root).as_posix() for p in root.rglob(f"*{suffix}"))
+    return tuple(sorted(n for n in found if not n.startswith("harness/")))
+
+
+def kernel_sources() -> tuple[str, ...]:
+    return _kernel_files(".c")
 
 
 def find_compiler() -> str | None:
@@ -95,9 +109,9 @@ def library_flags(isa: Isa) -> tuple[str, ...]:
 
 
 def library_name(compiler: str, isa: Isa) -> str:
-    # every header of csrc/ (a new one cannot be left out of the key)
-    headers = tuple(sorted(p.name for p in csrc_dir().glob("*.h")))
-    text = source_text(KERNEL_SOURCES + headers)
+    # every source and header of csrc/ but the harness's, with its path (a new file, or a file
+    # moved between folders, cannot be left out of the key)
+    text = source_text(kernel_sources() + _kernel_files(".h"))
     key = hashlib.sha256("\0".join([text, compiler, *library_flags(isa)]).encode()).hexdigest()
     return f"exo_kernels_{isa}_{key[:16]}.so"
 
@@ -122,12 +136,13 @@ def run_compiler(args: list[str], out: Path) -> None:
 
 def build_library(compiler: str, isa: Isa, out: Path) -> None:
     src = csrc_dir()
-    run_compiler([compiler, *library_flags(isa), *(str(src / n) for n in KERNEL_SOURCES)], out)
+    files = [str(src / n) for n in kernel_sources()]
+    run_compiler([compiler, *library_flags(isa), f"-I{src}", *files], out)
 
 
 def build_harness(compiler: str, isa: Isa, out: Path, *, sanitize: bool = True) -> None:
     """The standalone C test harness (no Python in its process) over the kernel sources."""
     src = csrc_dir()
     flags = [*COMMON_FLAGS, *ISA_FLAGS[isa], *(SANITIZE_FLAGS if sanitize else ())]
-    files = [str(src / n) for n in KERNEL_SOURCES + HARNESS_SOURCES]
+    files = [str(src / n) for n in kernel_sources() + HARNESS_SOURCES]
     run_compiler([compiler, *flags, f"-I{src}", *files], out)

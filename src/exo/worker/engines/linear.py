@@ -33,15 +33,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import (
-    GROUP_ROWS,
-    GROUPED,
-    KIND_Q4,
-    KIND_Q4_K,
-    KIND_Q5_0,
-    KIND_Q5_1,
-    KIND_Q5_K,
-    KIND_Q6_K,
-    KIND_Q8,
     MAX_PARTS,
     PROLOGUE_GEGLU,
     PROLOGUE_NONE,
@@ -49,26 +40,14 @@ from exo.worker.engines.cpu_kernels import (
     PROLOGUE_SWIGLU,
     QKernels,
     QuantWeights,
-    group_rows,
-    ungroup_rows,
 )
 from exo.worker.engines.file_rows import weight_buffer
+from exo.worker.engines.kinds import BY_GGML, BY_KERNEL, GROUP_ROWS, Kind, kind_named, layout_name
 from exo.worker.engines.q_blocks import QUANT_BLOCK as QUANT_BLOCK
 from exo.worker.engines.q_blocks import dequantize_blocks as dequantize_blocks
 from exo.worker.engines.q_blocks import quantize_q4 as quantize_q4
 from exo.worker.engines.q_blocks import quantize_q8 as quantize_q8
-from exo.worker.engines.qtensor import (
-    Q4_1,
-    Q4_K,
-    Q5_0,
-    Q5_1,
-    Q5_K,
-    Q6_K,
-    Q8_0,
-    QuantTensor,
-    Weight,
-    row_chunk,
-)
+from exo.worker.engines.qtensor import QuantTensor, Weight, row_chunk
 
 WeightFormat = Literal["dense", "fp16", "q8", "q4"]
 WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("dense", "fp16", "q8", "q4")
@@ -179,7 +158,7 @@ class PackedFp16Linear:
 
 Regroup = Literal["in_place", "copy", "no"]
 """What a layer may do with the blocks it is given (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
-groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): overwrite them (the caller hands them
+groups of 8 rows for the AVX2 kernel (`csrc/repack.c`): overwrite them (the caller hands them
 over: a model built by its loader), copy them (the caller may still read them), or leave them."""
 
 
@@ -188,9 +167,9 @@ class QuantLinear:
 
     `parts`: block matrices uint8 [rows_i, K/32, 20 or 34] (or [rows_i, row bytes]) whose rows
     stack into the output; they are read where they lie (no concatenation). `kinds`: each part's
-    layout (default: `bits` for all); `post_norm`: the norm of the output before the residual.
-    Parts of whole groups of 8 rows in a layout that has a grouped form (`GROUPED`) are re-laid
-    for the AVX2 build as `regroup` allows (`block_rows` reads rows back in the file's layout).
+    kind (`kinds.KINDS`); `post_norm`: the norm of the output before the residual. Parts of whole
+    groups of 8 rows of a kind that has a repacked layout are repacked for the AVX2 build as
+    `regroup` allows (`kinds` then says so; `block_rows` reads rows back in the file's layout).
     """
 
     def __init__(
@@ -199,14 +178,15 @@ class QuantLinear:
         k: int,
         bias: Tensor | None,
         prologue: Prologue,
-        bits: int,
+        kinds: Sequence[Kind],
         kernels: QKernels,
-        kinds: list[int] | None = None,
         post_norm: RmsNorm | None = None,
         regroup: Regroup = "copy",
     ) -> None:
-        self.bits = bits
-        self.kinds = [bits] * len(parts) if kinds is None else list(kinds)
+        if len(kinds) != len(parts):
+            raise ValueError("one kind per part")
+        self.file_kinds = list(kinds)
+        self.kinds = [kind.kernel for kind in kinds]  # each part's layout as the kernel reads it
         self._kernels = kernels
         kind, gain, eps = PROLOGUE_NONE, None, 0.0
         if isinstance(prologue, RmsNorm):
@@ -220,29 +200,28 @@ class QuantLinear:
             self._regroup(flat, regroup)
         post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
         self._weights = QuantWeights(
-            bits, kind, flat, gain, eps, bias, k, self.kinds, post_gain, post_eps
+            self.kinds[0], kind, flat, gain, eps, bias, k, self.kinds, post_gain, post_eps
         )
 
     def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
         """Parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
         start = 0
-        for i, (p, kind) in enumerate(zip(flat, self.kinds, strict=True)):
+        for i, (p, kind) in enumerate(zip(flat, self.file_kinds, strict=True)):
             rows = p.shape[0]
-            if kind in GROUPED and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
+            if kind.grouped and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
                 out = p if regroup == "in_place" and p.is_contiguous() else weight_buffer(*p.shape)
-                group_rows(kind, p, out)
-                flat[i], self.kinds[i] = out, GROUPED[kind]
+                self._kernels.repack_rows(kind.kernel, p, out)
+                flat[i], self.kinds[i] = out, kind.grouped
             start += rows
 
     def block_rows(self, index: Tensor) -> Tensor:
         """Rows `index` of a one-part layer's blocks in the file's layout, uint8 [n, row bytes]
         (an embedding's lookups in its tied head)."""
-        part, kind = self._weights.parts[0], self.kinds[0]
+        part, (kind, grouped) = self._weights.parts[0], BY_KERNEL[self.kinds[0]]
         if len(self.kinds) != 1:
             raise ValueError("block_rows reads a layer of one part")
-        ungrouped = {g: k for k, g in GROUPED.items()}
-        if kind in ungrouped:
-            return ungroup_rows(ungrouped[kind], part, index.flatten())
+        if grouped:
+            return self._kernels.unrepack_rows(kind.kernel, part, index.flatten())
         return part[index.flatten().cpu()]
 
     @property
@@ -256,7 +235,7 @@ class QuantLinear:
 
     @property
     def kernel(self) -> str:
-        names = " + ".join(dict.fromkeys(_KIND_NAMES[k] for k in self.kinds))
+        names = " + ".join(dict.fromkeys(layout_name(k) for k in self.kinds))
         post = ", post-norm" if self._weights.post_gain is not None else ""
         return f"{names} C kernel{post}"
 
@@ -411,13 +390,11 @@ def make_linear(
     if kinds is not None and kernels is not None:
         blocks = [p.raw for p in parts if isinstance(p, QuantTensor)]
         k = parts[0].shape[1]
-        return QuantLinear(
-            blocks, k, bias, prologue, kinds[0], kernels, kinds, post_norm, regroup
-        )
+        return QuantLinear(blocks, k, bias, prologue, kinds, kernels, post_norm, regroup)
     lin: Linear
     if len(parts) == 1 and isinstance(parts[0], QuantTensor):
         why = "no kernel for it"
-        if parts[0].qtype in _KERNEL_KINDS:
+        if parts[0].qtype in BY_GGML:
             why = "the compiled kernels run on CPUs with float32 activations only"
             if kernels is None:
                 why = "the compiled CPU kernels are not available here"
@@ -442,36 +419,20 @@ def make_linear(
     return lin if post_norm is None else PostNormLinear(lin, post_norm)
 
 
-_KERNEL_KINDS = {
-    Q4_1: KIND_Q4, Q8_0: KIND_Q8, Q5_0: KIND_Q5_0, Q5_1: KIND_Q5_1,
-    Q4_K: KIND_Q4_K, Q5_K: KIND_Q5_K, Q6_K: KIND_Q6_K,
-}  # fmt: skip
-_KIND_NAMES = {
-    KIND_Q4: "q4",
-    KIND_Q8: "q8",
-    KIND_Q5_0: "Q5_0",
-    KIND_Q5_1: "Q5_1",
-    KIND_Q4_K: "Q4_K",
-    KIND_Q5_K: "Q5_K",
-    KIND_Q6_K: "Q6_K",
-}
-_KIND_NAMES.update({g: f"{_KIND_NAMES[k]} (8-row groups)" for k, g in GROUPED.items()})
-
-
 def _kernel_kinds(
     parts: list[Weight], device: torch.device, dtype: torch.dtype, kernels: QKernels | None
-) -> list[int] | None:
-    """The compiled kernel's layout of each part, when every part is blocks of a type it runs
-    (Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; types may differ between parts)."""
+) -> list[Kind] | None:
+    """Each part's kind, when every part is blocks of a kind the compiled kernels run
+    (`kinds.KINDS`; kinds may differ between parts)."""
     if kernels is None or device.type != "cpu" or dtype != torch.float32:
         return None
     if len(parts) > MAX_PARTS:
         return None
-    kinds: list[int] = []
+    kinds: list[Kind] = []
     for p in parts:
-        if not isinstance(p, QuantTensor) or p.qtype not in _KERNEL_KINDS:
+        if not isinstance(p, QuantTensor) or p.qtype not in BY_GGML:
             return None
-        kinds.append(_KERNEL_KINDS[p.qtype])
+        kinds.append(BY_GGML[p.qtype])
     return kinds
 
 
@@ -494,12 +455,10 @@ def _plain_linear(
             fmt = "fp16" if fp16_packing_available() else "dense"
         else:
             blocks = quantize_q4(weight) if fmt == "q4" else quantize_q8(weight)
-            bits = 4 if fmt == "q4" else 8
+            kind = kind_named("Q4_1" if fmt == "q4" else "Q8_0")
             k = weight.shape[1]
             # fresh blocks: nobody else reads them
-            return QuantLinear(
-                [blocks], k, bias, prologue, bits, kernels, None, post_norm, "in_place"
-            )
+            return QuantLinear([blocks], k, bias, prologue, [kind], kernels, post_norm, "in_place")
     if isinstance(prologue, RmsNorm):
         prologue = RmsNorm(prologue.gain.to(device), prologue.eps)
     folded = _fold_gain(weight, prologue)

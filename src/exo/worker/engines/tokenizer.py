@@ -10,7 +10,7 @@ transformers' GGUF converter, when it is installed.
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,11 +18,12 @@ from typing import Any, cast
 
 from jinja2 import TemplateError
 from jinja2.ext import loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 from loguru import logger
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from exo.worker.engines.chat_prompt import FALLBACK_TEMPLATE
+from exo.shared.chat_formats import TURN_ENDS, native_format, template_variables
+from exo.shared.models.chat_fallback import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
 
@@ -79,6 +80,9 @@ def _raise_exception(message: str) -> None:
 def _tojson(
     value: object, ensure_ascii: bool = False, indent: int | None = None, sort_keys: bool = False
 ) -> str:
+    # A filtered sequence (``tools | map(attribute='function')``) is a generator: a list.
+    if isinstance(value, Iterator):
+        value = list(cast(Iterator[object], value))
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, sort_keys=sort_keys)
 
 
@@ -86,8 +90,10 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _chat_environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+def _chat_environment() -> SandboxedEnvironment:
+    # Sandboxed, but a template may fill lists of its own (Kimi K2's keeps its call ids in
+    # one with ``append``); it only ever sees copies of the request's messages and tools.
+    env = SandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
     )
     env.filters["tojson"] = _tojson
@@ -112,7 +118,12 @@ class EngineTokenizer:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        return self.meta.eos_token_ids
+        """The model's ends of sequence, and the tokens that end its turn in its chat format
+        (harmony's ``<|call|>``...) when its vocabulary has them."""
+        fmt = native_format(self.meta.chat_template)
+        ends = [self.backend.token_to_id(t) for t in TURN_ENDS[fmt]] if fmt is not None else []
+        extra = [i for i in ends if i is not None and i not in self.meta.eos_token_ids]
+        return (*self.meta.eos_token_ids, *extra)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         """Token ids of text; special-token strings in it (e.g. <|im_start|>) map to their ids."""
@@ -168,7 +179,8 @@ class EngineTokenizer:
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, object] | None,
     ) -> str:
-        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+        variables = template_variables(self.meta.chat_template, template_kwargs)
+        extra = {k: v for k, v in variables.items() if k not in _RESERVED}
         try:
             return self._template.render(
                 **extra,

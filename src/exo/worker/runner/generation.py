@@ -12,6 +12,7 @@ from typing import cast
 import torch
 from loguru import logger
 
+from exo.shared.chat_formats import keeps_special_tokens
 from exo.shared.types.chunks import (
     EchoedPrompt,
     ErrorCode,
@@ -166,8 +167,10 @@ class Generation:
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
         decode = tokenizer.decode
-        if params.tools and params.tool_choice != "none":
-            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]).
+        markers = keeps_special_tokens(tokenizer.meta.chat_template)
+        if markers or (params.tools and params.tool_choice != "none"):
+            # Call markers may be special tokens (<|python_tag|>, [TOOL_CALLS]); harmony,
+            # DeepSeek, Kimi and GLM write all their structure in them.
             def decode(ids: Sequence[int]) -> str:
                 return tokenizer.decode(ids, skip_special_tokens=False)
 
@@ -204,7 +207,8 @@ class Generation:
         if params.json_schema is not None:
             grammar = schema_grammar(json_object(params.json_schema))
         elif params.tools and params.tool_choice == "required":
-            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool)
+            token_id = self.engine.tokenizer.backend.token_to_id
+            grammar = tool_call_grammar(fmt, params.tools, params.forced_tool, token_id)
         else:
             return None
         if self._grammars is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exo.cluster.replica import Replica
+from exo.cluster.delivery import MasterDelivery
 from exo.cluster.sequencer import Sequencer
 from exo.cluster.sim.run import Result, Scenario, simulate
 
@@ -19,6 +19,9 @@ pytestmark = [pytest.mark.slow]
 
 FAULT_S = 8.0
 """Simulated seconds of faults per run (then the cluster must converge)."""
+
+MERGE_SEEDS = (3, 14)
+"""N=3 seeds whose merges drop (and re-submit) acknowledged commands."""
 
 CASES = [(3, seed) for seed in range(110)] + [(5, seed) for seed in range(55)] + [
     (8, seed) for seed in range(35)
@@ -73,19 +76,19 @@ def test_the_checks_catch_a_command_applied_twice(
     ]
 
 
-def test_merges_report_the_commands_they_drop(
+def test_merges_resubmit_the_commands_they_drop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Seeds where a partition's two sides both wrote: the merge drops acknowledged
-    commands and says so; with the report switched off, the simulation must object.
-    (Seeds where a dropped command was acknowledged; which ones are depends on the
-    protocol's timing.)"""
-    reporting = [run(seed, 3, tmp_path / "on") for seed in (2, 3)]
-    assert all(r.dropped > 0 and not r.violations for r in reporting), [
-        (r.dropped, r.violations[:2]) for r in reporting
+    commands from the losing side's logs and those nodes re-submit them, so none is lost;
+    with re-submission switched off, the simulation must object. (Seeds where a dropped
+    command was acknowledged; which ones are depends on the protocol's timing.)"""
+    merging = [run(seed, 3, tmp_path / "on") for seed in MERGE_SEEDS]
+    assert all(r.dropped > 0 and r.resubmitted > 0 and not r.violations for r in merging), [
+        (r.dropped, r.resubmitted, r.violations[:2]) for r in merging
     ]
-    monkeypatch.setattr(Replica, "_report_dropped", lambda self, reply: None)  # pyright: ignore[reportUnknownLambdaType]
-    silent = [run(seed, 3, tmp_path / "off") for seed in (2, 3)]
-    assert all(any("no merge reported" in v for v in r.violations) for r in silent), [
+    monkeypatch.setattr(MasterDelivery, "resubmit", lambda self, again: None)  # pyright: ignore[reportUnknownLambdaType]
+    silent = [run(seed, 3, tmp_path / "off") for seed in MERGE_SEEDS]
+    assert all(any("not re-submitted" in v for v in r.violations) for r in silent), [
         r.violations[:2] for r in silent
     ]

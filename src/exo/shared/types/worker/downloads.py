@@ -18,6 +18,10 @@ class DownloadOngoing(FrozenModel):
     total_bytes: int
     bytes_per_s: float = 0.0
     eta_s: float | None = None
+    start_layer: int | None = None
+    end_layer: int | None = None
+    """The layers ``[start_layer, end_layer)`` being fetched (None: the whole model, or not
+    said); a GGUF shard's download fetches only those layers' tensors."""
 
 
 class DownloadCompleted(FrozenModel):

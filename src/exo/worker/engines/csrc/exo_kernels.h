@@ -1,8 +1,9 @@
 /* Shared declarations of exo's CPU kernels (see cpu_kernels.py for how they are built).
  *
- * Every file compiles two ways from the same source: with AVX2 + FMA + F16C intrinsics when
- * the compiler targets them (__AVX2__ and __FMA__ and __F16C__ defined), or as plain C loops that any
- * compiler vectorises for the machine it targets (ARM included): the "portable" path.
+ * The sources build one library per instruction set (kernel_build.py): the generic files (plain C
+ * loops that any compiler vectorises for the machine it targets, ARM included: the "portable"
+ * path) always, and arch/x86/ where the compiler targets AVX2 + FMA + F16C (EXO_AVX2). kinds.h
+ * says how a weight kind's kernels are found (the KindTraits table, kinds.c).
  */
 #ifndef EXO_KERNELS_H
 #define EXO_KERNELS_H
@@ -94,9 +95,9 @@ static inline __m256 exo_exp8(__m256 x) {
 #define MAX_PARTS 4   /* weight parts a linear reads in place (stacked along the output) */
 #define MAX_THREADS 64
 
-/* Weight layouts (GGUF's), see linear.c and dot_kquants.h. */
-typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4;   /* w = d q + m  (f16 d, m) */
-typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8;       /* w = d q      (f16 d) */
+/* Weight layouts: GGUF's blocks as the file holds them (one row: K / values-per-block blocks). */
+typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4_1;   /* w = d q + m  (f16 d, m) */
+typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8_0;       /* w = d q      (f16 d) */
 /* Q5_0: w = d (q - 16); Q5_1: w = d q + m; q = nibble | (bit j of qh) << 4, 0..31; byte j of qs
  * holds element j (low nibble) and j + 16 (high nibble). */
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } BlockQ5_0;          /* 22 B */
@@ -107,11 +108,41 @@ typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d;
 /* An activation block: x = d q, s = d sum(q). */
 typedef struct { float d, s; int16_t qs[32]; } BlockX;
 
-/* KIND_*_G8: Q4_1, Q8_0, Q5_0, Q4_K, Q6_K rows re-laid in groups of 8 (grouped.h), the same
- * bytes per row */
-enum { KIND_Q4 = 4, KIND_Q8 = 8, KIND_Q5_0 = 50, KIND_Q5_1 = 51,
-       KIND_Q4_K = 104, KIND_Q5_K = 105, KIND_Q6_K = 106, KIND_Q4_G8 = 204, KIND_Q8_G8 = 208,
-       KIND_Q5_0_G8 = 250, KIND_Q4_K_G8 = 304, KIND_Q6_K_G8 = 306 };
+/* The repacked layouts (repack.c builds them, grouped.c and arch/x86/grouped.c read them): rows
+ * 8g .. 8g + 7 of a part re-laid together, block by block, so a vector lane is a row ("c" below:
+ * the row in its group, "e": 0 or 1, the value of a pair). A group holds its 8 rows' bytes, so
+ * offsets by rows stay the file's; a part so laid has a multiple of 8 rows. */
+/* Q4_1: qs[i][2c + e] = byte 2i + e of row c's nibbles (low nibbles: values 2i + e, high: 2i + 16 + e) */
+typedef struct { uint16_t d[8], m[8]; uint8_t qs[8][16]; } BlockQ4_1x8;           /* 160 B */
+/* Q5_0: the word qh[i] (little-endian) has bit 2c + e = the fifth bit of row c's value 2i + e,
+ * bit 16 + 2c + e that of its value 2i + 16 + e; qs as Q4_1's. */
+typedef struct { uint16_t d[8]; uint8_t qh[8][4]; uint8_t qs[8][16]; } BlockQ5_0x8; /* 176 B */
+/* Q8_0: value 2j + e of row c at qs[32 (j % 8) + 16 (j / 8) + 2c + e] (a tile's, arch/x86/tile.c) */
+typedef struct { uint16_t d[8]; int8_t qs[256]; } BlockQ8_0x8;                    /* 272 B */
+/* Q4_K, per super-block: scales[k][c] = byte k of row c's 12 scale bytes; qs[ch][i][2c + e] = byte
+ * 2i + e of row c's 64-value chunk ch (low nibbles: sub-block 2 ch, high: 2 ch + 1). */
+typedef struct { uint16_t d[8], dmin[8]; uint8_t scales[12][8]; uint8_t qs[4][16][16]; } BlockQ4Kx8; /* 1152 B */
+/* Q6_K, per super-block (d first here, last in the file's): scales[k][c] = scale k of row c;
+ * ql[q][i][2c + e] = byte 2i + e of row c's ql chunk q (32 bytes), qh[h][i][2c + e] the same of qh. */
+typedef struct { uint16_t d[8]; int8_t scales[16][8]; uint8_t ql[4][16][16]; uint8_t qh[2][16][16]; } BlockQ6Kx8; /* 1680 B */
+
+/* The weight kinds (kinds.c holds each one's traits; the Python table, engines/kinds.py, mirrors
+ * this enum and tests/test_engine_kind_table.py checks that it does). KIND_<name>_G8: the rows of
+ * <name> repacked in groups of 8 (above). One name a line: */
+enum {
+    KIND_Q4_1 = 4,
+    KIND_Q8_0 = 8,
+    KIND_Q5_0 = 50,
+    KIND_Q5_1 = 51,
+    KIND_Q4_K = 104,
+    KIND_Q5_K = 105,
+    KIND_Q6_K = 106,
+    KIND_Q4_1_G8 = 204,
+    KIND_Q8_0_G8 = 208,
+    KIND_Q5_0_G8 = 250,
+    KIND_Q4_K_G8 = 304,
+    KIND_Q6_K_G8 = 306,
+};
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 
 /* A linear layer's constant part, built once by the caller. */
@@ -135,6 +166,14 @@ int exo_get_threads(void);
 int exo_set_spin(long idle_ns, long wait_ns);
 const char* exo_isa(void);
 int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
+/* Rows of `kind` (one with a repacked layout) uint8 [n_rows, row bytes], n_rows a multiple of 8,
+ * repacked in groups of 8 into `out` (same size; may be `rows` itself). 0, -1 out of memory, -2 a
+ * kind without a repacked layout or a bad size. */
+int exo_repack_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out);
+/* The inverse for rows index[0..n) of repacked rows `grouped` (n_rows rows): out [n, row bytes]
+ * in the file's layout. 0, -2 as above or an index out of range. */
+int exo_unrepack_rows(int kind, const uint8_t* grouped, int n_rows, int K, const int64_t* index, int n,
+                      uint8_t* out);
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
                       const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
                       long layer_off, const int64_t* pos, float* out);

@@ -81,14 +81,14 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
         head_dim=head_dim,
         rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 10000.0),
         rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-        vocab=f.tensors["token_embd.weight"].shape[0],
+        vocab=f.model_shapes["token_embd.weight"][0],
         context_length=meta_int(meta, f"{arch}.context_length", 4096),
-        tie_embeddings="output.weight" not in f.tensors,
+        tie_embeddings="output.weight" not in f.model_shapes,
         bos_token_id=bos if isinstance(bos, int) else None,
         eos_token_ids=eos_token_ids(meta),
         chat_template=template if isinstance(template, str) else None,
-        qkv_bias="blk.0.attn_q.bias" in f.tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+        qkv_bias="blk.0.attn_q.bias" in f.model_shapes,
+        qk_norm="blk.0.attn_q_norm.weight" in f.model_shapes,
         rope_scaling=rope_scaling(meta, arch),
     )
     window = meta.get(f"{arch}.attention.sliding_window")

@@ -2,10 +2,11 @@
 
 from pathlib import Path
 
+from exo.modelgen.custom import Size, llama_gguf
+from exo.modelgen.families.llama import CHAT
 from exo.shared.models.embedded import embedded_model_card
 from exo.worker.download.local import card_from_path
 from exo.worker.engines.gguf_loader import load_gguf_config
-from exo.worker.engines.tests.generated import write_gguf_with_tokenizer
 from exo.worker.engines.tokenizer import load_tokenizer
 
 
@@ -28,15 +29,18 @@ def test_the_embedded_card_carries_the_files_sizes_and_shape(gguf_path: Path) ->
 
 
 def test_a_generated_file_can_carry_a_real_tokenizer(gguf_path: Path, tmp_path: Path) -> None:
-    """bench/engine.py --generate runs engines on such files: SmolLM2's vocabulary and chat
-    template on random weights of another shape, read back as any GGUF."""
-    path = write_gguf_with_tokenizer(tmp_path / "g.gguf", "Q8_0", gguf_path, layers=1,
-                                     hidden=64, ffn=128, heads=2, kv_heads=1)  # fmt: skip
+    """bench/engine.py --generate runs engines on such files: SmolLM2's vocabulary with the
+    family's special tokens (Llama 3's) and chat template on random weights of another shape,
+    read back as any GGUF."""
+    size = Size(layers=1, hidden=64, ffn=128, heads=2, kv_heads=1)
+    path = llama_gguf(tmp_path / "g.gguf", "Q8_0", size, tokenizer=gguf_path)
     source, generated = load_gguf_config(gguf_path), load_gguf_config(path)
-    assert generated.vocab == source.vocab == 49152 and generated.hidden == 64
-    assert generated.chat_template == source.chat_template
-    assert generated.eos_token_ids == source.eos_token_ids
+    assert source.vocab == 49152 and generated.hidden == 64
+    assert generated.vocab == source.vocab + len(CHAT.special_tokens)
+    assert generated.chat_template == CHAT.template
     tokenizer = load_tokenizer(path, tmp_path / "cache")
+    assert generated.eos_token_ids == (tokenizer.backend.token_to_id("<|eot_id|>"),)
     assert tokenizer.encode("Hello world") == load_tokenizer(gguf_path, tmp_path).encode(
         "Hello world"
     )
+    assert len(tokenizer.encode("<|start_header_id|>user<|end_header_id|>")) == 3

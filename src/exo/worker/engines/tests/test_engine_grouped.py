@@ -1,4 +1,4 @@
-"""Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights re-laid in groups of 8 rows for the AVX2 kernel (`csrc/grouped.h`): the
+"""Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights repacked in groups of 8 rows (`csrc/repack.c`): the
 same results as the file's rows, a row's result independent of the batch, the caller's blocks
 left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
 that are not whole groups."""
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
+from exo.modelgen.quants import random_blocks
 from exo.worker.engines.cpu_kernels import (
     GROUPED,
     KIND_Q4,
@@ -23,17 +24,14 @@ from exo.worker.engines.cpu_kernels import (
     KernelArgumentError,
     QKernels,
     QuantWeights,
-    group_rows,
     kernels_unavailable_reason,
     load_kernels_for,
-    ungroup_rows,
 )
 from exo.worker.engines.engine import load_shard_weights
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.qtensor import QuantTensor
-from exo.worker.engines.tests.generated import random_blocks
 
 T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
@@ -54,9 +52,10 @@ def _blocks(rows: int, seed: int, qtype: GGMLQuantizationType = Q4_1) -> QuantTe
 
 def test_regrouping_keeps_every_value() -> None:
     """Row c of group g, block b, read back from the groups' layout is the file's block."""
+    kernels = _kernels("portable")  # (repacking is the same code in every build)
     raw = _blocks(24, 3).raw
     laid = torch.empty_like(raw)
-    group_rows(KIND_Q4, raw, laid)
+    kernels.repack_rows(KIND_Q4, raw, laid)
     assert not torch.equal(laid, raw)
     g = laid.reshape(3, K // 32, 160)  # [group, block, bytes]
     for row in (0, 7, 8, 21):
@@ -68,20 +67,21 @@ def test_regrouping_keeps_every_value() -> None:
             words = torch.stack([g[grp, b, 32 + 16 * i + 2 * c : 34 + 16 * i + 2 * c] for i in range(8)])
             assert torch.equal(words.flatten(), block[4:20])  # nibbles, word by word
     again = raw.clone()
-    group_rows(KIND_Q4, again, again)  # in place: the same bytes
+    kernels.repack_rows(KIND_Q4, again, again)  # in place: the same bytes
     assert torch.equal(again, laid)
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
 def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
+    kernels = _kernels("portable")
     raw = _blocks(40, 5, LAYOUTS[kind]).raw
     laid = raw.clone()
-    group_rows(kind, laid, laid)
+    kernels.repack_rows(kind, laid, laid)
     assert not torch.equal(laid, raw)
     index = torch.tensor([0, 39, 8, 7, 7, 21])
-    assert torch.equal(ungroup_rows(kind, laid, index), raw[index])
+    assert torch.equal(kernels.unrepack_rows(kind, laid, index), raw[index])
     with pytest.raises(KernelArgumentError, match="row indices"):
-        ungroup_rows(kind, laid, torch.tensor([40]))
+        kernels.unrepack_rows(kind, laid, torch.tensor([40]))
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
@@ -97,7 +97,7 @@ def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
     plain = QuantWeights(kind, PROLOGUE_NONE, [p.raw for p in parts], None, 0.0, bias, K)
     laid = [torch.empty_like(p.raw) for p in parts]
     for p, out in zip(parts, laid, strict=True):
-        group_rows(kind, p.raw, out)
+        kernels.repack_rows(kind, p.raw, out)
     grouped = QuantWeights(kind, PROLOGUE_NONE, laid, None, 0.0, bias, K, [GROUPED[kind]] * 2)
     x, residual = torch.randn(70, K), torch.randn(70, 56)
     alone = torch.cat([kernels.linear(grouped, x[i : i + 1], residual[i : i + 1]) for i in range(9)])
@@ -140,17 +140,20 @@ def test_a_layer_regroups_whole_groups_only_and_copies_unless_handed_over() -> N
 
 
 def test_parts_that_are_not_whole_groups_are_refused() -> None:
+    kernels = _kernels("portable")
     raw = _blocks(16, 1).raw
     laid = torch.empty_like(raw)
-    group_rows(KIND_Q4, raw, laid)
+    kernels.repack_rows(KIND_Q4, raw, laid)
     with pytest.raises(KernelArgumentError, match="multiple of 8 rows"):
         QuantWeights(4, PROLOGUE_NONE, [laid[:12]], None, 0.0, None, K, [KIND_Q4_G8])
     with pytest.raises(KernelArgumentError, match="start on one"):
         QuantWeights(4, PROLOGUE_NONE, [raw[:3], laid[:8]], None, 0.0, None, K, [KIND_Q4, KIND_Q4_G8])
     with pytest.raises(KernelArgumentError, match="not whole groups"):
-        group_rows(KIND_Q4, raw[:12], torch.empty_like(raw[:12]))
+        kernels.repack_rows(KIND_Q4, raw[:12], torch.empty_like(raw[:12]))
     with pytest.raises(KernelArgumentError, match="same shape"):
-        group_rows(KIND_Q4, raw, torch.empty_like(raw[:8]))
+        kernels.repack_rows(KIND_Q4, raw, torch.empty_like(raw[:8]))
+    with pytest.raises(KernelArgumentError, match="no repacked form"):
+        kernels.repack_rows(KIND_Q4_G8, raw, torch.empty_like(raw))
 
 
 def test_a_model_overwrites_its_weights_only_when_it_owns_them(gguf_path: Path) -> None:

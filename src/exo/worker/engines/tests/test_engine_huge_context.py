@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from exo.modelgen.custom import llama_gguf
 from exo.tests.node_process import free_port
 from exo.worker.download.cards import card_from_hub
 from exo.worker.download.hub import DownloadError, HubSettings
@@ -23,7 +24,6 @@ from exo.worker.download.tests.hub_server import FakeHub, HubRepo, serve_hub
 from exo.worker.engines.config import MAX_CONTEXT_LENGTH
 from exo.worker.engines.engine import load_engine
 from exo.worker.engines.sampling import SamplingParams
-from exo.worker.engines.tests.generated import write_gguf, write_gguf_with_tokenizer
 
 _UINT32 = 4  # GGUF metadata value type
 
@@ -57,7 +57,7 @@ def _answer(path: Path, cache: Path) -> tuple[list[int], int]:
 def test_a_huge_declared_context_loads_small_and_answers(
     tmp_path: Path, gguf_path: Path, tokenizer_cache: Path
 ) -> None:
-    normal = write_gguf_with_tokenizer(tmp_path / "normal.gguf", "Q8_0", gguf_path)
+    normal = llama_gguf(tmp_path / "normal.gguf", "Q8_0", tokenizer=gguf_path)
     huge = with_context_length(normal, tmp_path / "huge.gguf", 2**31 - 1)
     expected, _ = _answer(normal, tokenizer_cache)  # (also warms the kernels and tokenizer)
     tokens, grown = _answer(huge, tokenizer_cache)
@@ -67,7 +67,7 @@ def test_a_huge_declared_context_loads_small_and_answers(
 
 
 def test_cards_refuse_a_declared_context_above_2_to_the_24(tmp_path: Path) -> None:
-    source = write_gguf(tmp_path / "m.gguf", "Q8_0")
+    source = llama_gguf(tmp_path / "m.gguf", "Q8_0")
     real = card_from_path(with_context_length(source, tmp_path / "1m.gguf", 1_048_576))
     assert real.context_length == 1_048_576  # real long-context models stay offered
     edge = card_from_path(with_context_length(source, tmp_path / "edge.gguf", MAX_CONTEXT_LENGTH))
@@ -78,7 +78,7 @@ def test_cards_refuse_a_declared_context_above_2_to_the_24(tmp_path: Path) -> No
 
 
 def test_hub_cards_refuse_a_declared_context_above_2_to_the_24(tmp_path: Path) -> None:
-    source = write_gguf(tmp_path / "m.gguf", "Q8_0")
+    source = llama_gguf(tmp_path / "m.gguf", "Q8_0")
     hub = FakeHub()
     for repo, context in (("org/long-GGUF", 1_048_576), ("org/hostile-GGUF", 2**24 + 1)):
         data = with_context_length(source, tmp_path / "x.gguf", context).read_bytes()
@@ -94,7 +94,7 @@ def test_hub_cards_refuse_a_declared_context_above_2_to_the_24(tmp_path: Path) -
 @pytest.mark.slow
 def test_a_node_refuses_such_a_file_with_one_clear_line(tmp_path: Path) -> None:
     hostile = with_context_length(
-        write_gguf(tmp_path / "m.gguf", "Q8_0"), tmp_path / "hostile.gguf", 2**24 + 1
+        llama_gguf(tmp_path / "m.gguf", "Q8_0"), tmp_path / "hostile.gguf", 2**24 + 1
     )
     cmd = [sys.executable, "-m", "exo.cli", "--api-port", str(free_port()), "--threads", "1",
            "--discovery-interface", "none", "--data-dir", str(tmp_path / "data"),

@@ -138,6 +138,8 @@ class _FakeLib:
         self.exo_set_threads = _SpyLinear(0)
         self.exo_set_spin = _SpyLinear(0)
         self.exo_attend_decode = _SpyLinear(0)
+        self.exo_repack_rows = _SpyLinear(0)
+        self.exo_unrepack_rows = _SpyLinear(0)
 
 
 def test_a_contiguous_copy_lives_until_the_kernel_returns() -> None:

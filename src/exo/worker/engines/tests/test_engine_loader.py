@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from exo.modelgen.custom import llama_gguf
 from exo.worker.download.local import card_from_path
 from exo.worker.engines.engine import Shard, load_engine, load_model
 from exo.worker.engines.models.base import ShardModel, StepInputs
@@ -20,7 +21,6 @@ from exo.worker.engines.models.registry import (
     supported_gguf_architectures,
 )
 from exo.worker.engines.safetensors_loader import hf_config
-from exo.worker.engines.tests.generated import write_gguf
 from exo.worker.engines.weights import TensorParallel
 
 from .test_engine_tensor_parallel import ThreadedAllReduce
@@ -31,7 +31,7 @@ DENSE_GGUF = "llama, mistral, qwen2, qwen3, gemma3, phi3"
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_gguf(tmp_path_factory.mktemp("loader") / "m.gguf", "Q8_0")
+    return llama_gguf(tmp_path_factory.mktemp("loader") / "m.gguf", "Q8_0")
 
 
 def _whole(model: ShardModel) -> Tensor:

@@ -17,16 +17,14 @@ from typing import Any
 import pytest
 
 from exo.master.placement_memory import pipeline_memory
+from exo.modelgen.custom import Size, llama_gguf, llama_safetensors
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.memory import estimate_runner_memory, runner_max_seq
 from exo.worker.download.local import card_from_path
-from exo.worker.engines.tests.generated import write_gguf, write_safetensors
 
 pytestmark = [pytest.mark.slow]
 
-SHAPE: dict[str, int] = {
-    "layers": 6, "hidden": 1024, "ffn": 2816, "heads": 16, "kv_heads": 4, "vocab": 16384,
-}  # fmt: skip
+SHAPE = Size(layers=6, hidden=1024, ffn=2816, heads=16, kv_heads=4, vocab=16384)
 # What a runner serves and placement reserves: 8 requests of 2048 tokens (the file's context).
 MAX_BATCH, MAX_SEQ = EXO_RUNNER_MAX_BATCH, runner_max_seq(2048)
 
@@ -43,9 +41,9 @@ def probe(path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize("recipe", ["Q4_K_M", "Q8_0", "F16", "BF16-safetensors"])
 def test_load_is_memory_faithful_and_the_estimate_holds(tmp_path: Path, recipe: str) -> None:
     if recipe == "BF16-safetensors":
-        path = write_safetensors(tmp_path / "hf", **SHAPE)
+        path = llama_safetensors(tmp_path / "hf", SHAPE)
     else:
-        path = write_gguf(tmp_path / "m.gguf", recipe, **SHAPE)
+        path = llama_gguf(tmp_path / "m.gguf", recipe, SHAPE)
     r = probe(path)
     assert r["running"] <= 1.15 * r["file_bytes"], r
     assert r["peak"] - r["baseline"] <= 1.2 * r["running"], r

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from exo.modelgen.custom import Size, llama_gguf
 from exo.worker.engines.batch import BatchGenerator, StepOutput
 from exo.worker.engines.gguf_loader import load_gguf_shard
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import SamplingParams, TokenLogprobs
-from exo.worker.engines.tests.generated import write_gguf
 from exo.worker.engines.tests.hf_reference import transformers_llama
 from exo.worker.engines.tests.nan_model import poison_token_embedding
 from exo.worker.engines.tokenizer import EngineTokenizer
@@ -123,7 +123,7 @@ def test_logit_bias_outside_the_vocabulary_is_refused(dense_model: LlamaModel) -
 def test_non_finite_logits_fail_only_their_request(tmp_path: Path) -> None:
     """A token whose embedding is NaN poisons every prompt that holds it; the batcher fails
     that request with a clear error and the others in the same steps go on."""
-    path = poison_token_embedding(write_gguf(tmp_path / "nan.gguf", "F32", layers=1), 7)
+    path = poison_token_embedding(llama_gguf(tmp_path / "nan.gguf", "F32", Size(layers=1)), 7)
     model = LlamaModel(load_gguf_shard(path, 0, 1), weight_format="dense")
     gen = BatchGenerator(model, 3, 64)
     gen.add("poisoned", [5, 7, 9], SamplingParams(temperature=0.0, max_tokens=4))

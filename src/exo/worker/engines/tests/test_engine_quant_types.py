@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from exo.modelgen.custom import Size, llama_gguf
+from exo.modelgen.quants import quantize_q4_k, quantize_q6_k, random_blocks
 from exo.worker.engines.cpu_kernels import (
     QKernels,
     kernels_unavailable_reason,
@@ -29,8 +31,6 @@ from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.materialise import kernel_plan
 from exo.worker.engines.qtensor import QuantTensor, dequantize_rows, q4_0_to_q4_1
-from exo.worker.engines.tests.generated import random_blocks, write_gguf
-from exo.worker.engines.tests.kquants import quantize_q4_k, quantize_q6_k
 from exo.worker.engines.weights import TensorParallel
 
 T = GGMLQuantizationType
@@ -171,7 +171,7 @@ def test_generated_model_in_file_blocks_matches_dense(
 ) -> None:
     """Whole model as the engine holds it (with the compiled kernels, and without them: file
     blocks dequantised per call, 16-bit floats packed by fbgemm) against all dequantised."""
-    path = write_gguf(tmp_path / "m.gguf", recipe)
+    path = llama_gguf(tmp_path / "m.gguf", recipe)
     kernels = load_kernels() if use_kernels else None
     if use_kernels and kernels is None:
         pytest.skip("no compiled kernels here")
@@ -190,7 +190,8 @@ def test_generated_model_in_file_blocks_matches_dense(
 
 
 def test_tensor_parallel_ranks_slice_file_blocks_as_they_load(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "m.gguf", "Q4_K_M", hidden=512, ffn=1024, heads=4, kv_heads=2)
+    size = Size(hidden=512, ffn=1024, heads=4, kv_heads=2)
+    path = llama_gguf(tmp_path / "m.gguf", "Q4_K_M", size)
     plan = kernel_plan(torch.float32, False)
     full = load_shard_weights(path, 0, 2, plan=plan)
     half = load_shard_weights(path, 0, 2, plan=plan, tensor_parallel=TensorParallel(1, 2))

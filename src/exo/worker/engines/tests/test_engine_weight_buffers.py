@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from exo.modelgen.custom import Size, llama_gguf
 from exo.worker.engines.file_rows import HUGE_PAGE, weight_buffer
 from exo.worker.engines.gguf_reader import GGUFFile
-from exo.worker.engines.tests.generated import write_gguf
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -68,7 +68,7 @@ print("huge" if _advised_huge(raw) else "plain")
 @needs_thp
 def test_a_big_tensor_read_from_a_gguf_file_lands_in_huge_page_memory(tmp_path: Path) -> None:
     """In a fresh process (in this one, memory numpy advised earlier may be reused by chance)."""
-    path = write_gguf(tmp_path / "m.gguf", "Q8_0", hidden=512, ffn=4096, vocab=4096)
+    path = llama_gguf(tmp_path / "m.gguf", "Q8_0", Size(hidden=512, ffn=4096, vocab=4096))
     f = GGUFFile(path)
     name = max(f.tensors, key=lambda n: f.tensors[n].n_bytes)
     assert f.tensors[name].n_bytes >= HUGE_PAGE and len(f.tensors[name].shape) == 2

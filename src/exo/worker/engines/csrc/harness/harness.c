@@ -32,7 +32,7 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
     return p;
 }
 
-static const int KINDS[7] = {KIND_Q4, KIND_Q8, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+static const int KINDS[7] = {KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
 
 /* A random layout that rows of K values can take. */
 static int random_kind(Rng* r, int K) {
@@ -70,7 +70,7 @@ static int check_linear(Rng* r, int quiet) {
         const int pk = mixed ? random_kind(r, K) : kind;
         if (pk != kind) s.part_kind[p] = pk;
         /* Q4_1, Q8_0, Q5_0, Q4_K, Q6_K parts of whole groups starting on a multiple of 8: re-laid half the time */
-        const int groups = pk == KIND_Q4 || pk == KIND_Q8 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
+        const int groups = pk == KIND_Q4_1 || pk == KIND_Q8_0 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
         const int group = groups && row % 8 == 0 && rng_int(r, 0, 1) &&
                           (p < n_parts - 1 ? rows >= 8 : rows % 8 == 0);
         if (group && p < n_parts - 1) rows -= rows % 8;
@@ -85,8 +85,8 @@ static int check_linear(Rng* r, int quiet) {
             ref_group_rows(pk, part, rows, K, laid);
             free(part);
             part = laid;
-            s.part_kind[p] = pk == KIND_Q4     ? KIND_Q4_G8
-                             : pk == KIND_Q8   ? KIND_Q8_G8
+            s.part_kind[p] = pk == KIND_Q4_1     ? KIND_Q4_1_G8
+                             : pk == KIND_Q8_0   ? KIND_Q8_0_G8
                              : pk == KIND_Q5_0 ? KIND_Q5_0_G8
                              : pk == KIND_Q4_K ? KIND_Q4_K_G8
                                                : KIND_Q6_K_G8;
@@ -340,13 +340,44 @@ static void* caller(void* arg) {
 }
 
 /* Bad specs are refused, not read. */
+/* exo_repack_rows against the reference's groups (byte for byte, in place too) and
+ * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
+static void check_repack(Rng* r) {
+    static const int GROUPED[5] = {KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K};
+    char msg[160];
+    for (int round = 0; round < 20; round++) {
+        const int kind = GROUPED[round % 5], kq = kind > 100;
+        const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 8), rows = 8 * rng_int(r, 1, 3);
+        const size_t rb = ref_row_bytes(kind, K), bytes = rb * (size_t)rows;
+        uint8_t *raw = xmalloc(bytes), *want = xmalloc(bytes), *got = xmalloc(bytes), *back = xmalloc(bytes);
+        for (int i = 0; i < rows; i++) ref_random_row(r, kind, K, raw + rb * (size_t)i);
+        ref_group_rows(kind, raw, rows, K, want);
+        snprintf(msg, sizeof msg, "exo_repack_rows kind %d K %d rows %d", kind, K, rows);
+        if (exo_repack_rows(kind, raw, rows, K, got) != 0 || memcmp(got, want, bytes) != 0) fail(msg);
+        memcpy(got, raw, bytes);
+        if (exo_repack_rows(kind, got, rows, K, got) != 0 || memcmp(got, want, bytes) != 0) fail(msg); /* in place */
+        int64_t index[24];
+        for (int i = 0; i < rows; i++) index[i] = rng_int(r, 0, rows - 1);
+        snprintf(msg, sizeof msg, "exo_unrepack_rows kind %d K %d rows %d", kind, K, rows);
+        if (exo_unrepack_rows(kind, want, rows, K, index, rows, back) != 0) fail(msg);
+        for (int i = 0; i < rows; i++)
+            if (memcmp(back + rb * (size_t)i, raw + rb * (size_t)index[i], rb) != 0) fail(msg);
+        free(raw), free(want), free(got), free(back);
+    }
+    uint8_t row[24 * 8] = {0};
+    int64_t bad = 8;
+    if (exo_repack_rows(KIND_Q5_1, row, 8, 32, row) != -2) fail("repacking a kind without a repacked layout accepted");
+    if (exo_repack_rows(KIND_Q4_1, row, 4, 32, row) != -2) fail("repacking part of a group accepted");
+    if (exo_unrepack_rows(KIND_Q4_1, row, 8, 32, &bad, 1, row) != -2) fail("a row index out of range accepted");
+}
+
 static void check_refusals(void) {
     LinearSpec s;
     memset(&s, 0, sizeof s);
     float x[64] = {0}, y[64];
     s.kind = 5, s.K = 32, s.N = 1, s.part_rows[0] = 1, s.w[0] = x;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("unknown kind accepted");
-    s.kind = KIND_Q4, s.K = 48;
+    s.kind = KIND_Q4_1, s.K = 48;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("K not a multiple of 32 accepted");
     s.K = 32, s.N = 2;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("parts not summing to N accepted");
@@ -354,13 +385,13 @@ static void check_refusals(void) {
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("RMSNorm without gain accepted");
     s.prologue = 0, s.kind = KIND_Q4_K;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant with K % 256 != 0 accepted");
-    s.kind = KIND_Q8, s.part_kind[0] = KIND_Q6_K;
+    s.kind = KIND_Q8_0, s.part_kind[0] = KIND_Q6_K;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a K-quant part with K % 256 != 0 accepted");
     s.part_kind[0] = 9;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("an unknown part kind accepted");
-    s.part_kind[0] = KIND_Q4_G8; /* one row: not a group of 8 */
+    s.part_kind[0] = KIND_Q4_1_G8; /* one row: not a group of 8 */
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("a group of fewer than 8 rows accepted");
-    s.N = 9, s.part_rows[0] = 1, s.w[1] = x, s.part_rows[1] = 8, s.part_kind[0] = KIND_Q4, s.part_kind[1] = KIND_Q4_G8;
+    s.N = 9, s.part_rows[0] = 1, s.w[1] = x, s.part_rows[1] = 8, s.part_kind[0] = KIND_Q4_1, s.part_kind[1] = KIND_Q4_1_G8;
     if (exo_qlinear(&s, x, 1, NULL, y) != -2) fail("groups not starting on a multiple of 8 accepted");
     s.N = 1, s.w[1] = NULL, s.part_rows[1] = 0, s.part_kind[1] = 0;
     s.part_kind[0] = 0, s.prologue = 4;
@@ -382,6 +413,7 @@ int main(int argc, char** argv) {
     Rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};
     printf("isa %s, seed %llu, rounds %d\n", exo_isa(), (unsigned long long)seed, rounds);
     check_refusals();
+    check_repack(&r);
     check_pool(&r);
     /* several callers at once while the main thread grows the pool from one thread to
      * MAX_THREADS (new workers start while jobs are in flight), then resizes it at random */

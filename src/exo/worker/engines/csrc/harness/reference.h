@@ -23,9 +23,9 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
 
 /* n_rows (a multiple of 8) rows of `kind` (Q4_1, Q8_0, Q5_0, Q4_K or Q6_K) of K values re-laid in
  * groups of 8 rows, per group and block (of 32 values, or super-block of 256 for the K kinds):
- * - Q4_1 (KIND_Q4_G8): the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1 of
+ * - Q4_1 (KIND_Q4_1_G8): the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1 of
  *   each row's 16 bytes of nibbles, row after row.
- * - Q8_0 (KIND_Q8_G8): the 8 rows' f16 d, then value 2j + e (j = 0..15, e = 0, 1) of row c at
+ * - Q8_0 (KIND_Q8_0_G8): the 8 rows' f16 d, then value 2j + e (j = 0..15, e = 0, 1) of row c at
  *   byte 32 (j % 8) + 16 (j / 8) + 2c + e of the next 256.
  * - Q5_0 (KIND_Q5_0_G8): the 8 rows' f16 d, then for i = 0..7 a 32-bit word whose bit 2c + e is
  *   the fifth bit of row c's value 2i + e and bit 16 + 2c + e that of its value 2i + 16 + e,

@@ -1,6 +1,5 @@
 /* Several activation rows (batched decode, prefill) times 8 weight rows at once, with the 8
- * weight rows' values interleaved so that vector lane c holds weight row c (AVX2 only;
- * included by linear.c).
+ * weight rows' values interleaved so that vector lane c holds weight row c (AVX2).
  *
  * Why: dotting one weight row with one activation row leaves 8 int32 lanes to be converted,
  * scaled (a scalar d_w d_x broadcast) and summed per 32-value block: that float tail costs as
@@ -17,33 +16,14 @@
  * every activation row of the pass, 4 rows at a time. Integer sums per lane stay below 2^31:
  * 32 products of |q| <= 128 and |x| <= 32767.
  */
-#include "exo_kernels.h" /* and dot_kquants.h before it (q4k_scale_min) */
-
+#include "exo_kernels.h"
 #if EXO_AVX2
-#define TILE_COLS 8
-#define TILE_MAX_R 4 /* activation rows per pass over a tile (8 measured slower: registers) */
-
-typedef struct {
-    int8_t* q; /* [nb * 256]: see tile_build_kind */
-    float* d;  /* [nb * 8]: scale of values 0..15 (and 16..31 unless `halves`) */
-    float* d2; /* [nb * 8]: scale of values 16..31 (Q6_K) */
-    float* m;  /* [nb * 8]: offset per value */
-} Tile;
-
-static inline size_t tile_bytes(int nb) { return (size_t)nb * (256 + 3 * TILE_COLS * sizeof(float)); }
-
-static inline Tile tile_at(void* buf, int nb) {
-    char* p = (char*)buf;
-    Tile t;
-    t.q = (int8_t*)p;
-    t.d = (float*)(p + (size_t)nb * 256);
-    t.d2 = t.d + (size_t)nb * TILE_COLS;
-    t.m = t.d2 + (size_t)nb * TILE_COLS;
-    return t;
-}
+#include "arch/x86/tile.h"
+#include "kinds.h"
+#include "quants.h"
 
 static inline int tile_has_m(int kind) {
-    return kind == KIND_Q4 || kind == KIND_Q5_1 || kind == KIND_Q4_K || kind == KIND_Q5_K;
+    return kind == KIND_Q4_1 || kind == KIND_Q5_1 || kind == KIND_Q4_K || kind == KIND_Q5_K;
 }
 
 
@@ -53,13 +33,13 @@ static inline int tile_has_m(int kind) {
 static inline __attribute__((always_inline)) __m256i unpack_block8(int kind, const uint8_t* row, int b, float* d,
                                                                    float* d2, float* m, uint16_t* dh, uint16_t* mh) {
     const __m128i low = _mm_set1_epi8(0x0F);
-    if (kind == KIND_Q8) {
-        const BlockQ8* w = (const BlockQ8*)row + b;
+    if (kind == KIND_Q8_0) {
+        const BlockQ8_0* w = (const BlockQ8_0*)row + b;
         *dh = w->d;
         return _mm256_loadu_si256((const __m256i*)w->qs);
     }
-    if (kind == KIND_Q4) {
-        const BlockQ4* w = (const BlockQ4*)row + b;
+    if (kind == KIND_Q4_1) {
+        const BlockQ4_1* w = (const BlockQ4_1*)row + b;
         const __m128i v = _mm_loadu_si128((const __m128i*)w->qs);
         *dh = w->d;
         *mh = w->m;
@@ -159,7 +139,7 @@ static inline __attribute__((always_inline)) void transpose8_words(const __m256i
  * whose low 128-bit lane holds pair j of the 8 rows (as int8: row c's values 2j, 2j + 1 in bytes
  * 2c, 2c + 1) and whose high lane holds pair j + 8. */
 static inline __attribute__((always_inline)) void tile_build_kind(int kind, const uint8_t* const* rows, int nb, Tile t) {
-    const int f16_scales = kind == KIND_Q4 || kind == KIND_Q8 || kind == KIND_Q5_0 || kind == KIND_Q5_1;
+    const int f16_scales = kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1;
     for (int b = 0; b < nb; b++) {
         __m256i q[TILE_COLS]; /* word i of row c's block: its pair i */
         uint16_t dh[TILE_COLS], mh[TILE_COLS];
@@ -188,12 +168,12 @@ static __attribute__((noinline)) void tile_build_q4(const uint8_t* const* rows, 
     for (; b + 2 <= nb; b += 2) {
         __m256i a[TILE_COLS];
         for (int c = 0; c < TILE_COLS; c++) {
-            const BlockQ4* w = (const BlockQ4*)rows[c] + b;
+            const BlockQ4_1* w = (const BlockQ4_1*)rows[c] + b;
             a[c] = _mm256_loadu2_m128i((const __m128i*)w[1].qs, (const __m128i*)w[0].qs);
         }
         for (int h = 0; h < 2; h++) {
             __m256 dv, mv;
-            tile_scales8(rows, (size_t)(b + h) * sizeof(BlockQ4), &dv, &mv);
+            tile_scales8(rows, (size_t)(b + h) * sizeof(BlockQ4_1), &dv, &mv);
             _mm256_storeu_ps(t.d + (size_t)(b + h) * TILE_COLS, dv);
             _mm256_storeu_ps(t.m + (size_t)(b + h) * TILE_COLS, mv);
         }
@@ -209,17 +189,17 @@ static __attribute__((noinline)) void tile_build_q4(const uint8_t* const* rows, 
     }
     if (b < nb) { /* an odd last block */
         const uint8_t* last[TILE_COLS];
-        for (int c = 0; c < TILE_COLS; c++) last[c] = rows[c] + (size_t)b * sizeof(BlockQ4);
+        for (int c = 0; c < TILE_COLS; c++) last[c] = rows[c] + (size_t)b * sizeof(BlockQ4_1);
         const Tile tb = {t.q + (size_t)b * 256, t.d + (size_t)b * TILE_COLS, t.d2 + (size_t)b * TILE_COLS,
                          t.m + (size_t)b * TILE_COLS};
-        tile_build_kind(KIND_Q4, last, 1, tb);
+        tile_build_kind(KIND_Q4_1, last, 1, tb);
     }
 }
 
 static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
     switch (kind) { /* one copy per layout: the unpacking specialises */
-        case KIND_Q4: tile_build_q4(rows, nb, t); break;
-        case KIND_Q8: tile_build_kind(KIND_Q8, rows, nb, t); break;
+        case KIND_Q4_1: tile_build_q4(rows, nb, t); break;
+        case KIND_Q8_0: tile_build_kind(KIND_Q8_0, rows, nb, t); break;
         case KIND_Q5_0: tile_build_kind(KIND_Q5_0, rows, nb, t); break;
         case KIND_Q5_1: tile_build_kind(KIND_Q5_1, rows, nb, t); break;
         case KIND_Q4_K: tile_build_kind(KIND_Q4_K, rows, nb, t); break;
@@ -232,27 +212,30 @@ static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
  * (left alone, it reassociates the 16 adds into a tree and spills the products to the stack). */
 #define TILE_KEEP(v) __asm__("" : "+x"(v))
 
-/* pairs j0..j0+7 of block b against R activation rows: s[r] += sum over lanes of 8 rows */
-#define TILE_PAIRS(s, j0)                                                                         \
-    for (int j = j0; j < (j0) + 8; j++) {                                                        \
-        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(W + 32 * (j & 7) + 16 * (j >> 3)))); \
-        for (int r = 0; r < R; r++) {                                                            \
-            int32_t xv;                                                                          \
-            memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);                             \
-            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));          \
-            TILE_KEEP(s[r]);                                                                     \
-        }                                                                                        \
+/* pairs j0..j0+7 of block b (its tile values W) against R activation rows: s[r] += the pairs'
+ * products, per lane (row of the tile) */
+static inline __attribute__((always_inline)) void tile_pairs(const int8_t* W, const BlockX* x, int nb, int b, int R,
+                                                             int j0, __m256i* s) {
+    for (int j = j0; j < j0 + 8; j++) {
+        const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(W + 32 * (j & 7) + 16 * (j >> 3))));
+        for (int r = 0; r < R; r++) {
+            int32_t xv;
+            memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
+            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+            TILE_KEEP(s[r]);
+        }
     }
+}
 
-/* acc[r] += (scales of the 8 rows) * d_x * s[r] */
-#define TILE_TAIL(s, dsrc)                                                                        \
-    {                                                                                            \
-        const __m256 dv = _mm256_loadu_ps((dsrc) + (size_t)b * TILE_COLS);                       \
-        for (int r = 0; r < R; r++) {                                                            \
-            const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);                           \
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);   \
-        }                                                                                        \
+/* acc[r] += (the 8 rows' scales of block b, at d) * d_x * s[r] */
+static inline __attribute__((always_inline)) void tile_tail(const float* d, const BlockX* x, int nb, int b, int R,
+                                                            const __m256i* s, __m256* acc) {
+    const __m256 dv = _mm256_loadu_ps(d + (size_t)b * TILE_COLS);
+    for (int r = 0; r < R; r++) {
+        const __m256 xd = _mm256_set1_ps(x[(size_t)r * nb + b].d);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dv, xd), _mm256_cvtepi32_ps(s[r]), acc[r]);
     }
+}
 
 /* out[r] lane c = dot of weight row c of the tile with activation row r (x + r * nb), R <= 4. */
 static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int nb, const BlockX* x, int R,
@@ -264,15 +247,15 @@ static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int 
         const int8_t* W = t.q + (size_t)b * 256;
         __m256i s[TILE_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-        TILE_PAIRS(s, 0)
+        tile_pairs(W, x, nb, b, R, 0, s);
         if (halves) { /* Q6_K: values 16..31 have a scale of their own */
-            TILE_TAIL(s, t.d)
+            tile_tail(t.d, x, nb, b, R, s, acc);
             for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-            TILE_PAIRS(s, 8)
-            TILE_TAIL(s, t.d2)
+            tile_pairs(W, x, nb, b, R, 8, s);
+            tile_tail(t.d2, x, nb, b, R, s, acc);
         } else {
-            TILE_PAIRS(s, 8)
-            TILE_TAIL(s, t.d)
+            tile_pairs(W, x, nb, b, R, 8, s);
+            tile_tail(t.d, x, nb, b, R, s, acc);
         }
         if (has_m) {
             const __m256 mv = _mm256_loadu_ps(t.m + (size_t)b * TILE_COLS);
@@ -283,16 +266,26 @@ static inline __attribute__((always_inline)) void tile_rows(const Tile* tp, int 
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-#define TILE_ROWS_FOR(R)                                                                          \
-static void tile_rows_##R(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {       \
-    if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);                                    \
-    else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);                                \
-    else tile_rows(t, nb, x, R, 0, 0, out);                                                      \
+/* one copy per R, not inlined into the caller (measured faster so); the layout's flags are
+ * branches outside the loops */
+static inline __attribute__((always_inline)) void tile_rows_kind(const Tile* t, int nb, const BlockX* x, int kind,
+                                                                 int R, __m256* out) {
+    if (kind == KIND_Q6_K) tile_rows(t, nb, x, R, 0, 1, out);
+    else if (tile_has_m(kind)) tile_rows(t, nb, x, R, 1, 0, out);
+    else tile_rows(t, nb, x, R, 0, 0, out);
 }
-TILE_ROWS_FOR(1)
-TILE_ROWS_FOR(2)
-TILE_ROWS_FOR(3)
-TILE_ROWS_FOR(4)
+static __attribute__((noinline)) void tile_rows_1(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 1, out);
+}
+static __attribute__((noinline)) void tile_rows_2(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 2, out);
+}
+static __attribute__((noinline)) void tile_rows_3(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 3, out);
+}
+static __attribute__((noinline)) void tile_rows_4(const Tile* t, int nb, const BlockX* x, int kind, __m256* out) {
+    tile_rows_kind(t, nb, x, kind, 4, out);
+}
 
 /* out[r] for R = 1..TILE_MAX_R activation rows. */
 static inline void tile_dot(const Tile* t, int nb, const BlockX* x, int kind, int R, __m256* out) {
@@ -302,5 +295,55 @@ static inline void tile_dot(const Tile* t, int nb, const BlockX* x, int kind, in
         case 2: tile_rows_2(t, nb, x, kind, out); break;
         default: tile_rows_1(t, nb, x, kind, out);
     }
+}
+
+/* tiles ahead whose weights are prefetched, into L2 (into L1 measured slower: they evict the
+ * tile being used) */
+#define TILE_PF 2
+
+/* The tile strategy (kinds.h): batched decode, prefill; 8 weight rows at once. */
+int exo_x86_tile(const Run* r) {
+    void* buf = exo_scratch(SCRATCH_TILE, tile_bytes(r->nb));
+    if (buf == NULL) return -1;
+    const int nb = r->nb, hi = r->hi, base = r->base, grouped = r->kind != r->file_kind;
+    const size_t rb = r->rb;
+    const Tile t = tile_at(buf, nb);
+    /* the weights of the tiles ahead, as one run of bytes (the hardware prefetchers miss 8 short
+     * streams): the first ones now, then one tile per tile */
+    const char* wp = (const char*)r->w;
+    const size_t pf_end = (size_t)(hi - base) * rb;
+    int n = r->lo;
+    size_t pf = (size_t)(n - base) * rb; /* bytes into the part */
+    for (; pf < pf_end && pf < (size_t)(n - base + TILE_PF * TILE_COLS) * rb; pf += 64)
+        _mm_prefetch(wp + pf, _MM_HINT_T1);
+    for (; n < hi; n += TILE_COLS) {
+        const int cols = hi - n < TILE_COLS ? hi - n : TILE_COLS;
+        const uint8_t* rows[TILE_COLS]; /* past the part's end: its last row again */
+        for (int c = 0; c < TILE_COLS; c++) rows[c] = run_row(r, n + (c < cols ? c : cols - 1));
+        for (; pf < pf_end && pf < (size_t)(n - base + (TILE_PF + 1) * TILE_COLS) * rb; pf += 64)
+            _mm_prefetch(wp + pf, _MM_HINT_T1);
+        if (grouped) exo_x86_tile_from_group(r->kind, rows[0], nb, t);
+        else tile_build(r->kind, rows, nb, t);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= TILE_MAX_R ? TILE_MAX_R : r->m1 - m;
+            __m256 acc[TILE_MAX_R];
+            float o[TILE_COLS];
+            tile_dot(&t, nb, r->x + (size_t)m * nb, r->file_kind, R, acc);
+            for (int i = 0; i < R; i++) {
+                const size_t at = (size_t)(m + i) * r->N + n;
+                if (cols == TILE_COLS) { /* residual may be y itself: read before the write */
+                    __m256 v = acc[i];
+                    if (r->bias) v = _mm256_add_ps(v, _mm256_loadu_ps(r->bias + n));
+                    if (r->residual) v = _mm256_add_ps(v, _mm256_loadu_ps(r->residual + at));
+                    _mm256_storeu_ps(r->y + at, v);
+                    continue;
+                }
+                _mm256_storeu_ps(o, acc[i]);
+                for (int c = 0; c < cols; c++) run_store(r, m + i, n + c, o[c]);
+            }
+            m += R;
+        }
+    }
+    return 0;
 }
 #endif

@@ -1,0 +1,79 @@
+/* The weight kinds' traits table (see kinds.h). tests/test_engine_kind_table.py parses this table
+ * (one row per kind, its first six fields as written below, in that order) and checks it against the
+ * Python table, engines/kinds.py. */
+#include "kinds.h"
+
+#if EXO_AVX2
+#define X86(f) f
+#else
+#define X86(f) NULL
+#endif
+
+/* tile_rows masks: from n activation rows on; one count */
+#define ROWS_FROM(n) (0xFFFFFFFFu << (n))
+#define ROWS(n) (1u << (n))
+/* The per-row kernels (dot.c, arch/x86/dot.c) run 4 rows at once and unpack faster than a tile
+ * is built: Q8_0 at 2 or 4 rows, Q4_K / Q5_K at 2, 4 or 5 stay on them (measured with weights not
+ * in cache); a repacked layout turns a group into a tile from a few rows on (measured). */
+#define FILE_OPS(dot, pair, unpacked)                                                              \
+    {[EXO_ISA_GENERIC] = {exo_generic_##dot, exo_generic_##pair, unpacked ? exo_generic_unpacked : NULL, NULL, NULL}, \
+     [EXO_ISA_AVX2] = {X86(exo_x86_##dot), X86(exo_x86_##pair), unpacked ? X86(exo_x86_unpacked) : NULL,               \
+                       X86(exo_x86_tile), NULL}}
+#define GROUPED_OPS(grouped)                                                                       \
+    {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
+     [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
+#define exo_generic_none NULL
+#define exo_x86_none NULL
+
+static const KindTraits KINDS[] = {
+    {.kind = KIND_Q4_1, .name = "Q4_1", .file_kind = KIND_Q4_1, .grouped = KIND_Q4_1_G8, .block_values = 32,
+     .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
+     .ops = FILE_OPS(dot_q4_1, none, 1)},
+    {.kind = KIND_Q8_0, .name = "Q8_0", .file_kind = KIND_Q8_0, .grouped = KIND_Q8_0_G8, .block_values = 32,
+     .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(2) & ~ROWS(2) & ~ROWS(4), .unpack_from = 8,
+     .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1)},
+    {.kind = KIND_Q5_0, .name = "Q5_0", .file_kind = KIND_Q5_0, .grouped = KIND_Q5_0_G8, .block_values = 32,
+     .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 4,
+     .ops = FILE_OPS(dot_q5_0, pair_q5_0, 1)},
+    {.kind = KIND_Q5_1, .name = "Q5_1", .file_kind = KIND_Q5_1, .grouped = 0, .block_values = 32, .block_bytes = 24,
+     .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
+     .ops = FILE_OPS(dot_q5_1, none, 1)},
+    {.kind = KIND_Q4_K, .name = "Q4_K", .file_kind = KIND_Q4_K, .grouped = KIND_Q4_K_G8, .block_values = 256,
+     .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
+     .ops = FILE_OPS(dot_q4_k, none, 0)},
+    {.kind = KIND_Q5_K, .name = "Q5_K", .file_kind = KIND_Q5_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 176, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
+     .ops = FILE_OPS(dot_q5_k, none, 0)},
+    {.kind = KIND_Q6_K, .name = "Q6_K", .file_kind = KIND_Q6_K, .grouped = KIND_Q6_K_G8, .block_values = 256,
+     .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
+     .ops = FILE_OPS(dot_q6_k, none, 0)},
+    {.kind = KIND_Q4_1_G8, .name = "Q4_1_G8", .file_kind = KIND_Q4_1, .grouped = 0, .block_values = 32,
+     .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q4_1)},
+    {.kind = KIND_Q8_0_G8, .name = "Q8_0_G8", .file_kind = KIND_Q8_0, .grouped = 0, .block_values = 32,
+     .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q8_0)},
+    {.kind = KIND_Q5_0_G8, .name = "Q5_0_G8", .file_kind = KIND_Q5_0, .grouped = 0, .block_values = 32,
+     .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q5_0)},
+    {.kind = KIND_Q4_K_G8, .name = "Q4_K_G8", .file_kind = KIND_Q4_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q4_k)},
+    {.kind = KIND_Q6_K_G8, .name = "Q6_K_G8", .file_kind = KIND_Q6_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q6_k)},
+};
+
+_Static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&
+                   sizeof(BlockQ5_1) == 24 && sizeof(BlockQ4K) == 144 && sizeof(BlockQ5K) == 176 &&
+                   sizeof(BlockQ6K) == 210,
+               "a file block's size is not its row's block_bytes");
+_Static_assert(sizeof(BlockQ4_1x8) == 8 * 20 && sizeof(BlockQ5_0x8) == 8 * 22 && sizeof(BlockQ8_0x8) == 8 * 34 &&
+                   sizeof(BlockQ4Kx8) == 8 * 144 && sizeof(BlockQ6Kx8) == 8 * 210,
+               "a repacked group's block is not its 8 rows' bytes");
+
+const KindTraits* exo_kind_traits(int kind) {
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
+        if (KINDS[i].kind == kind) return &KINDS[i];
+    return NULL;
+}

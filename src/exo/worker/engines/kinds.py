@@ -1,0 +1,63 @@
+"""The weight kinds the compiled kernels run: one record per kind, one table of them.
+
+A kind is a GGUF block type as the file holds it (`ggml`), run by the C kernels under its
+`kernel` id (`csrc/exo_kernels.h`'s enum; `csrc/kinds.c` holds the C side's row for it: its
+strategies, thresholds and entry points per instruction set). A kind with a repacked layout
+(`grouped`: its rows re-laid in groups of 8 by `csrc/repack.c`, read by the grouped kernels) has
+a second kernel id for that layout. `tests/test_engine_kind_table.py` checks this table against
+the C enum and table. Adding a kind: one row here, one in `csrc/kinds.c` (and its enum value).
+"""
+
+from dataclasses import dataclass
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # the GGUF type's name; the C names are KIND_<name> and KIND_<name>_G8
+    ggml: GGMLQuantizationType
+    kernel: int  # KIND_<name>
+    grouped: int | None  # KIND_<name>_G8: its rows repacked in groups of 8 rows, if it has one
+
+    @property
+    def block_values(self) -> int:
+        return GGML_QUANT_SIZES[self.ggml][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return GGML_QUANT_SIZES[self.ggml][1]
+
+    def row_bytes(self, k: int) -> int:
+        return k // self.block_values * self.block_bytes
+
+
+_T = GGMLQuantizationType
+KINDS: tuple[Kind, ...] = (
+    Kind("Q4_1", _T.Q4_1, 4, 204),
+    Kind("Q8_0", _T.Q8_0, 8, 208),
+    Kind("Q5_0", _T.Q5_0, 50, 250),
+    Kind("Q5_1", _T.Q5_1, 51, None),
+    Kind("Q4_K", _T.Q4_K, 104, 304),
+    Kind("Q5_K", _T.Q5_K, 105, None),
+    Kind("Q6_K", _T.Q6_K, 106, 306),
+)
+GROUP_ROWS = 8  # rows of a repacked group
+
+BY_GGML: dict[GGMLQuantizationType, Kind] = {k.ggml: k for k in KINDS}
+BY_NAME: dict[str, Kind] = {k.name: k for k in KINDS}
+# every kernel id, the file layouts' and the repacked ones', and whether it is repacked
+BY_KERNEL: dict[int, tuple[Kind, bool]] = {
+    **{k.kernel: (k, False) for k in KINDS},
+    **{k.grouped: (k, True) for k in KINDS if k.grouped is not None},
+}
+
+
+def kind_named(name: str) -> Kind:
+    return BY_NAME[name]
+
+
+def layout_name(kernel: int) -> str:
+    """A kernel id's name for the load log ("Q4_1", "Q4_1 (8-row groups)")."""
+    kind, grouped = BY_KERNEL[kernel]
+    return f"{kind.name} (8-row groups)" if grouped else kind.name
