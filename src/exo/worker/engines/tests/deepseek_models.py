@@ -138,7 +138,7 @@ def _tensors(model: Any, split_kv_b: bool) -> dict[str, np.ndarray[Any, Any]]:
 def _metadata(w: Any, c: Any, split_kv_b: bool, tokenizer: Path | None) -> None:
     import gguf
 
-    from .generated import copy_tokenizer
+    from .gguf_tokens import copy_tokenizer
 
     rope = c.rope_parameters
     w.add_block_count(c.num_hidden_layers)

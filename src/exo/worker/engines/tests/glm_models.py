@@ -117,7 +117,7 @@ def write_glm_gguf(
     tokenizer and chat template of the GGUF file `tokenizer`, if given)."""
     import gguf
 
-    from .generated import copy_tokenizer
+    from .gguf_tokens import copy_tokenizer
 
     c = model.config
     rope = c.rope_parameters

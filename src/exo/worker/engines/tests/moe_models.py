@@ -181,7 +181,7 @@ def write_gguf(
     (with the tokenizer and chat template of the GGUF file `tokenizer`, if given)."""
     import gguf
 
-    from .generated import copy_tokenizer
+    from .gguf_tokens import copy_tokenizer
 
     arch, c = case.name, model.config
     gpt_oss = arch == "gpt-oss"
