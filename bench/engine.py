@@ -5,7 +5,9 @@
 
 (a) our engine (exo.worker.engines: the batch generator a runner uses, one request);
 (d) Hugging Face transformers' LlamaForCausalLM on the same GGUF, dequantised to float32;
-(c) llama-cpp-python on the same GGUF, if it is importable (skipped with a note otherwise).
+(c) llama-cpp-python on the same GGUF, if it is importable (skipped with a note otherwise); it
+    prints which llama.cpp it loaded: the wheel's library, or a native build's shared libraries
+    when LLAMA_CPP_LIB_PATH names their folder (bench/build_llama_cpp.sh builds them).
 Each runs the same chat prompt with greedy decoding and no early stop, `--repeat` times; the
 best run of each is reported (the machine may be shared). Every engine gets `--threads`.
 
@@ -120,6 +122,16 @@ def bench_transformers(model: Any, name: str, prompt: list[int], new_tokens: int
 # --- (c) llama.cpp -----------------------------------------------------------------------------
 
 
+def llama_cpp_origin(llama_cpp: Any) -> str:
+    """Which llama.cpp llama-cpp-python loaded: a native build (LLAMA_CPP_LIB_PATH selects
+    its shared libraries) or the wheel's own, with the library file's path."""
+    native = os.environ.get("LLAMA_CPP_LIB_PATH")
+    folder = Path(native) if native else Path(llama_cpp.__file__).parent / "lib"
+    libs = sorted(folder.glob("libllama.*")) or [folder]
+    kind = "native build (LLAMA_CPP_LIB_PATH)" if native else "the wheel's build"
+    return f"llama-cpp-python {llama_cpp.__version__}, {kind}: {libs[0]}"
+
+
 def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
     try:
         import llama_cpp  # type: ignore[import-not-found]
@@ -127,6 +139,7 @@ def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
         print("(c) llama.cpp skipped: llama-cpp-python is not installed (a benchmark tool, "
               "not a project dependency: pip install llama-cpp-python)")
         return None
+    print(f"(c) llama.cpp: {llama_cpp_origin(llama_cpp)}")
     return llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
     )

@@ -85,7 +85,7 @@ def main() -> None:
         blocks = quantize_q4(torch.randn(n, k) * 0.05).reshape(n, k // GROUP, 20)
         rows = blocks.reshape(n, -1).clone()
         kinds = [KIND_Q4]
-        if kernels.isa == "avx2":  # as the engine runs them
+        if kernels.x86:  # as the engine runs them
             kernels.repack_rows(KIND_Q4, rows, rows)
             kinds = [GROUPED[KIND_Q4]]
         ours = QuantWeights(KIND_Q4, PROLOGUE_NONE, [rows], None, 1e-5, None, k, kinds)

@@ -4,7 +4,8 @@
 
 Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0; "g8": the same layer
 re-laid in groups of 8 rows, as the engine runs Q4_1 and Q8_0 on AVX2) or of Gemma 3 270M's
-Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K), with random weights
+Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K) or of a
+Llama-3.2-1B-shaped Q4_K_M file (`llama1b`, with its gate | up also in Q4_0 and Q4_1), with random weights
 of that layout, called through the checked wrapper an engine uses (`QKernels.linear`). A column
 per number of activation rows: 1 is a decode step of one stream, 8 a step of 8 streams batched,
 60 a prefill. Figures are microseconds per call of the process's CPU time (the machine may be
@@ -40,12 +41,15 @@ from exo.worker.engines.cpu_kernels import (
     QuantWeights,
     load_kernels,
 )
+from exo.worker.engines.kinds import kind_named
 
-BLOCK = {KIND_Q4: (20, 32), KIND_Q8: (34, 32), KIND_Q5_0: (22, 32), KIND_Q4_K: (144, 256),
+KIND_Q4_0 = kind_named("Q4_0").kernel
+
+BLOCK = {KIND_Q4_0: (18, 32), KIND_Q4: (20, 32), KIND_Q8: (34, 32), KIND_Q5_0: (22, 32), KIND_Q4_K: (144, 256),
          KIND_Q6_K: (210, 256)}  # fmt: skip
 # (offset, f16 scale) fields per layout: set to sane values, the rest of each block is random
-SCALES = {KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,)}
-NAMES = {KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
+SCALES = {KIND_Q4_0: (0,), KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,)}
+NAMES = {KIND_Q4_0: "Q4_0", KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
 # name, layout, prologue, k, n
 MODELS = {
     "smollm2": [
@@ -60,6 +64,16 @@ MODELS = {
         ("o", KIND_Q4_K, PROLOGUE_NONE, 1024, 640),
         ("gate_up", KIND_Q5_0, PROLOGUE_RMS_NORM, 640, 4096),
         ("down", KIND_Q6_K, PROLOGUE_SWIGLU, 2048, 640),
+    ],
+    # a Llama-3.2-1B-shaped Q4_K_M layer (width 2048, ffn 8192, 32 / 8 heads of 64), and its
+    # gate | up in Q4_0 and Q4_1 (a Q4_0 file ran as Q4_1 before Q4_0 had kernels of its own)
+    "llama1b": [
+        ("qkv", KIND_Q4_K, PROLOGUE_RMS_NORM, 2048, 3072),
+        ("o", KIND_Q4_K, PROLOGUE_NONE, 2048, 2048),
+        ("gate_up", KIND_Q4_K, PROLOGUE_RMS_NORM, 2048, 16384),
+        ("down", KIND_Q6_K, PROLOGUE_SWIGLU, 8192, 2048),
+        ("gate_up", KIND_Q4_0, PROLOGUE_RMS_NORM, 2048, 16384),
+        ("gate_up", KIND_Q4, PROLOGUE_RMS_NORM, 2048, 16384),
     ],
 }
 LAST_LEVEL_CACHE = 64 << 20  # bytes of weights cycled through with --cold: above any L3 here
@@ -121,13 +135,13 @@ def main() -> None:
     if kernels is None:
         sys.exit("the CPU kernels did not build here (see the log): nothing to measure")
     kernels.set_threads(args.threads)
-    print(f"exo_qlinear, {kernels.isa}, {args.threads} thread(s), CPU us per call"
+    print(f"exo_qlinear, the {kernels.isa} build (EXO_KERNEL_ISA picks another), {args.threads} thread(s), CPU us per call"
           + (", weights not in cache" if args.cold else ""))  # fmt: skip
     print(f"{'layer':<22}" + "".join(f"{f'M={m}':>10}" for m in args.rows) + f"{'GMAC/s':>10}")
     for model in args.model:
         for layer in MODELS[model]:
             name, kind, _, k, n = layer
-            layouts = [False, True] if kind in GROUPED and kernels.isa == "avx2" else [False]
+            layouts = [False, True] if kind in GROUPED and kernels.x86 else [False]
             for grouped in layouts:
                 times = [
                     time_layer(kernels, layer, m, args.cold, args.repeat, grouped)

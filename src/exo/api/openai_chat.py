@@ -98,6 +98,8 @@ class ChatCompletionRequest(SamplingOptions):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     # An extension many OpenAI-compatible servers accept.
     chat_template_kwargs: dict[str, str | bool] | None = None
+    # llama-server's extension: end-of-sequence tokens are never sampled (a fixed length).
+    ignore_eos: bool = False
 
 
 _ROLES: dict[str, Role] = {
@@ -112,7 +114,9 @@ _ROLES: dict[str, Role] = {
 def chat_task_params(request: ChatCompletionRequest, card: ModelCard) -> TextGenerationTaskParams:
     messages = [m.message() for m in request.messages]
     tools = openai_tools(request.tools, request.tool_choice)
-    sampling = request.to_sampling(request.max_completion_tokens or request.max_tokens)
+    sampling = request.to_sampling(
+        request.max_completion_tokens or request.max_tokens, request.ignore_eos
+    )
     return build_task_params(
         card,
         messages,

@@ -69,6 +69,8 @@ class CompletionRequest(SamplingOptions):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    # llama-server's extension: end-of-sequence tokens are never sampled (a fixed length).
+    ignore_eos: bool = False
 
     @property
     def generations(self) -> int:
@@ -107,7 +109,7 @@ def completion_task_params(
 ) -> TextGenerationTaskParams:
     """The task of one generation of ``prompt`` (default: the request's first)."""
     prompt = request.prompt[0] if prompt is None else prompt
-    sampling = request.to_sampling(request.max_tokens)
+    sampling = request.to_sampling(request.max_tokens, request.ignore_eos)
     text = prompt if isinstance(prompt, str) else ""
     params = build_task_params(
         card,

@@ -111,6 +111,8 @@ class Sampling:
     frequency_penalty: float | None = None
     # OpenAI's logit_bias: token id -> bias (the runner checks the ids against its vocabulary).
     logit_bias: dict[int, float] | None = None
+    # llama-server's extension: end-of-sequence tokens are never sampled (a fixed length).
+    ignore_eos: bool = False
 
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -133,8 +135,9 @@ class SamplingOptions(ApiModel):
     # OpenAI's logit_bias: {"token id": bias in -100..100}; empty or null: none.
     logit_bias: dict[TokenId, Bias] | None = None
 
-    def to_sampling(self, max_tokens: int | None) -> Sampling:
+    def to_sampling(self, max_tokens: int | None, ignore_eos: bool = False) -> Sampling:
         return Sampling(
+            ignore_eos=ignore_eos,
             max_tokens=max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,

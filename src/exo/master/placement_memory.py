@@ -3,10 +3,10 @@
 The one estimate of a runner's memory is `exo.shared.models.memory.estimate_runner_memory`
 (the one the engine's load is measured against); here it is fed from the model card:
 
-* weights: the shard's bytes in the file in their running format (``weight_format``: a Q4_0
-  file grows to Q4_1, F16 / BF16 / F32 matrices become q8 blocks). Each layer counts its own
-  bytes (``layer_bytes``) when the card has them, else the layers share ``storage_size`` less
-  the embedding and head equally; pipeline rank 0 adds the embedding,
+* weights: the shard's bytes in the file in their running format (``weight_format``: block
+  types as the file holds them, F16 / BF16 / F32 matrices become q8 blocks). Each layer counts
+  its own bytes (``layer_bytes``) when the card has them, else the layers share
+  ``storage_size`` less the embedding and head equally; pipeline rank 0 adds the embedding,
   the last rank the head (the embedding again when tied), a tensor rank its ``1 / world_size``
   of the layers and both whole;
 * KV cache: the shard's layers (tensor: its share of the kv heads; an MLA latent,

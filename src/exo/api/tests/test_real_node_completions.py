@@ -177,3 +177,27 @@ def test_streamed_logprobs_match_the_whole_answer(node: NodeProcess) -> None:
     echoed = oa(node).completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True)
     assert echoed.choices[0].text == PROMPT and echoed.choices[0].logprobs is None
     assert echoed.usage is not None and echoed.usage.completion_tokens == 0
+
+
+def test_ignore_eos_runs_chat_and_completions_to_max_tokens(node: NodeProcess) -> None:
+    """llama-server's extension: without it the short answer ends at the end-of-sequence
+    token; with it, both endpoints answer exactly max_tokens tokens."""
+    client = oa(node)
+    messages: Any = [{"role": "user", "content": "Reply with just the word yes."}]
+    short = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=48, temperature=0
+    )
+    assert short.choices[0].finish_reason == "stop"
+    assert short.usage is not None and short.usage.completion_tokens < 48
+    long = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=48, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert long.choices[0].finish_reason == "length"
+    assert long.usage is not None and long.usage.completion_tokens == 48
+    text = client.completions.create(
+        model=MODEL, prompt="The end.", max_tokens=40, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert text.choices[0].finish_reason == "length"
+    assert text.usage is not None and text.usage.completion_tokens == 40

@@ -3,7 +3,7 @@
     runner = weights in their running format + KV cache at the configured maximum + overhead
 
 Running format (the engine's memory-faithful load, `worker/engines/materialise.py`): GGUF block
-types keep the file's bytes (Q4_0 becomes Q4_1, 20 bytes a block instead of 18); float matrices
+types keep the file's bytes (Q4_0 included, since the kernels run its blocks); float matrices
 (F32 / F16 / BF16) become q8 blocks (34 bytes per 32 values) where the compiled CPU kernels run,
 and stay in the activation dtype elsewhere. The KV cache holds keys and values of every layer,
 slot and position in the activation dtype (float32 on a CPU); MLA models (DeepSeek, Kimi)
@@ -25,7 +25,6 @@ _RATIO_WITH_KERNELS: dict[str, float] = {
     "F32": 34 / 128,
     "F16": 34 / 64,
     "BF16": 34 / 64,
-    "Q4_0": 20 / 18,
 }
 
 

@@ -12,7 +12,7 @@ from exo.shared.models.memory import (
 def test_running_weights_follow_the_engines_formats() -> None:
     assert running_weight_bytes(64_000, "BF16") == 34_000  # q8 blocks: 34 bytes per 32 values
     assert running_weight_bytes(128_000, "F32") == 34_000
-    assert running_weight_bytes(18_000, "Q4_0") == 20_000  # repacked as Q4_1
+    assert running_weight_bytes(18_000, "Q4_0") == 18_000  # run as the file holds it
     assert running_weight_bytes(50_000, "Q4_K") == 50_000  # the file's bytes
     assert running_weight_bytes(64_000, "F16", kernels=False) == 64_000  # fbgemm float16
 

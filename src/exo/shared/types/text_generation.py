@@ -88,6 +88,9 @@ class TextGenerationTaskParams(FrozenModel):
     echo: bool = False
     # OpenAI's logit_bias: token id -> bias added to its logit before sampling.
     logit_bias: dict[int, Annotated[float, Field(ge=-100.0, le=100.0)]] = {}
+    # llama-server's extension (OpenAI chat and completions): end-of-sequence tokens are never
+    # sampled, so the answer runs to max_tokens (or a stop sequence).
+    ignore_eos: bool = False
     # The conversation ends in an assistant message that the answer continues (a prefill,
     # as Claude and Ollama do) instead of opening a new turn.
     continue_final_message: bool = False

@@ -53,16 +53,21 @@ class _Reader:
         raise ValueError(f"unknown GGUF value type {kind}")
 
 
-def read_gguf_metadata(data: bytes) -> dict[str, Any]:
-    """Scalar and string metadata; raises TruncatedHead or ValueError (not a GGUF)."""
-    r = _Reader(data)
+def read_counts(r: _Reader) -> tuple[int, int, int]:
+    """The version and the tensor and metadata counts that open a GGUF header (after its magic);
+    raises TruncatedHead or ValueError (not a GGUF file, or a version before 2)."""
     if r.take(4) != b"GGUF":
         raise ValueError("not a GGUF file (bad magic)")
     version = r.unpack("<I", 4)
     if version < 2:
         raise ValueError(f"GGUF version {version} is not supported")
-    r.unpack("<Q", 8)  # tensor count
-    kv_count = r.unpack("<Q", 8)
+    return version, r.unpack("<Q", 8), r.unpack("<Q", 8)
+
+
+def read_gguf_metadata(data: bytes) -> dict[str, Any]:
+    """Scalar and string metadata; raises TruncatedHead or ValueError (not a GGUF)."""
+    r = _Reader(data)
+    _, _, kv_count = read_counts(r)
     meta: dict[str, Any] = {}
     for _ in range(kv_count):
         key = r.string()

@@ -13,7 +13,7 @@ from typing import Any
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from exo.worker.download.gguf_head import _ARRAY, _STRING, TruncatedHead, _Reader
+from exo.worker.download.gguf_head import _ARRAY, _STRING, TruncatedHead, _Reader, read_counts
 
 SHARD_PREFIX = "exo.shard."
 """Metadata keys of a shard file (its layer range, and the repo, commit and file it came from)."""
@@ -66,12 +66,7 @@ def read_gguf_index(data: bytes) -> GGUFIndex:
     """The header in ``data`` (the file's first bytes). Raises TruncatedHead (fetch more),
     ValueError (not a GGUF file) or LyingHeader (a table no file could hold)."""
     r = _Reader(data)
-    if r.take(4) != b"GGUF":
-        raise ValueError("not a GGUF file (bad magic)")
-    version = r.unpack("<I", 4)
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is not supported")
-    n_tensors, n_kv = r.unpack("<Q", 8), r.unpack("<Q", 8)
+    version, n_tensors, n_kv = read_counts(r)
     if n_tensors > 1 << 20 or n_kv > 1 << 20:
         raise LyingHeader(f"a header claiming {n_tensors} tensors and {n_kv} metadata pairs")
     kvs: list[tuple[str, bytes]] = []

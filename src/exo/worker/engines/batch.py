@@ -1,10 +1,12 @@
 """Continuous batching over a preallocated KV cache.
 
-Requests join and leave between steps. `step()` first prefills the requests added since the last
-step (one at a time, in chunks of at most `prefill_chunk` tokens per step so a long prompt does not
-stall the others; a request's first token comes from its last chunk), then runs one batched decode
-step over the requests that already had a token, and returns one `StepOutput` per request that
-produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
+Requests join and leave between steps. `step()` first prefills (each prompt in chunks of at most
+`prefill_chunk` tokens; a request's first token comes from its last chunk), then runs one batched
+decode step over the requests that already had a token. A step runs whole chunks, oldest request
+first, of at most `prefill_chunk` tokens in all (at least one chunk): several short prompts share
+a step, a long one takes a chunk per step, and the running requests' decode steps go on between
+its chunks instead of waiting for its whole prompt. The step returns one `StepOutput` per request
+that produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
 do not depend on what it is batched with.
 
 Slots stay compact: running requests always occupy cache slots 0..n-1, so a decode step attends
@@ -75,6 +77,7 @@ class _Request:
     cached: int = 0  # tokens whose keys/values are in the cache
     generated: int = 0
     pending: int = -1  # the last sampled token, fed to the model by the next decode step
+    arrival: int = 0  # the order of `add` calls: prefill goes oldest first
 
     @property
     def prefilling(self) -> bool:
@@ -113,6 +116,7 @@ class BatchGenerator:
         )
         self._waiting: list[_Request] = []
         self._running: list[_Request] = []  # _running[i].slot == i
+        self._arrivals = 0
 
     # --- public API --------------------------------------------------------------------------
 
@@ -138,9 +142,18 @@ class BatchGenerator:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
             )
-        sampler = RequestSampler(params, prompt_ids, vocab, self.model.device)
-        stop_ids = self.eos_token_ids | frozenset(params.stop_token_ids)
-        self._waiting.append(_Request(request_id, list(prompt_ids), sampler, stop_ids))
+        asked = frozenset(params.stop_token_ids)
+        # ignore_eos: the end-of-sequence tokens are not sampled (those asked for still stop);
+        # under a grammar the grammar says when the answer ends, so it does not apply there
+        ignore = params.ignore_eos and params.constraint is None
+        eos = [t for t in self.eos_token_ids - asked if t < vocab]
+        banned = sorted(eos) if ignore else []
+        sampler = RequestSampler(params, prompt_ids, vocab, self.model.device, banned)
+        stop_ids = asked | (frozenset() if ignore else self.eos_token_ids)
+        self._arrivals += 1
+        self._waiting.append(
+            _Request(request_id, list(prompt_ids), sampler, stop_ids, arrival=self._arrivals)
+        )
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request; True if it was active."""
@@ -166,13 +179,27 @@ class BatchGenerator:
         if self.prefixes is not None:
             self.prefixes.trim(sum(self._pages_needed(r) for r in self._running))
         with torch.inference_mode():
-            for r in [r for r in self._running if r.prefilling]:
+            for r in self._prefill_turn():
                 out = self._prefill_chunk(r)
                 if out is not None:
                     outputs.append(out)
             if decoding:
                 outputs.extend(self._decode(decoding))
         return outputs
+
+    def _prefill_turn(self) -> list[_Request]:
+        """The prefilling requests that run their next chunk this step, oldest first: whole
+        chunks while their tokens total at most `prefill_chunk` (always at least one), so the
+        decoding requests wait for at most one chunk's worth of prefill between two tokens."""
+        chosen: list[_Request] = []
+        spent = 0
+        for r in sorted((r for r in self._running if r.prefilling), key=lambda r: r.arrival):
+            n = min(self.prefill_chunk, len(r.prompt) - r.cached)
+            if chosen and spent + n > self.prefill_chunk:
+                break
+            chosen.append(r)
+            spent += n
+        return chosen
 
     # --- internals ---------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from loguru import logger
 from torch import Tensor
 
 from exo.worker.engines.kernel_build import (
+    X86_ISAS,
     Isa,
     KernelBuildError,
     build_library,
@@ -193,6 +194,7 @@ class QKernels:
     def __init__(self, lib: ctypes.CDLL, isa: Isa) -> None:
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self.isa = isa
+        self.x86 = isa in X86_ISAS  # arch/x86/'s kernels: the tile, the 8-row groups
         self._fn = lib.exo_qlinear
         self._fn.argtypes = [p, p, i, p, p]
         self._fn.restype = i

@@ -1,9 +1,13 @@
 """Building the C kernels (`csrc/`): which instruction set, which compiler, which flags.
 
 The same sources build one library per instruction set (see `csrc/exo_kernels.h`, `csrc/kinds.h`):
-`avx2` (the generic files plus `csrc/arch/x86/`, AVX2 + FMA + F16C intrinsics) and `portable`
-(the generic files alone: plain C loops the compiler vectorises for the machine it targets, every
-ARM machine, old x86; an ISA folder's files compile to nothing in other builds). Every `.c` under
+`avx2` (the generic files plus `csrc/arch/x86/`, AVX2 + FMA + F16C intrinsics); `avxvnni` and
+`avx512vnni` (the same x86 code built for AVX-VNNI, or for AVX-512 F/BW/VL + VNNI: its int16
+multiply-adds become `vpdpwssd`, and the compiler may use the wider registers in the generic
+loops); and `portable` (the generic files alone: plain C loops the compiler vectorises for the
+machine it targets, every ARM machine, old x86; an ISA folder's files compile to nothing in other
+builds). At run time the best build the CPU can run is chosen (`choose_isa`);
+`EXO_KERNEL_ISA` forces a lower one. Every `.c` under
 `csrc/` but the harness's is compiled, and every source and header keys the cached build.
 Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone
 test harness (`csrc/harness/`) builds from the same sources with AddressSanitizer and
@@ -22,13 +26,24 @@ from typing import Literal
 
 from loguru import logger
 
-Isa = Literal["avx2", "portable"]
-ISAS: tuple[Isa, ...] = ("avx2", "portable")
+Isa = Literal["avx512vnni", "avxvnni", "avx2", "portable"]
+ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2", "portable")  # best first
+X86_ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2")  # the builds with arch/x86/
 HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c")
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-pthread", *WARNINGS)
 ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
+    "avx512vnni": (
+        "-mavx2",
+        "-mfma",
+        "-mf16c",
+        "-mavx512f",
+        "-mavx512bw",
+        "-mavx512vl",
+        "-mavx512vnni",
+    ),
+    "avxvnni": ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": ("-DEXO_FORCE_PORTABLE",),
 }
@@ -39,7 +54,13 @@ SANITIZE_FLAGS = (
     "-fno-sanitize-recover=all",
     "-fno-omit-frame-pointer",
 )
-_AVX2_CPU_FLAGS = ("avx2", "fma", "f16c")
+# what /proc/cpuinfo must list for each build to run
+_CPU_FLAGS: dict[Isa, tuple[str, ...]] = {
+    "avx512vnni": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
+    "avx2": ("avx2", "fma", "f16c"),
+    "portable": (),
+}
 
 
 class KernelBuildError(RuntimeError):
@@ -74,34 +95,55 @@ def find_compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 
-def cpu_has_avx2() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty off x86 Linux)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
+        return frozenset()
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return False
+        return frozenset()
     flags_line = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    flags = set(flags_line.split(":", 1)[-1].split())
-    return all(f in flags for f in _AVX2_CPU_FLAGS)
+    return frozenset(flags_line.split(":", 1)[-1].split())
 
 
-def choose_isa() -> tuple[Isa, str]:
-    """The instruction set to build for, and why (for the log). EXO_KERNEL_ISA=portable|avx2
-    forces one (avx2 only where the CPU has it)."""
+def cpu_runs(isa: Isa, flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU (or one with `flags`) runs the `isa` build."""
+    have = cpu_flags() if flags is None else flags
+    return all(f in have for f in _CPU_FLAGS[isa])
+
+
+def cpu_has_avx2() -> bool:
+    return cpu_runs("avx2")
+
+
+def runnable_isas(flags: frozenset[str] | None = None) -> tuple[Isa, ...]:
+    """The builds this CPU runs, best first (portable always)."""
+    have = cpu_flags() if flags is None else flags
+    return tuple(i for i in ISAS if cpu_runs(i, have))
+
+
+def choose_isa(flags: frozenset[str] | None = None) -> tuple[Isa, str]:
+    """The instruction set to build for, and why (for the log): the best the CPU runs, or a
+    lower one forced by EXO_KERNEL_ISA=portable|avx2|avxvnni|avx512vnni (one the CPU cannot run
+    gives the best it can, saying so)."""
     forced = os.environ.get("EXO_KERNEL_ISA", "").strip().lower()
-    has_avx2 = cpu_has_avx2()
-    if forced == "portable":
-        return "portable", "forced by EXO_KERNEL_ISA=portable"
-    if forced == "avx2":
-        if has_avx2:
-            return "avx2", "forced by EXO_KERNEL_ISA=avx2"
-        return "portable", "EXO_KERNEL_ISA=avx2 asked, but this CPU lacks AVX2/FMA/F16C"
+    runnable = runnable_isas(flags)
+    best = runnable[0]
+    if forced in ISAS:
+        if forced in runnable:
+            return forced, f"forced by EXO_KERNEL_ISA={forced}"
+        return (
+            best,
+            f"EXO_KERNEL_ISA={forced} asked, but this CPU lacks {'/'.join(_CPU_FLAGS[forced])}",
+        )
     if forced not in ("", "auto"):
-        logger.warning(f"EXO_KERNEL_ISA={forced!r} is not one of auto, avx2, portable: using auto")
-    if has_avx2:
-        return "avx2", "the CPU has AVX2, FMA and F16C"
-    return "portable", f"no AVX2 on this CPU ({platform.machine()})"
+        logger.warning(
+            f"EXO_KERNEL_ISA={forced!r} is not one of auto, {', '.join(ISAS)}: using auto"
+        )
+    if best == "portable":
+        return best, f"no AVX2 on this CPU ({platform.machine()})"
+    return best, f"the best this CPU runs ({'/'.join(_CPU_FLAGS[best])})"
 
 
 def library_flags(isa: Isa) -> tuple[str, ...]:

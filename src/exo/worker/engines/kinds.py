@@ -35,6 +35,7 @@ class Kind:
 _T = GGMLQuantizationType
 KINDS: tuple[Kind, ...] = (
     Kind("Q4_1", _T.Q4_1, 4, 204),
+    Kind("Q4_0", _T.Q4_0, 40, 240),
     Kind("Q8_0", _T.Q8_0, 8, 208),
     Kind("Q5_0", _T.Q5_0, 50, 250),
     Kind("Q5_1", _T.Q5_1, 51, None),

@@ -17,8 +17,8 @@ where decoding is bound by the bytes of weights read per token:
   exactly; other weights lose a little precision (q8 much less than q4).
 
 Those formats apply to weights held as plain tensors. Weights kept in a GGUF file's blocks
-(`QuantTensor`, see `materialise.py`) run in their own format: Q8_0, Q4_1 (and Q4_0, repacked
-as Q4_1 on load), Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's
+(`QuantTensor`, see `materialise.py`) run in their own format: Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's
 bytes in place, parts of different types in one call (Q5_0 q | k with a Q8_0 v) (measured, one thread, 2048 x 2048, one token: Q4_K 2.7 GB/s, Q6_K 3.6, q8 6.5); other
 types, or any type without the kernels, by `StreamingLinear`, which dequantises a bounded
 number of rows per call (memory-faithful, ~50x slower: the load log says which layers run so).
@@ -157,8 +157,8 @@ class PackedFp16Linear:
 
 
 Regroup = Literal["in_place", "copy", "no"]
-"""What a layer may do with the blocks it is given (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
-groups of 8 rows for the AVX2 kernel (`csrc/repack.c`): overwrite them (the caller hands them
+"""What a layer may do with the blocks it is given (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
+groups of 8 rows for the x86 kernels (`csrc/repack.c`): overwrite them (the caller hands them
 over: a model built by its loader), copy them (the caller may still read them), or leave them."""
 
 
@@ -196,7 +196,7 @@ class QuantLinear:
         elif isinstance(prologue, GeGLU):
             kind = PROLOGUE_GEGLU
         flat = [p.reshape(p.shape[0], -1) for p in parts]
-        if regroup != "no" and kernels.isa == "avx2":
+        if regroup != "no" and kernels.x86:
             self._regroup(flat, regroup)
         post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
         self._weights = QuantWeights(

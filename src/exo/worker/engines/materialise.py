@@ -3,8 +3,8 @@
 The loaders (GGUF, safetensors) name tensors; this module decides how each is held:
 
 * vectors (norms, biases, rotary factors): plain tensors in the plan's dtype;
-* matrices in a GGUF block type: the file's bytes (`QuantTensor`); Q4_0 becomes Q4_1 when the
-  compiled q4 kernel will run it (exact, 20 bytes a block instead of 18);
+* matrices in a GGUF block type: the file's bytes (`QuantTensor`), Q4_0 included (the kernels
+  run its 18-byte blocks as they are);
 * matrices stored as floats (F32 / F16 / BF16): q8 blocks when the compiled kernels run them,
   else plain tensors in the plan's dtype.
 
@@ -23,15 +23,7 @@ from torch import Tensor
 
 from exo.worker.engines.file_rows import weight_buffer
 from exo.worker.engines.linear import QUANT_BLOCK, quantize_q8
-from exo.worker.engines.qtensor import (
-    Q4_0,
-    Q4_1,
-    Q8_0,
-    QuantTensor,
-    Weight,
-    dequantize_rows,
-    q4_0_to_q4_1,
-)
+from exo.worker.engines.qtensor import Q8_0, QuantTensor, Weight, dequantize_rows
 
 FLOAT_KINDS: dict[str, torch.dtype] = {
     "F32": torch.float32,
@@ -51,7 +43,6 @@ class StoragePlan:
     dtype: torch.dtype = torch.float32  # plain tensors
     float_matrices: Literal["dense", "q8"] = "dense"
     keep_blocks: bool = False  # GGUF block types stay in the file's bytes
-    q4_0_as_q4_1: bool = False
     matrix_dtype: torch.dtype | None = None  # dense float matrices, when not `dtype`
 
 
@@ -67,7 +58,6 @@ def kernel_plan(
         dtype=dtype,
         float_matrices="q8" if kernels_loaded else "dense",
         keep_blocks=True,
-        q4_0_as_q4_1=kernels_loaded,
         matrix_dtype=None if kernels_loaded else matrix_dtype,
     )
 
@@ -125,9 +115,6 @@ def materialise(t: StoredTensor, plan: StoragePlan) -> Weight:
         return _chunked(t, rows, lambda raw: _float_rows(t.kind, raw), dense).reshape(t.shape)
     qtype = GGMLQuantizationType[t.kind]
     if is_matrix and plan.keep_blocks:
-        if qtype == Q4_0 and plan.q4_0_as_q4_1:
-            out = weight_buffer(rows, k // QUANT_BLOCK * 20)
-            return QuantTensor(Q4_1, _chunked(t, rows, q4_0_to_q4_1, out), k)
         return QuantTensor(qtype, t.reader.read_rows(t.name, 0, rows), k)
     dense = torch.empty((rows, k), dtype=plan.dtype)
     return _chunked(t, rows, lambda raw: dequantize_rows(qtype, raw, k), dense).reshape(t.shape)

@@ -101,23 +101,3 @@ def row_chunk(k: int) -> int:
 
 Weight = Tensor | QuantTensor
 """A weight as loaded: a plain tensor (norms, biases, float matrices) or file blocks."""
-
-
-# --- exact conversions between block layouts ---------------------------------------------------
-
-
-def _f16(raw: Tensor) -> Tensor:
-    return raw.contiguous().view(torch.float16)
-
-
-def q4_0_to_q4_1(raw: Tensor) -> Tensor:
-    """Q4_0 rows (18-byte blocks: w = d (q - 8)) -> Q4_1 rows (20 bytes: w = d q + m), exactly.
-
-    m = -8 d is exact in float16 (a power-of-two scale) unless it overflows, which needs
-    |d| > 8188: not a weight scale anyone stores.
-    """
-    n = raw.shape[0]
-    blocks = raw.reshape(n, -1, 18)
-    d = blocks[..., 0:2]
-    m = (_f16(d).float() * -8).to(torch.float16).view(torch.uint8).reshape(d.shape)
-    return torch.cat([d, m, blocks[..., 2:]], dim=-1).reshape(n, -1).contiguous()

@@ -54,6 +54,10 @@ class SamplingParams:
     prompt_logprob_sink: list["TokenLogprobs"] | None = field(default=None, compare=False)
     # OpenAI's logit_bias: (token id, bias) pairs added to the logits before sampling.
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # llama-server's extension: the model's end-of-sequence tokens are never sampled (so they
+    # cannot end the answer), for a fixed output length; `stop_token_ids` still stop it. Not
+    # under a `constraint` (a grammar ends the answer when it is complete).
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -188,8 +192,14 @@ class RequestSampler:
     """The sampling state of one request: its generator and the token counts its penalties use."""
 
     def __init__(
-        self, params: SamplingParams, prompt_ids: Sequence[int], vocab: int, device: torch.device
+        self,
+        params: SamplingParams,
+        prompt_ids: Sequence[int],
+        vocab: int,
+        device: torch.device,
+        banned: Sequence[int] = (),
     ) -> None:
+        """``banned``: token ids never sampled (the end-of-sequence ids under ignore_eos)."""
         self.params = params
         self.generator: torch.Generator | None = None
         if params.seed is not None:
@@ -205,6 +215,11 @@ class RequestSampler:
                 torch.tensor(ids, dtype=torch.long, device=device),
                 torch.tensor(values, dtype=torch.float32, device=device),
             )
+        self.banned: Tensor | None = None
+        if banned:
+            if any(not 0 <= i < vocab for i in banned):
+                raise ValueError(f"banned token ids must be in [0, {vocab})")
+            self.banned = torch.tensor(list(banned), dtype=torch.long, device=device)
         if params.has_penalties:
             self.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
             self.seen[torch.tensor(list(prompt_ids), dtype=torch.long, device=device)] = True
@@ -218,6 +233,7 @@ class RequestSampler:
             p.greedy
             and not p.has_penalties
             and not p.logit_bias
+            and self.banned is None
             and p.constraint is None
             and p.logprob_sink is None
         )
@@ -230,6 +246,8 @@ class RequestSampler:
         if self.bias is not None:
             ids, values = self.bias
             logits = logits.float().index_add(0, ids, values)
+        if self.banned is not None:
+            logits = logits.float().index_fill(0, self.banned, float("-inf"))
         constraint = self.params.constraint
         if constraint is not None:
             logits = constraint.mask(logits)

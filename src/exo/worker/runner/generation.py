@@ -439,6 +439,7 @@ def _sampling(
         logprob_sink=sink,
         prompt_logprob_sink=prompt_sink,
         logit_bias=tuple(params.logit_bias.items()),
+        ignore_eos=params.ignore_eos,
     )
 
 

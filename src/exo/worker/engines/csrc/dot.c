@@ -5,6 +5,7 @@
  *   q4 (GGUF Q4_1): w = d q + m, q in 0..15; byte j of a block holds element j in its low
  *       nibble and element j + 16 in its high one. A block's dot product with x = d_x q_x:
  *       sum_j w_j x_j = d d_x sum_j q_j q_xj + m (d_x sum_j q_xj) = d d_x isum + m s_x
+ *   Q4_0: w = d (q - 8): the signed values' sum d d_x sum_j (q_j - 8) q_xj, no offset term
  *   q8 (GGUF Q8_0): w = d q, q in -127..127: sum_j w_j x_j = d d_x sum_j q_j q_xj
  *   Q5_0 / Q5_1: q in 0..31 (a fifth bit from qh), w = d q + m with m = -16 d for Q5_0: the
  *       same sum as q4, d d_x isum + m s_x
@@ -35,6 +36,21 @@ static inline __attribute__((always_inline)) void dot_q4(const BlockQ4_1* w, con
         }
         const float d = exo_h2f(w[b].d), m = exo_h2f(w[b].m);
         dot_block_rows(q, d, m, x + b, nb, R, acc);
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* Q4_0: w = d (q - 8), the signed values' integer sums, no offset term (as the AVX2 kernels). */
+static inline __attribute__((always_inline)) void dot_q4_0(const BlockQ4_0* w, const BlockX* x, int nb, int R, float* out) {
+    float acc[4];
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        int16_t q[QK];
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int16_t)((w[b].qs[j] & 15) - 8);
+            q[j + 16] = (int16_t)((w[b].qs[j] >> 4) - 8);
+        }
+        dot_block_rows(q, exo_h2f(w[b].d), 0.0f, x + b, nb, R, acc);
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
@@ -198,6 +214,10 @@ static inline __attribute__((always_inline)) void dot_q6k(const BlockQ6K* w, con
 }
 
 /* ---- the dot and pair strategies (kinds.h) ---- */
+static inline __attribute__((always_inline)) void row_q4_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q4_0((const BlockQ4_0*)w, x, nb, 4, out);
+    else dot_q4_0((const BlockQ4_0*)w, x, nb, 1, out);
+}
 static inline __attribute__((always_inline)) void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q4((const BlockQ4_1*)w, x, nb, 4, out);
     else dot_q4((const BlockQ4_1*)w, x, nb, 1, out);
@@ -228,6 +248,7 @@ static inline __attribute__((always_inline)) void pair_q8_0(const uint8_t* w0, c
     dot_q8_1x2((const BlockQ8_0*)w0, (const BlockQ8_0*)w1, x, nb, out);
 }
 
+int exo_generic_dot_q4_0(const Run* r) { run_rows(r, row_q4_0); return 0; }
 int exo_generic_dot_q4_1(const Run* r) { run_rows(r, row_q4_1); return 0; }
 int exo_generic_dot_q8_0(const Run* r) { run_rows(r, row_q8_0); return 0; }
 int exo_generic_dot_q5_0(const Run* r) { run_rows(r, row_q5_0); return 0; }

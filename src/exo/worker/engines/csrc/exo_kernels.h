@@ -17,6 +17,18 @@
 #else
 #define EXO_AVX2 0
 #endif
+/* The x86 builds above AVX2 (kernel_build.py): the same arch/x86/ code, whose int16 pair
+ * multiply-adds become one VNNI instruction (vpdpwssd, ymm: arch/x86/x86.h). */
+#if EXO_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define EXO_AVX512VNNI 1
+#else
+#define EXO_AVX512VNNI 0
+#endif
+#if EXO_AVX2 && !EXO_AVX512VNNI && defined(__AVXVNNI__)
+#define EXO_AVXVNNI 1
+#else
+#define EXO_AVXVNNI 0
+#endif
 
 #include <string.h>
 
@@ -96,6 +108,7 @@ static inline __m256 exo_exp8(__m256 x) {
 #define MAX_THREADS 64
 
 /* Weight layouts: GGUF's blocks as the file holds them (one row: K / values-per-block blocks). */
+typedef struct { uint16_t d; uint8_t qs[16]; } BlockQ4_0;      /* w = d (q - 8) (f16 d), nibbles as Q4_1's */
 typedef struct { uint16_t d, m; uint8_t qs[16]; } BlockQ4_1;   /* w = d q + m  (f16 d, m) */
 typedef struct { uint16_t d; int8_t qs[32]; } BlockQ8_0;       /* w = d q      (f16 d) */
 /* Q5_0: w = d (q - 16); Q5_1: w = d q + m; q = nibble | (bit j of qh) << 4, 0..31; byte j of qs
@@ -114,6 +127,8 @@ typedef struct { float d, s; int16_t qs[32]; } BlockX;
  * offsets by rows stay the file's; a part so laid has a multiple of 8 rows. */
 /* Q4_1: qs[i][2c + e] = byte 2i + e of row c's nibbles (low nibbles: values 2i + e, high: 2i + 16 + e) */
 typedef struct { uint16_t d[8], m[8]; uint8_t qs[8][16]; } BlockQ4_1x8;           /* 160 B */
+/* Q4_0: as Q4_1's, without m */
+typedef struct { uint16_t d[8]; uint8_t qs[8][16]; } BlockQ4_0x8;                 /* 144 B */
 /* Q5_0: the word qh[i] (little-endian) has bit 2c + e = the fifth bit of row c's value 2i + e,
  * bit 16 + 2c + e that of its value 2i + 16 + e; qs as Q4_1's. */
 typedef struct { uint16_t d[8]; uint8_t qh[8][4]; uint8_t qs[8][16]; } BlockQ5_0x8; /* 176 B */
@@ -131,6 +146,7 @@ typedef struct { uint16_t d[8]; int8_t scales[16][8]; uint8_t ql[4][16][16]; uin
  * <name> repacked in groups of 8 (above). One name a line: */
 enum {
     KIND_Q4_1 = 4,
+    KIND_Q4_0 = 40,
     KIND_Q8_0 = 8,
     KIND_Q5_0 = 50,
     KIND_Q5_1 = 51,
@@ -138,6 +154,7 @@ enum {
     KIND_Q5_K = 105,
     KIND_Q6_K = 106,
     KIND_Q4_1_G8 = 204,
+    KIND_Q4_0_G8 = 240,
     KIND_Q8_0_G8 = 208,
     KIND_Q5_0_G8 = 250,
     KIND_Q4_K_G8 = 304,

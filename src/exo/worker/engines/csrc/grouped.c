@@ -1,4 +1,4 @@
-/* Weights re-laid at load in groups of 8 rows (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: KIND_*_G8),
+/* Weights re-laid at load in groups of 8 rows (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: KIND_*_G8),
  * dotted with 1 to 4 activation rows at a time; plain C (repack.c builds the groups).
  *
  * Why: one weight row dotted with one activation row ends every 32-value block with a float tail
@@ -55,6 +55,10 @@ static inline int32_t g8_value(int kind, const uint8_t* grp, int b, int c, int l
             memcpy(&h, blk->qh[i], sizeof h);
             return (high ? byte >> 4 : byte & 15) - (((h >> (16 * high + 2 * c + e)) & 1) ? 0 : 16);
         }
+        case KIND_Q4_0_G8: { /* q - 8 */
+            const uint8_t byte = ((const BlockQ4_0x8*)grp)[b].qs[i][2 * c + e];
+            return (high ? byte >> 4 : byte & 15) - 8;
+        }
         default: { /* Q4_1 */
             const uint8_t byte = ((const BlockQ4_1x8*)grp)[b].qs[i][2 * c + e];
             return high ? byte >> 4 : byte & 15;
@@ -85,6 +89,7 @@ static inline void g8_scales(int kind, const uint8_t* grp, int b, int c, float d
         }
         case KIND_Q8_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ8_0x8*)grp)[b].d[c]); return;
         case KIND_Q5_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ5_0x8*)grp)[b].d[c]); return;
+        case KIND_Q4_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ4_0x8*)grp)[b].d[c]); return;
         default: { /* Q4_1 */
             const BlockQ4_1x8* blk = (const BlockQ4_1x8*)grp + b;
             d[0] = d[1] = exo_h2f(blk->d[c]);

@@ -29,6 +29,9 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q4_1, .name = "Q4_1", .file_kind = KIND_Q4_1, .grouped = KIND_Q4_1_G8, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
      .ops = FILE_OPS(dot_q4_1, none, 1)},
+    {.kind = KIND_Q4_0, .name = "Q4_0", .file_kind = KIND_Q4_0, .grouped = KIND_Q4_0_G8, .block_values = 32, .block_bytes = 18,
+     .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
+     .ops = FILE_OPS(dot_q4_0, none, 0)},
     {.kind = KIND_Q8_0, .name = "Q8_0", .file_kind = KIND_Q8_0, .grouped = KIND_Q8_0_G8, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(2) & ~ROWS(2) & ~ROWS(4), .unpack_from = 8,
      .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1)},
@@ -50,6 +53,9 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q4_1_G8, .name = "Q4_1_G8", .file_kind = KIND_Q4_1, .grouped = 0, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q4_1)},
+    {.kind = KIND_Q4_0_G8, .name = "Q4_0_G8", .file_kind = KIND_Q4_0, .grouped = 0, .block_values = 32,
+     .block_bytes = 18, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_OPS(grouped_q4_0)},
     {.kind = KIND_Q8_0_G8, .name = "Q8_0_G8", .file_kind = KIND_Q8_0, .grouped = 0, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q8_0)},
@@ -64,11 +70,11 @@ static const KindTraits KINDS[] = {
      .ops = GROUPED_OPS(grouped_q6_k)},
 };
 
-_Static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&
+_Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&
                    sizeof(BlockQ5_1) == 24 && sizeof(BlockQ4K) == 144 && sizeof(BlockQ5K) == 176 &&
                    sizeof(BlockQ6K) == 210,
                "a file block's size is not its row's block_bytes");
-_Static_assert(sizeof(BlockQ4_1x8) == 8 * 20 && sizeof(BlockQ5_0x8) == 8 * 22 && sizeof(BlockQ8_0x8) == 8 * 34 &&
+_Static_assert(sizeof(BlockQ4_0x8) == 8 * 18 && sizeof(BlockQ4_1x8) == 8 * 20 && sizeof(BlockQ5_0x8) == 8 * 22 && sizeof(BlockQ8_0x8) == 8 * 34 &&
                    sizeof(BlockQ4Kx8) == 8 * 144 && sizeof(BlockQ6Kx8) == 8 * 210,
                "a repacked group's block is not its 8 rows' bytes");
 

@@ -66,6 +66,7 @@ typedef struct {
 const KindTraits* exo_kind_traits(int kind);
 
 /* Entry points (generic: dot.c, grouped.c, unpacked.c; x86: arch/x86/). */
+int exo_generic_dot_q4_0(const Run* r);
 int exo_generic_dot_q4_1(const Run* r);
 int exo_generic_dot_q8_0(const Run* r);
 int exo_generic_dot_q5_0(const Run* r);
@@ -77,6 +78,7 @@ int exo_generic_pair_q8_0(const Run* r);
 int exo_generic_pair_q5_0(const Run* r);
 int exo_generic_unpacked(const Run* r);
 int exo_generic_grouped(const Run* r);
+int exo_x86_dot_q4_0(const Run* r);
 int exo_x86_dot_q4_1(const Run* r);
 int exo_x86_dot_q8_0(const Run* r);
 int exo_x86_dot_q5_0(const Run* r);
@@ -88,6 +90,7 @@ int exo_x86_pair_q8_0(const Run* r);
 int exo_x86_pair_q5_0(const Run* r);
 int exo_x86_unpacked(const Run* r);
 int exo_x86_tile(const Run* r);
+int exo_x86_grouped_q4_0(const Run* r);
 int exo_x86_grouped_q4_1(const Run* r);
 int exo_x86_grouped_q8_0(const Run* r);
 int exo_x86_grouped_q5_0(const Run* r);

@@ -46,6 +46,13 @@ static void place(int kind, uint8_t* row, uint8_t* blk, int b, int c, int in) {
             move_words(w->qs, g->qs, 8, c, in);
             return;
         }
+        case KIND_Q4_0: {
+            BlockQ4_0* w = (BlockQ4_0*)row + b;
+            BlockQ4_0x8* g = (BlockQ4_0x8*)blk + b;
+            move((uint8_t*)&w->d, (uint8_t*)&g->d[c], 2, in);
+            move_words(w->qs, g->qs, 8, c, in);
+            return;
+        }
         case KIND_Q5_0: {
             BlockQ5_0* w = (BlockQ5_0*)row + b;
             BlockQ5_0x8* g = (BlockQ5_0x8*)blk + b;

@@ -5,7 +5,9 @@
 
 #include "exo_kernels.h"
 
-const char* exo_isa(void) { return EXO_AVX2 ? "avx2" : "portable"; }
+const char* exo_isa(void) {
+    return EXO_AVX512VNNI ? "avx512vnni" : EXO_AVXVNNI ? "avxvnni" : EXO_AVX2 ? "avx2" : "portable";
+}
 
 void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst) {
     if (kind == PROLOGUE_RMS_NORM) {

@@ -174,14 +174,38 @@ def _block_type(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> Any:
     return gguf.GGMLQuantizationType.Q8_0
 
 
+def _copy_tokenizer(w: Any, source: Path) -> int:
+    """The `tokenizer.*` metadata of the GGUF file `source` added to the writer `w`; returns
+    the vocabulary size."""
+    from exo.worker.engines.gguf_reader import GGUFFile
+
+    f = GGUFFile(source)
+    try:
+        meta = {k: v for k, v in f.metadata.items() if k.startswith("tokenizer.")}
+    finally:
+        f.close()
+    for key, value in meta.items():
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        else:
+            w.add_array(key, list(value))
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert isinstance(tokens, list)
+    return len(tokens)
+
+
 def write_gguf(
     model: Any, case: MoeCase, path: Path, dtype: GgufType, tokenizer: Path | None = None
 ) -> Path:
     """`model` (from `build_hf_model`) as a GGUF file of llama.cpp's `case.name` architecture
     (with the tokenizer and chat template of the GGUF file `tokenizer`, if given)."""
     import gguf
-
-    from .gguf_tokens import copy_tokenizer
 
     arch, c = case.name, model.config
     gpt_oss = arch == "gpt-oss"
@@ -197,7 +221,7 @@ def write_gguf(
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(c.rope_parameters["rope_theta"])
     if tokenizer is not None:
-        assert copy_tokenizer(w, tokenizer) == c.vocab_size
+        assert _copy_tokenizer(w, tokenizer) == c.vocab_size
     else:
         w.add_bos_token_id(c.bos_token_id)
         w.add_eos_token_id(c.eos_token_id)

@@ -1,4 +1,4 @@
-"""Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights repacked in groups of 8 rows (`csrc/repack.c`): the
+"""Q4_0, Q4_1, Q8_0, Q5_0, Q4_K and Q6_K weights repacked in groups of 8 rows (`csrc/repack.c`): the
 same results as the file's rows, a row's result independent of the batch, the caller's blocks
 left alone unless handed over, a tied embedding reading its rows back, and refusals for parts
 that are not whole groups."""
@@ -28,6 +28,8 @@ from exo.worker.engines.cpu_kernels import (
     load_kernels_for,
 )
 from exo.worker.engines.engine import load_shard_weights
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kinds import kind_named
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
@@ -37,10 +39,13 @@ T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
 K = 256
 LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0, KIND_Q4_K: T.Q4_K, KIND_Q6_K: T.Q6_K}
+LAYOUTS[kind_named("Q4_0").kernel] = T.Q4_0
 
 
-def _kernels(isa: str) -> QKernels:
-    k = load_kernels_for("avx2" if isa == "avx2" else "portable")
+def _kernels(isa: Isa) -> QKernels:
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    k = load_kernels_for(isa)
     if k is None:
         pytest.skip(kernels_unavailable_reason() or f"no {isa} kernels here (see the log)")
     return k
@@ -85,8 +90,8 @@ def test_grouped_rows_read_back_as_the_files(kind: int) -> None:
 
 
 @pytest.mark.parametrize("kind", sorted(LAYOUTS))
-@pytest.mark.parametrize("isa", ["avx2", "portable"])
-def test_grouped_rows_match_the_file_rows(isa: str, kind: int) -> None:
+@pytest.mark.parametrize("isa", ISAS)
+def test_grouped_rows_match_the_file_rows(isa: Isa, kind: int) -> None:
     """The same layer as groups and as the file's rows: equal to float rounding at every
     batch size (1 to 9 rows: passes of 4, 4 and 1; 70: two chunks of activation rows), and a
     row's result exactly the same alone as in any batch."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason, load_kernels_for
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_has_avx2
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import (
     GeGLU,
@@ -30,8 +30,8 @@ from exo.worker.engines.weights import ShardWeights
 def kernels(request: pytest.FixtureRequest) -> QKernels:
     """Each instruction-set path this machine can run (the portable one everywhere)."""
     isa: Isa = request.param
-    if isa == "avx2" and not cpu_has_avx2():
-        pytest.skip("this CPU has no AVX2 (the portable path is tested)")
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build (the paths it can run are tested)")
     k = load_kernels_for(isa)
     if k is None:
         pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")

@@ -20,10 +20,12 @@ from exo.worker.engines.engine import load_model, load_shard_weights
 from exo.worker.engines.load_report import describe_load, shard_bytes
 from exo.worker.engines.materialise import kernel_plan, running_bytes
 from exo.worker.engines.model_facts import model_facts, parameter_counts
+from exo.worker.engines.models import moe_files
 from exo.worker.engines.models.base import StepInputs
-from exo.worker.engines.models.moe import MoeWeights
+from exo.worker.engines.models.moe import MoeWeights, split_experts
 from exo.worker.engines.models.moe_files import moe_config
 from exo.worker.engines.models.moe_model import MoeLayer
+from exo.worker.engines.models.rotary import yarn_attention_factor, yarn_frequencies
 from exo.worker.engines.qtensor import QuantTensor
 
 from .moe_models import CASES, build_hf_model, write_gguf
@@ -185,3 +187,34 @@ def test_hub_cards_of_moe_models_carry_their_expert_counts(tmp_path: Path) -> No
         for name in ("org/tiny-moe", "org/tiny-moe-GGUF:Q8_0"):
             card = card_from_hub(name, settings)
             assert (card.n_experts, card.experts_per_token) == (16, 4), name
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_yarn_frequencies_and_attention_factor_are_transformers(truncate: bool) -> None:
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096,
+            "rope_theta": 1e6, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": truncate}  # fmt: skip
+    hf = transformers.GptOssConfig(head_dim=128, max_position_embeddings=32768,
+                                     rope_parameters=rope)  # fmt: skip
+    ref_freqs, ref_factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+    scaling = moe_files.hf_yarn({"rope_parameters": rope})
+    assert scaling is not None and scaling.truncate == truncate
+    ours = yarn_frequencies(128, 1e6, scaling)
+    assert torch.allclose(ours.float(), ref_freqs.float(), rtol=1e-6)
+    assert yarn_attention_factor(scaling) == pytest.approx(ref_factor)
+
+
+def test_hostile_moe_shapes_are_refused_with_a_message() -> None:
+    base = LlamaConfig(
+        architecture="qwen3moe", n_layers=2, hidden=64, ffn=96, heads=4, kv_heads=2, head_dim=16,
+        rope_theta=1e4, rms_eps=1e-6, vocab=160, context_length=256, tie_embeddings=False,
+        bos_token_id=None, eos_token_ids=(), chat_template=None,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="experts per token"):
+        moe_config(base, n_experts=8, experts_per_token=9, expert_ffn=32)
+    with pytest.raises(ValueError, match="MoE-layer flags"):
+        moe_config(base, n_experts=8, experts_per_token=2, expert_ffn=32, moe_layers=(True,))
+    with pytest.raises(ValueError, match="do not split into 3 experts"):
+        split_experts(torch.zeros(16, 8), 3)

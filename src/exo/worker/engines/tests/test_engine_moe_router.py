@@ -198,3 +198,49 @@ def test_experts_of_a_merged_quantised_tensor_are_views_of_its_bytes() -> None:
     assert isinstance(first, QuantTensor) and isinstance(last, QuantTensor)
     assert first.raw.data_ptr() == merged.raw.data_ptr()
     assert last.raw.data_ptr() == merged.raw[(E - 1) * F].data_ptr()
+
+
+def _oracle_routers() -> list[tuple[str, object, RouterSpec]]:
+    """transformers' own routers with the spec that should route as each does."""
+    import transformers
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeTopkRouter
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
+
+    qwen = transformers.Qwen3MoeConfig(
+        hidden_size=D, num_experts_per_tok=4, num_experts=16, norm_topk_prob=True
+    )
+    oss = transformers.GptOssConfig(hidden_size=D, num_experts_per_tok=4, num_local_experts=16)
+    glm = transformers.Glm4MoeConfig(
+        hidden_size=D, num_experts_per_tok=4, n_routed_experts=16, n_group=4, topk_group=2,
+        routed_scaling_factor=2.5, norm_topk_prob=True,
+    )  # fmt: skip
+    return [
+        ("qwen3moe", Qwen3MoeTopKRouter(qwen), RouterSpec("softmax", 16, 4, normalize=True)),
+        ("gpt-oss", GptOssTopKRouter(oss), RouterSpec("softmax_selected", 16, 4)),
+        ("glm4moe", Glm4MoeTopkRouter(glm),
+         RouterSpec("sigmoid", 16, 4, normalize=True, n_group=4, topk_group=2, scaling=2.5)),
+    ]  # fmt: skip
+
+
+def test_each_router_kind_routes_as_transformers_own_router() -> None:
+    pytest.importorskip("transformers")
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(64, D, generator=gen)
+    for name, router, spec in _oracle_routers():
+        assert isinstance(router, torch.nn.Module)
+        with torch.no_grad():
+            for p_name, p in router.named_parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * (0.3 if "weight" in p_name else 1))
+            bias = getattr(router, "e_score_correction_bias", None)
+            if isinstance(bias, Tensor):
+                bias.copy_(torch.randn(bias.shape, generator=gen) * 0.1)
+            _, ref_w, ref_e = router(x)
+        logits = x @ router.get_parameter("weight").T
+        if name == "gpt-oss":
+            logits = logits + router.get_parameter("bias")
+        w, e = route(logits, spec, bias if isinstance(bias, Tensor) else None)
+        order = ref_e.sort(-1).indices  # transformers' order within a token may differ
+        ours = e.sort(-1).indices
+        assert torch.equal(e.gather(-1, ours), ref_e.gather(-1, order)), name
+        assert torch.allclose(w.gather(-1, ours), ref_w.float().gather(-1, order), atol=1e-6)

@@ -32,12 +32,13 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
     return p;
 }
 
-static const int KINDS[7] = {KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+#define N_KINDS 8
+static const int KINDS[N_KINDS] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
 
 /* A random layout that rows of K values can take. */
 static int random_kind(Rng* r, int K) {
     for (;;) {
-        const int kind = KINDS[rng_int(r, 0, 6)];
+        const int kind = KINDS[rng_int(r, 0, N_KINDS - 1)];
         if (kind < 100 || K % 256 == 0) return kind;
     }
 }
@@ -45,7 +46,7 @@ static int random_kind(Rng* r, int K) {
 /* One random linear call against the reference. Returns 0 if it matched. */
 static int check_linear(Rng* r, int quiet) {
     char msg[256];
-    const int kind = KINDS[rng_int(r, 0, 6)];
+    const int kind = KINDS[rng_int(r, 0, N_KINDS - 1)];
     const int kq = kind > 100;
     const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 24);
     const int N = rng_int(r, 1, 300);
@@ -69,8 +70,8 @@ static int check_linear(Rng* r, int quiet) {
         int rows = p == n_parts - 1 ? N - row : rng_int(r, 0, (N - row) - (n_parts - 1 - p));
         const int pk = mixed ? random_kind(r, K) : kind;
         if (pk != kind) s.part_kind[p] = pk;
-        /* Q4_1, Q8_0, Q5_0, Q4_K, Q6_K parts of whole groups starting on a multiple of 8: re-laid half the time */
-        const int groups = pk == KIND_Q4_1 || pk == KIND_Q8_0 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
+        /* Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K parts of whole groups starting on a multiple of 8: re-laid half the time */
+        const int groups = pk == KIND_Q4_0 || pk == KIND_Q4_1 || pk == KIND_Q8_0 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
         const int group = groups && row % 8 == 0 && rng_int(r, 0, 1) &&
                           (p < n_parts - 1 ? rows >= 8 : rows % 8 == 0);
         if (group && p < n_parts - 1) rows -= rows % 8;
@@ -85,7 +86,8 @@ static int check_linear(Rng* r, int quiet) {
             ref_group_rows(pk, part, rows, K, laid);
             free(part);
             part = laid;
-            s.part_kind[p] = pk == KIND_Q4_1     ? KIND_Q4_1_G8
+            s.part_kind[p] = pk == KIND_Q4_0     ? KIND_Q4_0_G8
+                             : pk == KIND_Q4_1   ? KIND_Q4_1_G8
                              : pk == KIND_Q8_0   ? KIND_Q8_0_G8
                              : pk == KIND_Q5_0 ? KIND_Q5_0_G8
                              : pk == KIND_Q4_K ? KIND_Q4_K_G8
@@ -343,10 +345,10 @@ static void* caller(void* arg) {
 /* exo_repack_rows against the reference's groups (byte for byte, in place too) and
  * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
 static void check_repack(Rng* r) {
-    static const int GROUPED[5] = {KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K};
+    static const int GROUPED[6] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K};
     char msg[160];
     for (int round = 0; round < 20; round++) {
-        const int kind = GROUPED[round % 5], kq = kind > 100;
+        const int kind = GROUPED[round % 6], kq = kind > 100;
         const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 8), rows = 8 * rng_int(r, 1, 3);
         const size_t rb = ref_row_bytes(kind, K), bytes = rb * (size_t)rows;
         uint8_t *raw = xmalloc(bytes), *want = xmalloc(bytes), *got = xmalloc(bytes), *back = xmalloc(bytes);

@@ -38,6 +38,7 @@ static int block_values(int kind) { return kind > 100 ? 256 : 32; }
 
 static size_t block_bytes(int kind) {
     switch (kind) {
+        case 40: return 18;
         case 4: return 20;
         case 8: return 34;
         case 50: return 22;
@@ -62,6 +63,11 @@ static void place_q4(uint8_t* o, const uint8_t* blk, int c) { /* d, m, qs[16] */
     memcpy(o + 2 * c, blk, 2);
     memcpy(o + 16 + 2 * c, blk + 2, 2);
     for (int i = 0; i < 8; i++) memcpy(o + 32 + 16 * i + 2 * c, blk + 4 + 2 * i, 2);
+}
+
+static void place_q4_0(uint8_t* o, const uint8_t* blk, int c) { /* d, qs[16] */
+    memcpy(o + 2 * c, blk, 2);
+    for (int i = 0; i < 8; i++) memcpy(o + 16 + 16 * i + 2 * c, blk + 2 + 2 * i, 2);
 }
 
 static void place_q8(uint8_t* o, const uint8_t* blk, int c) { /* d, qs[32] */
@@ -105,7 +111,8 @@ static void place_q6k(uint8_t* o, const uint8_t* blk, int c) { /* ql, qh, scales
 void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out) {
     const int nb = K / block_values(kind);
     const size_t bytes = block_bytes(kind);
-    void (*place)(uint8_t*, const uint8_t*, int) = kind == 4    ? place_q4
+    void (*place)(uint8_t*, const uint8_t*, int) = kind == 40   ? place_q4_0
+                                                   : kind == 4    ? place_q4
                                                    : kind == 8  ? place_q8
                                                    : kind == 50 ? place_q5_0
                                                    : kind == 104 ? place_q4k
@@ -126,7 +133,7 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
         if (kind == 4 || kind == 51 || kind == 104 || kind == 105) {
             put_half(blk, rng_half(r, -8, -3));
             put_half(blk + 2, rng_half(r, -8, -3));
-        } else if (kind == 50) {
+        } else if (kind == 50 || kind == 40) {
             put_half(blk, rng_half(r, -8, -3));
         } else if (kind == 8) {
             put_half(blk, rng_half(r, -9, -5));
@@ -162,6 +169,9 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
                 const int q = i < 16 ? blk[4 + i] % 16 : blk[4 + i - 16] / 16;
                 o[i] = d * q + m;
             }
+        } else if (kind == 40) { /* {d, qs[16]}: w = d (q - 8) */
+            const double d = ref_half(get_half(blk));
+            for (int i = 0; i < 32; i++) o[i] = d * ((i < 16 ? blk[2 + i] % 16 : blk[2 + i - 16] / 16) - 8);
         } else if (kind == 8) {
             const double d = ref_half(get_half(blk));
             for (int i = 0; i < 32; i++) o[i] = d * (int8_t)blk[2 + i];

@@ -4,6 +4,7 @@
  *   q4 (GGUF Q4_1): w = d q + m, q in 0..15; byte j of a block holds element j in its low
  *       nibble and element j + 16 in its high one. A block's dot product with x = d_x q_x:
  *       sum_j w_j x_j = d d_x sum_j q_j q_xj + m (d_x sum_j q_xj) = d d_x isum + m s_x
+ *   Q4_0: w = d (q - 8): the signed values' sum d d_x sum_j (q_j - 8) q_xj, no offset term
  *   q8 (GGUF Q8_0): w = d q, q in -127..127: sum_j w_j x_j = d d_x sum_j q_j q_xj
  *   Q5_0 / Q5_1: q in 0..31 (a fifth bit from qh), w = d q + m with m = -16 d for Q5_0: the
  *       same sum as q4, d d_x isum + m s_x
@@ -41,6 +42,31 @@ static inline __attribute__((always_inline)) void dot_q4(const BlockQ4_1* w, con
     for (int r = 0; r < R; r++) {
         for (int u = 1; u < U; u++) { acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]); accm[r * U] += accm[r * U + u]; }
         out[r] = exo_hsum8(acc[r * U]) + accm[r * U];
+    }
+}
+
+/* Q4_0: w = d (q - 8): the nibbles less 8 as signed int16, no offset term. */
+static inline __attribute__((always_inline)) void dot_q4_0(const BlockQ4_0* w, const BlockX* x, int nb, int R, float* out) {
+    const int U = R == 1 ? 2 : 1;
+    const __m256i low = _mm256_set1_epi16(0x0F), eight = _mm256_set1_epi16(8);
+    __m256 acc[4];
+    for (int r = 0; r < R * U; r++) acc[r] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += U)
+    for (int u = 0; u < U && b0 + u < nb; u++) {
+        const int b = b0 + u;
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)w[b].qs));
+        const __m256i q0 = _mm256_sub_epi16(_mm256_and_si256(bytes, low), eight);
+        const __m256i q1 = _mm256_sub_epi16(_mm256_srli_epi16(bytes, 4), eight);
+        const float d = exo_h2f(w[b].d);
+        for (int r = 0; r < R; r++) {
+            const BlockX* xb = x + (size_t)r * nb + b;
+            const __m256i p = madd32(q0, q1, xb->qs);
+            acc[r * U + u] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r * U + u]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        for (int u = 1; u < U; u++) acc[r * U] = _mm256_add_ps(acc[r * U], acc[r * U + u]);
+        out[r] = exo_hsum8(acc[r * U]);
     }
 }
 
@@ -116,12 +142,12 @@ static inline void dot_q8_1x2(const BlockQ8_0* w0, const BlockQ8_0* w1, const Bl
     for (int b = 0; b < nb; b++) {
         const __m256i x0 = _mm256_loadu_si256((const __m256i*)x[b].qs);
         const __m256i x1 = _mm256_loadu_si256((const __m256i*)(x[b].qs + 16));
-        const __m256i p0 = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w0[b].qs)), x0),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0[b].qs + 16))), x1));
-        const __m256i p1 = _mm256_add_epi32(
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w1[b].qs)), x0),
-            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w1[b].qs + 16))), x1));
+        const __m256i p0 =
+            dp16(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w0[b].qs)), x0),
+                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0[b].qs + 16))), x1);
+        const __m256i p1 =
+            dp16(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w1[b].qs)), x0),
+                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w1[b].qs + 16))), x1);
         a0 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w0[b].d) * x[b].d), _mm256_cvtepi32_ps(p0), a0);
         a1 = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(w1[b].d) * x[b].d), _mm256_cvtepi32_ps(p1), a1);
     }
@@ -153,7 +179,7 @@ static inline void dot_q5_0_1x2(const uint8_t* w0, const uint8_t* w1, const Bloc
             const __m256i h1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(qh >> 16)), bit), bit);
             const __m256i q0 = _mm256_add_epi16(_mm256_and_si256(bytes, low), _mm256_andnot_si256(h0, minus16));
             const __m256i q1 = _mm256_add_epi16(_mm256_srli_epi16(bytes, 4), _mm256_andnot_si256(h1, minus16));
-            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(q0, x0), _mm256_madd_epi16(q1, x1));
+            const __m256i p = dp16(_mm256_madd_epi16(q0, x0), q1, x1);
             a[r] = _mm256_fmadd_ps(_mm256_set1_ps(exo_h2f(d16) * x[b].d), _mm256_cvtepi32_ps(p), a[r]);
         }
     }
@@ -285,6 +311,10 @@ static inline __attribute__((always_inline)) void dot_q6k(const BlockQ6K* w, con
 }
 
 /* ---- the dot and pair strategies (kinds.h) ---- */
+static inline __attribute__((always_inline)) void row_q4_0(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q4_0((const BlockQ4_0*)w, x, nb, 4, out);
+    else dot_q4_0((const BlockQ4_0*)w, x, nb, 1, out);
+}
 static inline __attribute__((always_inline)) void row_q4_1(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q4((const BlockQ4_1*)w, x, nb, 4, out);
     else dot_q4((const BlockQ4_1*)w, x, nb, 1, out);
@@ -316,6 +346,7 @@ static __attribute__((noinline)) void pair_q8_0(const uint8_t* w0, const uint8_t
     dot_q8_1x2((const BlockQ8_0*)w0, (const BlockQ8_0*)w1, x, nb, out);
 }
 
+int exo_x86_dot_q4_0(const Run* r) { run_rows(r, row_q4_0); return 0; }
 int exo_x86_dot_q4_1(const Run* r) { run_rows(r, row_q4_1); return 0; }
 int exo_x86_dot_q8_0(const Run* r) { run_rows(r, row_q8_0); return 0; }
 int exo_x86_dot_q5_0(const Run* r) { run_rows(r, row_q5_0); return 0; }

@@ -1,4 +1,4 @@
-/* Weights re-laid at load in groups of 8 rows (Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: KIND_*_G8),
+/* Weights re-laid at load in groups of 8 rows (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: KIND_*_G8),
  * dotted with 1 to 4 activation rows at a time (AVX2; repack.c builds the groups).
  *
  * Why: one weight row dotted with one activation row ends every 32-value block with a float tail
@@ -25,6 +25,7 @@
 #if EXO_AVX2
 #include <stddef.h>
 #include "arch/x86/tile.h"
+#include "arch/x86/x86.h"
 #include "kinds.h"
 #include "quants.h"
 
@@ -34,24 +35,30 @@
 #define G8_BLOCK ((int)sizeof(BlockQ4_1x8))
 #define G8_Q8_BLOCK ((int)sizeof(BlockQ8_0x8))
 #define G8_Q5_BLOCK ((int)sizeof(BlockQ5_0x8))
+#define G8_Q40_BLOCK ((int)sizeof(BlockQ4_0x8))
 #define G8_Q4K_BLOCK ((int)sizeof(BlockQ4Kx8))
 #define G8_Q6K_BLOCK ((int)sizeof(BlockQ6Kx8))
 
 /* An empty asm that "changes" v: the sums stay running chains in registers (see arch/x86/tile.c). */
 #define G8_KEEP(v) __asm__("" : "+x"(v))
 
-/* out[r] lane c = dot of row c of the group at `grp` with activation row r (x + r nb); `five`:
- * a Q5_0 group (a constant at each call: the unpacking specialises), else Q4_1. */
+enum { G8_Q4_1 = 0, G8_Q5_0 = 1, G8_Q4_0 = 2 };
+
+/* out[r] lane c = dot of row c of the group at `grp` with activation row r (x + r nb); `layout`
+ * (G8_*, a constant at each call: the unpacking specialises): a Q4_1, Q5_0 or Q4_0 group. */
 static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, int nb, const BlockX* x, int R,
-                                                          int five, __m256* out) {
+                                                          int layout, __m256* out) {
+    const int five = layout == G8_Q5_0, zero = layout == G8_Q4_0; /* zero: Q4_0, q - 8 */
     const __m256i low = _mm256_set1_epi16(0x0F), minus16 = _mm256_set1_epi16(-16);
     const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                                           (short)0x8000);
     __m256 acc[G8_MAX_R];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : G8_BLOCK);
-        const uint8_t* nibbles = blk + (five ? offsetof(BlockQ5_0x8, qs) : offsetof(BlockQ4_1x8, qs));
+        const uint8_t* blk = grp + (size_t)b * (five ? G8_Q5_BLOCK : zero ? G8_Q40_BLOCK : G8_BLOCK);
+        const uint8_t* nibbles = blk + (five   ? offsetof(BlockQ5_0x8, qs)
+                                        : zero ? offsetof(BlockQ4_0x8, qs)
+                                               : offsetof(BlockQ4_1x8, qs));
         __m256i s[G8_MAX_R];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int i = 0; i < 8; i++) {
@@ -67,22 +74,26 @@ static inline __attribute__((always_inline)) void g8_rows(const uint8_t* grp, in
                 lo = _mm256_add_epi16(lo, _mm256_andnot_si256(hl, minus16));
                 hi = _mm256_add_epi16(hi, _mm256_andnot_si256(hh, minus16));
             }
+            if (zero) {
+                lo = _mm256_sub_epi16(lo, _mm256_set1_epi16(8));
+                hi = _mm256_sub_epi16(hi, _mm256_set1_epi16(8));
+            }
             for (int r = 0; r < R; r++) {
                 int32_t x0, x1; /* activation pairs i and i + 8 */
                 memcpy(&x0, x[(size_t)r * nb + b].qs + 2 * i, sizeof x0);
                 memcpy(&x1, x[(size_t)r * nb + b].qs + 2 * i + 16, sizeof x1);
-                const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(lo, _mm256_set1_epi32(x0)),
-                                                   _mm256_madd_epi16(hi, _mm256_set1_epi32(x1)));
+                const __m256i p = dp16(_mm256_madd_epi16(lo, _mm256_set1_epi32(x0)), hi, _mm256_set1_epi32(x1));
                 s[r] = _mm256_add_epi32(s[r], p);
                 G8_KEEP(s[r]);
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 m = five ? d : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))));
+        const int has_m = layout == G8_Q4_1;
+        const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m)))) : d;
         for (int r = 0; r < R; r++) {
             const BlockX* xb = x + (size_t)r * nb + b;
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xb->d)), _mm256_cvtepi32_ps(s[r]), acc[r]);
-            if (!five) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[r]);
+            if (has_m) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(xb->s), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -181,6 +192,20 @@ void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
         }
         return;
     }
+    if (kind == KIND_Q4_0_G8) { /* int8 q - 8 */
+        const __m128i eight = _mm_set1_epi8(8);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t* blk = grp + (size_t)b * G8_Q40_BLOCK;
+            int8_t* q = t.q + (size_t)b * 256;
+            for (int i = 0; i < 8; i++) {
+                const __m128i v = _mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_0x8, qs) + 16 * i));
+                _mm_storeu_si128((__m128i*)(q + 32 * i), _mm_sub_epi8(_mm_and_si128(v, low), eight));
+                _mm_storeu_si128((__m128i*)(q + 32 * i + 16), _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(v, 4), low), eight));
+            }
+            _mm256_storeu_ps(t.d + (size_t)b * TILE_COLS, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)));
+        }
+        return;
+    }
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * G8_BLOCK;
         int8_t* q = t.q + (size_t)b * 256;
@@ -209,7 +234,7 @@ static inline __attribute__((always_inline)) void g8_q8_rows(const uint8_t* grp,
             for (int r = 0; r < R; r++) {
                 int32_t xv;
                 memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
-                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+                s[r] = dp16(s[r], w, _mm256_set1_epi32(xv));
                 G8_KEEP(s[r]);
             }
         }
@@ -241,7 +266,7 @@ static inline __attribute__((always_inline)) void g8_q4k_rows(const uint8_t* grp
             for (int r = 0; r < R; r++) {
                 int32_t xv;
                 memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * i, sizeof xv);
-                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(q, _mm256_set1_epi32(xv)));
+                s[r] = dp16(s[r], q, _mm256_set1_epi32(xv));
                 G8_KEEP(s[r]);
             }
         }
@@ -285,8 +310,7 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
                     int32_t xa, xb;
                     memcpy(&xa, x[(size_t)r * nb + b].qs + 2 * i, sizeof xa);
                     memcpy(&xb, x[(size_t)r * nb + b].qs + 2 * i + 2, sizeof xb);
-                    s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(qa, _mm256_set1_epi32(xa)),
-                                                                   _mm256_madd_epi16(qb, _mm256_set1_epi32(xb))));
+                    s[r] = dp16(dp16(s[r], qa, _mm256_set1_epi32(xa)), qb, _mm256_set1_epi32(xb));
                     G8_KEEP(s[r]);
                 }
             }
@@ -303,28 +327,40 @@ static inline __attribute__((always_inline)) void g8_q6k_rows(const uint8_t* grp
 
 /* one copy per layout and R (not inlined into the caller's loop: measured faster so in tile.c) */
 static __attribute__((noinline)) void g8_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 1, 0, out);
+    g8_rows(grp, nb, x, 1, G8_Q4_1, out);
 }
 static __attribute__((noinline)) void g8_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 2, 0, out);
+    g8_rows(grp, nb, x, 2, G8_Q4_1, out);
 }
 static __attribute__((noinline)) void g8_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 3, 0, out);
+    g8_rows(grp, nb, x, 3, G8_Q4_1, out);
 }
 static __attribute__((noinline)) void g8_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 4, 0, out);
+    g8_rows(grp, nb, x, 4, G8_Q4_1, out);
 }
 static __attribute__((noinline)) void g8_q5_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 1, 1, out);
+    g8_rows(grp, nb, x, 1, G8_Q5_0, out);
 }
 static __attribute__((noinline)) void g8_q5_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 2, 1, out);
+    g8_rows(grp, nb, x, 2, G8_Q5_0, out);
 }
 static __attribute__((noinline)) void g8_q5_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 3, 1, out);
+    g8_rows(grp, nb, x, 3, G8_Q5_0, out);
 }
 static __attribute__((noinline)) void g8_q5_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
-    g8_rows(grp, nb, x, 4, 1, out);
+    g8_rows(grp, nb, x, 4, G8_Q5_0, out);
+}
+static __attribute__((noinline)) void g8_q40_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 1, G8_Q4_0, out);
+}
+static __attribute__((noinline)) void g8_q40_rows_2(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 2, G8_Q4_0, out);
+}
+static __attribute__((noinline)) void g8_q40_rows_3(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 3, G8_Q4_0, out);
+}
+static __attribute__((noinline)) void g8_q40_rows_4(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
+    g8_rows(grp, nb, x, 4, G8_Q4_0, out);
 }
 static __attribute__((noinline)) void g8_q8_rows_1(const uint8_t* grp, int nb, const BlockX* x, __m256* out) {
     g8_q8_rows(grp, nb, x, 1, out);
@@ -383,6 +419,11 @@ static inline __attribute__((always_inline)) void run_groups(const Run* r, const
     }
 }
 
+int exo_x86_grouped_q4_0(const Run* r) {
+    static const G8Rows k[] = G8_BY_R(g8_q40_rows);
+    run_groups(r, k);
+    return 0;
+}
 int exo_x86_grouped_q4_1(const Run* r) {
     static const G8Rows k[] = G8_BY_R(g8_rows);
     run_groups(r, k);

@@ -11,7 +11,7 @@
  * values 2j and 2j + 1, at bytes 32 (j % 8) + 16 (j / 8) + 2c: 16 bytes widen to the int16
  * vector of pair j), and per row c the block's scale d (d2: the scale of values 16..31 where it
  * differs, Q6_K's 16-value sub-blocks) and offset m (w = d q + m). Every layout unpacks to it:
- * Q4_1, Q8_0, Q5_0 (q - 16, no offset), Q5_1, Q4_K / Q5_K (d sc, -dmin m per sub-block) and
+ * Q4_0 (q - 8, no offset), Q4_1, Q8_0, Q5_0 (q - 16, no offset), Q5_1, Q4_K / Q5_K (d sc, -dmin m per sub-block) and
  * Q6_K ((q - 32), d sc per 16 values). The tile is built once per 8 weight rows and used by
  * every activation row of the pass, 4 rows at a time. Integer sums per lane stay below 2^31:
  * 32 products of |q| <= 128 and |x| <= 32767.
@@ -19,6 +19,7 @@
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include "arch/x86/tile.h"
+#include "arch/x86/x86.h"
 #include "kinds.h"
 #include "quants.h"
 
@@ -37,6 +38,13 @@ static inline __attribute__((always_inline)) __m256i unpack_block8(int kind, con
         const BlockQ8_0* w = (const BlockQ8_0*)row + b;
         *dh = w->d;
         return _mm256_loadu_si256((const __m256i*)w->qs);
+    }
+    if (kind == KIND_Q4_0) { /* q - 8, no offset */
+        const BlockQ4_0* w = (const BlockQ4_0*)row + b;
+        const __m128i v = _mm_loadu_si128((const __m128i*)w->qs);
+        *dh = w->d;
+        const __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low), _mm_and_si128(v, low));
+        return _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
     }
     if (kind == KIND_Q4_1) {
         const BlockQ4_1* w = (const BlockQ4_1*)row + b;
@@ -139,7 +147,7 @@ static inline __attribute__((always_inline)) void transpose8_words(const __m256i
  * whose low 128-bit lane holds pair j of the 8 rows (as int8: row c's values 2j, 2j + 1 in bytes
  * 2c, 2c + 1) and whose high lane holds pair j + 8. */
 static inline __attribute__((always_inline)) void tile_build_kind(int kind, const uint8_t* const* rows, int nb, Tile t) {
-    const int f16_scales = kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1;
+    const int f16_scales = kind == KIND_Q4_0 || kind == KIND_Q4_1 || kind == KIND_Q8_0 || kind == KIND_Q5_0 || kind == KIND_Q5_1;
     for (int b = 0; b < nb; b++) {
         __m256i q[TILE_COLS]; /* word i of row c's block: its pair i */
         uint16_t dh[TILE_COLS], mh[TILE_COLS];
@@ -199,6 +207,7 @@ static __attribute__((noinline)) void tile_build_q4(const uint8_t* const* rows, 
 static void tile_build(int kind, const uint8_t* const* rows, int nb, Tile t) {
     switch (kind) { /* one copy per layout: the unpacking specialises */
         case KIND_Q4_1: tile_build_q4(rows, nb, t); break;
+        case KIND_Q4_0: tile_build_kind(KIND_Q4_0, rows, nb, t); break;
         case KIND_Q8_0: tile_build_kind(KIND_Q8_0, rows, nb, t); break;
         case KIND_Q5_0: tile_build_kind(KIND_Q5_0, rows, nb, t); break;
         case KIND_Q5_1: tile_build_kind(KIND_Q5_1, rows, nb, t); break;
@@ -221,7 +230,7 @@ static inline __attribute__((always_inline)) void tile_pairs(const int8_t* W, co
         for (int r = 0; r < R; r++) {
             int32_t xv;
             memcpy(&xv, x[(size_t)r * nb + b].qs + 2 * j, sizeof xv);
-            s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xv)));
+            s[r] = dp16(s[r], w, _mm256_set1_epi32(xv));
             TILE_KEEP(s[r]);
         }
     }
