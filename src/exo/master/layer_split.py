@@ -1,4 +1,5 @@
-"""Splitting a model's layers over the nodes of a pipeline. Pure."""
+"""Splitting a model's layers over the nodes of a pipeline: by count (`split_layers`), or by
+the bytes of each layer when the card has them (`split_by_bytes`). Pure."""
 
 from collections.abc import Sequence
 
@@ -24,3 +25,27 @@ def split_layers(n: int, weights: Sequence[int], caps: Sequence[int]) -> list[in
         i = max((i for i in ids if layers[i] < caps[i]), key=lambda i: (-above_quota(i), -i))
         layers[i] += 1
     return layers
+
+
+def split_by_bytes(layer_bytes: Sequence[int], room: Sequence[int]) -> list[int]:
+    """Consecutive layer counts, one per node, each >= 1: node i's cut falls at the layer
+    boundary nearest to where its share of ``room`` ends in the cumulative bytes of the layers
+    (a light dense first layer counts for little, a heavy MoE layer for much).
+
+    Requires ``1 <= len(room) <= len(layer_bytes)``; ties go to the earlier boundary."""
+    n, k = len(layer_bytes), len(room)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot split {n} layers over {k} nodes")
+    weights = list(room) if sum(room) > 0 else [1] * k
+    cumulative = [0]
+    for b in layer_bytes:
+        cumulative.append(cumulative[-1] + max(b, 0))
+    total, room_total = cumulative[-1], sum(weights)
+    bounds, room_so_far = [0], 0
+    for r in range(k - 1):
+        room_so_far += weights[r]
+        target = total * room_so_far / room_total
+        cuts = range(bounds[-1] + 1, n - (k - 1 - r) + 1)  # leave a layer for every later node
+        bounds.append(min(cuts, key=lambda c: (abs(cumulative[c] - target), c)))
+    bounds.append(n)
+    return [bounds[i + 1] - bounds[i] for i in range(k)]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal, assert_never
 
 from exo.master.group_host import group_host
-from exo.master.layer_split import split_layers
+from exo.master.layer_split import split_by_bytes, split_layers
 from exo.master.node_groups import Cluster, best_group, no_group_text
 from exo.master.placement_memory import (
     RUNNER_OVERHEAD_BYTES,
@@ -43,6 +43,7 @@ from exo.master.placement_memory import (
     layer_capacity,
     layers_memory,
     node_free_memory,
+    pipeline_memory,
     shard_file_bytes,
     shard_memory,
     tensor_memory,
@@ -289,7 +290,7 @@ def _pipeline_layout(card: ModelCard, k: int, cluster: Cluster) -> _Layout | _Re
         return _pipeline_shortfall(card, k, cluster, caps)
     ranked = sorted(group)
     room = [max(cluster.free[x] - RUNNER_OVERHEAD_BYTES, 0) for x in ranked]  # for layers
-    layers = split_layers(n, room, [caps[x] for x in ranked])
+    layers = _split(card, [cluster.free[x] for x in ranked], room, [caps[x] for x in ranked])
     layout: _Layout = []
     start = 0
     for rank, (node_id, count) in enumerate(zip(ranked, layers, strict=True)):
@@ -304,6 +305,20 @@ def _pipeline_layout(card: ModelCard, k: int, cluster: Cluster) -> _Layout | _Re
         layout.append((node_id, shard))
         start += count
     return layout
+
+
+def _split(card: ModelCard, free: list[int], room: list[int], caps: list[int]) -> list[int]:
+    """Layer counts of the ranked nodes: by the bytes of each layer when the card has them and
+    every shard of that split fits its node, else by count (each within its node's cap)."""
+    if len(card.layer_bytes) == card.n_layers:
+        counts = split_by_bytes(card.layer_bytes, room)
+        starts = [sum(counts[:i]) for i in range(len(counts))]
+        if all(
+            pipeline_memory(card, a, a + c) <= f
+            for a, c, f in zip(starts, counts, free, strict=True)
+        ):
+            return counts
+    return split_layers(card.n_layers, room, caps)
 
 
 def _pipeline_shortfall(

@@ -4,11 +4,13 @@ The one estimate of a runner's memory is `exo.shared.models.memory.estimate_runn
 (the one the engine's load is measured against); here it is fed from the model card:
 
 * weights: the shard's bytes in the file in their running format (``weight_format``: block
-  types as the file holds them, F16 / BF16 / F32 matrices become q8 blocks). The layers share
+  types as the file holds them, F16 / BF16 / F32 matrices become q8 blocks). Each layer counts
+  its own bytes (``layer_bytes``) when the card has them, else the layers share
   ``storage_size`` less the embedding and head equally; pipeline rank 0 adds the embedding,
   the last rank the head (the embedding again when tied), a tensor rank its ``1 / world_size``
   of the layers and both whole;
-* KV cache: the shard's layers (tensor: its share of the kv heads) at the runner's maximum,
+* KV cache: the shard's layers (tensor: its share of the kv heads; an MLA latent,
+  ``kv_bytes_per_token``, whole on every rank) at the runner's maximum,
   ``EXO_RUNNER_MAX_BATCH`` slots of ``min(context_length, EXO_MAX_CONTEXT_TOKENS)`` positions;
 * the runtime overhead of one runner process (``RUNNER_OVERHEAD_BYTES``).
 
@@ -59,6 +61,8 @@ def card_estimate(
         head_dim=card.attention_head_dim,
         max_seq=runner_max_seq(card.context_length) if max_seq is None else max_seq,
         max_batch=max_batch,
+        # a latent cache (MLA) is per layer, and whole on every tensor rank
+        kv_bytes_per_position=card.kv_bytes_per_token * (end - start) // max(card.n_layers, 1),
     )
 
 
@@ -69,11 +73,13 @@ def pipeline_memory(card: ModelCard, start: int, end: int) -> int:
 
 def layers_memory(card: ModelCard, layers: int) -> int:
     """The most a runner holding ``layers`` consecutive layers needs, wherever they are: a
-    shard of fewer than all layers holds the embedding or the head, not both."""
+    shard of fewer than all layers holds the embedding or the head, not both (with per-layer
+    bytes, every window of ``layers`` layers is looked at: the heaviest may be inside)."""
     n = card.n_layers
     if layers >= n:
         return pipeline_memory(card, 0, n)
-    return max(pipeline_memory(card, 0, layers), pipeline_memory(card, n - layers, n))
+    starts = range(n - layers + 1) if _has_layer_bytes(card) else (0, n - layers)
+    return max(pipeline_memory(card, a, a + layers) for a in starts)
 
 
 def tensor_memory(card: ModelCard, world_size: int) -> int:
@@ -134,13 +140,21 @@ def node_free_memory(
     }
 
 
+def _has_layer_bytes(card: ModelCard) -> bool:
+    return len(card.layer_bytes) == card.n_layers > 0
+
+
 def _file_bytes(card: ModelCard, start: int, end: int, world: int) -> int:
     """Bytes in the file of layers [start, end) (a ``1 / world`` slice of each), with the
-    embedding on the first layer's runner and the head on the last one's."""
+    embedding on the first layer's runner and the head on the last one's. The card's
+    per-layer bytes when it has them, else an equal share of the file for each layer."""
     n = max(card.n_layers, 1)
     embedding, head = card.embedding_bytes, card.head_bytes
-    layers = max(card.storage_size.in_bytes - embedding - head, 0)
-    total = _ceil_div(layers * (end - start), n * world)
+    if _has_layer_bytes(card):
+        total = _ceil_div(sum(card.layer_bytes[start:end]), world)
+    else:
+        layers = max(card.storage_size.in_bytes - embedding - head, 0)
+        total = _ceil_div(layers * (end - start), n * world)
     if start == 0:
         total += embedding
     if end >= card.n_layers and not (start == 0 and head == 0):

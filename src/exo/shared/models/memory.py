@@ -6,8 +6,9 @@ Running format (the engine's memory-faithful load, `worker/engines/materialise.p
 types keep the file's bytes (Q4_0 included, since the kernels run its blocks); float matrices
 (F32 / F16 / BF16) become q8 blocks (34 bytes per 32 values) where the compiled CPU kernels run,
 and stay in the activation dtype elsewhere. The KV cache holds keys and values of every layer,
-slot and position in the activation dtype (float32 on a CPU). The overhead is the resident
-memory of a runner process before it loads weights (Python, torch, the engine, its kernels),
+slot and position in the activation dtype (float32 on a CPU); MLA models (DeepSeek, Kimi)
+cache one latent of kv_lora_rank + qk_rope_head_dim values a position and layer instead. The
+overhead is the resident memory of a runner process before it loads weights (Python, torch, the engine, its kernels),
 measured on Linux x86 with torch 2.13 (see the test that checks this estimate).
 """
 
@@ -67,6 +68,22 @@ def kv_cache_bytes(
     return 2 * n_layers * kv_heads * head_dim * positions * max_batch * dtype_bytes
 
 
+def mla_kv_bytes_per_token(
+    n_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int = 4
+) -> int:
+    """MLA's cache of one position over `n_layers` layers: the latent and the shared rotary
+    key (kv_lora_rank + qk_rope_head_dim values, rounded up to even: the page holds it as two
+    halves), the engine's `models/mla.py`."""
+    return n_layers * 2 * (-(-(kv_lora_rank + qk_rope_head_dim) // 2)) * dtype_bytes
+
+
+def latent_cache_bytes(bytes_per_position: int, max_seq: int, max_batch: int) -> int:
+    """A cache of `bytes_per_position` a position (its layers together; MLA's latents), for
+    `max_batch` slots of `max_seq` positions in whole pages."""
+    positions = -(-max_seq // KV_PAGE) * KV_PAGE
+    return bytes_per_position * positions * max_batch
+
+
 def estimate_runner_memory(
     *,
     weight_file_bytes: int,
@@ -79,11 +96,16 @@ def estimate_runner_memory(
     kernels: bool = True,
     kv_dtype_bytes: int = 4,
     overhead: int = RUNNER_OVERHEAD_BYTES,
+    kv_bytes_per_position: int = 0,
 ) -> MemoryEstimate:
     """The memory of a runner holding `n_layers` layers whose weights take `weight_file_bytes`
-    in the file, with its KV cache grown to `max_batch` x `max_seq`."""
+    in the file, with its KV cache grown to `max_batch` x `max_seq`: keys and values of
+    `kv_heads` heads, or `kv_bytes_per_position` a position for its layers when not 0 (MLA)."""
+    kv = kv_cache_bytes(n_layers, kv_heads, head_dim, max_seq, max_batch, kv_dtype_bytes)
+    if kv_bytes_per_position:
+        kv = latent_cache_bytes(kv_bytes_per_position, max_seq, max_batch)
     return MemoryEstimate(
         weights=running_weight_bytes(weight_file_bytes, file_format, kernels=kernels),
-        kv_cache=kv_cache_bytes(n_layers, kv_heads, head_dim, max_seq, max_batch, kv_dtype_bytes),
+        kv_cache=kv,
         overhead=overhead,
     )

@@ -86,6 +86,16 @@ class ModelCard(FrozenModel):
     # tied); every tensor-parallel rank holds both whole.
     embedding_bytes: int = 0
     head_bytes: int = 0
+    # Bytes in the file of each layer (n_layers entries), when read from the files: layers of
+    # one model can differ a lot (DeepSeek's dense first layers are far lighter than its MoE
+    # layers), so placement splits and sizes shards by these. Empty: every layer is counted an
+    # equal share of the file less the embedding and head.
+    layer_bytes: list[int] = []
+    # Cache bytes of one position over all layers (float32) when the attention kind does not
+    # cache num_kv_heads keys and values of head_dim (MLA caches one latent shared by every
+    # head, and every tensor rank holds it whole). 0: 2 x num_kv_heads x head_dim per layer,
+    # split over tensor ranks by kv heads.
+    kv_bytes_per_token: int = 0
     # Mixture-of-experts models: routed experts per MoE layer and those each token runs (0:
     # dense). storage_size counts every expert (every one is held in memory); active_params
     # is what a token reads (total_params: all of them; both 0: unknown).

@@ -19,6 +19,7 @@ from exo.shared.models.hub_files import (
     quant_of,
     split_parts_complete,
 )
+from exo.shared.models.memory import mla_kv_bytes_per_token
 from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
@@ -122,6 +123,11 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         head_bytes=0 if raw.get("tie_word_embeddings", False) else embedding,
         n_experts=_expert_count(raw),
         experts_per_token=int(raw.get("num_experts_per_tok") or 0),
+        kv_bytes_per_token=mla_kv_bytes_per_token(
+            int(raw["num_hidden_layers"]), int(raw["kv_lora_rank"]), int(raw["qk_rope_head_dim"])
+        )
+        if raw.get("kv_lora_rank")
+        else 0,
     )
 
 
@@ -148,10 +154,17 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
 
     heads = key("attention.head_count")
     template = meta.get("tokenizer.chat_template")
+    # GLM's files carry its multi-token-prediction block(s) as more blocks: not layers to run
+    n_layers = key("block_count") - key("nextn_predict_layers", 0)
+    kv_latent = 0
+    if key("attention.kv_lora_rank", 0):  # MLA (deepseek2): the cache is one latent
+        kv_latent = mla_kv_bytes_per_token(
+            n_layers, key("attention.kv_lora_rank"), key("rope.dimension_count")
+        )
     pinned = hub.model_copy(update={"files": chosen, "gguf_quant": quant or _quant_name(chosen)})
     return ModelCard(
         model_id=ModelId(name),
-        n_layers=key("block_count"),
+        n_layers=n_layers,
         hidden_size=key("embedding_length"),
         num_heads=heads,
         num_kv_heads=key("attention.head_count_kv", heads),
@@ -165,6 +178,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         weight_format=(pinned.gguf_quant or "").upper(),
         n_experts=key("expert_count", 0),
         experts_per_token=key("expert_used_count", 0),
+        kv_bytes_per_token=kv_latent,
     )
 
 

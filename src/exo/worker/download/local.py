@@ -130,6 +130,8 @@ def card_from_path(path: Path) -> ModelCard:
         weight_format=facts.weight_format,
         embedding_bytes=facts.embedding_bytes,
         head_bytes=facts.head_bytes,
+        layer_bytes=list(facts.layer_bytes),
+        kv_bytes_per_token=facts.kv_bytes_per_token,
         n_experts=facts.n_experts,
         experts_per_token=facts.experts_per_token,
         total_params=facts.total_params,

@@ -65,6 +65,7 @@ class LlamaConfig:
     sliding_layers: tuple[bool, ...] = ()  # per layer: True = sliding window; () = none slide
     rope_theta_local: float | None = None  # rotary base of sliding layers (None: rope_theta)
     final_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    rotary_dim: int | None = None  # dims of a head that rotate (GLM: half); None: all of them
 
     def is_sliding(self, layer: int) -> bool:
         return self.sliding_window is not None and bool(

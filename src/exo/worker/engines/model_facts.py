@@ -10,6 +10,8 @@ from exo.worker.engines.config import LlamaConfig, MoeConfig, check_context_leng
 from exo.worker.engines.file_rows import SAFETENSORS_DTYPES, SafetensorsFile
 from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.models.deepseek2_files import DeepseekConfig
+from exo.worker.engines.models.mla import kv_bytes_per_token as mla_kv_bytes
 from exo.worker.engines.safetensors_loader import hf_config
 
 
@@ -25,6 +27,11 @@ class ModelFacts:
     """Bytes of the token embedding."""
     head_bytes: int
     """Bytes of the output head; 0 when it is tied to the embedding."""
+    layer_bytes: tuple[int, ...] = ()
+    """Bytes of each layer's tensors as stored (n_layers entries)."""
+    kv_bytes_per_token: int = 0
+    """Cache bytes of one position over all layers (float32) for an attention kind whose
+    cache is not keys and values of the kv heads (MLA's latent); 0 otherwise."""
     n_experts: int = 0
     """Routed experts per MoE layer (0: a dense model)."""
     experts_per_token: int = 0
@@ -35,11 +42,24 @@ class ModelFacts:
     """Parameters a token reads: as `total_params` with only `experts_per_token` experts."""
 
 
+def _attention_params(c: LlamaConfig) -> int:
+    """One layer's attention matrices: q, k, v, o of the heads, or MLA's down and up
+    projections (q LoRA, the latent's, Wkvb, Wo)."""
+    d = c.hidden
+    if not isinstance(c, DeepseekConfig):
+        return d * c.head_dim * (2 * c.heads + 2 * c.kv_heads)
+    m = c.mla_dims()
+    qk = m.heads * (m.qk_nope + m.qk_rope)
+    q = d * qk if m.q_lora_rank is None else m.q_lora_rank * (d + qk)
+    latent = d * m.latent + m.kv_lora_rank * m.heads * (m.qk_nope + m.v_head_dim)
+    return q + latent + m.heads * m.v_head_dim * d
+
+
 def parameter_counts(c: LlamaConfig) -> tuple[int, int]:
     """(total, active per token) parameters of the matrices, embedding and head (norms, biases
     and routers' small vectors aside; routers counted)."""
     d = c.hidden
-    attention = d * c.head_dim * (2 * c.heads + 2 * c.kv_heads)
+    attention = _attention_params(c)
     embed = c.vocab * d * (1 if c.tie_embeddings else 2)
     total = active = embed
     for i in range(c.n_layers):
@@ -74,6 +94,31 @@ def model_facts(path: Path) -> ModelFacts:
     return _with_counts(facts)
 
 
+def kv_bytes_per_token(config: LlamaConfig) -> int:
+    """Float32 cache bytes of a position over all layers for MLA models (their latent); 0 for
+    the others (keys and values of the kv heads: the card's heads say how many)."""
+    if isinstance(config, DeepseekConfig):
+        return mla_kv_bytes(config.n_layers, config.mla_dims(), 4)
+    return 0
+
+
+def _layer_of(name: str, prefix: str) -> int | None:
+    """The layer number of a tensor named `prefix`N.rest (None for other tensors)."""
+    if not name.startswith(prefix):
+        return None
+    number = name[len(prefix) :].split(".", 1)[0]
+    return int(number) if number.isdigit() else None
+
+
+def _per_layer(sizes: dict[str, int], prefix: str, n_layers: int) -> tuple[int, ...]:
+    per = [0] * n_layers
+    for name, size in sizes.items():
+        i = _layer_of(name, prefix)
+        if i is not None and i < n_layers:  # (a GLM file's extra prediction block: not a layer)
+            per[i] += size
+    return tuple(per)
+
+
 def _gguf_facts(path: Path) -> ModelFacts:
     f = GGUFFile(path)
     try:
@@ -85,7 +130,11 @@ def _gguf_facts(path: Path) -> ModelFacts:
         total = sum(t.n_bytes for t in f.tensors.values())
         head = f.tensors.get("output.weight")
         embedding = f.tensors["token_embd.weight"].n_bytes
-        return ModelFacts(config, total, _most(matrices), embedding, head.n_bytes if head else 0)
+        sizes = {name: info.n_bytes for name, info in f.tensors.items()}
+        return ModelFacts(
+            config, total, _most(matrices), embedding, head.n_bytes if head else 0,
+            _per_layer(sizes, "blk.", config.n_layers), kv_bytes_per_token(config),
+        )  # fmt: skip
     finally:
         f.close()
 
@@ -94,6 +143,7 @@ def _folder_facts(folder: Path) -> ModelFacts:
     config = hf_config(folder)
     total = embedding = head = 0
     matrices: Counter[str] = Counter()
+    sizes: dict[str, int] = {}
     for file in sorted(folder.glob("*.safetensors")):
         st = SafetensorsFile(file)
         try:
@@ -103,6 +153,7 @@ def _folder_facts(folder: Path) -> ModelFacts:
                     n *= d
                 size = n * SAFETENSORS_DTYPES.get(info.dtype, (None, 4))[1]
                 total += size
+                sizes[name] = size
                 if ".layers." in name and len(info.shape) >= 2:
                     matrices[info.dtype] += size
                 elif name.endswith("embed_tokens.weight"):
@@ -111,7 +162,10 @@ def _folder_facts(folder: Path) -> ModelFacts:
                     head = size
         finally:
             st.close()
-    return ModelFacts(config, total, _most(matrices), embedding, head)
+    layers = _per_layer(sizes, "model.layers.", config.n_layers)
+    return ModelFacts(
+        config, total, _most(matrices), embedding, head, layers, kv_bytes_per_token(config)
+    )
 
 
 def _most(counts: Counter[str]) -> str:

@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID, embedded_model_card
+from exo.shared.models.model_cards import ModelId
 from exo.shared.types.chunks import ErrorChunk, TokenChunk
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import ChunkGenerated, Event, RunnerStatusUpdated
@@ -121,6 +122,11 @@ def make_supervisors(
 
 
 async def _answer(instance: Instance, tmp_path: Path) -> str:
+    return await answer_of(instance, tmp_path, EMBEDDED_MODEL_ID)
+
+
+async def answer_of(instance: Instance, tmp_path: Path, model_id: ModelId) -> str:
+    """The greedy answer (16 tokens) of `instance`'s runners to PROMPT."""
     send, receive = channel[Event]()
     group = RunnerEvents(receive)
     supervisors = make_supervisors(instance, send, tmp_path)
@@ -147,7 +153,7 @@ async def _answer(instance: Instance, tmp_path: Path) -> str:
         await leader.start_task(TextGeneration(
             task_id=TaskId("task"), instance_id=iid, command_id=command,
             task_params=TextGenerationTaskParams(
-                model=EMBEDDED_MODEL_ID, input=[InputMessage(role="user", content=PROMPT)],
+                model=model_id, input=[InputMessage(role="user", content=PROMPT)],
                 temperature=0.0, max_tokens=16,
             ),
         ))

@@ -4,13 +4,15 @@ Face `model_type`. A new family is one module providing a `ModelFamily`, listed 
 from typing import Any
 
 from exo.worker.engines.models.base import ModelFamily
+from exo.worker.engines.models.deepseek2 import DEEPSEEK2
 from exo.worker.engines.models.dense import DENSE
+from exo.worker.engines.models.glm4moe import GLM4MOE
 from exo.worker.engines.models.gpt_oss import GPT_OSS
 from exo.worker.engines.models.qwen3moe import QWEN3MOE
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS)
+FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:

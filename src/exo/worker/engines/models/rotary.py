@@ -7,11 +7,18 @@ whatever a hostile file says); a runner serves at most `runner_max_seq(context_l
 positions per request (`EXO_MAX_CONTEXT_TOKENS`, as placement assumed when it sized the
 node's memory). The tables start at that size and grow only when a cache asks for more
 positions (`ensure`), so a file's claim alone never allocates anything.
+
+`head_dim` names the rotated dimensions when they are not a whole head (MLA's rope part), and
+`magnitude` scales the table (YaRN's attention factor on the rotated dims only: MLA, whose
+other dims it must not scale). Partial rotary (`config.rotary_dim` < head_dim, GLM): the first
+rotary_dim / 2 pairs of a head turn at rotary_dim's frequencies, the rest at frequency 0, so one
+rotation of the whole head (and the compiled decode attention) leaves them as they are.
 """
 
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from exo.shared.models.memory import runner_max_seq
@@ -68,13 +75,20 @@ class RotaryTables:
         device: torch.device,
         freq_factors: Tensor | None = None,
         head_dim: int | None = None,
+        magnitude: float = 1.0,
     ) -> None:
         hd = config.head_dim if head_dim is None else head_dim
-        global_freqs = _frequencies(hd, config, freq_factors)
+        rot = hd if config.rotary_dim is None else config.rotary_dim
+        global_freqs = _frequencies(rot, config, freq_factors)
         local_freqs = global_freqs
         if config.rope_theta_local is not None:
-            local_freqs = rope_frequencies(hd, config.rope_theta_local)
+            local_freqs = rope_frequencies(rot, config.rope_theta_local)
+        if rot < hd:  # partial rotary: the last pairs turn at frequency 0 (are kept as they are)
+            pad, same = (0, (hd - rot) // 2), local_freqs is global_freqs
+            global_freqs = F.pad(global_freqs, pad)
+            local_freqs = global_freqs if same else F.pad(local_freqs, pad)
         self._freqs = {False: global_freqs, True: local_freqs}
+        self._magnitude = magnitude
         self.device = device
         self._tables: dict[bool, Tensor] = {}
         self._build(runner_max_seq(config.context_length))
@@ -93,6 +107,8 @@ class RotaryTables:
 
     def _build(self, n_positions: int) -> None:
         table = rope_table(n_positions, self._freqs[False], self.device)
+        if self._magnitude != 1.0:
+            table = table * self._magnitude
         local = self._freqs[True]
         same = local is self._freqs[False]
         self._tables = {

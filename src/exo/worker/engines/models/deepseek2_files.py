@@ -1,0 +1,295 @@
+"""The deepseek2 family's files (DeepSeek V2 / V3, Kimi K2): its config and its tensor names.
+
+GGUF (llama.cpp's `deepseek2`)          Hugging Face (`deepseek_v2`, `deepseek_v3`)     canonical
+blk.i.attn_norm                         model.layers.i.input_layernorm                  attn_norm
+blk.i.attn_q_a | attn_q                 self_attn.q_a_proj | q_proj                      wq_a | wq_b
+blk.i.attn_q_a_norm                     self_attn.q_a_layernorm                         q_a_norm
+blk.i.attn_q_b                          self_attn.q_b_proj                              wq_b
+blk.i.attn_kv_a_mqa                     self_attn.kv_a_proj_with_mqa                    wkv_a
+blk.i.attn_kv_a_norm                    self_attn.kv_a_layernorm                        kv_a_norm
+blk.i.attn_kv_b | attn_k_b + attn_v_b   self_attn.kv_b_proj                             wk_b, wv_b
+blk.i.attn_output                       self_attn.o_proj                                wo
+blk.i.ffn_norm                          post_attention_layernorm                        ffn_norm
+blk.i.ffn_{gate,up,down}                mlp.{gate,up,down}_proj   (dense first layers)  mlp
+
+Newer llama.cpp files split kv_b into attn_k_b [H, R, dn] (Wuk transposed) and attn_v_b
+[H, dv, R], and store key_length = R + dr, value_length = R with the per-head sizes in
+key_length_mla / value_length_mla; older ones keep attn_kv_b and per-head key/value lengths.
+Both are read. Rotary pairs are interleaved in both formats (Hugging Face's `rope_interleave`,
+the default); a checkpoint without it has its rotary rows permuted on load.
+
+DeepSeek V3 / Kimi K2 safetensors ship as FP8 blocks (`weight_scale_inv`) and Kimi's tokenizer
+is tiktoken's: both are refused with a message naming the GGUF route (this round).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from exo.worker.engines.config import MoeConfig, RopeScaling
+from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
+from exo.worker.engines.materialise import TensorSource
+from exo.worker.engines.models import hf_meta
+from exo.worker.engines.models.gguf_meta import Meta, meta_float, meta_int
+from exo.worker.engines.models.mla import MlaDims, MlaWeights, split_kv_b
+from exo.worker.engines.qtensor import QuantTensor, Weight
+
+GGUF_ARCHITECTURES = ("deepseek2",)
+HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v2", "kimi_k2")
+
+
+@dataclass(frozen=True)
+class DeepseekConfig(MoeConfig):
+    """MoeConfig's fields (head_dim: the rotary dims dr; kv_heads = heads; ffn: the dense
+    layers' width; router "sigmoid" for V3 with the expert bias, "softmax" for V2) plus MLA's
+    ranks and the number of dense first layers."""
+
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    mscale_all_dim: float = 0.0  # YaRN's softmax-scale multiplier (m = 1 + 0.1 this ln factor)
+    first_k_dense_replace: int = 0  # layers [0, this) are dense, the rest mixtures of experts
+    rope_interleave: bool = True  # Hugging Face: rotary pairs adjacent (else half-split rows)
+
+    def mla_dims(self, heads: int | None = None) -> MlaDims:
+        return MlaDims(
+            heads=self.heads if heads is None else heads,
+            q_lora_rank=self.q_lora_rank,
+            kv_lora_rank=self.kv_lora_rank,
+            qk_nope=self.qk_nope_head_dim,
+            qk_rope=self.head_dim,
+            v_head_dim=self.v_head_dim,
+        )
+
+    def is_moe(self, layer: int) -> bool:
+        return self.n_experts > 0 and layer >= self.first_k_dense_replace
+
+
+# --- GGUF ----------------------------------------------------------------------------------------
+
+
+def _gguf_yarn(meta: Meta, arch: str) -> tuple[RopeScaling | None, float]:
+    """(rotary scaling, mscale_all_dim) of a deepseek2 file; llama.cpp stores YaRN's log
+    multiplier 0.1 * mscale_all_dim (and assumes mscale = mscale_all_dim: magnitude 1)."""
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    factor = meta_float(meta, f"{arch}.rope.scaling.factor", 1.0)
+    if kind in (None, "none") or factor == 1.0:
+        return None, 0.0
+    if kind != "yarn":
+        raise ValueError(f"rope scaling {kind!r} is not supported for deepseek2 files")
+    scaling = RopeScaling(
+        kind="yarn",
+        factor=factor,
+        original_context_length=meta_int(meta, f"{arch}.rope.scaling.original_context_length"),
+        beta_fast=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_fast", 32.0),
+        beta_slow=meta_float(meta, f"{arch}.rope.scaling.yarn_beta_slow", 1.0),
+        attention_factor=1.0,
+    )
+    return scaling, meta_float(meta, f"{arch}.rope.scaling.yarn_log_multiplier", 0.0) / 0.1
+
+
+def gguf_config(f: GGUFFile) -> DeepseekConfig:
+    meta, arch = f.metadata, "deepseek2"
+    heads = meta_int(meta, f"{arch}.attention.head_count")
+    rope = meta_int(meta, f"{arch}.rope.dimension_count")
+    split_kv = f"{arch}.attention.key_length_mla" in meta
+    key_len = meta_int(
+        meta, f"{arch}.attention.key_length_mla" if split_kv else f"{arch}.attention.key_length"
+    )
+    value_len = meta_int(
+        meta, f"{arch}.attention.value_length_mla" if split_kv else f"{arch}.attention.value_length"
+    )
+    q_lora = meta_int(meta, f"{arch}.attention.q_lora_rank", 0)
+    scaling, mscale_all_dim = _gguf_yarn(meta, arch)
+    template, bos = meta.get("tokenizer.chat_template"), meta.get("tokenizer.ggml.bos_token_id")
+    gating = meta_int(meta, f"{arch}.expert_gating_func", 1)  # llama.cpp: 1 softmax, 2 sigmoid
+    return DeepseekConfig(
+        architecture=arch,
+        n_layers=meta_int(meta, f"{arch}.block_count"),
+        hidden=meta_int(meta, f"{arch}.embedding_length"),
+        ffn=meta_int(meta, f"{arch}.feed_forward_length"),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=rope,
+        rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 10000.0),
+        rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
+        vocab=f.tensors["token_embd.weight"].shape[0],
+        context_length=meta_int(meta, f"{arch}.context_length", 4096),
+        tie_embeddings="output.weight" not in f.tensors,
+        bos_token_id=bos if isinstance(bos, int) else None,
+        eos_token_ids=eos_token_ids(meta),
+        chat_template=template if isinstance(template, str) else None,
+        rope_scaling=scaling,
+        q_lora_rank=q_lora or None,
+        kv_lora_rank=meta_int(meta, f"{arch}.attention.kv_lora_rank"),
+        qk_nope_head_dim=key_len - rope,
+        v_head_dim=value_len,
+        mscale_all_dim=mscale_all_dim,
+        first_k_dense_replace=meta_int(meta, f"{arch}.leading_dense_block_count", 0),
+        n_experts=meta_int(meta, f"{arch}.expert_count", 0),
+        experts_per_token=meta_int(meta, f"{arch}.expert_used_count", 0),
+        n_shared_experts=meta_int(meta, f"{arch}.expert_shared_count", 0),
+        expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
+        n_group=meta_int(meta, f"{arch}.expert_group_count", 1),
+        topk_group=meta_int(meta, f"{arch}.expert_group_used_count", 1),
+        routed_scaling=meta_float(meta, f"{arch}.expert_weights_scale", 1.0),
+        norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", False)),
+        router="sigmoid" if gating == 2 else "softmax",
+        shared_ffn=meta_int(meta, f"{arch}.expert_shared_count", 0)
+        * meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
+    )
+
+
+def gguf_attention(src: TensorSource, c: DeepseekConfig, i: int) -> MlaWeights:
+    p = f"blk.{i}."
+    has_lora = src.has(p + "attn_q_a.weight")
+    if src.has(p + "attn_k_b.weight"):
+        wk_b = _dense(src.get(p + "attn_k_b.weight")).reshape(c.heads, c.kv_lora_rank, -1)
+        wv_b = _dense(src.get(p + "attn_v_b.weight")).reshape(c.heads, c.v_head_dim, -1)
+    else:
+        wk_b, wv_b = split_kv_b(
+            src.get(p + "attn_kv_b.weight"), c.heads, c.qk_nope_head_dim, c.v_head_dim
+        )
+    return MlaWeights(
+        wq_a=src.get(p + "attn_q_a.weight") if has_lora else None,
+        q_a_norm=src.vector(p + "attn_q_a_norm.weight") if has_lora else None,
+        wq_b=src.get(p + ("attn_q_b.weight" if has_lora else "attn_q.weight")),
+        wkv_a=src.get(p + "attn_kv_a_mqa.weight"),
+        kv_a_norm=src.vector(p + "attn_kv_a_norm.weight"),
+        wk_b=wk_b.contiguous(),
+        wv_b=wv_b.contiguous(),
+        wo=src.get(p + "attn_output.weight"),
+    )
+
+
+def _dense(w: Weight) -> Tensor:
+    return w.dequantize() if isinstance(w, QuantTensor) else w
+
+
+# --- Hugging Face --------------------------------------------------------------------------------
+
+
+def refuse_unsupported(raw: hf_meta.JsonDict, folder: Path) -> None:
+    """FP8 checkpoints and tiktoken tokenizers are refused with the route that works."""
+    quant = raw.get("quantization_config")
+    if isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "fp8":  # pyright: ignore[reportUnknownMemberType]
+        raise ValueError(
+            "DeepSeek V3 / Kimi K2 FP8 safetensors (weight_scale_inv blocks) are not supported "
+            "yet: use a GGUF file of the model (e.g. a Q4_K_M or Q2_K quant)"
+        )
+    if (folder / "tiktoken.model").exists() or str(raw.get("model_type")) == "kimi_k2":
+        raise ValueError(
+            "Kimi K2's tiktoken tokenizer is not supported yet: use a GGUF file of the model"
+        )
+
+
+def _yarn(raw: hf_meta.JsonDict) -> tuple[RopeScaling | None, float]:
+    p = hf_meta.rope_params(raw, "full_attention") or {}
+    if p.get("rope_type", p.get("type")) != "yarn":
+        return hf_meta.rope_scaling(raw), 0.0
+    factor = float(p["factor"])
+    mscale, mscale_all_dim = float(p.get("mscale") or 0), float(p.get("mscale_all_dim") or 0)
+
+    def m(scale: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * scale * torch.log(torch.tensor(factor)).item() + 1.0
+
+    magnitude = p.get("attention_factor")
+    if magnitude is None:
+        magnitude = m(mscale) / m(mscale_all_dim) if mscale and mscale_all_dim else m(1.0)
+    scaling = RopeScaling(
+        kind="yarn",
+        factor=factor,
+        original_context_length=int(p["original_max_position_embeddings"]),
+        beta_fast=float(p.get("beta_fast") or 32),
+        beta_slow=float(p.get("beta_slow") or 1),
+        truncate=bool(p.get("truncate", True)),
+        attention_factor=float(magnitude),
+    )
+    return scaling, mscale_all_dim
+
+
+def hf_config(raw: hf_meta.JsonDict, folder: Path) -> DeepseekConfig:
+    refuse_unsupported(raw, folder)
+    if raw.get("attention_bias"):
+        raise ValueError("deepseek attention biases (attention_bias: true) are not supported")
+    heads, rope = int(raw["num_attention_heads"]), int(raw["qk_rope_head_dim"])
+    bos, eos_ids = hf_meta.special_tokens(raw)
+    scaling, mscale_all_dim = _yarn(raw)
+    q_lora = raw.get("q_lora_rank")
+    topk = str(raw.get("topk_method", "noaux_tc"))
+    scoring = str(raw.get("scoring_func", "sigmoid" if topk == "noaux_tc" else "softmax"))
+    return DeepseekConfig(
+        architecture=str(raw.get("model_type")),
+        n_layers=int(raw["num_hidden_layers"]),
+        hidden=int(raw["hidden_size"]),
+        ffn=int(raw["intermediate_size"]),
+        heads=heads,
+        kv_heads=heads,
+        head_dim=rope,
+        rope_theta=hf_meta.rope_theta(raw) or 10000.0,
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        vocab=int(raw["vocab_size"]),
+        context_length=int(raw.get("max_position_embeddings", 4096)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        bos_token_id=bos,
+        eos_token_ids=eos_ids,
+        chat_template=hf_meta.read_chat_template(folder),
+        rope_scaling=scaling,
+        activation=hf_meta.activation(raw),
+        q_lora_rank=int(q_lora) if isinstance(q_lora, int) and q_lora > 0 else None,
+        kv_lora_rank=int(raw["kv_lora_rank"]),
+        qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+        v_head_dim=int(raw["v_head_dim"]),
+        mscale_all_dim=mscale_all_dim,
+        first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
+        n_experts=int(raw.get("n_routed_experts") or 0),
+        experts_per_token=int(raw.get("num_experts_per_tok") or 0),
+        n_shared_experts=int(raw.get("n_shared_experts") or 0),
+        expert_ffn=int(raw.get("moe_intermediate_size") or 0),
+        n_group=int(raw.get("n_group") or 1),
+        topk_group=int(raw.get("topk_group") or 1),
+        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+        router="sigmoid" if scoring == "sigmoid" else "softmax",
+        shared_ffn=int(raw.get("n_shared_experts") or 0)
+        * int(raw.get("moe_intermediate_size") or 0),
+        rope_interleave=bool(raw.get("rope_interleave", True)),
+    )
+
+
+def _rope_rows_to_pairs(w: Weight, groups: int, keep: int, rope: int) -> Weight:
+    """Within each of `groups` row groups of keep + rope rows, the last `rope` rows from the
+    half-split rotary layout to interleaved pairs."""
+    order: list[int] = []
+    for g in range(groups):
+        base = g * (keep + rope)
+        order += [base + j for j in range(keep)]
+        order += [base + keep + (j // 2) + (j % 2) * (rope // 2) for j in range(rope)]
+    index = torch.tensor(order)
+    return w.take_rows(index) if isinstance(w, QuantTensor) else w[index].contiguous()
+
+
+def hf_attention(src: TensorSource, c: DeepseekConfig, i: int, interleaved: bool) -> MlaWeights:
+    a = f"model.layers.{i}.self_attn."
+    has_lora = src.has(a + "q_a_proj.weight")
+    wq_b = src.get(a + ("q_b_proj.weight" if has_lora else "q_proj.weight"))
+    wkv_a = src.get(a + "kv_a_proj_with_mqa.weight")
+    if not interleaved:  # half-split rotary rows (rope_interleave: false) -> interleaved pairs
+        wq_b = _rope_rows_to_pairs(wq_b, c.heads, c.qk_nope_head_dim, c.head_dim)
+        wkv_a = _rope_rows_to_pairs(wkv_a, 1, c.kv_lora_rank, c.head_dim)
+    wk_b, wv_b = split_kv_b(
+        src.get(a + "kv_b_proj.weight"), c.heads, c.qk_nope_head_dim, c.v_head_dim
+    )
+    return MlaWeights(
+        wq_a=src.get(a + "q_a_proj.weight") if has_lora else None,
+        q_a_norm=src.vector(a + "q_a_layernorm.weight") if has_lora else None,
+        wq_b=wq_b,
+        wkv_a=wkv_a,
+        kv_a_norm=src.vector(a + "kv_a_layernorm.weight"),
+        wk_b=wk_b,
+        wv_b=wv_b,
+        wo=src.get(a + "o_proj.weight"),
+    )
