@@ -86,6 +86,9 @@ class ModelCard(FrozenModel):
     # tied); every tensor-parallel rank holds both whole.
     embedding_bytes: int = 0
     head_bytes: int = 0
+    # The model takes images: its config has a vision tower (``vision_config``), or its GGUF
+    # repository carries the vision projector (an ``mmproj`` file).
+    vision: bool = False
 
     @property
     def attention_head_dim(self) -> int:

@@ -91,6 +91,10 @@ class Generation:
         params = task.task_params
         if params.embed:
             return self._embedded(task)
+        if any(m.images for m in params.input):
+            # No engine family reads images yet: refuse rather than answer without them.
+            message = f"{params.model}: this node's engine cannot read images for this model yet"
+            return self._failed(task, message, "invalid_request")
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""
