@@ -380,7 +380,7 @@ async def resolve(service: GenerationService, name: str) -> ModelCard:
     hub_name = untagged if untagged is not None and tag.lower() == "latest" else name
     for prefix in _HUB_PREFIXES:
         if hub_name.lower().startswith(prefix):
-            hub_name = hub_name[len(prefix) :]
+            hub_name = hub_name[len(prefix):]
             break
     return await service.resolve_model_async(hub_name)
 

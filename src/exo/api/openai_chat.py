@@ -305,7 +305,14 @@ def total_usage(finished: Sequence[Finished]) -> Usage:
 
 
 def model_entry(card: ModelCard, created: int) -> dict[str, Any]:
-    return {"id": card.model_id, "object": "model", "created": created, "owned_by": "exo"}
+    """OpenAI's model object; ``input_modalities`` (an extension) says whether it takes images."""
+    return {
+        "id": card.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "exo",
+        "input_modalities": ["text", "image"] if card.vision else ["text"],
+    }
 
 
 def model_list(cards: list[ModelCard], created: int) -> dict[str, Any]:

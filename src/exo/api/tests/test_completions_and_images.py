@@ -42,9 +42,7 @@ def test_completion_whole_and_streamed(server: ServedApp, node: ScriptedNode) ->
 
 def test_completion_refuses_a_malformed_prompt_list(shared_server: ServedApp) -> None:
     for prompt in (["a", 5], [], [[1, 2], []], [True, 2]):
-        r = httpx.post(
-            f"{shared_server.url}/v1/completions", json={"model": "m1", "prompt": prompt}
-        )
+        r = httpx.post(f"{shared_server.url}/v1/completions", json={"model": "m1", "prompt": prompt})
         assert r.status_code == 400, (prompt, r.text)
         assert r.json()["error"]["param"] == "prompt"
 

@@ -187,3 +187,13 @@ def test_images_to_a_text_model_are_a_400_naming_it(vision_server: VisionServer)
         },
     )
     assert r.status_code == 400 and "does not take images" in r.json()["error"]["message"]
+
+
+def test_listings_say_which_models_take_images(vision_server: VisionServer) -> None:
+    models = {m.id: m for m in oa(vision_server).models.list()}
+    assert (models["test-org/vision-1"].model_extra or {})["input_modalities"] == ["text", "image"]
+    assert (models["test-org/model-1"].model_extra or {})["input_modalities"] == ["text"]
+    client = ollama.Client(host=vision_server.url, timeout=10)
+    shown = client.show("v1").capabilities or []
+    assert "vision" in shown and "completion" in shown
+    assert "vision" not in (client.show("m1").capabilities or [])

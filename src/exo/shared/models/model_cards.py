@@ -1,5 +1,6 @@
 """Model cards: what placement and the engine need to know about a model."""
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import GetCoreSchemaHandler
@@ -95,3 +96,14 @@ class ModelCard(FrozenModel):
         if self.head_dim is not None:
             return self.head_dim
         return self.hidden_size // max(self.num_heads, 1)
+
+
+def config_takes_images(config: Mapping[str, object]) -> bool:
+    """A transformers config with a vision tower (``vision_config``: Gemma 3, Qwen-VL...)."""
+    return isinstance(config.get("vision_config"), dict)
+
+
+def is_mmproj(path: str) -> bool:
+    """A GGUF file of llama.cpp's multimodal projector (the vision tower of a GGUF model)."""
+    name = path.rsplit("/", 1)[-1].lower()
+    return name.endswith(".gguf") and "mmproj" in name

@@ -19,7 +19,14 @@ from exo.shared.models.hub_files import (
     quant_of,
     split_parts_complete,
 )
-from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
+from exo.shared.models.model_cards import (
+    HubFile,
+    HubSource,
+    ModelCard,
+    ModelId,
+    config_takes_images,
+    is_mmproj,
+)
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
@@ -98,6 +105,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
     if not weights or not any(f.path == "config.json" for f in hub.files):
         raise DownloadError(f"{hub.repo_id} has no safetensors weights with a config.json", 404)
     raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
+    vision = config_takes_images(raw)
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
     weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
@@ -120,6 +128,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         weight_format=weight_format,
         embedding_bytes=embedding,
         head_bytes=0 if raw.get("tie_word_embeddings", False) else embedding,
+        vision=vision,
     )
 
 
@@ -155,6 +164,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         chat_template=template if isinstance(template, str) else None,
         head_dim=key("attention.key_length", key("embedding_length") // max(heads, 1)),
         weight_format=(pinned.gguf_quant or "").upper(),
+        vision=any(is_mmproj(f.path) for f in hub.files),
     )
 
 
