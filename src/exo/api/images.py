@@ -1,5 +1,6 @@
 """Images in requests: the sources clients send (data URLs, bare base64, http(s) URLs),
-decoded with Pillow into the checked, model-ready ``InputImage`` a task carries.
+checked by decoding them with Pillow, into the ``InputImage`` a task carries (the file as
+sent: smaller than its pixels, and the runner decodes it again for its vision tower).
 
 Only PNG, JPEG, WebP and GIF (its first frame) are read. An image larger than
 ``MAX_IMAGE_BYTES`` or than ``MAX_IMAGE_PIXELS`` is refused before its pixels are decoded (a
@@ -17,12 +18,12 @@ from collections.abc import Callable, Sequence
 
 from PIL import Image, UnidentifiedImageError
 
-from exo.shared.types.text_generation import InputImage
+from exo.shared.types.text_generation import ImageFormat, InputImage
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 # Below Pillow's own bomb threshold, so Pillow never warns or raises first.
 MAX_IMAGE_PIXELS = 40_000_000
-FORMATS = ("PNG", "JPEG", "WEBP", "GIF")
+FORMATS: tuple[ImageFormat, ...] = ("PNG", "JPEG", "WEBP", "GIF")
 MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"})
 URLS_OFF = "image URLs are not fetched by this node; send the image inline (a data: URL or base64)"
 
@@ -77,7 +78,7 @@ def decode_image(data: bytes) -> InputImage:
             # Pillow warns of canvases past its own limit; _checked refuses them (smaller).
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as image:
-                return _checked(image)
+                return _checked(image, data)
     except ImageError:
         raise
     except Image.DecompressionBombError as e:
@@ -88,7 +89,7 @@ def decode_image(data: bytes) -> InputImage:
         raise ImageError(f"the image cannot be read: {e}") from e
 
 
-def _checked(image: Image.Image) -> InputImage:
+def _checked(image: Image.Image, data: bytes) -> InputImage:
     kind = image.format or "unknown"
     if kind not in FORMATS:
         raise ImageError(f"unsupported image format {kind}: send PNG, JPEG, WebP or GIF")
@@ -99,11 +100,9 @@ def _checked(image: Image.Image) -> InputImage:
             f"(at most {MAX_IMAGE_PIXELS} pixels are accepted)"
         )
     image.seek(0)
-    rgb = image.convert("RGB")
-    out = io.BytesIO()
-    rgb.save(out, format="PNG")
+    rgb = image.convert("RGB")  # decodes every pixel: a truncated file fails here
     digest = hashlib.sha256(f"{width}x{height}:".encode() + rgb.tobytes()).hexdigest()
-    return InputImage(png=out.getvalue(), width=width, height=height, sha256=digest)
+    return InputImage(data=data, format=kind, width=width, height=height, sha256=digest)
 
 
 def _too_many_bytes(size: int) -> str:
@@ -124,9 +123,9 @@ def decode_all(
 
 
 def to_pil(image: InputImage) -> Image.Image:
-    """The decoded image as Pillow RGB pixels (for a vision processor)."""
-    with Image.open(io.BytesIO(image.png)) as png:
-        return png.convert("RGB")
+    """The image's first frame as Pillow RGB pixels (for a vision processor)."""
+    with Image.open(io.BytesIO(image.data)) as file:
+        return file.convert("RGB")
 
 
 def openai_image_part(part: dict[str, object]) -> InputImage:

@@ -30,13 +30,19 @@ class ToolSpec(FrozenModel):
 ToolChoice = Literal["auto", "none", "required"]
 
 
+ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF"]
+
+
 class InputImage(FrozenModel):
-    """An image a message carries, decoded and checked by the API: its first frame as RGB
-    PNG bytes, its size in pixels, and the SHA-256 of its pixels (what caches key on)."""
+    """An image a message carries, checked by the API (it decodes, within the size limits):
+    the file as the client sent it (its first frame is the picture, as RGB), its format and
+    size in pixels, and the SHA-256 of its RGB pixels (what caches key on: the same picture
+    in another format hashes the same)."""
 
     model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
 
-    png: bytes = Field(min_length=1)
+    data: bytes = Field(min_length=1)
+    format: ImageFormat
     width: int = Field(ge=1)
     height: int = Field(ge=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")

@@ -65,8 +65,8 @@ def pixel_values(image: InputImage, config: Gemma3VisionConfig) -> Tensor:
     """As transformers' Gemma 3 image processor: RGB, bilinear resize to the tower's square,
     scaled to [0, 1], normalised by the mean and std: ``[3, S, S]`` float32."""
     size = config.tower.image_size
-    with Image.open(io.BytesIO(image.png)) as png:
-        resized = png.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
+    with Image.open(io.BytesIO(image.data)) as file:  # the first frame
+        resized = file.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)
     x = torch.from_numpy(np.asarray(resized, dtype=np.float32) / 255.0).permute(2, 0, 1)
     mean = torch.tensor(config.mean).view(3, 1, 1)
     std = torch.tensor(config.std).view(3, 1, 1)

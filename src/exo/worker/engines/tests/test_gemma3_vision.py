@@ -55,7 +55,7 @@ def test_pixels_match_the_gemma3_image_processor(folder: Path) -> None:
     processor = transformers.Gemma3ImageProcessorPil(size={"height": 64, "width": 64})
     for size, seed in IMAGES:
         image = _image(size, seed)
-        pil = Image.open(io.BytesIO(image.png)).convert("RGB")
+        pil = Image.open(io.BytesIO(image.data)).convert("RGB")
         theirs = processor(images=[pil], return_tensors="pt")["pixel_values"][0]
         ours = pixel_values(image, vision.config)
         assert ours.shape == theirs.shape == (3, 64, 64)
