@@ -25,7 +25,10 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_IMAGE_PIXELS = 40_000_000
 FORMATS: tuple[ImageFormat, ...] = ("PNG", "JPEG", "WEBP", "GIF")
 MEDIA_TYPES = frozenset({"image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"})
-URLS_OFF = "image URLs are not fetched by this node; send the image inline (a data: URL or base64)"
+URLS_OFF = (
+    "image URLs are not fetched by this node (its API setting image_url_fetch is off); "
+    "send the image inline (a data: URL or base64)"
+)
 
 _DATA_URL = re.compile(r"^data:([^;,]*)((?:;[^;,]*)*),(.*)$", re.DOTALL)
 

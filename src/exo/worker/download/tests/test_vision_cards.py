@@ -26,7 +26,9 @@ def _vision_folder(source: Path, folder: Path) -> Path:
 def test_hub_cards_flag_vision(hub_folders: dict[str, Path], tmp_path: Path) -> None:
     fake = FakeHub()
     fake.add_folder(SAFETENSORS_REPO, hub_folders[SAFETENSORS_REPO])
-    fake.add_folder("vis-org/tiny-vl", _vision_folder(hub_folders[SAFETENSORS_REPO], tmp_path / "vl"))
+    fake.add_folder(
+        "vis-org/tiny-vl", _vision_folder(hub_folders[SAFETENSORS_REPO], tmp_path / "vl")
+    )
     gguf = shutil.copytree(hub_folders[GGUF_REPO], tmp_path / "gguf")
     fake.add_folder(GGUF_REPO, hub_folders[GGUF_REPO])
     write_tiny_gguf(gguf / "mmproj-TinyLlama-F16.gguf", "F16")
