@@ -10,6 +10,7 @@ projector's under ``multi_modal_projector.`` (either optionally under ``model.``
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -128,3 +129,63 @@ def _under(tensors: dict[str, Tensor], prefixes: tuple[str, ...], probe: str) ->
         if prefix + probe in tensors:
             return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     raise ValueError(f"the checkpoint has no {probe} under {' or '.join(prefixes)}")
+
+
+def image_spans(ids: Sequence[int], image_token: int) -> list[tuple[int, int]]:
+    """Each run of image placeholder tokens in a prompt: (start, length)."""
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ids):
+        if ids[i] == image_token:
+            j = i
+            while j < len(ids) and ids[j] == image_token:
+                j += 1
+            spans.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+def merge_images(hidden: Tensor, ids: Tensor, embeds: Tensor, image_token: int) -> Tensor:
+    """The prompt's hidden states ``[T, D]`` (the token embeddings, already scaled) with its
+    image placeholder positions replaced, in order, by the images' soft tokens ``[n, N, D]``
+    (not scaled: Gemma scales text embeddings only)."""
+    where = ids == image_token
+    flat = embeds.reshape(-1, embeds.shape[-1]).to(hidden.dtype)
+    if int(where.sum()) != flat.shape[0]:
+        raise ValueError(
+            f"the prompt has {int(where.sum())} image positions for {flat.shape[0]} soft tokens"
+        )
+    out = hidden.clone()
+    out[where] = flat
+    return out
+
+
+def image_attention_mask(
+    n: int, spans: Sequence[tuple[int, int]], window: int | None = None
+) -> Tensor:
+    """Gemma 3's prefill mask ``[n, n]`` (True: attend): causal, and every position of an
+    image sees the whole image (bidirectional within it); a sliding layer's ``window`` also
+    limits how far back a position sees."""
+    q = torch.arange(n).view(-1, 1)
+    k = torch.arange(n).view(1, -1)
+    block = torch.full((n,), -1)
+    for i, (start, length) in enumerate(spans):
+        block[start : start + length] = i
+    same_image = (block.view(-1, 1) == block.view(1, -1)) & (block.view(-1, 1) >= 0)
+    mask = (k <= q) | same_image
+    if window is not None:
+        mask &= q - k < window
+    return mask
+
+
+def chunk_end(start: int, chunk: int, spans: Sequence[tuple[int, int]]) -> int:
+    """Where a prefill chunk starting at ``start`` ends so that no image is split: at
+    ``start + chunk``, or before the image that boundary would cut (after it when that image
+    begins the chunk)."""
+    end = start + chunk
+    for s, length in spans:
+        if s < end < s + length:
+            return s if s > start else s + length
+    return end

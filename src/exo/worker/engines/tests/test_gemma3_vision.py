@@ -11,7 +11,14 @@ from PIL import Image
 
 from exo.api.images import decode_image
 from exo.shared.types.text_generation import InputImage
-from exo.worker.engines.models.gemma3_vision import Gemma3Vision, pixel_values
+from exo.worker.engines.models.gemma3_vision import (
+    Gemma3Vision,
+    chunk_end,
+    image_attention_mask,
+    image_spans,
+    merge_images,
+    pixel_values,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,3 +83,52 @@ def test_soft_tokens_match_transformers(folder: Path) -> None:
     torch.testing.assert_close(ours, theirs, atol=1e-3 * scale, rtol=0)
     # Different pictures, different tokens.
     assert not torch.allclose(ours[0], ours[1])
+
+
+IMAGE_TOKEN = 260
+
+
+def test_merged_images_and_mask_give_transformers_logits(folder: Path) -> None:
+    """Our soft tokens merged at the placeholders and our image-aware masks, run through
+    transformers' own text model, give the logits of its full multimodal forward."""
+    vision = Gemma3Vision.load(folder)
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        folder, attn_implementation="sdpa"
+    ).eval()
+    images = [_image(size, seed) for size, seed in IMAGES[:2]]
+    ids = [2, 5, 6, 258, *[IMAGE_TOKEN] * TOKENS, 259, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    ids += [258, *[IMAGE_TOKEN] * TOKENS, 259, 17, 18]
+    tokens = torch.tensor([ids])
+    pixels = torch.stack([pixel_values(im, vision.config) for im in images])
+    with torch.no_grad():
+        theirs = model(
+            input_ids=tokens, pixel_values=pixels, token_type_ids=(tokens == IMAGE_TOKEN).long()
+        ).logits[0]
+        spans = image_spans(ids, IMAGE_TOKEN)
+        assert spans == [(4, TOKENS), (20, TOKENS)]
+        hidden = model.model.language_model.embed_tokens(tokens)[0]
+        merged = merge_images(hidden, tokens[0], vision(images), IMAGE_TOKEN)
+        window = model.config.text_config.sliding_window
+        masks = {
+            "full_attention": image_attention_mask(len(ids), spans)[None, None],
+            "sliding_attention": image_attention_mask(len(ids), spans, window)[None, None],
+        }
+        out = model.model.language_model(inputs_embeds=merged[None], attention_mask=masks)
+        ours = model.lm_head(out.last_hidden_state)[0]
+    scale = float(theirs.abs().max())
+    torch.testing.assert_close(ours, theirs, atol=1e-3 * scale, rtol=0)
+    # Without the image blocks (plain causal), the answer differs: the mask matters.
+    causal = {k: torch.ones(len(ids), len(ids)).tril().bool()[None, None] for k in masks}
+    with torch.no_grad():
+        plain = model.model.language_model(inputs_embeds=merged[None], attention_mask=causal)
+    assert not torch.allclose(model.lm_head(plain.last_hidden_state)[0], theirs, atol=1e-3 * scale)
+
+
+def test_chunks_never_split_an_image() -> None:
+    spans = [(4, 4), (20, 4)]
+    assert chunk_end(0, 6, spans) == 4  # would cut the first image: stop before it
+    assert chunk_end(4, 2, spans) == 8  # the image begins the chunk: take it whole
+    assert chunk_end(8, 8, spans) == 16
+    assert chunk_end(16, 8, spans) == 24  # ends exactly after the second image
+    mask = image_attention_mask(10, [(2, 3)])
+    assert bool(mask[2, 4]) and bool(mask[3, 2]) and not bool(mask[1, 2]) and not bool(mask[4, 5])
