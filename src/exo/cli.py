@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require this key on every API request (or set EXO_API_KEY)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow browser requests from this origin (repeatable; default: none)")
+    p.add_argument("--image-url-fetch", action="store_true",
+                   help="fetch http(s) image URLs named in requests (default: off, a 400)")
     p.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 1)),
                    help="CPU threads for this node's runners, shared among them (default: all cores)")
     p.add_argument("--models-dir", action="append", default=[], type=Path, metavar="DIR",
@@ -212,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
             port=args.api_port,
             api_key=args.api_key,
             cors_origins=args.cors_origin,
+            image_url_fetch=args.image_url_fetch,
         ),
         runner_threads=args.threads,
         cluster=cluster_config(args),

@@ -3,11 +3,11 @@
 content_block_delta..., content_block_stop, message_delta, message_stop; failures as
 ``event: error``)."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, PlainValidator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError, claude_error_type
@@ -21,8 +21,9 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.generation_service import GenerationService
+from exo.api.images import ImageError, check_media_type, image_from_base64, image_from_url
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
-from exo.api.task_params import NO_VISION, ApiModel, Sampling, build_task_params, text_content
+from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
 from exo.api.tool_models import (
     Tools,
     arguments_text,
@@ -35,6 +36,7 @@ from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import (
+    InputImage,
     InputMessage,
     TextGenerationTaskParams,
     ToolCall,
@@ -65,8 +67,38 @@ class ToolResultBlock(ApiModel):
     is_error: bool = False
 
 
+def _claude_image(value: object) -> InputImage:
+    """An image block's ``source``: ``{"type": "base64", "media_type", "data"}`` or
+    ``{"type": "url", "url"}``."""
+    if not isinstance(value, dict):
+        raise ValueError("must be an object with a 'type' of 'base64' or 'url'")
+    source = cast(dict[str, object], value)
+    try:
+        match source.get("type"):
+            case "base64":
+                media_type, data = source.get("media_type"), source.get("data")
+                if not isinstance(data, str):
+                    raise ImageError("a base64 source needs a string 'data'")
+                check_media_type(media_type if isinstance(media_type, str) else None)
+                return image_from_base64(data)
+            case "url":
+                url = source.get("url")
+                if not isinstance(url, str):
+                    raise ImageError("a url source needs a string 'url'")
+                return image_from_url(url)
+            case other:
+                raise ImageError(f"source type {other!r} is not supported: use base64 or url")
+    except ImageError as e:
+        raise ValueError(str(e)) from e
+
+
 class ImageBlock(ApiModel):
-    type: Literal["image", "document"]
+    type: Literal["image"]
+    source: Annotated[InputImage, PlainValidator(_claude_image)]
+
+
+class DocumentBlock(ApiModel):
+    type: Literal["document"]
 
 
 class ThinkingBlock(ApiModel):
@@ -76,7 +108,7 @@ class ThinkingBlock(ApiModel):
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | ThinkingBlock,
+    TextBlock | ToolUseBlock | ToolResultBlock | ImageBlock | DocumentBlock | ThinkingBlock,
     Field(discriminator="type"),
 ]
 
@@ -95,6 +127,7 @@ class ClaudeMessage(ApiModel):
         out: list[InputMessage] = []
         texts: list[str] = []
         calls: list[ToolCall] = []
+        images: list[InputImage] = []
         for block in self.content:
             match block:
                 case TextBlock():
@@ -118,11 +151,17 @@ class ClaudeMessage(ApiModel):
                 case ThinkingBlock():
                     pass
                 case ImageBlock():
+                    images.append(block.source)
+                case DocumentBlock():
                     raise ApiError(
-                        400, f"messages: a {block.type} block: {NO_VISION}", param="messages"
+                        400, "messages: document blocks are not supported", param="messages"
                     )
-        if texts or calls or not out:
-            out.append(InputMessage(role=self.role, content="\n".join(texts), tool_calls=calls))
+        if texts or calls or images or not out:
+            out.append(
+                InputMessage(
+                    role=self.role, content="\n".join(texts), tool_calls=calls, images=images
+                )
+            )
         return out
 
 

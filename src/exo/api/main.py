@@ -21,6 +21,7 @@ from exo.api import (
 from exo.api.errors import install_error_handlers
 from exo.api.generation_service import GenerationService
 from exo.api.handle import NodeHandle
+from exo.api.image_fetch import ImageFetcher
 from exo.api.middleware import ApiKeyMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
 from exo.api.request_guard import RequestGuard
 from exo.api.settings import ApiSettings
@@ -57,6 +58,12 @@ def create_app(
         app.include_router(module.router(service))
     # Added last is outermost: metrics see every answer, CORS answers preflights before
     # the key check (browsers send no credentials there).
+    if settings.image_url_fetch:
+        app.add_middleware(
+            ImageFetcher,
+            max_bytes=settings.image_url_max_bytes,
+            timeout_s=settings.image_url_timeout_s,
+        )
     app.add_middleware(UnicodeGuard)
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key)

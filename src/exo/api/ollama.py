@@ -3,11 +3,11 @@ default), ``/api/tags``, ``/api/show``, ``/api/ps`` and ``/api/version``."""
 
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PlainValidator, field_validator, model_validator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
@@ -21,10 +21,10 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.generation_service import GenerationService, served_card
+from exo.api.images import ImageError, decode_all, image_from_base64, image_from_url
 from exo.api.ollama_models import ps_entry, show_entry, tag_entry
 from exo.api.streaming import GenerationStream, client_gone, complete, ndjson
 from exo.api.task_params import (
-    NO_VISION,
     ApiModel,
     Sampling,
     SamplingOptions,
@@ -46,7 +46,12 @@ from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.commands import DeleteInstance
 from exo.shared.types.common import CommandId
 from exo.shared.types.state_queries import instances_of, serving_instance
-from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams, ToolCall
+from exo.shared.types.text_generation import (
+    InputImage,
+    InputMessage,
+    TextGenerationTaskParams,
+    ToolCall,
+)
 
 # The Ollama API version we speak (clients check it).
 OLLAMA_VERSION = "0.12.0"
@@ -86,10 +91,26 @@ class OllamaOptions(SamplingOptions):
         return self.to_sampling(limit)
 
 
-def _no_images(value: list[str] | None) -> list[str] | None:
-    if value:
-        raise ValueError(NO_VISION)
-    return value
+def _ollama_images(value: object) -> object:
+    """Ollama's ``images``: base64 texts (a data URL is taken too)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError("must be a list of base64-encoded images")
+    sources = cast(list[object], value)
+    if not all(isinstance(v, str) for v in sources):
+        raise ValueError("each image must be a base64 string")
+    try:
+        return decode_all([str(v) for v in sources], "image", _ollama_image)
+    except ImageError as e:
+        raise ValueError(str(e)) from e
+
+
+def _ollama_image(source: str) -> InputImage:
+    return image_from_url(source) if source.startswith("data:") else image_from_base64(source)
+
+
+OllamaImages = Annotated[list[InputImage], PlainValidator(_ollama_images)]
 
 
 class OllamaCall(ApiModel):
@@ -99,12 +120,10 @@ class OllamaCall(ApiModel):
 class OllamaMessage(ApiModel):
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
-    images: list[str] | None = None
+    images: OllamaImages = []
     tool_calls: list[OllamaCall] = []
     tool_name: str | None = None
     tool_call_id: str | None = None
-
-    _images = field_validator("images")(_no_images)
 
     def message(self, index: int) -> InputMessage:
         calls = [
@@ -118,6 +137,7 @@ class OllamaMessage(ApiModel):
         return InputMessage(
             role=self.role,
             content=self.content,
+            images=self.images,
             tool_calls=calls,
             tool_call_id=self.tool_call_id,
             name=self.tool_name,
@@ -145,13 +165,11 @@ class GenerateRequest(ApiModel):
     stream: bool = True
     options: OllamaOptions = OllamaOptions()
     format: object = None
-    images: list[str] | None = None
+    images: OllamaImages = []
     keep_alive: object = None
     think: bool | Literal["low", "medium", "high"] | None = None
     # An earlier answer's ``context``: the token ids this prompt continues from.
     context: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
-
-    _images = field_validator("images")(_no_images)
 
 
 class NamedModelRequest(ApiModel):
@@ -224,13 +242,15 @@ def generate_task_params(request: GenerateRequest, card: ModelCard) -> TextGener
     messages: list[InputMessage] = []
     if request.system and not request.raw:
         messages.append(InputMessage(role="system", content=request.system))
-    messages.append(InputMessage(role="user", content=request.prompt))
+    if request.raw and request.images:
+        raise ApiError(400, "images: a raw prompt cannot carry images", param="images")
+    messages.append(InputMessage(role="user", content=request.prompt, images=request.images))
     return build_task_params(
         card,
         messages,
         request.options.sampling(),
         stream=request.stream,
-        names={**_OPTION_NAMES, "input": "prompt"},
+        names={**_OPTION_NAMES, "input": "prompt", "images": "images"},
         raw_prompt=request.prompt if request.raw else None,
         num_ctx=request.options.num_ctx,
         template_kwargs=thinking_kwargs(request.think),

@@ -91,8 +91,10 @@ NO_TEMPLATE_NOTE = (
 
 def capabilities(card: ModelCard) -> list[str]:
     """Ollama's capability names: every model completes and calls tools (a template
-    that does not know tools is taught them), a thinking template thinks."""
-    return ["completion", "tools", *(["thinking"] if supports_thinking(card.chat_template) else [])]
+    that does not know tools is taught them), a thinking template thinks, a vision model
+    sees."""
+    thinks = ["thinking"] if supports_thinking(card.chat_template) else []
+    return ["completion", "tools", *thinks, *(["vision"] if card.vision else [])]
 
 
 def show_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:

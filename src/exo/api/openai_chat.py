@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BeforeValidator, Field
+from pydantic import Field, PlainValidator
 from starlette.responses import Response
 
 from exo.api.errors import ApiError
@@ -21,12 +21,14 @@ from exo.api.generation_events import (
     ToolCallEvent,
 )
 from exo.api.generation_service import GenerationService
+from exo.api.images import openai_image_part
 from exo.api.streaming import GenerationStream, client_gone, complete, sse
 from exo.api.task_params import (
     ApiModel,
+    Content,
     SamplingOptions,
     build_task_params,
-    text_content,
+    message_content,
 )
 from exo.api.tool_models import (
     CallIn,
@@ -44,13 +46,13 @@ from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import InputMessage, Role, TextGenerationTaskParams
 
 
-def _chat_text(value: object) -> object:
-    return text_content(value, ("text", "input_text"))
+def _chat_content(value: object) -> object:
+    return message_content(value, ("text", "input_text"), {"image_url": openai_image_part})
 
 
 class ChatMessage(ApiModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[str, BeforeValidator(_chat_text)] = ""
+    content: Annotated[Content, PlainValidator(_chat_content)] = Content("")
     tool_calls: list[CallIn] = []
     tool_call_id: str | None = None
     name: str | None = None
@@ -58,7 +60,8 @@ class ChatMessage(ApiModel):
     def message(self) -> InputMessage:
         return InputMessage(
             role=_ROLES[self.role],
-            content=self.content,
+            content=self.content.text,
+            images=list(self.content.images),
             tool_calls=[c.call(i) for i, c in enumerate(self.tool_calls)],
             tool_call_id=self.tool_call_id,
             name=self.name,
@@ -306,7 +309,14 @@ def total_usage(finished: Sequence[Finished]) -> Usage:
 
 
 def model_entry(card: ModelCard, created: int) -> dict[str, Any]:
-    return {"id": card.model_id, "object": "model", "created": created, "owned_by": "exo"}
+    """OpenAI's model object; ``input_modalities`` (an extension) says whether it takes images."""
+    return {
+        "id": card.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "exo",
+        "input_modalities": ["text", "image"] if card.vision else ["text"],
+    }
 
 
 def model_list(cards: list[ModelCard], created: int) -> dict[str, Any]:

@@ -4,9 +4,17 @@ tools, text format and reasoning options, and the task they become."""
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, PlainValidator
 
-from exo.api.task_params import ApiModel, Sampling, build_task_params, text_content
+from exo.api.images import responses_image_part
+from exo.api.task_params import (
+    ApiModel,
+    Content,
+    Sampling,
+    build_task_params,
+    message_content,
+    text_content,
+)
 from exo.api.tool_models import (
     ReasoningEffort,
     TextFormat,
@@ -28,10 +36,16 @@ def _input_text(value: object) -> object:
     return text_content(value, ("input_text", "output_text", "text"))
 
 
+def _input_content(value: object) -> object:
+    return message_content(
+        value, ("input_text", "output_text", "text"), {"input_image": responses_image_part}
+    )
+
+
 class InputItem(ApiModel):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, BeforeValidator(_input_text)]
+    content: Annotated[Content, PlainValidator(_input_content)]
 
 
 class FunctionCallItem(ApiModel):
@@ -145,7 +159,13 @@ def input_messages(items: list[Item]) -> list[InputMessage]:
     for item in items:
         match item:
             case InputItem():
-                out.append(InputMessage(role=_ROLES[item.role], content=item.content))
+                out.append(
+                    InputMessage(
+                        role=_ROLES[item.role],
+                        content=item.content.text,
+                        images=list(item.content.images),
+                    )
+                )
             case FunctionCallItem():
                 names[item.call_id] = item.name
                 call = ToolCall(id=item.call_id, name=item.name, arguments=item.arguments)

@@ -29,6 +29,11 @@ class ApiSettings(BaseModel):
     # Where stored Responses live (None: in memory).
     data_dir: Path | None = None
     max_stored_responses: int = Field(default=1000, ge=1)
+    # Fetch http(s) image URLs that requests name (off: such a request is a 400), each within
+    # this many bytes and seconds.
+    image_url_fetch: bool = False
+    image_url_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    image_url_timeout_s: float = Field(default=10.0, gt=0)
 
     @field_validator("api_key")
     @classmethod

@@ -1,7 +1,7 @@
 """What the request formats share: lenient request models, text content, and the one
 way to build ``TextGenerationTaskParams`` with errors that name the client's parameter."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, cast
 
@@ -15,8 +15,10 @@ from pydantic import (
 )
 
 from exo.api.errors import ApiError
+from exo.api.images import ImageError
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.text_generation import (
+    InputImage,
     InputMessage,
     TextGenerationTaskParams,
     ToolChoice,
@@ -55,26 +57,54 @@ StopList = Annotated[list[str], BeforeValidator(_stop_list)]
 
 
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image", "input_file", "file"})
-NO_VISION = "images need a vision model, and the models served here read text only"
+NOT_HERE = "images are accepted only in a message's content"
+
+# Reads one image part (its fields) of a format's content into an image.
+ImageReader = Callable[[dict[str, object]], InputImage]
+
+
+@dataclass(frozen=True)
+class Content:
+    """A message's content: its text parts joined, and its images in order."""
+
+    text: str
+    images: tuple[InputImage, ...] = ()
 
 
 def text_content(value: object, part_types: Sequence[str]) -> str:
     """Text from a string or a list of text parts (``{"type": "text", "text": ...}``);
     a ValueError naming the first part that is not text."""
+    return message_content(value, part_types, {}).text
+
+
+def message_content(
+    value: object, part_types: Sequence[str], images: Mapping[str, ImageReader]
+) -> Content:
+    """Text and images from a string or a list of parts: text parts of ``part_types``, image
+    parts of the types ``images`` reads; a ValueError naming the first part that is neither
+    or whose image is unusable."""
     if value is None:
-        return ""
+        return Content("")
     if isinstance(value, str):
-        return value
+        return Content(value)
     if not isinstance(value, list):
         raise ValueError("must be a string or a list of content parts")
     texts: list[str] = []
+    decoded: list[InputImage] = []
     for i, part in enumerate(_as_list(value)):
         if not isinstance(part, dict):
             raise ValueError(f"part {i} must be an object")
         fields_ = _as_dict(part)
         kind = fields_.get("type")
+        reader = images.get(kind) if isinstance(kind, str) else None
+        if reader is not None:
+            try:
+                decoded.append(reader(fields_))
+            except ImageError as e:
+                raise ValueError(f"part {i} ({kind}): {e}") from e
+            continue
         if kind in IMAGE_PARTS:
-            raise ValueError(f"part {i} is an image: {NO_VISION}")
+            raise ValueError(f"part {i} is {kind!r}: {NOT_HERE}")
         if kind not in part_types:
             allowed = " or ".join(repr(t) for t in part_types)
             raise ValueError(
@@ -84,7 +114,11 @@ def text_content(value: object, part_types: Sequence[str]) -> str:
         if not isinstance(text, str):
             raise ValueError(f"part {i} needs a string 'text'")
         texts.append(text)
-    return "\n".join(texts)
+    return Content("\n".join(texts), tuple(decoded))
+
+
+def no_vision(card: ModelCard) -> str:
+    return f"model {card.model_id} does not take images (it has no vision encoder)"
 
 
 def _as_list(value: list[Any]) -> list[object]:
@@ -181,6 +215,7 @@ def build_task_params(
         if getattr(sampling, f.name) is not None
     }
     _check_prompt_size(messages, raw_prompt, card, names)
+    _check_images(messages, card, names)
     values["stop"] = list(sampling.stop)
     if sampling.top_p is not None and sampling.top_p <= 0:
         # top_p 0 keeps only the most likely token.
@@ -236,3 +271,13 @@ def _check_prompt_size(
             param=name,
             code="context_length_exceeded",
         )
+
+
+def _check_images(
+    messages: Sequence[InputMessage], card: ModelCard, names: Mapping[str, str]
+) -> None:
+    """Images only go to a model that reads them."""
+    if card.vision or not any(m.images for m in messages):
+        return
+    name = names.get("images", names.get("input", "messages"))
+    raise ApiError(400, f"{name}: {no_vision(card)}", param=name)

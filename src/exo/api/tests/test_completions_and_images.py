@@ -1,5 +1,6 @@
 """Legacy completions through the official client; images refused naming vision."""
 
+import base64
 from typing import Any
 
 import httpx
@@ -8,7 +9,11 @@ import openai
 import pytest
 
 from exo.api.tests.scripted_node import PROMPT_TOKENS, TEXT, ScriptedNode, ServedApp
+from exo.api.tests.test_images import data_url, image_bytes
 from exo.shared.models.model_cards import HubSource
+
+PNG = image_bytes("PNG")
+PNG_B64 = base64.b64encode(PNG).decode()
 
 
 def oa(server: ServedApp) -> openai.OpenAI:
@@ -48,7 +53,7 @@ def test_images_are_a_400_naming_vision(shared_server: ServedApp) -> None:
             "role": "user",
             "content": [
                 {"type": "text", "text": "what is this?"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "image_url", "image_url": {"url": data_url(PNG)}},
             ],
         }
     ]
@@ -57,7 +62,7 @@ def test_images_are_a_400_naming_vision(shared_server: ServedApp) -> None:
     assert "vision" in str(info.value)
     with pytest.raises(ollama.ResponseError) as ol:
         ollama.Client(host=shared_server.url).chat(
-            model="m1", messages=[{"role": "user", "content": "x", "images": ["AAAA"]}]
+            model="m1", messages=[{"role": "user", "content": "x", "images": [PNG_B64]}]
         )
     assert ol.value.status_code == 400 and "vision" in ol.value.error
     r = httpx.post(
@@ -66,7 +71,10 @@ def test_images_are_a_400_naming_vision(shared_server: ServedApp) -> None:
             "model": "m1",
             "max_tokens": 5,
             "messages": [
-                {"role": "user", "content": [{"type": "image", "source": {"type": "base64"}}]}
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "base64", "data": PNG_B64}}],
+                }
             ],
         },
     )

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 from exo.api import ollama, openai_chat, openai_completions
 from exo.api.tests.scripted_node import small_card
 from exo.shared.types.text_generation import TextGenerationTaskParams
-from exo.worker.runner.generation import _sampling  # pyright: ignore[reportPrivateUsage]
+from exo.worker.runner.sampling_params import sampling_params as _sampling  # pyright: ignore[reportPrivateUsage]
 
 CARD = small_card("test-org/model-1")
 CHAT = {"model": "m1", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9}

@@ -11,10 +11,13 @@ from exo.api.errors import ApiError, ApiFamily, claude_error_type, error_body, v
 from exo.api.generation_events import Failed, Finished, TextDelta, Timings
 from exo.api.management import choose_preview
 from exo.api.tests.scripted_node import small_card
+from exo.api.tests.test_images import data_url, image_bytes
 from exo.master.placement import PlacementPreview
 from exo.shared.types.chunks import Usage
 from exo.shared.types.common import CommandId
 from exo.shared.types.text_generation import InputMessage
+
+PNG = image_bytes("PNG")
 
 CARD = small_card("test-org/model-1")
 CID = CommandId("cmd1")
@@ -399,12 +402,18 @@ def test_claude_images_are_a_400_naming_vision() -> None:
         {
             "model": "m",
             "max_tokens": 5,
-            "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}],
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "source": {"type": "url", "url": data_url(PNG)}}],
+                }
+            ],
         }
     )
     with pytest.raises(ApiError) as info:
         claude.messages_task_params(request, CARD)
     assert info.value.status == 400 and "vision" in info.value.message
+    assert f"{CARD.model_id} does not take images" in info.value.message
 
 
 def test_completions_take_the_same_sampling_parameters_as_chat() -> None:

@@ -1,5 +1,6 @@
 """Model cards: what placement and the engine need to know about a model."""
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import GetCoreSchemaHandler
@@ -103,9 +104,23 @@ class ModelCard(FrozenModel):
     experts_per_token: int = 0
     total_params: int = 0
     active_params: int = 0
+    # The model takes images: its config has a vision tower (``vision_config``), or its GGUF
+    # repository carries the vision projector (an ``mmproj`` file).
+    vision: bool = False
 
     @property
     def attention_head_dim(self) -> int:
         if self.head_dim is not None:
             return self.head_dim
         return self.hidden_size // max(self.num_heads, 1)
+
+
+def config_takes_images(config: Mapping[str, object]) -> bool:
+    """A transformers config with a vision tower (``vision_config``: Gemma 3, Qwen-VL...)."""
+    return isinstance(config.get("vision_config"), dict)
+
+
+def is_mmproj(path: str) -> bool:
+    """A GGUF file of llama.cpp's multimodal projector (the vision tower of a GGUF model)."""
+    name = path.rsplit("/", 1)[-1].lower()
+    return name.endswith(".gguf") and "mmproj" in name

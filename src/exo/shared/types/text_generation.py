@@ -2,7 +2,7 @@
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from exo.shared.models.model_cards import ModelId
 from exo.shared.types.common import FrozenModel
@@ -30,9 +30,29 @@ class ToolSpec(FrozenModel):
 ToolChoice = Literal["auto", "none", "required"]
 
 
+ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF"]
+
+
+class InputImage(FrozenModel):
+    """An image a message carries, checked by the API (it decodes, within the size limits):
+    the file as the client sent it (its first frame is the picture, as RGB), its format and
+    size in pixels, and the SHA-256 of its RGB pixels (what caches key on: the same picture
+    in another format hashes the same)."""
+
+    model_config = ConfigDict(ser_json_bytes="base64", val_json_bytes="base64")
+
+    data: bytes = Field(min_length=1)
+    format: ImageFormat
+    width: int = Field(ge=1)
+    height: int = Field(ge=1)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
 class InputMessage(FrozenModel):
     role: Role
     content: str
+    # The message's images, in the order the client sent them (after its text).
+    images: list[InputImage] = []
     # An assistant turn's calls.
     tool_calls: list[ToolCall] = []
     # A tool result: the call it answers and the function's name.

@@ -20,7 +20,14 @@ from exo.shared.models.hub_files import (
     split_parts_complete,
 )
 from exo.shared.models.memory import mla_kv_bytes_per_token
-from exo.shared.models.model_cards import HubFile, HubSource, ModelCard, ModelId
+from exo.shared.models.model_cards import (
+    HubFile,
+    HubSource,
+    ModelCard,
+    ModelId,
+    config_takes_images,
+    is_mmproj,
+)
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
@@ -99,6 +106,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
     if not weights or not any(f.path == "config.json" for f in hub.files):
         raise DownloadError(f"{hub.repo_id} has no safetensors weights with a config.json", 404)
     raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
+    vision = config_takes_images(raw)
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
     weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
@@ -128,6 +136,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         )
         if raw.get("kv_lora_rank")
         else 0,
+        vision=vision,
     )
 
 
@@ -179,6 +188,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         n_experts=key("expert_count", 0),
         experts_per_token=key("expert_used_count", 0),
         kv_bytes_per_token=kv_latent,
+        vision=any(is_mmproj(f.path) for f in hub.files),
     )
 
 

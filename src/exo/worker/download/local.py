@@ -2,12 +2,14 @@
 Hugging Face cache (for hub models); and the card of a model file a user names.
 Nothing here requires the hub."""
 
+import json
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
-from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.models.model_cards import ModelCard, ModelId, config_takes_images, is_mmproj
 from exo.shared.types.memory import Memory
 from exo.shared.types.worker.downloads import (
     DownloadCompleted,
@@ -136,4 +138,17 @@ def card_from_path(path: Path) -> ModelCard:
         experts_per_token=facts.experts_per_token,
         total_params=facts.total_params,
         active_params=facts.active_params,
+        vision=takes_images(path),
     )
+
+
+def takes_images(path: Path) -> bool:
+    """A safetensors folder whose config has a vision tower, or a GGUF file beside an mmproj
+    file (llama.cpp's vision projector)."""
+    if path.is_dir():
+        try:
+            config = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(config, dict) and config_takes_images(cast(dict[str, object], config))
+    return any(is_mmproj(p.name) for p in path.parent.glob("*.gguf") if p != path)

@@ -11,16 +11,46 @@ A request takes an entry's pages over (no page is shared by two requests); the p
 reused positions are freed. Entries are evicted oldest first when the pages they hold, with
 what the running requests may still need, would pass the cache's budget (the memory placement
 reserved for a full cache).
+
+A prompt with images is keyed by ``image_keyed``: an image's placeholder positions carry the
+image's pixel hash, so two prompts with the same tokens but different pictures share nothing
+from the first image position on.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from exo.worker.engines.kv_cache import KVCache, pages_for
 
+# One prompt position as the cache compares it: a token id, or an image position's
+# "<image sha256>:<offset>".
+KeyItem = int | str
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """One image's placeholder positions in a prompt, and the image's pixel hash."""
+
+    start: int
+    length: int
+    sha256: str
+
+
+def image_keyed(prompt: Sequence[int], spans: Sequence[ImageSpan]) -> list[KeyItem]:
+    """The prompt's cache key: its token ids, each image position replaced by the image's
+    hash and the position's offset in the image."""
+    key: list[KeyItem] = list(prompt)
+    for span in spans:
+        if span.start < 0 or span.start + span.length > len(key):
+            raise ValueError(f"image span {span.start}+{span.length} is outside the prompt")
+        for i in range(span.length):
+            key[span.start + i] = f"{span.sha256}:{i}"
+    return key
+
 
 @dataclass
 class _Entry:
-    tokens: list[int]  # the prompt positions whose keys/values the pages hold: whole chunks
+    tokens: list[KeyItem]  # the prompt positions whose keys/values the pages hold: whole chunks
     pages: list[int]
     used: int
 
@@ -41,7 +71,7 @@ class PrefixCache:
     def budget_pages(self) -> int:
         return self.cache.max_pages
 
-    def retain(self, prompt: list[int], prefilled: int, pages: list[int]) -> None:
+    def retain(self, prompt: Sequence[KeyItem], prefilled: int, pages: list[int]) -> None:
         """Keep the whole chunks of ``prompt`` among its first ``prefilled`` positions (the
         pages of a finished request's slot); free the rest."""
         keep = min(prefilled, len(prompt)) // self.chunk * self.chunk
@@ -50,7 +80,7 @@ class PrefixCache:
             self.cache.free(pages)
             return
         self.cache.free(pages[n_pages:])
-        tokens = prompt[:keep]
+        tokens = list(prompt[:keep])
         for e in list(self._entries):  # an entry this one extends (or repeats) goes
             if tokens[: len(e.tokens)] == e.tokens:
                 self._entries.remove(e)
@@ -58,7 +88,7 @@ class PrefixCache:
         self._tick += 1
         self._entries.append(_Entry(tokens, pages[:n_pages], self._tick))
 
-    def take(self, prompt: list[int]) -> tuple[int, list[int]] | None:
+    def take(self, prompt: Sequence[KeyItem]) -> tuple[int, list[int]] | None:
         """The longest reusable start of ``prompt``: (positions, their pages), removed from
         the cache; None if no entry shares a whole chunk with it. At least one token of the
         prompt is always left to prefill (its logits give the first token)."""
@@ -87,7 +117,7 @@ class PrefixCache:
         self._entries.clear()
 
 
-def _common(a: list[int], b: list[int], limit: int) -> int:
+def _common(a: Sequence[KeyItem], b: Sequence[KeyItem], limit: int) -> int:
     n = min(len(a), len(b), limit)
     for i in range(n):
         if a[i] != b[i]:

@@ -41,10 +41,11 @@ from exo.worker.engines.grammar import (
     tool_call_grammar,
 )
 from exo.worker.engines.llama import LlamaModel
-from exo.worker.engines.sampling import SamplingParams, TokenLogprobs
+from exo.worker.engines.sampling import TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.microbatch import PipelinedBatcher, pipelined_batcher
+from exo.worker.runner.sampling_params import sampling_params
 from exo.worker.runner.settings import RunnerSettings
 
 Progress = Callable[[int, int], None]
@@ -98,6 +99,10 @@ class Generation:
         params = task.task_params
         if params.embed:
             return self._embedded(task)
+        if any(m.images for m in params.input):
+            # No engine family reads images yet: refuse rather than answer without them.
+            message = f"{params.model}: this node's engine cannot read images for this model yet"
+            return self._failed(task, message, "invalid_request")
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""
@@ -168,7 +173,7 @@ class Generation:
         runs = max_tokens > 0 or prompt_sink is not None
         try:
             if runs:
-                sampling = _sampling(params, max_tokens, constraint, sink, prompt_sink)
+                sampling = sampling_params(params, max_tokens, constraint, sink, prompt_sink)
                 self.batch.add(task.task_id, prompt_ids, sampling)
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
@@ -423,32 +428,6 @@ class Generation:
                 task_id=task.task_id, task_status=TaskStatus.Failed, error_message=message
             ),
         ]
-
-
-def _sampling(
-    params: TextGenerationTaskParams,
-    max_tokens: int,
-    constraint: GrammarConstraint | None,
-    sink: list[TokenLogprobs] | None,
-    prompt_sink: list[TokenLogprobs] | None,
-) -> SamplingParams:
-    return SamplingParams(
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        seed=params.seed,
-        max_tokens=max_tokens,
-        repetition_penalty=params.repetition_penalty,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        constraint=constraint,
-        top_logprobs=params.top_logprobs,
-        logprob_sink=sink,
-        prompt_logprob_sink=prompt_sink,
-        logit_bias=tuple(params.logit_bias.items()),
-        ignore_eos=params.ignore_eos,
-    )
 
 
 def load_generation(
