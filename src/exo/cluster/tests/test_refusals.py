@@ -17,7 +17,7 @@ from exo.cluster.store import ElectionStore
 from exo.master.decide import Fresh, decide
 from exo.master.event_log import SqliteEventLog
 from exo.shared.tests.builders import node_info, pipeline_instance
-from exo.shared.types.commands import CreateInstance, RecordRefusal
+from exo.shared.types.commands import CreateInstance, DeleteInstance, RecordRefusal
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import CommandRefused, IndexedEvent
 from exo.shared.types.state import State
@@ -71,3 +71,29 @@ async def test_a_refusal_is_logged_once_and_never_for_an_id_the_log_holds(
     assert refused == CommandRefused(command_id=CommandId("new"), reason="cut by a merge")
     assert host.state().instances.keys() == {InstanceId("i")}  # a refusal changes no state
     assert host.failed == {}  # the refusal's client was told before: no error chunk now
+
+
+@pytest.mark.anyio
+async def test_a_re_submitted_command_the_master_refuses_is_logged_as_refused(
+    tmp_path: Path,
+) -> None:
+    """A deletion re-submitted after a merge whose instance went meanwhile (another
+    deletion, its node timed out): the master's refusal is logged under its id. A client's
+    own command refused the same way is not logged (its client hears why)."""
+    host = SimHost(ME, State(), lambda: 0.0, node_info())
+    replica = Replica(host, SqliteEventLog(tmp_path / "events.db"),
+                      ElectionStore(tmp_path / "election.json"))
+    sequencer = Sequencer(host, replica, Peers(ME, lambda: 0.0, 5.0),
+                          lambda: cast(ClusterNetwork, _Published()))
+    await sequencer.take_over(1, lambda: None)
+    again = DeleteInstance(instance_id=InstanceId("gone"), command_id=CommandId("again"))
+    fresh = DeleteInstance(instance_id=InstanceId("gone"), command_id=CommandId("fresh"))
+    host.pending.add(CommandId("fresh"))
+    assert await sequencer.submit(again, ME, resubmitted=True)
+    assert await sequencer.submit(again, ME, resubmitted=True)  # once
+    assert await sequencer.submit(fresh, ME)
+    logged = _logged(replica)
+    assert [e.command_id for e in logged] == [CommandId("again")]
+    assert logged[0].event == CommandRefused(command_id=CommandId("again"),
+                                             reason="no instance gone")
+    assert host.failed == {CommandId("fresh"): "no instance gone"}
