@@ -171,8 +171,9 @@ class Replica:
             f"cluster: dropping {report.dropped_events} events {first}..{self.last_idx} "
             f"that the master's log does not hold ({', '.join(report.event_kinds) or 'not kept'});"
             f" commands re-submitted: {_listed(_applied_again(again))}; recorded as refused: "
-            f"already deleted {_listed(again.settled)}, not run again (generations, "
-            f"cancellations) {_listed(again.answered)}, refused already {_listed(again.refused)}"
+            f"already deleted: {_listed(again.settled)}; not run again (generations, "
+            f"cancellations): {_listed(again.answered)}; refused already: "
+            f"{_listed(again.refused)}"
             + (compacted if kept > first else "")
         )
         return report
