@@ -108,7 +108,7 @@ class MasterDelivery:
         has it already says so); this node stands for their origin (their clients were
         answered when they were first applied)."""
         async for command in self._again_rx:
-            while not await self._command_to_master(command, self.node_id):
+            while not await self._command_to_master(command, self.node_id, resubmitted=True):
                 await self._wait_master_change(self._config.heartbeat_interval_s)
             self._pending.taken(command.command_id)
 
@@ -125,13 +125,16 @@ class MasterDelivery:
                 return
             await self._wait_master_change(self._config.heartbeat_interval_s)
 
-    async def _command_to_master(self, command: Command, origin: NodeId | None) -> bool:
+    async def _command_to_master(
+        self, command: Command, origin: NodeId | None, *, resubmitted: bool = False
+    ) -> bool:
         master = self._master()
         if master is None:
             return False
         if master == self.node_id:
-            return await self._sequencer.submit(command, origin)
-        return await self._ask(COMMANDS, CommandMsg(command=command, origin=origin), master)
+            return await self._sequencer.submit(command, origin, resubmitted=resubmitted)
+        message = CommandMsg(command=command, origin=origin, resubmitted=resubmitted)
+        return await self._ask(COMMANDS, message, master)
 
     async def forward_local_events(self) -> None:
         batch: list[Event] = []

@@ -21,6 +21,9 @@ class EventMsg(FrozenModel):
 class CommandMsg(FrozenModel):
     command: Command
     origin: NodeId | None
+    resubmitted: bool = False
+    """Re-submitted after a merge dropped it (``cluster.resubmit``): a refusal of it is
+    logged (``CommandRefused``), so that its id ends in the log all the same."""
 
 
 class LocalEventsMsg(FrozenModel):

@@ -14,6 +14,7 @@ from exo.cluster.messages import CatchUpReply, EventMsg
 from exo.cluster.resubmit import Resubmission, resubmissions
 from exo.cluster.store import ElectionStore
 from exo.master.event_log import LogUnavailable, SqliteEventLog
+from exo.shared.types.commands import RecordRefusal
 from exo.shared.types.common import CommandId
 from exo.shared.types.events import IndexedEvent
 from exo.shared.types.state import MergeReport, State
@@ -169,11 +170,17 @@ class Replica:
         logger.warning(
             f"cluster: dropping {report.dropped_events} events {first}..{self.last_idx} "
             f"that the master's log does not hold ({', '.join(report.event_kinds) or 'not kept'});"
-            f" commands re-submitted: {_listed([c.command_id for c in again.commands])}; "
-            f"already in effect: {_listed(again.settled)}; answered already (generations, "
-            f"cancellations): {_listed(again.answered)}" + (compacted if kept > first else "")
+            f" commands re-submitted: {_listed(_applied_again(again))}; recorded as refused: "
+            f"already deleted: {_listed(again.settled)}; not run again (generations, "
+            f"cancellations): {_listed(again.answered)}; refused already: "
+            f"{_listed(again.refused)}"
+            + (compacted if kept > first else "")
         )
         return report
+
+
+def _applied_again(again: Resubmission) -> list[CommandId]:
+    return [c.command_id for c in again.commands if not isinstance(c, RecordRefusal)]
 
 
 def _listed(ids: list[CommandId]) -> str:

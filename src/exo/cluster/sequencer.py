@@ -144,15 +144,18 @@ class Sequencer:
                 self._host.replace_state(master.state)
             return True
 
-    async def submit(self, command: Command, origin: NodeId | None) -> bool:
-        """Sequence ``command`` (once); False when this node is not the master."""
+    async def submit(
+        self, command: Command, origin: NodeId | None, *, resubmitted: bool = False
+    ) -> bool:
+        """Sequence ``command`` (once); False when this node is not the master.
+        ``resubmitted``: a merge dropped it (its refusal is logged: ``CommandMsg``)."""
 
         async def submit(master: Master) -> None:
             if command.command_id in self._handled:
                 logger.info(f"cluster: command {command.command_id} was applied already")
                 return  # a retry of a command this master (or an earlier one) applied
             self.remember(command.command_id)
-            refusal = await master.submit(command, origin)
+            refusal = await master.submit(command, origin, log_refusal=resubmitted)
             if refusal is not None and refusal.kind == "log_full":
                 # Refused unwritten (its requester heard why): a retry may be applied.
                 self._handled.pop(command.command_id, None)
@@ -184,7 +187,8 @@ class Sequencer:
     async def serve_command(self, msg: CommandMsg) -> Ack:
         if msg.origin is not None:
             self._peers.contacted(msg.origin)
-        return Ack(accepted=await self.submit(msg.command, msg.origin))
+        return Ack(accepted=await self.submit(msg.command, msg.origin,
+                                              resubmitted=msg.resubmitted))
 
     async def serve_local_events(self, msg: LocalEventsMsg) -> Ack:
         self._peers.contacted(msg.node_id)

@@ -29,9 +29,11 @@ from exo.shared.types.commands import (
     DownloadAction,
     GenerateText,
     PlaceInstance,
+    RecordRefusal,
 )
 from exo.shared.types.common import FrozenModel, NodeId
 from exo.shared.types.events import (
+    CommandRefused,
     DownloadActionRequested,
     Event,
     InstanceCreated,
@@ -118,6 +120,8 @@ def decide(state: State, command: Command, fresh: Fresh, card: ModelCard | None)
             if task is None:
                 return []  # finished already, or never began: nothing left to cancel
             return [TaskStatusUpdated(task_id=task.task_id, task_status=TaskStatus.Cancelled)]
+        case RecordRefusal():
+            return [CommandRefused(command_id=command.command_id, reason=command.reason)]
 
 
 def _place(state: State, command: PlaceInstance, fresh: Fresh, card: ModelCard | None) -> Decision:

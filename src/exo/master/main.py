@@ -35,6 +35,7 @@ from exo.shared.types.commands import Command, PlaceInstance
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    CommandRefused,
     Event,
     IndexedEvent,
     NodeTimedOut,
@@ -91,12 +92,22 @@ class Master:
             port_offset=self._next_port,
         )
 
-    async def submit(self, command: Command, origin: NodeId | None) -> Refusal | None:
+    async def submit(
+        self, command: Command, origin: NodeId | None, *, log_refusal: bool = False
+    ) -> Refusal | None:
         """Handle a command; a refusal (returned) is an error for its requester. A command
-        that fails otherwise is an error for its requester too, and the master stays up."""
+        that fails otherwise is an error for its requester too, and the master stays up.
+        ``log_refusal``: a refusal is written to the log instead (``CommandRefused``), for
+        a command a merge dropped whose client was answered already."""
         self._handling = command.command_id
         try:
             decided = decide(self.state, command, self._fresh(), self._card_for(command))
+            if isinstance(decided, Refusal) and log_refusal and decided.kind != "log_full":
+                logger.info(f"command {command.command_id}, re-submitted after a merge, is "
+                            f"recorded as refused: {decided.reason}")
+                recorded: list[Event] = [
+                    CommandRefused(command_id=command.command_id, reason=decided.reason)]
+                decided = recorded
             refusal = decided if isinstance(decided, Refusal) else await self._sequence_all(decided)
         except Exception as e:  # a bad command must not take the master down
             logger.opt(exception=e).error(f"command {type(command).__name__} failed")

@@ -6,6 +6,7 @@ from typing import TypeVar, assert_never
 from exo.shared.types.common import NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    CommandRefused,
     DownloadActionRequested,
     Event,
     IndexedEvent,
@@ -76,8 +77,8 @@ def event_apply(event: Event, state: State) -> State:
             return apply_topology_edge_deleted(event, state)
         case MergeReported():
             return state.model_copy(update={"last_merge_report": event.report})
-        case ChunkGenerated():
-            return state
+        case ChunkGenerated() | CommandRefused():
+            return state  # a refusal is bookkeeping of the log (its command id), not state
         case _:  # pyright: ignore[reportUnnecessaryComparison]
             assert_never(event)
 

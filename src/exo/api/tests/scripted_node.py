@@ -31,6 +31,7 @@ from exo.shared.types.commands import (
     DownloadAction,
     GenerateText,
     PlaceInstance,
+    RecordRefusal,
 )
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.memory import Memory
@@ -148,7 +149,7 @@ class ScriptedNode:
                     target.cancelled.set()
             case DeleteInstance():
                 self._delete(command.instance_id)
-            case CreateInstance() | DownloadAction():
+            case CreateInstance() | DownloadAction() | RecordRefusal():
                 pass
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:

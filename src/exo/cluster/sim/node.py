@@ -21,7 +21,13 @@ from exo.shared.tests.builders import model_card, node_info
 from exo.shared.types.chunks import ErrorChunk
 from exo.shared.types.commands import Command
 from exo.shared.types.common import CommandId, NodeId
-from exo.shared.types.events import ChunkGenerated, Event, IndexedEvent, NodeGatheredInfo
+from exo.shared.types.events import (
+    ChunkGenerated,
+    CommandRefused,
+    Event,
+    IndexedEvent,
+    NodeGatheredInfo,
+)
 from exo.shared.types.profiling import NodeInfo
 from exo.shared.types.state import State
 from exo.utils.channels import Sender, channel
@@ -44,6 +50,8 @@ class SimHost:
     ever_applied: set[CommandId] = field(default_factory=set[CommandId])
     history: list[tuple[int, CommandId]] = field(default_factory=list[tuple[int, CommandId]])
     """Every (index, command) this node's log held in this run, in order."""
+    refused: dict[CommandId, str] = field(default_factory=dict[CommandId, str])
+    """Commands this node's log records as refused (``CommandRefused``), and why."""
     in_sync: bool = False
     on_apply: Callable[[NodeId, IndexedEvent], None] | None = None
 
@@ -56,6 +64,8 @@ class SimHost:
         if indexed.command_id is not None:
             self.ever_applied.add(indexed.command_id)
             self.history.append((indexed.idx, indexed.command_id))
+        if isinstance(indexed.event, CommandRefused):
+            self.refused[indexed.event.command_id] = indexed.event.reason
         if indexed.command_id is not None and indexed.command_id in self.pending:
             self.pending.discard(indexed.command_id)
             self.acked[indexed.command_id] = self.clock()
@@ -121,7 +131,10 @@ class SimNode:
         info = node_info(hostname=str(self.node_id), memory_mb=4096)
         host = SimHost(self.node_id, log.restore(), self.clock, info, on_apply=on_apply)
         # What its log holds from an earlier run (what a merge may have to drop).
-        host.applied = {e.idx: e.command_id for e in log.read_from(0, 10**9)}
+        held = log.read_from(0, 10**9)
+        host.applied = {e.idx: e.command_id for e in held}
+        host.refused = {e.event.command_id: e.event.reason for e in held
+                        if isinstance(e.event, CommandRefused)}
         host.history = [(i, c) for i, c in host.applied.items() if c is not None]
         host.ever_applied = {c for _, c in host.history}
         commands_tx, commands_rx = channel[tuple[Command, NodeId | None]]()

@@ -67,6 +67,9 @@ class Result:
     resubmitted: int = 0
     """Commands nodes re-submitted after such merges."""
     failed: int = 0
+    refused: dict[NodeId, set[CommandId]] = field(default_factory=dict[NodeId, set[CommandId]])
+    """Per node up at the end whose record is whole (``clean``): the commands its log
+    records as refused (``CommandRefused``)."""
     lost_with_gone: int = 0
     """Acknowledged commands that only nodes gone for good ever held."""
 
@@ -122,8 +125,6 @@ class _World:
         self.claimed: dict[NodeId, list[int]] = {}
         self.meeting: dict[tuple[NodeId, NodeId], float] = {}
         self.counter = 0
-        self.deletes: dict[CommandId, InstanceId] = {}
-        """Every deletion submitted, and its instance."""
 
     def log(self, line: str) -> None:
         self.result.trace.append(f"{self.clock():.6f} {line}")
@@ -219,7 +220,6 @@ class _World:
         if state.instances and roll < 0.35:
             victim = self.rng.choice(sorted(state.instances))
             command = DeleteInstance(instance_id=victim, command_id=command_id)
-            self.deletes[command_id] = victim
         elif roll < 0.5 and state.nodes:
             command = PlaceInstance(model_id=SIM_MODEL, command_id=command_id)
         else:
@@ -279,10 +279,10 @@ class _World:
         self.result.lost_with_gone = len(lost)
         acked = {c: origin for c, origin in acked.items() if c not in lost}
         # Never dropped: a merge that drops a stretch of a node's log re-submits the
-        # commands behind it. Excused: commands only in the compacted part of a dropped
-        # stretch on every node that dropped them (reported by index; a stretch longer
-        # than the log's tail), and deletions whose instance is gone from the final
-        # state (the winner's log had deleted it already: nothing to re-submit).
+        # commands behind it, to be applied again or recorded as refused (a deletion of
+        # an instance the winner had deleted already). Excused: commands only in the
+        # compacted part of a dropped stretch on every node that dropped them (reported
+        # by index; a stretch longer than the log's tail).
         known: set[CommandId] = set()
         compacted: set[CommandId] = set()
         for n in self.nodes:
@@ -291,10 +291,7 @@ class _World:
                 for dropped in link.replica.dropped:
                     known |= set(dropped.commands)
                     compacted |= {c for i, c in held if dropped.first <= i < dropped.kept}
-        final_instances = set(state.instances) if state is not None else set[InstanceId]()
-        excused = (compacted - known) | {
-            c for c, iid in self.deletes.items() if iid not in final_instances
-        }
+        excused = compacted - known
         self.result.acked = len(acked)
         self.result.dropped = sum(
             len(d.commands) for n in self.nodes for link in n.links for d in link.replica.dropped
@@ -303,6 +300,7 @@ class _World:
             len(link.delivery.resubmitted) for n in self.nodes for link in n.links
         )
         self.result.failed = sum(len(h.failed) for h in every_host)
+        self.result.refused = {h.node_id: set(h.refused) for h in final if self.clean(h)}
         for host in final:
             counts: dict[CommandId, int] = {}
             for command_id in host.applied.values():

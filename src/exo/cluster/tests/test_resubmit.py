@@ -3,19 +3,26 @@
 from pathlib import Path
 
 from exo.cluster.pending import PendingResubmissions
-from exo.cluster.resubmit import resubmissions
+from exo.cluster.resubmit import ALREADY_DELETED, CUT_BY_MERGE, NOT_AGAIN, resubmissions
 from exo.shared.apply import apply
 from exo.shared.models.model_cards import ModelId
-from exo.shared.tests.builders import model_card, pipeline_instance
-from exo.shared.types.commands import CreateInstance, DeleteInstance, DownloadAction
+from exo.shared.tests.builders import model_card, pipeline_instance, text_generation
+from exo.shared.types.commands import (
+    CreateInstance,
+    DeleteInstance,
+    DownloadAction,
+    RecordRefusal,
+)
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
+    CommandRefused,
     DownloadActionRequested,
     Event,
     IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     NodeTimedOut,
+    TaskCreated,
     TaskStatusUpdated,
 )
 from exo.shared.types.state import State
@@ -67,10 +74,10 @@ def test_created_and_deleted_instances_come_back_as_commands_with_their_ids() ->
     assert again.settled == again.answered == []
 
 
-def test_a_deletion_the_winner_made_already_is_settled() -> None:
+def test_a_deletion_the_winner_made_already_is_recorded_as_refused() -> None:
     gone = instance("gone")
     again = resubmissions(log((InstanceDeleted(instance_id=gone.instance_id), "d")), State())
-    assert again.commands == []
+    assert again.commands == [RecordRefusal(command_id=CommandId("d"), reason=ALREADY_DELETED)]
     assert again.settled == [CommandId("d")]
 
 
@@ -83,11 +90,25 @@ def test_an_instance_created_and_deleted_after_the_fork_comes_back_in_order() ->
     assert [type(c).__name__ for c in again.commands] == ["CreateInstance", "DeleteInstance"]
 
 
-def test_generations_and_cancellations_are_not_run_again() -> None:
+def test_generations_and_cancellations_are_recorded_as_refused_not_run_again() -> None:
+    generation = TaskCreated(task_id=TaskId("t"), task=text_generation(TaskId("t"),
+                             InstanceId("i"), CommandId("generate")))
     cancelled = TaskStatusUpdated(task_id=TaskId("t"), task_status=TaskStatus.Cancelled)
-    again = resubmissions(log((cancelled, "cancel"), (cancelled, "cancel")), State())
-    assert again.commands == []
-    assert again.answered == [CommandId("cancel")]  # once per command
+    again = resubmissions(
+        log((generation, "generate"), (cancelled, "cancel"), (cancelled, "cancel")), State()
+    )
+    assert again.commands == [
+        RecordRefusal(command_id=CommandId("generate"), reason=CUT_BY_MERGE),
+        RecordRefusal(command_id=CommandId("cancel"), reason=NOT_AGAIN),
+    ]  # once per command
+    assert again.answered == [CommandId("generate"), CommandId("cancel")]
+
+
+def test_a_refusal_in_the_dropped_stretch_comes_back_with_its_reason() -> None:
+    refused = CommandRefused(command_id=CommandId("r"), reason="because")
+    again = resubmissions(log((refused, "r")), State())
+    assert again.commands == [RecordRefusal(command_id=CommandId("r"), reason="because")]
+    assert again.refused == [CommandId("r")]
 
 
 def test_a_group_port_the_winner_uses_is_moved() -> None:

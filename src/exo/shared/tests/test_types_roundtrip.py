@@ -41,10 +41,12 @@ from exo.shared.types.commands import (
     DownloadAction,
     GenerateText,
     PlaceInstance,
+    RecordRefusal,
 )
 from exo.shared.types.common import CommandId, NodeId
 from exo.shared.types.events import (
     ChunkGenerated,
+    CommandRefused,
     DownloadActionRequested,
     Event,
     IndexedEvent,
@@ -234,6 +236,7 @@ EVENTS: list[Event] = [
         node_id=NODE_B, first_idx=7, last_idx=9, dropped_events=3,
         event_kinds=("InstanceCreated",), command_ids=(COMMAND_1,),
     )),
+    CommandRefused(command_id=COMMAND_2, reason="the instance was already deleted"),
     ChunkGenerated(command_id=COMMAND_1, chunk=CHUNKS[0]),
 ]
 
@@ -245,6 +248,7 @@ COMMANDS: list[Command] = [
     CancelCommand(cancelled_command_id=COMMAND_1),
     PlaceInstance(model_id=HUB_CARD.model_id, model_card=HUB_CARD),
     DownloadAction(action="start", node_id=NODE_B, model_card=HUB_CARD),
+    RecordRefusal(command_id=COMMAND_2, reason="cut by a merge"),
 ]
 
 

@@ -65,12 +65,23 @@ class DownloadAction(FrozenModel):
     model_card: ModelCard
 
 
+class RecordRefusal(FrozenModel):
+    """Record command ``command_id`` as refused (``reason``, for its client) rather than
+    apply it: how a node re-submits a command a merge dropped that must not run again
+    (``cluster.resubmit``). The master logs a ``CommandRefused`` under that id, once."""
+
+    kind: Literal["RecordRefusal"] = "RecordRefusal"
+    command_id: CommandId
+    reason: str
+
+
 Command = Annotated[
     PlaceInstance
     | CreateInstance
     | DeleteInstance
     | GenerateText
     | CancelCommand
-    | DownloadAction,
+    | DownloadAction
+    | RecordRefusal,
     Field(discriminator="kind"),
 ]

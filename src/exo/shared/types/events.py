@@ -105,6 +105,17 @@ class MergeReported(FrozenModel):
     report: MergeReport
 
 
+class CommandRefused(FrozenModel):
+    """A command recorded as refused, and why (words its client can read): so that its
+    id is in the log once although it was not applied. Written for a command a merge
+    dropped that is not run again (a generation cut by the merge, a cancellation, a
+    deletion of an instance the winner had deleted already: ``cluster.resubmit``)."""
+
+    kind: Literal["CommandRefused"] = "CommandRefused"
+    command_id: CommandId
+    reason: str
+
+
 Event = Annotated[
     TaskCreated
     | TaskAcknowledged
@@ -119,6 +130,7 @@ Event = Annotated[
     | TopologyEdgeCreated
     | TopologyEdgeDeleted
     | MergeReported
+    | CommandRefused
     | ChunkGenerated,
     Field(discriminator="kind"),
 ]

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 from exo.cluster.delivery import MasterDelivery
+from exo.cluster.resubmit import Resubmission
 from exo.cluster.sequencer import Sequencer
 from exo.cluster.sim.run import Result, Scenario, simulate
+from exo.shared.types.commands import Command, RecordRefusal
+from exo.shared.types.common import CommandId
 
 pytestmark = [pytest.mark.slow]
 
@@ -22,6 +25,11 @@ FAULT_S = 8.0
 
 MERGE_SEEDS = (3, 14)
 """N=3 seeds whose merges drop (and re-submit) acknowledged commands."""
+
+REFUSAL_SEED = 14
+REFUSED = CommandId("c14-10")
+"""An N=3 seed whose merge drops a deletion (``REFUSED``) of an instance the winning
+side had deleted already: it is recorded as refused."""
 
 CASES = [(3, seed) for seed in range(110)] + [(5, seed) for seed in range(55)] + [
     (8, seed) for seed in range(35)
@@ -92,3 +100,25 @@ def test_merges_resubmit_the_commands_they_drop(
     assert all(any("not re-submitted" in v for v in r.violations) for r in silent), [
         r.violations[:2] for r in silent
     ]
+
+
+def test_a_dropped_command_not_applied_again_is_refused_in_every_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every acknowledged command ends in the converged log once, applied or refused: a
+    dropped deletion whose instance the winner had deleted is in every node's log as a
+    ``CommandRefused`` (it used to be excused: named in a log line only). Without the
+    refusal records the simulation objects."""
+    result = run(REFUSAL_SEED, 3, tmp_path / "on")
+    assert not result.violations, result.report()
+    assert len(result.refused) >= 2
+    assert all(REFUSED in ids for ids in result.refused.values()), result.refused
+    real = MasterDelivery.resubmit
+
+    def without_refusals(self: MasterDelivery, again: Resubmission) -> None:
+        kept: list[Command] = [c for c in again.commands if not isinstance(c, RecordRefusal)]
+        real(self, Resubmission(commands=kept))
+
+    monkeypatch.setattr(MasterDelivery, "resubmit", without_refusals)
+    silent = run(REFUSAL_SEED, 3, tmp_path / "off")
+    assert any(f"lacks {REFUSED}" in v for v in silent.violations), silent.violations[:2]
