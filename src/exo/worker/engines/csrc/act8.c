@@ -1,0 +1,88 @@
+/* 8-bit activations: the per-row quantiser, the setting, and the generic dots of the kinds that
+ * have 8-bit dots (the float order: act8.h). */
+#include <math.h>
+
+#include "act8.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+static int activation_bits = 8;
+
+int exo_set_activations(int bits) {
+    if (bits != 8 && bits != 16) return -2;
+    const int before = activation_bits;
+    __atomic_store_n(&activation_bits, bits, __ATOMIC_RELAXED);
+    return before;
+}
+
+int exo_activation_bits(void) { return __atomic_load_n(&activation_bits, __ATOMIC_RELAXED); }
+
+void exo_quantize_row8(const float* x, int K, BlockX8* out) {
+    for (int b = 0; b < K / QK; b++) {
+        const float* xb = x + (size_t)b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            const int q = (int)roundf(xb[i] * id);
+            out[b].qs[i] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+/* sum_i q_i x_i of a Q4 block's 16 bytes of nibbles (low: values 0..15, high: 16..31) */
+static inline int nibble_dot(const uint8_t* qs, const int8_t* x) {
+    int s = 0;
+    for (int i = 0; i < 16; i++) s += (qs[i] & 15) * x[i] + (qs[i] >> 4) * x[i + 16];
+    return s;
+}
+
+static inline float lanes_sum(const float* a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* One weight row of nb Q4 blocks (Q4_1 if `has_m`, else Q4_0) against one activation row. */
+static inline __attribute__((always_inline)) float row_dot(const uint8_t* w, const BlockX8* x, int nb,
+                                                           int has_m) {
+    float acc[8] = {0};
+    const int padded = (nb + 7) & ~7;
+    for (int b = 0; b < padded; b++) {
+        float v = 0.0f;
+        if (b < nb) {
+            float d, m;
+            const uint8_t* qs;
+            if (has_m) {
+                const BlockQ4_1* wb = (const BlockQ4_1*)w + b;
+                d = exo_h2f(wb->d), m = q4_1_min(wb), qs = wb->qs;
+            } else {
+                const BlockQ4_0* wb = (const BlockQ4_0*)w + b;
+                d = exo_h2f(wb->d), m = q4_0_min(wb), qs = wb->qs;
+            }
+            const float t = d * x[b].d;
+            const float u = t * (float)nibble_dot(qs, x[b].qs);
+            const float z = m * x[b].s;
+            v = u + z;
+        }
+        acc[b & 7] = acc[b & 7] + v;
+    }
+    return lanes_sum(acc);
+}
+
+static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) run_store(r, m, n, row_dot(wr, r->x8 + (size_t)m * r->nb, r->nb, has_m));
+    }
+    return 0;
+}
+
+int exo_generic_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
+int exo_generic_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }

@@ -1,0 +1,111 @@
+"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`): Q4_0 / Q4_1 rows against activation
+rows quantised to int8 blocks, row by row. A row's result is the same alone or in any batch, every
+build gives the portable build's floats bit for bit, the result is the dot of the dequantised
+weights with the dequantised 8-bit activations, and EXO_ACTIVATIONS / `set_activations` switch
+between the formats."""
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, dequantize
+
+from exo.modelgen.quants import random_blocks
+from exo.worker.engines.cpu_kernels import (
+    PROLOGUE_NONE,
+    KernelArgumentError,
+    QKernels,
+    QuantWeights,
+    load_kernels_for,
+)
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kinds import KINDS, Kind
+
+ACT8 = [k for k in KINDS if k.act8]
+ROWS = (1, 2, 4, 8, 9, 64)
+
+
+def _kernels(isa: Isa) -> QKernels:
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    kernels = load_kernels_for(isa)
+    if kernels is None:
+        pytest.skip("the kernels did not build here (see the log)")
+    return kernels
+
+
+@pytest.fixture
+def eight_bit() -> Iterator[None]:
+    """Every build's setting at 8 bits for the test, and back to 8 (the default) after."""
+    yield
+    for isa in ISAS:
+        kernels = load_kernels_for(isa) if cpu_runs(isa) else None
+        if kernels is not None:
+            kernels.set_activations(8)
+
+
+def _weights(kind: Kind, n: int, k: int) -> tuple[np.ndarray, QuantWeights]:
+    raw = random_blocks(GGMLQuantizationType(kind.ggml), n, k, seed=5)
+    w = QuantWeights(kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel])
+    return raw, w
+
+
+def _quantise8(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the 8-bit blocks hold them (d q), computed here independently."""
+    blocks = x.double().reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(dim=2, keepdim=True) / 127.0
+    q = torch.where(d > 0, blocks / torch.where(d > 0, d, 1.0), 0.0)
+    q = torch.sign(q) * torch.floor(q.abs() + 0.5)  # round half away from zero, as roundf
+    return (q * d.float().double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+@pytest.mark.parametrize("k", [512, 576])  # 576: 18 blocks, a partial lane group
+def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
+    isa: Isa, kind: Kind, k: int, eight_bit: None
+) -> None:
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    _, w = _weights(kind, 40, k)
+    torch.manual_seed(1)
+    x = torch.randn(64, k)
+    alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(64)])
+    assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    for m in ROWS:
+        assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None) -> None:
+    ours = _kernels(isa)
+    k, n = 576, 24
+    raw, w = _weights(kind, n, k)
+    dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)).double()
+    torch.manual_seed(2)
+    x = torch.randn(9, k) * 3
+    ours.set_activations(8)
+    got = ours.linear(w, x).double()
+    want = _quantise8(x) @ dense.T
+    scale = x.double().abs() @ dense.abs().T
+    assert torch.all((got - want).abs() <= 1e-5 * scale + 1e-6), (got - want).abs().max()
+    ours.set_activations(16)  # the 16-bit path: closer to the float activations' dot
+    err16 = (ours.linear(w, x).double() - x.double() @ dense.T).abs().max()
+    err8 = (got - x.double() @ dense.T).abs().max()
+    assert err16 < err8
+
+
+def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = _kernels("portable")
+    with pytest.raises(KernelArgumentError, match="8 or 16"):
+        kernels.set_activations(7)
+    assert kernels.activations == 8
+    kernels.set_activations(16)
+    assert kernels.activations == 16
+    monkeypatch.setenv("EXO_ACTIVATIONS", "16")
+    assert _kernels("portable").activations == 16
+    monkeypatch.setenv("EXO_ACTIVATIONS", "8")
+    assert _kernels("portable").activations == 8
