@@ -213,7 +213,7 @@ class QKernels:
         self._set_activations = lib.exo_set_activations
         self._set_activations.argtypes = [i]
         self._set_activations.restype = i
-        self.activations = 8  # the bits of the kinds with 8-bit dots (`set_activations`)
+        self.activations = 16  # the bits of the kinds with 8-bit dots (`set_activations`)
         self._unrepack = lib.exo_unrepack_rows
         self._unrepack.argtypes = [i, p, i, i, p, i, p]
         self._unrepack.restype = i
@@ -466,13 +466,14 @@ def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") ->
 
 
 def _activations_from_env() -> int:
-    """EXO_ACTIVATIONS=16|8: the activation format of the kinds with 8-bit dots (default 8)."""
+    """EXO_ACTIVATIONS=16|8: the activation format of the kinds with 8-bit dots (default 16: their
+    8-bit per-row dots are slower than the 16-bit tile and groups, bench/kernels.py)."""
     text = os.environ.get("EXO_ACTIVATIONS", "").strip()
     if text in ("8", "16"):
         return int(text)
     if text:
-        logger.warning(f"EXO_ACTIVATIONS={text!r} is not 8 or 16: 8-bit activations")
-    return 8
+        logger.warning(f"EXO_ACTIVATIONS={text!r} is not 8 or 16: 16-bit activations")
+    return 16
 
 
 def _spin_from_env() -> tuple[float, float] | None:

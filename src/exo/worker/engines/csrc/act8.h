@@ -1,12 +1,13 @@
 /* 8-bit activations (ACT_X8, BlockX8): the float order every build and strategy shares.
  *
- * A weight row's dot with an activation row: per block b, the integer dot isum = sum q_w q_x
- * (exact: int32), then v = (d_w d_x) isum + m_w s_x (Q4_0: m_w = -8 d_w), four float operations in
- * that order, none fused; v goes into lane b % 8 of eight accumulators (blocks past the row's end
- * add 0); the lanes are summed as exo_hsum8 does: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
- * The AVX2 kernels (arch/x86/dot8.c) keep the lanes in one register; the generic ones
- * (act8.c) in an array. The files that hold these kernels are built without contraction of
- * multiply-adds (fp-contract off), so the same floats come out of every build.
+ * A weight row's dot with an activation row: per block b, eight int32 partial sums p_l (lane l:
+ * the products of values 4l .. 4l + 3, exact; what vpmaddubsw + vpmaddwd and vpdpbusd give), then
+ * t = d_w d_x and acc_l = acc_l + t p_l (a multiply, then an add: never fused); and, block by
+ * block, c = c + m_w s_x (Q4_0: m_w = -8 d_w). The result: the lanes summed as exo_hsum8 does,
+ * ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), plus c. The AVX2 kernels
+ * (arch/x86/dot8.c) keep the lanes in one register, the generic ones (act8.c) in an array; both
+ * files are built without contraction of multiply-adds (fp-contract off), so every build and
+ * strategy gives the same floats.
  */
 #ifndef EXO_ACT8_H
 #define EXO_ACT8_H

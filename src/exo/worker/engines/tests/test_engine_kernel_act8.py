@@ -37,17 +37,19 @@ def _kernels(isa: Isa) -> QKernels:
 
 @pytest.fixture
 def eight_bit() -> Iterator[None]:
-    """Every build's setting at 8 bits for the test, and back to 8 (the default) after."""
+    """Every build's setting back to 16 bits (the default) after the test."""
     yield
     for isa in ISAS:
         kernels = load_kernels_for(isa) if cpu_runs(isa) else None
         if kernels is not None:
-            kernels.set_activations(8)
+            kernels.set_activations(16)
 
 
 def _weights(kind: Kind, n: int, k: int) -> tuple[np.ndarray, QuantWeights]:
     raw = random_blocks(GGMLQuantizationType(kind.ggml), n, k, seed=5)
-    w = QuantWeights(kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel])
+    w = QuantWeights(
+        kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel]
+    )
     return raw, w
 
 
@@ -84,7 +86,9 @@ def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None
     ours = _kernels(isa)
     k, n = 576, 24
     raw, w = _weights(kind, n, k)
-    dense = torch.from_numpy(dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)).double()
+    dense = torch.from_numpy(
+        dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)
+    ).double()
     torch.manual_seed(2)
     x = torch.randn(9, k) * 3
     ours.set_activations(8)
@@ -99,12 +103,13 @@ def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None
 
 
 def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXO_ACTIVATIONS", raising=False)
     kernels = _kernels("portable")
+    assert kernels.activations == 16  # the default
     with pytest.raises(KernelArgumentError, match="8 or 16"):
         kernels.set_activations(7)
+    kernels.set_activations(8)
     assert kernels.activations == 8
-    kernels.set_activations(16)
-    assert kernels.activations == 16
     monkeypatch.setenv("EXO_ACTIVATIONS", "16")
     assert _kernels("portable").activations == 16
     monkeypatch.setenv("EXO_ACTIVATIONS", "8")

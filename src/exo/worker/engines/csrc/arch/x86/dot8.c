@@ -23,13 +23,6 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i w, __m256i
 #endif
 }
 
-/* lane j = the sum of p[j]'s lanes */
-static inline __attribute__((always_inline)) __m256i sum8x8(const __m256i* p) {
-    const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
-}
-
 /* a Q4 block's 32 nibbles as bytes, in value order */
 static inline __m256i unpack_nibbles(const uint8_t* qs) {
     const __m128i b = _mm_loadu_si128((const __m128i*)qs);
@@ -41,37 +34,25 @@ static inline __m256i unpack_nibbles(const uint8_t* qs) {
 static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, const BlockX8* x, int nb, int R,
                                                           int has_m, float* out) {
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b0 = 0; b0 < nb; b0 += 8) {
-        const int cnt = nb - b0 < 8 ? nb - b0 : 8;
-        __m256i wv[8];
-        float dw[8] = {0}, mw[8] = {0};
-        for (int j = 0; j < cnt; j++) {
-            if (has_m) {
-                const BlockQ4_1* wb = (const BlockQ4_1*)w + b0 + j;
-                dw[j] = exo_h2f(wb->d), mw[j] = q4_1_min(wb), wv[j] = unpack_nibbles(wb->qs);
-            } else {
-                const BlockQ4_0* wb = (const BlockQ4_0*)w + b0 + j;
-                dw[j] = exo_h2f(wb->d), mw[j] = q4_0_min(wb), wv[j] = unpack_nibbles(wb->qs);
-            }
+    float c[4] = {0};
+    for (int b = 0; b < nb; b++) {
+        float d, m;
+        __m256i wv;
+        if (has_m) {
+            const BlockQ4_1* wb = (const BlockQ4_1*)w + b;
+            d = exo_h2f(wb->d), m = q4_1_min(wb), wv = unpack_nibbles(wb->qs);
+        } else {
+            const BlockQ4_0* wb = (const BlockQ4_0*)w + b;
+            d = exo_h2f(wb->d), m = q4_0_min(wb), wv = unpack_nibbles(wb->qs);
         }
-        for (int j = cnt; j < 8; j++) wv[j] = _mm256_setzero_si256();
-        const __m256 dwv = _mm256_loadu_ps(dw), mwv = _mm256_loadu_ps(mw);
         for (int r = 0; r < R; r++) {
-            const BlockX8* xb = x + (size_t)r * nb + b0;
-            __m256i p[8];
-            float dx[8] = {0}, sx[8] = {0};
-            for (int j = 0; j < cnt; j++) {
-                p[j] = dot_u8s8(wv[j], _mm256_loadu_si256((const __m256i*)xb[j].qs));
-                dx[j] = xb[j].d, sx[j] = xb[j].s;
-            }
-            for (int j = cnt; j < 8; j++) p[j] = _mm256_setzero_si256();
-            const __m256 t = _mm256_mul_ps(dwv, _mm256_loadu_ps(dx));
-            const __m256 u = _mm256_mul_ps(t, _mm256_cvtepi32_ps(sum8x8(p)));
-            const __m256 z = _mm256_mul_ps(mwv, _mm256_loadu_ps(sx));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_add_ps(u, z));
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m256i p = dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p)));
+            c[r] = c[r] + m * xb->s;
         }
     }
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + c[r];
 }
 
 static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {
