@@ -3,7 +3,9 @@
  *
  * Activations are quantised on the fly to int16 blocks of 32 (15 bits keep the result within
  * ~1e-4 of float32), so a block's dot product is integer multiply-adds and one float
- * multiply-add. The weight rows come in up to MAX_PARTS parts stacked along the output
+ * multiply-add. With exo_set_activations(8) (EXO_ACTIVATIONS=8), a linear whose parts all have
+ * 8-bit dots (Q4_0, Q4_1: kinds.c's dot8) quantises each row to int8 blocks instead and runs the
+ * dot8 strategy at every row count (act8.h). The weight rows come in up to MAX_PARTS parts stacked along the output
  * (q | k | v), each of its own kind; for each part and pass of activation rows, the kind's row in
  * the traits table (kinds.h, kinds.c) picks the strategy (per-row dot, pair, unpacked, tile,
  * grouped) and its entry point for this build's instruction set. Threads split the output rows:

@@ -21,6 +21,7 @@ from exo.worker.engines.cpu_kernels import (
 )
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.kinds import KINDS, Kind
+from exo.worker.engines.linear import QuantLinear
 
 ACT8 = [k for k in KINDS if k.act8]
 ROWS = (1, 2, 4, 8, 9, 64)
@@ -114,3 +115,19 @@ def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.Mon
     assert _kernels("portable").activations == 16
     monkeypatch.setenv("EXO_ACTIVATIONS", "8")
     assert _kernels("portable").activations == 8
+
+
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+def test_a_layer_built_at_8_bits_keeps_the_file_rows(kind: Kind, eight_bit: None) -> None:
+    """The 8-bit dots read the file's rows: a layer built at 8 bits is not repacked (at 16 it
+    is, on x86), and it gives the kernel's 8-bit result."""
+    kernels = _kernels("avx2")
+    raw = torch.from_numpy(random_blocks(GGMLQuantizationType(kind.ggml), 16, 256, seed=5))
+    kernels.set_activations(16)
+    assert QuantLinear([raw], 256, None, None, [kind], kernels).kinds == [kind.grouped]
+    kernels.set_activations(8)
+    layer = QuantLinear([raw], 256, None, None, [kind], kernels)
+    assert layer.kinds == [kind.kernel]
+    x = torch.randn(3, 256)
+    _, w = _weights(kind, 16, 256)
+    assert torch.equal(layer(x), kernels.linear(w, x))
