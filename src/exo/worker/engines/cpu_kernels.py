@@ -210,9 +210,20 @@ class QKernels:
         self._repack = lib.exo_repack_rows
         self._repack.argtypes = [i, p, i, i, p]
         self._repack.restype = i
+        self._set_activations = lib.exo_set_activations
+        self._set_activations.argtypes = [i]
+        self._set_activations.restype = i
+        self.activations = 16  # the bits of the kinds with 8-bit dots (`set_activations`)
         self._unrepack = lib.exo_unrepack_rows
         self._unrepack.argtypes = [i, p, i, i, p, i, p]
         self._unrepack.restype = i
+
+    def set_activations(self, bits: int) -> None:
+        """The activation format of the kinds with 8-bit dots (`Kind.act8`): 8 or 16 bits (the
+        other kinds always take 16). Layers built after this keep such kinds' file layout at 8."""
+        if self._set_activations(bits) == -2:
+            raise KernelArgumentError(f"activations are 8 or 16 bits, not {bits}")
+        self.activations = bits
 
     def repack_rows(self, kind: int, rows: Tensor, out: Tensor) -> None:
         """File rows of `kind` (one with a repacked layout: `GROUPED`), uint8 [n, row bytes] with
@@ -441,15 +452,28 @@ def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") ->
     except OSError as e:
         logger.warning(f"CPU kernels off: {out} did not load: {e}")
         return None
+    kernels.set_activations(_activations_from_env())
     spin = _spin_from_env()
     if spin is not None:
         kernels.set_spin(*spin)
     logger.info(
         f"CPU kernels: the {isa} path"
         + (f" ({why})" if why else "")
+        + f", {kernels.activations}-bit activations"
         + ("" if spin is None else f", spin {spin[0]:g}/{spin[1]:g} us")
     )
     return kernels
+
+
+def _activations_from_env() -> int:
+    """EXO_ACTIVATIONS=16|8: the activation format of the kinds with 8-bit dots (default 16: their
+    8-bit per-row dots are slower than the 16-bit tile and groups, bench/kernels.py)."""
+    text = os.environ.get("EXO_ACTIVATIONS", "").strip()
+    if text in ("8", "16"):
+        return int(text)
+    if text:
+        logger.warning(f"EXO_ACTIVATIONS={text!r} is not 8 or 16: 16-bit activations")
+    return 16
 
 
 def _spin_from_env() -> tuple[float, float] | None:

@@ -19,6 +19,7 @@ class Kind:
     ggml: GGMLQuantizationType
     kernel: int  # KIND_<name>
     grouped: int | None  # KIND_<name>_G8: its rows repacked in groups of 8 rows, if it has one
+    act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8): then not repacked
 
     @property
     def block_values(self) -> int:
@@ -34,8 +35,8 @@ class Kind:
 
 _T = GGMLQuantizationType
 KINDS: tuple[Kind, ...] = (
-    Kind("Q4_1", _T.Q4_1, 4, 204),
-    Kind("Q4_0", _T.Q4_0, 40, 240),
+    Kind("Q4_1", _T.Q4_1, 4, 204, act8=True),
+    Kind("Q4_0", _T.Q4_0, 40, 240, act8=True),
     Kind("Q8_0", _T.Q8_0, 8, 208),
     Kind("Q5_0", _T.Q5_0, 50, 250),
     Kind("Q5_1", _T.Q5_1, 51, None),

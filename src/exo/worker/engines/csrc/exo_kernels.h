@@ -120,6 +120,8 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t q
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } BlockQ6K; /* 210 B */
 /* An activation block: x = d q, s = d sum(q). */
 typedef struct { float d, s; int16_t qs[32]; } BlockX;
+/* An 8-bit activation block (as ggml's Q8_1): x = d q, q in [-127, 127], s = d sum(q). */
+typedef struct { float d, s; int8_t qs[32]; } BlockX8;
 
 /* The repacked layouts (repack.c builds them, grouped.c and arch/x86/grouped.c read them): rows
  * 8g .. 8g + 7 of a part re-laid together, block by block, so a vector lane is a row ("c" below:
@@ -182,6 +184,9 @@ int exo_set_threads(int n);
 int exo_get_threads(void);
 int exo_set_spin(long idle_ns, long wait_ns);
 const char* exo_isa(void);
+/* The activation format of the kinds that have 8-bit dots: 8 or 16 bits (the others always take
+ * 16); returns the previous setting, or -2 for another value. */
+int exo_set_activations(int bits);
 int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
 /* Rows of `kind` (one with a repacked layout) uint8 [n_rows, row bytes], n_rows a multiple of 8,
  * repacked in groups of 8 into `out` (same size; may be `rows` itself). 0, -1 out of memory, -2 a
@@ -205,6 +210,8 @@ void exo_run_parallel(task_fn fn, void* ctx, int parts);
 void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst);
 /* x [K] -> K/32 int16 blocks (d = max|x| / 32767, q = round(x / d), s = d * sum(q)). */
 void exo_quantize_row(const float* x, int K, BlockX* out);
+/* x [K] -> K/32 int8 blocks, each by itself (d = max|x| / 127, q = round(x / d), s = d * sum(q)). */
+void exo_quantize_row8(const float* x, int K, BlockX8* out);
 /* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
  * freed when the thread exits. NULL if out of memory. */
 #define EXO_SCRATCH_SLOTS 6

@@ -22,16 +22,17 @@
 #define GROUPED_OPS(grouped)                                                                       \
     {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
+#define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k)}
 #define exo_generic_none NULL
 #define exo_x86_none NULL
 
 static const KindTraits KINDS[] = {
     {.kind = KIND_Q4_1, .name = "Q4_1", .file_kind = KIND_Q4_1, .grouped = KIND_Q4_1_G8, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
-     .ops = FILE_OPS(dot_q4_1, none, 1)},
+     .ops = FILE_OPS(dot_q4_1, none, 1), .act8 = ACT_X8, .dot8 = DOT8(q4_1)},
     {.kind = KIND_Q4_0, .name = "Q4_0", .file_kind = KIND_Q4_0, .grouped = KIND_Q4_0_G8, .block_values = 32, .block_bytes = 18,
      .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
-     .ops = FILE_OPS(dot_q4_0, none, 0)},
+     .ops = FILE_OPS(dot_q4_0, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q4_0)},
     {.kind = KIND_Q8_0, .name = "Q8_0", .file_kind = KIND_Q8_0, .grouped = KIND_Q8_0_G8, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(2) & ~ROWS(2) & ~ROWS(4), .unpack_from = 8,
      .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1)},

@@ -27,6 +27,7 @@ enum { EXO_ISA_GENERIC = 0, EXO_ISA_AVX2 = 1, EXO_ISAS };
 /* Activation formats a kind's dot products consume (ggml's vec_dot_type). */
 enum {
     ACT_X16 = 0, /* BlockX: blocks of 32 int16 values, d and d sum(q) (exo_quantize_row) */
+    ACT_X8 = 1,  /* BlockX8: blocks of 32 int8 values, d and d sum(q) (exo_quantize_row8) */
 };
 
 typedef struct Run Run;
@@ -43,6 +44,7 @@ struct Run {
     const float *bias, *residual;
     float* y; /* [M, N] */
     RunFn dot; /* the kind's per-row dot, for the rows a strategy leaves (file layouts) */
+    const BlockX8* x8; /* the 8-bit activation rows (ACT_X8), as x */
 };
 
 typedef struct {
@@ -60,7 +62,12 @@ typedef struct {
     int unpack_from;    /* activation rows from which the unpacked strategy runs */
     int pair_below;     /* activation rows below which the pair strategy runs */
     KindOps ops[EXO_ISAS];
+    int act8;                 /* ACT_X8 if the kind has 8-bit dots (dot8), else ACT_X16 */
+    RunFn dot8[EXO_ISAS];     /* its one strategy on ACT_X8 rows, for every row count */
 } KindTraits;
+
+/* The activation bits exo_set_activations last set (act8.c). */
+int exo_activation_bits(void);
 
 /* The row of `kind`, or NULL. */
 const KindTraits* exo_kind_traits(int kind);
@@ -78,6 +85,10 @@ int exo_generic_pair_q8_0(const Run* r);
 int exo_generic_pair_q5_0(const Run* r);
 int exo_generic_unpacked(const Run* r);
 int exo_generic_grouped(const Run* r);
+int exo_generic_dot8_q4_0(const Run* r);
+int exo_generic_dot8_q4_1(const Run* r);
+int exo_x86_dot8_q4_0(const Run* r);
+int exo_x86_dot8_q4_1(const Run* r);
 int exo_x86_dot_q4_0(const Run* r);
 int exo_x86_dot_q4_1(const Run* r);
 int exo_x86_dot_q8_0(const Run* r);

@@ -3,7 +3,9 @@
  *
  * Activations are quantised on the fly to int16 blocks of 32 (15 bits keep the result within
  * ~1e-4 of float32), so a block's dot product is integer multiply-adds and one float
- * multiply-add. The weight rows come in up to MAX_PARTS parts stacked along the output
+ * multiply-add. With exo_set_activations(8) (EXO_ACTIVATIONS=8), a linear whose parts all have
+ * 8-bit dots (Q4_0, Q4_1: kinds.c's dot8) quantises each row to int8 blocks instead and runs the
+ * dot8 strategy at every row count (act8.h). The weight rows come in up to MAX_PARTS parts stacked along the output
  * (q | k | v), each of its own kind; for each part and pass of activation rows, the kind's row in
  * the traits table (kinds.h, kinds.c) picks the strategy (per-row dot, pair, unpacked, tile,
  * grouped) and its entry point for this build's instruction set. Threads split the output rows:
@@ -17,6 +19,7 @@
 typedef struct {
     int M, N, nb;
     const BlockX* x;
+    const BlockX8* x8; /* non-NULL: every part takes 8-bit activations (its dot8) */
     const LinearSpec* s;
     const float *bias, *residual;
     float* y;
@@ -40,6 +43,10 @@ static inline int takes_rows(uint32_t mask, int rows) { return (int)(mask >> (ro
 /* One part's rows of a pass: the strategy its traits pick for the pass's activation rows, falling
  * back to the per-row dot (or the groups) where one cannot run. */
 static void run_part(const KindTraits* t, Run* r) {
+    if (r->x8) { /* one strategy for every row count: a row's result is its own */
+        (t->dot8[EXO_ISA] ? t->dot8[EXO_ISA] : t->dot8[EXO_ISA_GENERIC])(r);
+        return;
+    }
     const int rows = r->m1 - r->m0;
     const RunFn tile = t->ops[EXO_ISA].tile;
     if (tile && takes_rows(t->tile_rows, rows) && tile(r) == 0) return;
@@ -75,7 +82,7 @@ static void linear_part(void* ctx, int part, int parts) {
             if (lo >= hi) continue;
             const KindTraits* t = j->traits[p];
             Run r = {(const uint8_t*)s->w[p], row_bytes(t, j->nb), t->kind, t->file_kind, base, lo, hi, m0, m1,
-                     j->nb, j->N, j->x, j->bias, j->residual, j->y, NULL};
+                     j->nb, j->N, j->x, j->bias, j->residual, j->y, NULL, j->x8};
             run_part(t, &r);
         }
     }
@@ -119,6 +126,14 @@ static int check_spec(const LinearSpec* s, const KindTraits** traits) {
     return rows == N ? 0 : -2;
 }
 
+/* Whether every part of the spec takes 8-bit activations now (exo_set_activations). */
+static int takes_x8(const LinearSpec* s, const KindTraits* const* traits) {
+    if (exo_activation_bits() != 8) return 0;
+    for (int p = 0; p < MAX_PARTS; p++)
+        if (s->part_rows[p] > 0 && traits[p]->act8 != ACT_X8) return 0;
+    return 1;
+}
+
 /* y [M, N] = prologue(x) W^T + bias + residual (or the post-norm form, see the top). x is
  * [M, K] ([M, 2K] for SwiGLU / GeGLU); residual [M, N] is optional (NULL) and may be y itself.
  * Returns 0 on success, -1 out of memory, -2 a spec the kernel does not take. */
@@ -128,7 +143,8 @@ int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residua
     if (M == 0) return 0;
     const int K = s->K, N = s->N, nb = K / QK;
     float* scratch_f = exo_scratch(SCRATCH_PROLOGUE, (size_t)M * K * sizeof(float));
-    BlockX* scratch_x = exo_scratch(SCRATCH_QUANT, (size_t)M * nb * sizeof(BlockX));
+    const int x8 = takes_x8(s, traits);
+    BlockX* scratch_x = exo_scratch(SCRATCH_QUANT, (size_t)M * nb * (x8 ? sizeof(BlockX8) : sizeof(BlockX)));
     float* raw = s->post_g ? exo_scratch(SCRATCH_POST, (size_t)M * N * sizeof(float)) : y;
     if (scratch_f == NULL || scratch_x == NULL || raw == NULL) return -1;
     const int glu = s->prologue == PROLOGUE_SWIGLU || s->prologue == PROLOGUE_GEGLU;
@@ -136,9 +152,12 @@ int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residua
     for (int m = 0; m < M; m++) {
         float* row = scratch_f + (size_t)m * K;
         exo_prologue_row(s->prologue, x + (size_t)m * x_stride, s->g, s->eps, K, row);
-        exo_quantize_row(row, K, scratch_x + (size_t)m * nb);
+        if (x8)
+            exo_quantize_row8(row, K, (BlockX8*)scratch_x + (size_t)m * nb);
+        else
+            exo_quantize_row(row, K, scratch_x + (size_t)m * nb);
     }
-    LinearJob job = {M, N, nb, scratch_x, s, s->bias, s->post_g ? NULL : residual, raw, {NULL}};
+    LinearJob job = {M, N, nb, x8 ? NULL : scratch_x, x8 ? (const BlockX8*)scratch_x : NULL, s, s->bias, s->post_g ? NULL : residual, raw, {NULL}};
     for (int p = 0; p < MAX_PARTS; p++) job.traits[p] = traits[p];
     /* a part per thread, if each gets at least ~64k weight-rows of work */
     const long work = (long)M * N * K;

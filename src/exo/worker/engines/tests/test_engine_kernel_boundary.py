@@ -140,6 +140,7 @@ class _FakeLib:
         self.exo_attend_decode = _SpyLinear(0)
         self.exo_repack_rows = _SpyLinear(0)
         self.exo_unrepack_rows = _SpyLinear(0)
+        self.exo_set_activations = _SpyLinear(16)
 
 
 def test_a_contiguous_copy_lives_until_the_kernel_returns() -> None:

@@ -44,6 +44,8 @@ static int random_kind(Rng* r, int K) {
 }
 
 /* One random linear call against the reference. Returns 0 if it matched. */
+int check_act8(Rng* r, int quiet); /* act8_check.c */
+
 static int check_linear(Rng* r, int quiet) {
     char msg[256];
     const int kind = KINDS[rng_int(r, 0, N_KINDS - 1)];
@@ -441,6 +443,7 @@ int main(int argc, char** argv) {
         exo_set_threads(rng_int(&r, 1, 6));
         check_linear(&r, 0);
         check_attention(&r);
+        failures += check_act8(&r, 0);
     }
     exo_set_threads(1);
     printf("%s: %d failures\n", failures ? "FAILED" : "passed", failures);

@@ -269,3 +269,19 @@ void ref_linear(int prologue, const float* x, int M, int K, int N, const double*
         }
     }
 }
+
+void ref_quantize8(const float* x, int K, int8_t* q, double* d) {
+    for (int b = 0; b < K / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float a = x[32 * b + i] < 0 ? -x[32 * b + i] : x[32 * b + i];
+            if (a > amax) amax = a;
+        }
+        const float scale = amax / 127.0f, inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+        for (int i = 0; i < 32; i++) {
+            const float v = x[32 * b + i] * inv; /* round half away from zero */
+            q[32 * b + i] = (int8_t)(v < 0 ? -(int)(-v + 0.5f) : (int)(v + 0.5f));
+        }
+        d[b] = scale;
+    }
+}

@@ -45,4 +45,8 @@ void ref_linear(int prologue, const float* x, int M, int K, int N, const double*
                 const float* g, float eps, const float* bias, const float* residual,
                 const float* post_g, double* y, double* tol);
 
+/* An activation row x [K] as 8-bit blocks of 32: scale d[b] = max |x| / 127 (in float), q = x / d
+ * (by the float reciprocal) rounded half away from zero. The row stands for d[b] q. */
+void ref_quantize8(const float* x, int K, int8_t* q, double* d);
+
 #endif

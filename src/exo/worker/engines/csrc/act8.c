@@ -1,0 +1,84 @@
+/* 8-bit activations: the per-row quantiser, the setting, and the generic dots of the kinds that
+ * have 8-bit dots (the float order: act8.h). */
+#include <math.h>
+
+#include "act8.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+static int activation_bits = 16; /* 8 is slower than 16 here yet (bench/kernels.py) */
+
+int exo_set_activations(int bits) {
+    if (bits != 8 && bits != 16) return -2;
+    const int before = activation_bits;
+    __atomic_store_n(&activation_bits, bits, __ATOMIC_RELAXED);
+    return before;
+}
+
+int exo_activation_bits(void) { return __atomic_load_n(&activation_bits, __ATOMIC_RELAXED); }
+
+void exo_quantize_row8(const float* x, int K, BlockX8* out) {
+    for (int b = 0; b < K / QK; b++) {
+        const float* xb = x + (size_t)b * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < QK; i++) {
+            const int q = (int)roundf(xb[i] * id);
+            out[b].qs[i] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+static inline float lanes_sum(const float* a) {
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* One weight row of nb Q4 blocks (Q4_1 if `has_m`, else Q4_0) against one activation row. */
+static inline __attribute__((always_inline)) float row_dot(const uint8_t* w, const BlockX8* x, int nb,
+                                                           int has_m) {
+    float acc[8] = {0}, c = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        float d, m;
+        const uint8_t* qs;
+        if (has_m) {
+            const BlockQ4_1* wb = (const BlockQ4_1*)w + b;
+            d = exo_h2f(wb->d), m = q4_1_min(wb), qs = wb->qs;
+        } else {
+            const BlockQ4_0* wb = (const BlockQ4_0*)w + b;
+            d = exo_h2f(wb->d), m = q4_0_min(wb), qs = wb->qs;
+        }
+        const int8_t* xq = x[b].qs;
+        const float t = d * x[b].d;
+        for (int l = 0; l < 4; l++) {
+            int lo = 0, hi = 0;
+            for (int i = 4 * l; i < 4 * l + 4; i++) {
+                lo += (qs[i] & 15) * xq[i];
+                hi += (qs[i] >> 4) * xq[i + 16];
+            }
+            acc[l] = acc[l] + t * (float)lo;
+            acc[l + 4] = acc[l + 4] + t * (float)hi;
+        }
+        c = c + m * x[b].s;
+    }
+    return lanes_sum(acc) + c;
+}
+
+static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) run_store(r, m, n, row_dot(wr, r->x8 + (size_t)m * r->nb, r->nb, has_m));
+    }
+    return 0;
+}
+
+int exo_generic_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
+int exo_generic_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }

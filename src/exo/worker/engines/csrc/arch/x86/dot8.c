@@ -1,0 +1,75 @@
+/* AVX2 / AVX-VNNI / AVX-512 VNNI dots of 4-bit weights with 8-bit activations (ACT_X8): unsigned
+ * nibbles x signed int8 by vpmaddubsw + vpmaddwd (AVX2) or vpdpbusd (VNNI builds), eight blocks'
+ * integer sums into one register, then the float order of act8.h (the generic dots' in act8.c). */
+#include "act8.h"
+
+#if EXO_AVX2
+#include "x86.h"
+
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+/* 8 int32 lanes summing to sum_j w_j x_j (w unsigned < 16, x signed: no saturation) */
+static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i w, __m256i x) {
+#if EXO_AVX512VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#elif EXO_AVXVNNI
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+/* a Q4 block's 32 nibbles as bytes, in value order */
+static inline __m256i unpack_nibbles(const uint8_t* qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)qs);
+    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
+    return _mm256_and_si256(v, _mm256_set1_epi8(15));
+}
+
+/* One weight row (nb Q4 blocks; Q4_1 if has_m) against R = 1..4 activation rows (stride nb). */
+static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, const BlockX8* x, int nb, int R,
+                                                          int has_m, float* out) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float c[4] = {0};
+    for (int b = 0; b < nb; b++) {
+        float d, m;
+        __m256i wv;
+        if (has_m) {
+            const BlockQ4_1* wb = (const BlockQ4_1*)w + b;
+            d = exo_h2f(wb->d), m = q4_1_min(wb), wv = unpack_nibbles(wb->qs);
+        } else {
+            const BlockQ4_0* wb = (const BlockQ4_0*)w + b;
+            d = exo_h2f(wb->d), m = q4_0_min(wb), wv = unpack_nibbles(wb->qs);
+        }
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m256i p = dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p)));
+            c[r] = c[r] + m * xb->s;
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + c[r];
+}
+
+static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {
+    float out[4];
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= 4 ? 4 : 1;
+            row_dot(wr, r->x8 + (size_t)m * r->nb, r->nb, R, has_m, out);
+            for (int i = 0; i < R; i++) run_store(r, m + i, n, out[i]);
+            m += R;
+        }
+    }
+    return 0;
+}
+
+int exo_x86_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
+int exo_x86_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }
+
+#endif

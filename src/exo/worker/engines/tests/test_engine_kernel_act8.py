@@ -1,0 +1,133 @@
+"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`): Q4_0 / Q4_1 rows against activation
+rows quantised to int8 blocks, row by row. A row's result is the same alone or in any batch, every
+build gives the portable build's floats bit for bit, the result is the dot of the dequantised
+weights with the dequantised 8-bit activations, and EXO_ACTIVATIONS / `set_activations` switch
+between the formats."""
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, dequantize
+
+from exo.modelgen.quants import random_blocks
+from exo.worker.engines.cpu_kernels import (
+    PROLOGUE_NONE,
+    KernelArgumentError,
+    QKernels,
+    QuantWeights,
+    load_kernels_for,
+)
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kinds import KINDS, Kind
+from exo.worker.engines.linear import QuantLinear
+
+ACT8 = [k for k in KINDS if k.act8]
+ROWS = (1, 2, 4, 8, 9, 64)
+
+
+def _kernels(isa: Isa) -> QKernels:
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build")
+    kernels = load_kernels_for(isa)
+    if kernels is None:
+        pytest.skip("the kernels did not build here (see the log)")
+    return kernels
+
+
+@pytest.fixture
+def eight_bit() -> Iterator[None]:
+    """Every build's setting back to 16 bits (the default) after the test."""
+    yield
+    for isa in ISAS:
+        kernels = load_kernels_for(isa) if cpu_runs(isa) else None
+        if kernels is not None:
+            kernels.set_activations(16)
+
+
+def _weights(kind: Kind, n: int, k: int) -> tuple[np.ndarray, QuantWeights]:
+    raw = random_blocks(GGMLQuantizationType(kind.ggml), n, k, seed=5)
+    w = QuantWeights(
+        kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel]
+    )
+    return raw, w
+
+
+def _quantise8(x: torch.Tensor) -> torch.Tensor:
+    """The activations as the 8-bit blocks hold them (d q), computed here independently."""
+    blocks = x.double().reshape(x.shape[0], -1, 32)
+    d = blocks.abs().amax(dim=2, keepdim=True) / 127.0
+    q = torch.where(d > 0, blocks / torch.where(d > 0, d, 1.0), 0.0)
+    q = torch.sign(q) * torch.floor(q.abs() + 0.5)  # round half away from zero, as roundf
+    return (q * d.float().double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+@pytest.mark.parametrize("k", [512, 576])  # 576: 18 blocks, a partial lane group
+def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
+    isa: Isa, kind: Kind, k: int, eight_bit: None
+) -> None:
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    _, w = _weights(kind, 40, k)
+    torch.manual_seed(1)
+    x = torch.randn(64, k)
+    alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(64)])
+    assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    for m in ROWS:
+        assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None) -> None:
+    ours = _kernels(isa)
+    k, n = 576, 24
+    raw, w = _weights(kind, n, k)
+    dense = torch.from_numpy(
+        dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)
+    ).double()
+    torch.manual_seed(2)
+    x = torch.randn(9, k) * 3
+    ours.set_activations(8)
+    got = ours.linear(w, x).double()
+    want = _quantise8(x) @ dense.T
+    scale = x.double().abs() @ dense.abs().T
+    assert torch.all((got - want).abs() <= 1e-5 * scale + 1e-6), (got - want).abs().max()
+    ours.set_activations(16)  # the 16-bit path: closer to the float activations' dot
+    err16 = (ours.linear(w, x).double() - x.double() @ dense.T).abs().max()
+    err8 = (got - x.double() @ dense.T).abs().max()
+    assert err16 < err8
+
+
+def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXO_ACTIVATIONS", raising=False)
+    kernels = _kernels("portable")
+    assert kernels.activations == 16  # the default
+    with pytest.raises(KernelArgumentError, match="8 or 16"):
+        kernels.set_activations(7)
+    kernels.set_activations(8)
+    assert kernels.activations == 8
+    monkeypatch.setenv("EXO_ACTIVATIONS", "16")
+    assert _kernels("portable").activations == 16
+    monkeypatch.setenv("EXO_ACTIVATIONS", "8")
+    assert _kernels("portable").activations == 8
+
+
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+def test_a_layer_built_at_8_bits_keeps_the_file_rows(kind: Kind, eight_bit: None) -> None:
+    """The 8-bit dots read the file's rows: a layer built at 8 bits is not repacked (at 16 it
+    is, on x86), and it gives the kernel's 8-bit result."""
+    kernels = _kernels("avx2")
+    raw = torch.from_numpy(random_blocks(GGMLQuantizationType(kind.ggml), 16, 256, seed=5))
+    kernels.set_activations(16)
+    assert QuantLinear([raw], 256, None, None, [kind], kernels).kinds == [kind.grouped]
+    kernels.set_activations(8)
+    layer = QuantLinear([raw], 256, None, None, [kind], kernels)
+    assert layer.kinds == [kind.kernel]
+    x = torch.randn(3, 256)
+    _, w = _weights(kind, 16, 256)
+    assert torch.equal(layer(x), kernels.linear(w, x))
