@@ -20,14 +20,14 @@ SRC="$WORK/llama_cpp_python-$VERSION/vendor/llama.cpp"
 cmake -S "$SRC" -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE="${GGML_NATIVE:-ON}" -DGGML_RPC=ON -DBUILD_SHARED_LIBS=ON \
   -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON
+  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON -DCMAKE_INSTALL_RPATH='$ORIGIN/../lib'
 cmake --build "$WORK/build" --target llama-server ggml-rpc-server llama -j "$(nproc)"
 mkdir -p "$OUT/bin" "$OUT/lib"
 cp "$WORK/build/bin/llama-server" "$WORK/build/bin/ggml-rpc-server" "$OUT/bin/"
 cp -P "$WORK"/build/bin/*.so* "$OUT/lib/" 2>/dev/null || true
 find "$WORK/build" -name '*.so*' -exec cp -P {} "$OUT/lib/" \;
-# The binaries find their libraries next to them or in lib/.
-for f in "$OUT"/lib/*.so*; do ln -sf "../lib/$(basename "$f")" "$OUT/bin/$(basename "$f")"; done
+# The binaries find their libraries in ../lib (their RPATH is $ORIGIN/../lib).
 echo "built into $OUT:"
 echo "  LLAMA_SERVER=$OUT/bin/llama-server"
 echo "  LLAMA_RPC_SERVER=$OUT/bin/ggml-rpc-server"
