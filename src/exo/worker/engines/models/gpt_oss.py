@@ -24,18 +24,15 @@ rows at a time (`linear.StreamingLinear`) until a native MXFP4 kernel exists.
 from pathlib import Path
 from typing import cast
 
-from torch import Tensor
-
 from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta, moe_files
-from exo.worker.engines.models.base import BuildOptions, JsonDict, ModelFamily, ShardModel
+from exo.worker.engines.models.base import JsonDict, ModelFamily
 from exo.worker.engines.models.gguf_meta import get, meta_float, meta_int
 from exo.worker.engines.models.moe import ExpertWeights, MoeWeights
-from exo.worker.engines.models.moe_model import MoeLayer, MoeModel, slice_moe_layer
+from exo.worker.engines.models.moe_model import MoeFamily, MoeLayer
 from exo.worker.engines.models.mxfp4 import hf_mxfp4_experts
-from exo.worker.engines.weights import ShardWeights
 
 _MOE = {"router": "softmax_selected", "expert_activation": "swiglu_oai",
         "attention_sinks": True, "attention_out_bias": True, "qkv_bias": True}  # fmt: skip
@@ -171,33 +168,6 @@ def hf_layer(src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
     )
 
 
-class GptOssFamily:
-    """gpt-oss behind the model interface (`base.ModelFamily`)."""
-
-    name = "gpt-oss"
-    gguf_architectures = ("gpt-oss",)
-    hf_model_types = ("gpt_oss",)
-
-    def gguf_config(self, f: GGUFFile) -> LlamaConfig:
-        return gguf_config(f)
-
-    def hf_config(self, raw: JsonDict, folder: Path) -> LlamaConfig:
-        return hf_config(raw, folder)
-
-    def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
-        return gguf_layer(src, config, i)
-
-    def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
-        return hf_layer(src, config, i)
-
-    def hf_final_norm(self, src: TensorSource, config: LlamaConfig) -> Tensor:
-        return src.vector("model.norm.weight")
-
-    def slice_layer(self, layer: MoeLayer, config: LlamaConfig, rank: int, world: int) -> MoeLayer:
-        return slice_moe_layer(layer, _moe(config), rank, world)
-
-    def build(self, weights: ShardWeights[MoeLayer], options: BuildOptions) -> ShardModel:
-        return MoeModel(weights, options)
-
-
-GPT_OSS: ModelFamily[MoeLayer] = GptOssFamily()
+GPT_OSS: ModelFamily[MoeLayer] = MoeFamily(
+    "gpt-oss", ("gpt-oss",), ("gpt_oss",), gguf_config, hf_config, gguf_layer, hf_layer
+)

@@ -19,16 +19,20 @@ config are folded into q, so attention runs at the standard 1 / sqrt(hd).
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from exo.worker.engines.config import MoeConfig
+from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.embedding import Embedding
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.linear import Linear, Regroup, RmsNorm, WeightFormat, make_linear
+from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models.attention import (
     AttentionShape,
     StepTensors,
@@ -37,7 +41,13 @@ from exo.worker.engines.models.attention import (
     check_step,
     step_tensors,
 )
-from exo.worker.engines.models.base import AllReduce, BuildOptions, StepInputs
+from exo.worker.engines.models.base import (
+    AllReduce,
+    BuildOptions,
+    JsonDict,
+    ShardModel,
+    StepInputs,
+)
 from exo.worker.engines.models.dense import head_format
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.mlp import DenseMlp, build_dense_mlp
@@ -325,3 +335,40 @@ class MoeModel:
         window = self.config.sliding_window if sliding else None
         rope = self.rotary.table(sliding)
         return step_tensors(step, rope, window, self.device, self._kernels is not None)
+
+
+@dataclass(frozen=True)
+class MoeFamily:
+    """An MoE family built on `MoeModel` behind the model interface (`base.ModelFamily`): its
+    names and its config and layer readers; slicing and building are the same for all."""
+
+    name: str
+    gguf_architectures: tuple[str, ...]
+    hf_model_types: tuple[str, ...]
+    read_gguf_config: Callable[[GGUFFile], MoeConfig]
+    read_hf_config: Callable[[JsonDict, Path], MoeConfig]
+    read_gguf_layer: Callable[[TensorSource, LlamaConfig, int], MoeLayer]
+    read_hf_layer: Callable[[TensorSource, LlamaConfig, int], MoeLayer]
+
+    def gguf_config(self, f: GGUFFile) -> LlamaConfig:
+        return self.read_gguf_config(f)
+
+    def hf_config(self, raw: JsonDict, folder: Path) -> LlamaConfig:
+        return self.read_hf_config(raw, folder)
+
+    def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
+        return self.read_gguf_layer(src, config, i)
+
+    def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
+        return self.read_hf_layer(src, config, i)
+
+    def hf_final_norm(self, src: TensorSource, config: LlamaConfig) -> Tensor:
+        return src.vector("model.norm.weight")
+
+    def slice_layer(self, layer: MoeLayer, config: LlamaConfig, rank: int, world: int) -> MoeLayer:
+        if not isinstance(config, MoeConfig):
+            raise TypeError(f"{self.name} layers need an MoeConfig")
+        return slice_moe_layer(layer, config, rank, world)
+
+    def build(self, weights: ShardWeights[MoeLayer], options: BuildOptions) -> ShardModel:
+        return MoeModel(weights, options)

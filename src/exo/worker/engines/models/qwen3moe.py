@@ -23,17 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from torch import Tensor
-
 from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import dense_files, hf_meta, moe_files
-from exo.worker.engines.models.base import BuildOptions, JsonDict, ModelFamily, ShardModel
+from exo.worker.engines.models.base import JsonDict, ModelFamily
 from exo.worker.engines.models.gguf_meta import meta_int
 from exo.worker.engines.models.moe import MoeWeights
-from exo.worker.engines.models.moe_model import MoeLayer, MoeModel, slice_moe_layer
-from exo.worker.engines.weights import ShardWeights
+from exo.worker.engines.models.moe_model import MoeFamily, MoeLayer
 
 
 def _moe(config: LlamaConfig) -> MoeConfig:
@@ -107,33 +104,6 @@ def hf_layer(src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
     )
 
 
-class Qwen3MoeFamily:
-    """Qwen3-MoE behind the model interface (`base.ModelFamily`)."""
-
-    name = "qwen3moe"
-    gguf_architectures = ("qwen3moe",)
-    hf_model_types = ("qwen3_moe",)
-
-    def gguf_config(self, f: GGUFFile) -> LlamaConfig:
-        return gguf_config(f)
-
-    def hf_config(self, raw: JsonDict, folder: Path) -> LlamaConfig:
-        return hf_config(raw, folder)
-
-    def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
-        return gguf_layer(src, config, i)
-
-    def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> MoeLayer:
-        return hf_layer(src, config, i)
-
-    def hf_final_norm(self, src: TensorSource, config: LlamaConfig) -> Tensor:
-        return src.vector("model.norm.weight")
-
-    def slice_layer(self, layer: MoeLayer, config: LlamaConfig, rank: int, world: int) -> MoeLayer:
-        return slice_moe_layer(layer, _moe(config), rank, world)
-
-    def build(self, weights: ShardWeights[MoeLayer], options: BuildOptions) -> ShardModel:
-        return MoeModel(weights, options)
-
-
-QWEN3MOE: ModelFamily[MoeLayer] = Qwen3MoeFamily()
+QWEN3MOE: ModelFamily[MoeLayer] = MoeFamily(
+    "qwen3moe", ("qwen3moe",), ("qwen3_moe",), gguf_config, hf_config, gguf_layer, hf_layer
+)
