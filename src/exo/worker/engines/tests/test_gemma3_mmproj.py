@@ -21,48 +21,13 @@ from exo.worker.engines.models.gemma3_mmproj import (
     load_mmproj,
 )
 from exo.worker.engines.models.gemma3_vision import Gemma3Vision, pixel_values
+from exo.worker.engines.tests.gemma3_models import text_gguf, tiny_gemma3_folder
 
 transformers = pytest.importorskip("transformers")
 
-IMAGE_TOKEN = 260
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(1)
-    config = transformers.Gemma3Config(
-        text_config={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
-                     "vocab_size": 300, "sliding_window": 16, "max_position_embeddings": 512},
-        vision_config={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                       "num_attention_heads": 2, "image_size": 64, "patch_size": 16},
-        mm_tokens_per_image=4, image_token_index=IMAGE_TOKEN, boi_token_index=258,
-        eoi_token_index=259,
-    )  # fmt: skip
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # random, not the initialiser's zeros and ones: every tensor counts
-        for p in model.model.multi_modal_projector.parameters():
-            p.normal_(0.0, 0.5)
-        for name, p in model.model.vision_tower.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0 if name.endswith("weight") else 0.0, 0.2)
-    out = tmp_path_factory.mktemp("gemma3-mmproj")
-    model.save_pretrained(out)
-    return out
-
-
-def _text_gguf(path: Path) -> Path:
-    """A text GGUF's vocabulary (all the loader reads from it): <image_soft_token> at 260."""
-    w = gguf.GGUFWriter(str(path), "gemma3")
-    tokens = [f"t{i}" for i in range(300)]
-    tokens[IMAGE_TOKEN] = "<image_soft_token>"
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return tiny_gemma3_folder(tmp_path_factory.mktemp("gemma3-mmproj"))
 
 
 def _image(size: tuple[int, int], seed: int) -> InputImage:
@@ -81,7 +46,7 @@ def gguf_pair(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A GGUF model folder: the text file and mmproj-*.gguf beside it."""
     out = tmp_path_factory.mktemp("gemma3-gguf")
     write_gemma3_mmproj(folder, out / "mmproj-tiny-gemma3-F32.gguf")
-    return _text_gguf(out / "tiny-gemma3-Q8_0.gguf")
+    return text_gguf(out / "tiny-gemma3-Q8_0.gguf")
 
 
 def test_mmproj_has_llama_cpp_names_and_keys(gguf_pair: Path) -> None:
@@ -139,7 +104,7 @@ def test_f16_mmproj_is_close(folder: Path, tmp_path: Path) -> None:
 
 
 def test_clear_errors(folder: Path, tmp_path: Path) -> None:
-    text = _text_gguf(tmp_path / "model.gguf")
+    text = text_gguf(tmp_path / "model.gguf")
     with pytest.raises(ValueError, match="no mmproj GGUF"):
         load_gemma3_vision(text)
     assert find_mmproj(text) is None
