@@ -4,6 +4,7 @@ OpenAI image_url part (a data URL of the same bytes), which the API decodes into
 a model whose card has no vision refuses the image with a clear message."""
 
 import base64
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,7 @@ def test_pasted_and_dropped_images_are_sent_as_image_url_parts(
     node, app = served
     tab = open_chat(browser, app, VISION)
     page = tab.page
+    expect(page.locator("#prompt")).to_have_attribute("placeholder", re.compile("paste or drop an image"))
     give(tab, "paste", RED, "image/png", "red.png")
     give(tab, "drop", BLUE, "image/jpeg", "blue.jpg")
     thumbs = page.locator("#attachments img")
@@ -116,6 +118,7 @@ def test_a_model_without_vision_says_so(
     _, app = served
     tab = open_chat(browser, app, TEXT_ONLY)
     page = tab.page
+    expect(page.locator("#prompt")).not_to_have_attribute("placeholder", re.compile("image"))
     give(tab, "paste", RED, "image/png", "red.png")
     expect(page.locator("#attach-notice")).to_have_text(
         f"{TEXT_ONLY} does not take images: pick a vision model to send one"

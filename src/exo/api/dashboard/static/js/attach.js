@@ -91,7 +91,7 @@ export function createAttachments({ model, takesImages }) {
     return urls;
   }
 
-  return { tray, notice, listen, modelChanged, take, count: () => images.length };
+  return { tray, notice, listen, modelChanged, take, takesImages, count: () => images.length };
 }
 
 function dataUrl(file) {

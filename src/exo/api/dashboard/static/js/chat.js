@@ -55,7 +55,7 @@ function current() {
 
 export function setupChat(root) {
   ui.list = h("ul", { class: "conversation-list" });
-  ui.picker = h("select", { id: "model-picker", onchange: () => { current().model = ui.picker.value; save(); attachments.modelChanged(); } });
+  ui.picker = h("select", { id: "model-picker", onchange: () => { current().model = ui.picker.value; save(); attachments.modelChanged(); hint(); } });
   ui.maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, value: 512 });
   ui.temperature = h("input", { id: "temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default" });
   ui.messages = h("div", { id: "messages", class: "messages" });
@@ -131,6 +131,14 @@ export function renderChat(snapshot) {
     liveIds.length ? h("optgroup", { label: "running" }, liveIds.map((id) => h("option", { value: id }, id))) : null,
     others.length ? h("optgroup", { label: "not running (starts on first use)" }, others.map((id) => h("option", { value: id }, id))) : null);
   if (chosen) ui.picker.value = chosen;
+  hint();
+}
+
+/** The prompt's placeholder: a vision model also takes pasted or dropped images. */
+function hint() {
+  ui.prompt.placeholder = attachments.takesImages()
+    ? "Ask something, or paste or drop an image… (Enter sends, Shift+Enter: new line)"
+    : "Ask something… (Enter sends, Shift+Enter: new line)";
 }
 
 function statsText(stats) {
