@@ -153,7 +153,7 @@ def choose_isa(flags: frozenset[str] | None = None) -> tuple[Isa, str]:
             f"EXO_KERNEL_ISA={forced!r} is not one of auto, {', '.join(ISAS)}: using auto"
         )
     if best == "portable":
-        lacks = "the dotprod extension (asimddp)" if is_arm() else "AVX2"
+        lacks = "dotprod (asimddp)" if is_arm() else "AVX2"
         return best, f"no {lacks} on this CPU ({platform.machine()})"
     return best, f"the best this CPU runs ({'/'.join(_CPU_FLAGS[best])})"
 

@@ -25,9 +25,9 @@
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 #define exo_generic_none NULL
 #define exo_x86_none NULL
-/* arm: the NEON column of aarch64 builds (arch/arm/: the per-row dot of the kinds below, Q8_0's
- * pair, the 8-bit dots with dotprod); the kinds named NULL here, and every other strategy (tile,
- * unpacked, grouped), take the generic entry points. Nothing in x86 builds. */
+/* arm: the NEON column of aarch64 builds (arch/arm/: every file layout's per-row dot, Q8_0's and
+ * Q5_0's pair, the 8-bit dots with dotprod); every other strategy (tile, unpacked, grouped) takes
+ * the generic entry points. Nothing in x86 builds. */
 #if defined(__aarch64__)
 #if EXO_NEON
 #define NEON(f) f
@@ -42,10 +42,6 @@
 #define NEON_OPS(dot, pair) , [EXO_ISA_NEON] = {NEON(exo_arm_##dot), NEON(exo_arm_##pair), NULL, NULL, NULL}
 #define NEON_DOT8(k) , [EXO_ISA_NEON] = NEON8(exo_arm_dot8_##k)
 #define exo_arm_none NULL
-#define exo_arm_dot_q5_0 NULL
-#define exo_arm_dot_q5_1 NULL
-#define exo_arm_dot_q5_k NULL
-#define exo_arm_pair_q5_0 NULL
 #else
 #define NEON_OPS(dot, pair)
 #define NEON_DOT8(k)

@@ -119,9 +119,13 @@ int exo_x86_grouped_q6_k(const Run* r);
 int exo_arm_dot_q4_0(const Run* r);
 int exo_arm_dot_q4_1(const Run* r);
 int exo_arm_dot_q8_0(const Run* r);
+int exo_arm_dot_q5_0(const Run* r);
+int exo_arm_dot_q5_1(const Run* r);
 int exo_arm_dot_q4_k(const Run* r);
+int exo_arm_dot_q5_k(const Run* r);
 int exo_arm_dot_q6_k(const Run* r);
 int exo_arm_pair_q8_0(const Run* r);
+int exo_arm_pair_q5_0(const Run* r);
 int exo_arm_dot8_q4_0(const Run* r);
 int exo_arm_dot8_q4_1(const Run* r);
 

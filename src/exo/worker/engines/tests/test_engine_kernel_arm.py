@@ -39,7 +39,7 @@ A72 = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cp
 ARM_BUILDS: tuple[Isa, ...] = ("portable", "neon-dotprod")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
 # the kinds arch/arm/ has NEON dots of (16-bit), and 8-bit dots (sdot) of
-NEON_DOTS = {40, 4, 8, 104, 106}
+NEON_DOTS = {40, 4, 8, 50, 51, 104, 105, 106}
 NEON_DOT8 = {40, 4}
 
 

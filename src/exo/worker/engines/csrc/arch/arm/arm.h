@@ -37,5 +37,12 @@ static inline __attribute__((always_inline)) int8x16_t arm_high_nibbles(uint8x16
     return vreinterpretq_s8_u8(vshrq_n_u8(v, 4));
 }
 
+/* 16 or 0 per byte j: bit j of the 16 `bits` (the fifth bit of Q5_0 / Q5_1 values) */
+static inline __attribute__((always_inline)) int8x16_t arm_fifth_bits(uint32_t bits) {
+    static const uint8_t lanes[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    return vreinterpretq_s8_u8(vandq_u8(vtstq_u8(v, vld1q_u8(lanes)), vdupq_n_u8(16)));
+}
+
 #endif
 #endif
