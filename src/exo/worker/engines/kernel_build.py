@@ -240,10 +240,10 @@ def hwcap_features(hwcap: int) -> frozenset[str]:
     return frozenset(name for name, bit in bits.items() if hwcap & bit)
 
 
-def arm_cpu_flags() -> frozenset[str]:
+def arm_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     """/proc/cpuinfo's Features, or where that cannot be read, getauxval(AT_HWCAP)'s bits."""
     try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
         found = parse_arm_features(text)
         if found:
             return found

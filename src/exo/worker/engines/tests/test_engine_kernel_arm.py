@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from exo.worker.engines import kernel_build
 from exo.worker.engines.kernel_build import (
     ARM_FLAGS,
     HWCAP_ASIMD,
     HWCAP_ASIMDDP,
     ISA_FLAGS,
     Isa,
+    arm_cpu_flags,
     build_cross_harness,
     build_harness,
     build_library,
@@ -75,6 +77,27 @@ def test_x86_builds_keep_their_flags() -> None:
     if platform.machine().lower() in ("x86_64", "amd64"):
         assert library_flags("avx2") == library_flags("avx2", "x86_64")
     assert ISA_FLAGS["neon-dotprod"] == ("-march=armv8.2-a+dotprod",)
+
+
+def test_on_an_aarch64_machine_cpuinfo_picks_the_build_and_its_flags(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What an aarch64 machine's load does (machine and cpuinfo stood in for): the Features line
+    read, the build chosen and named, every aarch64 build compiled without contraction."""
+    monkeypatch.delenv("EXO_KERNEL_ISA", raising=False)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(A72, encoding="utf-8")
+    assert arm_cpu_flags(cpuinfo) == {"fp", "asimd", "evtstrm", "crc32", "cpuid"}
+    monkeypatch.setattr(kernel_build, "arm_cpu_flags", lambda: parse_arm_features(A72))
+    assert choose_isa() == ("portable", "no dotprod (asimddp) on this CPU (aarch64)")
+    monkeypatch.setattr(kernel_build, "arm_cpu_flags", lambda: parse_arm_features(N1))
+    isa, why = choose_isa()
+    assert isa == "neon-dotprod" and "asimd/asimddp" in why
+    assert "-ffp-contract=off" in library_flags("portable")
+    assert "-march=armv8.2-a+dotprod" in library_flags("neon-dotprod")
+    # no cpuinfo to read: AT_HWCAP's bits (whatever this machine's are: names of the two bits only)
+    assert arm_cpu_flags(tmp_path / "absent") <= {"asimd", "asimddp"}
 
 
 # ---- cross-built, run under qemu ----
