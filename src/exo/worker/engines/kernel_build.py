@@ -29,7 +29,12 @@ from loguru import logger
 Isa = Literal["avx512vnni", "avxvnni", "avx2", "portable"]
 ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2", "portable")  # best first
 X86_ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2")  # the builds with arch/x86/
-HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c", "harness/act8_check.c")
+HARNESS_SOURCES = (
+    "harness/harness.c",
+    "harness/reference.c",
+    "harness/act8_check.c",
+    "harness/iq4_reference.c",  # MXFP4, IQ4_NL, IQ4_XS
+)
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-pthread", *WARNINGS)
