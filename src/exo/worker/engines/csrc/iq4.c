@@ -50,15 +50,19 @@ static inline const uint8_t* block_of(const uint8_t* w, int which, int b, float*
 static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, int which, const BlockX* x, int nb, int R,
                                                           float* out) {
     const int8_t* table = which == IQ4_MXFP4 ? MXFP4_VALUES : IQ4_NL_VALUES;
-    float acc[4][8] = {{0}};
+    float acc[4][2][8] = {{{0}}}; /* per row: the even blocks' lanes, the odd blocks' */
     for (int b = 0; b < nb; b++) {
         float s;
         const uint8_t* qs = block_of(w, which, b, &s);
         int16_t q[QK];
         unpack_codes(qs, table, q);
-        for (int r = 0; r < R; r++) block_lanes(q, x + (size_t)r * nb + b, s, acc[r]);
+        for (int r = 0; r < R; r++) block_lanes(q, x + (size_t)r * nb + b, s, acc[r][b & 1]);
     }
-    for (int r = 0; r < R; r++) out[r] = iq4_lanes_sum(acc[r]);
+    for (int r = 0; r < R; r++) {
+        float c[8];
+        for (int l = 0; l < 8; l++) c[l] = acc[r][0][l] + acc[r][1][l];
+        out[r] = iq4_lanes_sum(c);
+    }
 }
 
 static inline __attribute__((always_inline)) int run_iq4(const Run* r, int which) {

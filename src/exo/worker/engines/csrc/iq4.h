@@ -15,8 +15,10 @@
  * lanes p_l = sum of q_i x_i over i in {2l, 2l + 1, 2l + 16, 2l + 17} (exact; vpmaddwd then
  * vpdpwssd give exactly these lanes; |p_l| < 2^24, so (float)p_l is exact too), the block's
  * scale s_b (exact: a power of two, or an f16 times a small integer) and t = s_b * d_x, then
- * acc_l = acc_l + t * (float)p_l (a multiply, then an add: both files are built with
- * fp-contract off); the result is the lanes summed as exo_hsum8 does. There is no offset term.
+ * a_l = a_l + t * (float)p_l into one of two sets of lanes, a = A for even b and B for odd b (a
+ * multiply, then an add: both files are built with fp-contract off; two chains, so one block's
+ * add need not wait for the last's); the result is the lanes of A + B summed as exo_hsum8 does,
+ * ((c0 + c4) + (c2 + c6)) + ((c1 + c5) + (c3 + c7)) for c = A + B. There is no offset term.
  */
 #ifndef EXO_IQ4_H
 #define EXO_IQ4_H

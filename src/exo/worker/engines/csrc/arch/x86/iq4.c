@@ -15,55 +15,57 @@
 
 enum { IQ4_MXFP4 = 0, IQ4_NL = 1, IQ4_XS = 2 };
 
-/* The table in both 128-bit halves (vpshufb looks up within each half). */
-static inline __m256i table_of(int which) {
-    const __m128i t = _mm_loadu_si128((const __m128i*)(which == IQ4_MXFP4 ? MXFP4_VALUES : IQ4_NL_VALUES));
-    return _mm256_set_m128i(t, t);
+/* The table (vpshufb looks up 16 bytes). */
+static inline __m128i table_of(int which) {
+    return _mm_loadu_si128((const __m128i*)(which == IQ4_MXFP4 ? MXFP4_VALUES : IQ4_NL_VALUES));
 }
 
 /* A block's 16 bytes of codes -> its values 0..15 (lo) and 16..31 (hi) as int16. */
-static inline __attribute__((always_inline)) void lookup(const uint8_t* qs, __m256i table, __m256i* lo, __m256i* hi) {
-    const __m128i b = _mm_loadu_si128((const __m128i*)qs);
-    const __m256i codes = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(15));
-    const __m256i v = _mm256_shuffle_epi8(table, codes);
-    *lo = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v));
-    *hi = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1));
+static inline __attribute__((always_inline)) void lookup(const uint8_t* qs, __m128i table, __m256i* lo, __m256i* hi) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)qs), low = _mm_set1_epi8(15);
+    *lo = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(b, low)));
+    *hi = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(b, 4), low)));
 }
 
-/* Block b (of 32 values) of a row of `which`: its codes and scale. */
-static inline __attribute__((always_inline)) const uint8_t* block_of(const uint8_t* w, int which, int b, float* s) {
-    if (which == IQ4_MXFP4) {
-        const BlockMXFP4* blk = (const BlockMXFP4*)w + b;
-        *s = e8m0_half(blk->e);
-        return blk->qs;
+/* Block b's 32 values (codes qs, scale s) against R activation rows (xb: row 0's block b,
+ * stride nb): the lanes of iq4.h into acc[r][u]. */
+static inline __attribute__((always_inline)) void block_step(const uint8_t* qs, float s, const BlockX* xb, int nb,
+                                                             int R, __m128i table, __m256 (*acc)[2], int u) {
+    __m256i lo, hi;
+    lookup(qs, table, &lo, &hi);
+    for (int r = 0; r < R; r++, xb += nb) {
+        const __m256 p = _mm256_cvtepi32_ps(madd32(lo, hi, xb->qs));
+        acc[r][u] = _mm256_add_ps(acc[r][u], _mm256_mul_ps(_mm256_set1_ps(s * xb->d), p));
     }
-    if (which == IQ4_NL) {
-        const BlockIQ4NL* blk = (const BlockIQ4NL*)w + b;
-        *s = exo_h2f(blk->d);
-        return blk->qs;
-    }
-    const BlockIQ4XS* blk = (const BlockIQ4XS*)w + b / 8;
-    *s = iq4xs_scale(blk, b % 8);
-    return blk->qs + 16 * (b % 8);
 }
 
 /* One weight row against R = 1 or 4 activation rows (stride nb blocks). */
 static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, int which, const BlockX* x, int nb, int R,
                                                           float* out) {
-    const __m256i table = table_of(which);
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b = 0; b < nb; b++) {
-        float s;
-        const uint8_t* qs = block_of(w, which, b, &s);
-        __m256i lo, hi;
-        lookup(qs, table, &lo, &hi);
-        for (int r = 0; r < R; r++) {
-            const BlockX* xb = x + (size_t)r * nb + b;
-            const __m256 p = _mm256_cvtepi32_ps(madd32(lo, hi, xb->qs));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(s * xb->d), p));
+    const __m128i table = table_of(which);
+    __m256 acc[4][2]; /* per row: the even blocks' lanes, the odd blocks' */
+    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    if (which == IQ4_XS) { /* a super-block's 8 scales first */
+        for (int sb = 0; sb < nb / 8; sb++) {
+            const BlockIQ4XS* blk = (const BlockIQ4XS*)w + sb;
+            float sc[8];
+            for (int j = 0; j < 8; j++) sc[j] = iq4xs_scale(blk, j);
+            for (int j = 0; j < 8; j++) block_step(blk->qs + 16 * j, sc[j], x + 8 * sb + j, nb, R, table, acc, j & 1);
         }
+    } else {
+        for (int b0 = 0; b0 < nb; b0 += 2)
+            for (int u = 0; u < 2 && b0 + u < nb; u++) {
+                const int b = b0 + u;
+                if (which == IQ4_MXFP4) {
+                    const BlockMXFP4* blk = (const BlockMXFP4*)w + b;
+                    block_step(blk->qs, e8m0_half(blk->e), x + b, nb, R, table, acc, u);
+                } else {
+                    const BlockIQ4NL* blk = (const BlockIQ4NL*)w + b;
+                    block_step(blk->qs, exo_h2f(blk->d), x + b, nb, R, table, acc, u);
+                }
+            }
     }
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]);
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
 static inline __attribute__((always_inline)) int run_iq4(const Run* r, int which) {
