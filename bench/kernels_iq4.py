@@ -68,8 +68,8 @@ def main() -> None:
     if kernels is None:
         sys.exit("the CPU kernels did not build here (see the log): nothing to measure")
     kernels.set_threads(args.threads)
-    print(f"the {kernels.isa} build, {args.threads} thread(s), CPU us per call; "
-          "ratio = streaming dequantiser / native kernel")  # fmt: skip
+    print(f"the {kernels.isa} build, {args.threads} thread(s), CPU us per call; native/streaming: "
+          "the native kernel's speed over the streaming dequantiser's (its time over ours)")  # fmt: skip
     for label, k, n in SHAPES:
         for qtype in NATIVE + CONTEXT:
             if k % 256 and qtype in (T.IQ4_XS, T.Q4_K):

@@ -24,13 +24,18 @@ Array = np.ndarray[Any, Any]
 
 NL_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                      dtype=np.float32)  # fmt: skip
-_MIDPOINTS = (NL_VALUES[1:] + NL_VALUES[:-1]) / 2
+_MIDPOINTS = (NL_VALUES[1:] + NL_VALUES[:-1]) / 2  # all multiples of 0.5
 _TRIES = 7  # scales tried each side of the first
+# the nearest entry's index for y in [b / 2, b / 2 + 1/2), b = -256 .. 256 (a midpoint is never
+# inside such a bin: a value on one goes up, the same distance from both)
+_BINS = np.searchsorted(_MIDPOINTS, np.arange(-256, 257) / 2, side="right").astype(np.uint8)
 
 
 def _nearest(y: Array) -> Array:
-    """The index of the table entry nearest each value (the table is ascending)."""
-    return np.searchsorted(_MIDPOINTS, y).astype(np.uint8)
+    """The index of the table entry nearest each value (a lookup by half-units: a binary
+    search per value was 10x slower)."""
+    half_units = np.clip(np.floor(y * 2), -256, 256).astype(np.int16) + 256
+    return _BINS[half_units]
 
 
 def _codes(x: Array, scale: Array) -> Array:
@@ -47,7 +52,8 @@ def _best_scales(x: Array) -> Array:
     best_score = np.full(best.shape, -1.0, dtype=np.float32)
     for t in range(-_TRIES, _TRIES + 1):
         values = NL_VALUES[_codes(x, biggest / (NL_VALUES[0] + t))]
-        sum_qx, sum_q2 = (values * x).sum(-1), (values * values).sum(-1)
+        sum_qx = np.einsum("...i,...i->...", values, x)  # faster than sum(-1) over 32
+        sum_q2 = np.einsum("...i,...i->...", values, values)
         score = sum_qx * sum_qx / sum_q2  # sum_q2 >= 32: the table holds no 0
         better = score > best_score
         best = np.where(better, sum_qx / sum_q2, best)
