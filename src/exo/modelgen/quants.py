@@ -19,6 +19,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quantize as gguf_quantize
 
+from exo.modelgen.iq4_quants import quantize_iq4_nl, quantize_iq4_xs
+
 Array = np.ndarray[Any, Any]
 T = GGMLQuantizationType
 
@@ -118,6 +120,9 @@ QUANTISERS: dict[GGMLQuantizationType, Callable[[Array], Array]] = {
         t: _with_gguf(t)
         for t in (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4)
     },
+    # IQ4_NL, IQ4_XS (iq4_quants.py)
+    T.IQ4_NL: quantize_iq4_nl,
+    T.IQ4_XS: quantize_iq4_xs,
 }
 """Every type the generator writes, float32 [rows, K] -> uint8 [rows, row bytes]."""
 
@@ -157,6 +162,10 @@ SCALE_FIELDS: dict[GGMLQuantizationType, tuple[int, ...]] = {
     T.Q4_K: (0, 2),
     T.Q5_K: (0, 2),
     T.Q6_K: (208,),
+    # MXFP4 (its scale is an exponent byte: random_blocks sets it), IQ4_NL, IQ4_XS
+    T.MXFP4: (),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
 }
 
 
@@ -171,4 +180,6 @@ def random_blocks(qtype: GGMLQuantizationType, rows: int, k: int, seed: int = 0)
     for offset in SCALE_FIELDS[qtype]:
         scale = rng.uniform(0.002, 0.02, size=(rows, k // block)).astype(np.float16)
         raw[..., offset : offset + 2] = scale.view(np.uint8).reshape(rows, k // block, 2)
+    if qtype == T.MXFP4:  # E8M0 scales 2^(e - 128) of 2^-10 .. 2^-5
+        raw[..., 0] = rng.integers(118, 124, size=(rows, k // block), dtype=np.uint8)
     return raw.reshape(rows, -1)

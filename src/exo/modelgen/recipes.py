@@ -3,7 +3,8 @@
 A plain recipe (`Q4_0`, `Q8_0`, `Q6_K`, `F16`, `BF16`...) stores every matrix in that type;
 `Q4_K_M` / `Q5_K_M` follow llama.cpp's mixes: the LM head (or the tied embedding standing in
 for it) in Q6_K, attn_v and ffn_down in Q6_K in the first and last eighth of the blocks and in
-every third block between, everything else in Q4_K / Q5_K. Norms are always F32.
+every third block between, everything else in Q4_K / Q5_K. Norms are always F32. `IQ4_NL` /
+`IQ4_XS`: llama.cpp's head rule and block-width fallback (`iq4_tensor_type`).
 """
 
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ RECIPES: dict[str, Recipe] = {
         Recipe("Q4_K_M", T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M, mixed=True),
         Recipe("Q5_K_M", T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M, mixed=True),
         Recipe("MXFP4", T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
+        # IQ4_NL, IQ4_XS (iq4_tensor_type)
+        Recipe("IQ4_NL", T.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
+        Recipe("IQ4_XS", T.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
     )
 }
 
@@ -63,6 +67,8 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
     """The type tensor `t` of model `bp` is stored in under recipe `r`."""
     if t.role in (Role.NORM, Role.OUTPUT_NORM):
         return T.F32
+    if r.base in (T.IQ4_NL, T.IQ4_XS):
+        return iq4_tensor_type(r, t, bp)
     if not r.mixed:
         return r.base
     tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
@@ -70,4 +76,17 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
         return T.Q6_K
     if t.role in (Role.ATTN_V, Role.FFN_DOWN) and t.layer is not None:
         return T.Q6_K if more_bits(t.layer, bp.n_layers) else r.base
+    return r.base
+
+
+def iq4_tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
+    """IQ4_NL / IQ4_XS as llama.cpp's quantiser types them: the LM head (the tied embedding
+    standing in for it) in Q6_K (Q8_0 when its rows do not fill 256-value blocks), IQ4_XS rows
+    that do not fill 256-value blocks in IQ4_NL (a gpt-oss width of 2880, a tiny model's 128),
+    every other matrix in the recipe's type (an untied embedding included)."""
+    tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
+    if t.role is Role.OUTPUT or (tied and t.role is Role.EMBEDDING):
+        return T.Q6_K if t.k % 256 == 0 else T.Q8_0
+    if r.base == T.IQ4_XS and t.k % 256:
+        return T.IQ4_NL
     return r.base

@@ -36,6 +36,7 @@ HARNESS_SOURCES = (
     "harness/reference.c",
     "harness/act8_check.c",
     "harness/digest.c",  # arm: the digest mode (builds compared bit for bit)
+    "harness/iq4_reference.c",  # MXFP4, IQ4_NL, IQ4_XS
 )
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")

@@ -43,6 +43,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q4_K", _T.Q4_K, 104, 304),
     Kind("Q5_K", _T.Q5_K, 105, None),
     Kind("Q6_K", _T.Q6_K, 106, 306),
+    # MXFP4, IQ4_NL, IQ4_XS (csrc/iq4.h): per-row dots, no repacked layout
+    Kind("MXFP4", _T.MXFP4, 70, None),
+    Kind("IQ4_NL", _T.IQ4_NL, 60, None),
+    Kind("IQ4_XS", _T.IQ4_XS, 110, None),
 )
 GROUP_ROWS = 8  # rows of a repacked group
 

@@ -18,7 +18,7 @@ where decoding is bound by the bytes of weights read per token:
 
 Those formats apply to weights held as plain tensors. Weights kept in a GGUF file's blocks
 (`QuantTensor`, see `materialise.py`) run in their own format: Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, Q4_K, Q5_K and Q6_K by the compiled kernels, reading the file's
+Q5_0, Q5_1, Q4_K, Q5_K and Q6_K (and MXFP4, IQ4_NL, IQ4_XS) by the compiled kernels, reading the file's
 bytes in place, parts of different types in one call (Q5_0 q | k with a Q8_0 v) (measured, one thread, 2048 x 2048, one token: Q4_K 2.7 GB/s, Q6_K 3.6, q8 6.5); other
 types, or any type without the kernels, by `StreamingLinear`, which dequantises a bounded
 number of rows per call (memory-faithful, ~50x slower: the load log says which layers run so).

@@ -175,6 +175,10 @@ enum {
     KIND_Q5_0_G8 = 250,
     KIND_Q4_K_G8 = 304,
     KIND_Q6_K_G8 = 306,
+    /* MXFP4, IQ4_NL, IQ4_XS (iq4.h) */
+    KIND_MXFP4 = 70,
+    KIND_IQ4_NL = 60,
+    KIND_IQ4_XS = 110,
 };
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 

@@ -2,6 +2,7 @@
  * (one row per kind, its first six fields as written below, in that order) and checks it against the
  * Python table, engines/kinds.py. */
 #include "kinds.h"
+#include "iq4.h" /* MXFP4, IQ4_NL, IQ4_XS */
 
 #if EXO_AVX2
 #define X86(f) f
@@ -24,6 +25,10 @@
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 #define exo_generic_none NULL
+/* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS) */
+#define DOT_OPS(k)                                                                                 \
+    {[EXO_ISA_GENERIC] = {exo_generic_dot_##k, NULL, NULL, NULL, NULL},                            \
+     [EXO_ISA_AVX2] = {X86(exo_x86_dot_##k), NULL, NULL, NULL, NULL}}
 #define exo_x86_none NULL
 /* arm: the NEON column of aarch64 builds (arch/arm/: every file layout's per-row dot, Q8_0's and
  * Q5_0's pair, the 8-bit dots with dotprod); every other strategy (tile, unpacked, grouped) takes
@@ -90,6 +95,13 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q6_K_G8, .name = "Q6_K_G8", .file_kind = KIND_Q6_K, .grouped = 0, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q6_k)},
+    /* MXFP4, IQ4_NL, IQ4_XS (iq4.h): the per-row dot at every row count */
+    {.kind = KIND_MXFP4, .name = "MXFP4", .file_kind = KIND_MXFP4, .grouped = 0, .block_values = 32,
+     .block_bytes = 17, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(mxfp4)},
+    {.kind = KIND_IQ4_NL, .name = "IQ4_NL", .file_kind = KIND_IQ4_NL, .grouped = 0, .block_values = 32,
+     .block_bytes = 18, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(iq4_nl)},
+    {.kind = KIND_IQ4_XS, .name = "IQ4_XS", .file_kind = KIND_IQ4_XS, .grouped = 0, .block_values = 256,
+     .block_bytes = 136, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(iq4_xs)},
 };
 
 _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&
@@ -99,6 +111,8 @@ _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Bloc
 _Static_assert(sizeof(BlockQ4_0x8) == 8 * 18 && sizeof(BlockQ4_1x8) == 8 * 20 && sizeof(BlockQ5_0x8) == 8 * 22 && sizeof(BlockQ8_0x8) == 8 * 34 &&
                    sizeof(BlockQ4Kx8) == 8 * 144 && sizeof(BlockQ6Kx8) == 8 * 210,
                "a repacked group's block is not its 8 rows' bytes");
+_Static_assert(sizeof(BlockMXFP4) == 17 && sizeof(BlockIQ4NL) == 18 && sizeof(BlockIQ4XS) == 136,
+               "an MXFP4 / IQ4 block's size is not its row's block_bytes");
 
 const KindTraits* exo_kind_traits(int kind) {
     for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)

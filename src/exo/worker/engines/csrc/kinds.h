@@ -128,6 +128,13 @@ int exo_arm_pair_q8_0(const Run* r);
 int exo_arm_pair_q5_0(const Run* r);
 int exo_arm_dot8_q4_0(const Run* r);
 int exo_arm_dot8_q4_1(const Run* r);
+/* MXFP4, IQ4_NL, IQ4_XS (iq4.h: iq4.c, arch/x86/iq4.c) */
+int exo_generic_dot_mxfp4(const Run* r);
+int exo_generic_dot_iq4_nl(const Run* r);
+int exo_generic_dot_iq4_xs(const Run* r);
+int exo_x86_dot_mxfp4(const Run* r);
+int exo_x86_dot_iq4_nl(const Run* r);
+int exo_x86_dot_iq4_xs(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

@@ -32,8 +32,10 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
     return p;
 }
 
-#define N_KINDS 8
-static const int KINDS[N_KINDS] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+static const int KINDS[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K,
+                            /* MXFP4, IQ4_NL, IQ4_XS */
+                            KIND_MXFP4, KIND_IQ4_NL, KIND_IQ4_XS};
+#define N_KINDS (int)(sizeof KINDS / sizeof KINDS[0])
 
 /* A random layout that rows of K values can take. */
 static int random_kind(Rng* r, int K) {

@@ -37,6 +37,7 @@ uint16_t rng_half(Rng* r, int min_exp, int max_exp) {
 static int block_values(int kind) { return kind > 100 ? 256 : 32; }
 
 static size_t block_bytes(int kind) {
+    if (ref_iq4_block_bytes(kind)) return (size_t)ref_iq4_block_bytes(kind); /* MXFP4, IQ4_NL, IQ4_XS */
     switch (kind) {
         case 40: return 18;
         case 4: return 20;
@@ -126,6 +127,7 @@ void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* o
 }
 
 void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
+    if (ref_iq4_random_row(r, kind, K, row)) return; /* MXFP4, IQ4_NL, IQ4_XS */
     const size_t n = ref_row_bytes(kind, K), bb = block_bytes(kind);
     for (size_t i = 0; i < n; i++) row[i] = (uint8_t)rng_next(r);
     for (size_t b = 0; b < n / bb; b++) {
@@ -158,6 +160,7 @@ static void kq_pair(const uint8_t* s, int j, int* sc, int* mn) {
 }
 
 void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
+    if (ref_iq4_dequant_row(kind, row, K, out)) return; /* MXFP4, IQ4_NL, IQ4_XS */
     const size_t bb = block_bytes(kind);
     const int bv = block_values(kind);
     for (int b = 0; b < K / bv; b++) {

@@ -49,4 +49,9 @@ void ref_linear(int prologue, const float* x, int M, int K, int N, const double*
  * (by the float reciprocal) rounded half away from zero. The row stands for d[b] q. */
 void ref_quantize8(const float* x, int K, int8_t* q, double* d);
 
+/* MXFP4, IQ4_NL, IQ4_XS (iq4_reference.c): each returns 0 for a kind it does not hold. */
+int ref_iq4_block_bytes(int kind);
+int ref_iq4_random_row(Rng* r, int kind, int K, uint8_t* row);
+int ref_iq4_dequant_row(int kind, const uint8_t* row, int K, double* out);
+
 #endif
