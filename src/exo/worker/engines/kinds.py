@@ -43,6 +43,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q4_K", _T.Q4_K, 104, 304),
     Kind("Q5_K", _T.Q5_K, 105, None),
     Kind("Q6_K", _T.Q6_K, 106, 306),
+    # issue 23: Q2_K, Q3_K (csrc/kquant23.h)
+    Kind("Q2_K", _T.Q2_K, 102, None),
+    Kind("Q3_K", _T.Q3_K, 103, None),
 )
 GROUP_ROWS = 8  # rows of a repacked group
 

@@ -161,6 +161,9 @@ enum {
     KIND_Q5_0_G8 = 250,
     KIND_Q4_K_G8 = 304,
     KIND_Q6_K_G8 = 306,
+    /* issue 23: Q2_K, Q3_K (kquant23.h) */
+    KIND_Q2_K = 102,
+    KIND_Q3_K = 103,
 };
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 

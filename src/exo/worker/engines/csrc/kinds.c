@@ -24,6 +24,8 @@
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k)}
 #define exo_generic_none NULL
+/* issue 23: a kind with only the per-row dot */
+#define DOT_ONLY_OPS(dot) {[EXO_ISA_GENERIC] = {exo_generic_##dot, NULL, NULL, NULL, NULL}, [EXO_ISA_AVX2] = {X86(exo_x86_##dot), NULL, NULL, NULL, NULL}}
 #define exo_x86_none NULL
 
 static const KindTraits KINDS[] = {
@@ -69,6 +71,13 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q6_K_G8, .name = "Q6_K_G8", .file_kind = KIND_Q6_K, .grouped = 0, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q6_k)},
+    /* issue 23: Q2_K, Q3_K (kquant23.h): the per-row dot at every row count (no tile, no groups) */
+    {.kind = KIND_Q2_K, .name = "Q2_K", .file_kind = KIND_Q2_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 84, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0,
+     .ops = DOT_ONLY_OPS(dot_q2_k)},
+    {.kind = KIND_Q3_K, .name = "Q3_K", .file_kind = KIND_Q3_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 110, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0,
+     .ops = DOT_ONLY_OPS(dot_q3_k)},
 };
 
 _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&

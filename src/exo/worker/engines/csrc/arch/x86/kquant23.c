@@ -1,0 +1,95 @@
+/* Q2_K and Q3_K dots (kquant23.h), AVX2: a group's 32 values widened to int16 once and scaled by
+ * their sub-blocks' scales (vpmullw: |sc q| <= 128), then per activation row one vpmaddwd pair
+ * (vpdpwssd in the VNNI builds, x86.h) and one FMA per float term. Each row keeps two chains
+ * (Q2_K: scales | mins; Q3_K: even | odd groups) at every row count, so R = 1 and R = 4 add the
+ * same floats in the same order. */
+#include "exo_kernels.h"
+#if EXO_AVX2
+#include "arch/x86/x86.h"
+#include "kinds.h"
+#include "kquant23.h"
+
+/* 2-bit plane j (0..3) of 32 bytes, as bytes 0..3 */
+static inline __m256i plane(__m256i bytes, int j) {
+    return _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * j), _mm256_set1_epi8(3));
+}
+
+static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, const BlockX* x, int nsb, int R,
+                                                          float* out) {
+    const int nb = nsb * 8;
+    __m256 acc[4], accm[4];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const float d = exo_h2f(w[s].d), dmin = exo_h2f(w[s].dmin);
+        for (int n = 0; n < 2; n++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * n));
+            for (int j = 0; j < 4; j++) {
+                const int g = 4 * n + j;
+                const uint8_t ka = w[s].scales[2 * g], kb = w[s].scales[2 * g + 1];
+                const __m256i q = plane(bytes, j);
+                const __m256i qa = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)),
+                                                      _mm256_set1_epi16((short)(ka & 15)));
+                const __m256i qb = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)),
+                                                      _mm256_set1_epi16((short)(kb & 15)));
+                const __m256i ma = _mm256_set1_epi16((short)(ka >> 4)), mb = _mm256_set1_epi16((short)(kb >> 4));
+                for (int r = 0; r < R; r++) {
+                    const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
+                    const __m256i xa = _mm256_loadu_si256((const __m256i*)xb->qs);
+                    const __m256i xc = _mm256_loadu_si256((const __m256i*)(xb->qs + 16));
+                    const __m256i p = dp16(_mm256_madd_epi16(qa, xa), qb, xc);
+                    const __m256i t = dp16(_mm256_madd_epi16(ma, xa), mb, xc);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);
+                    accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * xb->d), _mm256_cvtepi32_ps(t), accm[r]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) - exo_hsum8(accm[r]);
+}
+
+static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, const BlockX* x, int nsb, int R,
+                                                          float* out) {
+    const int nb = nsb * 8;
+    __m256 acc[8];
+    for (int i = 0; i < 2 * R; i++) acc[i] = _mm256_setzero_ps();
+    const __m256i four = _mm256_set1_epi8(4);
+    for (int s = 0; s < nsb; s++) {
+        const float d = exo_h2f(w[s].d);
+        int sc[16];
+        q3k_scales(w[s].scales, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i*)w[s].hmask);
+        for (int n = 0; n < 2; n++) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * n));
+            for (int j = 0; j < 4; j++) {
+                const int g = 4 * n + j;
+                /* q - 4 where bit g of hmask is clear */
+                const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << g))),
+                                                        _mm256_setzero_si256());
+                const __m256i q = _mm256_sub_epi8(plane(bytes, j), _mm256_and_si256(clear, four));
+                const __m256i qa = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+                                                      _mm256_set1_epi16((short)sc[2 * g]));
+                const __m256i qb = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
+                                                      _mm256_set1_epi16((short)sc[2 * g + 1]));
+                for (int r = 0; r < R; r++) {
+                    const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
+                    const int i = 2 * r + (g & 1);
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[i]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(acc[2 * r], acc[2 * r + 1]));
+}
+
+static inline __attribute__((always_inline)) void row_q2_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q2k((const BlockQ2K*)w, x, nb / 8, 4, out);
+    else dot_q2k((const BlockQ2K*)w, x, nb / 8, 1, out);
+}
+static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+    if (R == 4) dot_q3k((const BlockQ3K*)w, x, nb / 8, 4, out);
+    else dot_q3k((const BlockQ3K*)w, x, nb / 8, 1, out);
+}
+
+int exo_x86_dot_q2_k(const Run* r) { run_rows(r, row_q2_k); return 0; }
+int exo_x86_dot_q3_k(const Run* r) { run_rows(r, row_q3_k); return 0; }
+#endif
