@@ -3,7 +3,8 @@
 A plain recipe (`Q4_0`, `Q8_0`, `Q6_K`, `F16`, `BF16`...) stores every matrix in that type;
 `Q4_K_M` / `Q5_K_M` follow llama.cpp's mixes: the LM head (or the tied embedding standing in
 for it) in Q6_K, attn_v and ffn_down in Q6_K in the first and last eighth of the blocks and in
-every third block between, everything else in Q4_K / Q5_K. Norms are always F32.
+every third block between, everything else in Q4_K / Q5_K. `Q2_K` / `Q3_K_M` follow llama.cpp's
+2- and 3-bit mixes (`low_bit_type`). Norms are always F32.
 """
 
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ RECIPES: dict[str, Recipe] = {
         Recipe("Q4_K_M", T.Q4_K, LlamaFileType.MOSTLY_Q4_K_M, mixed=True),
         Recipe("Q5_K_M", T.Q5_K, LlamaFileType.MOSTLY_Q5_K_M, mixed=True),
         Recipe("MXFP4", T.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE),
+        # issue 23: llama.cpp's 2- and 3-bit mixes (`low_bit_type` below)
+        Recipe("Q2_K", T.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+        Recipe("Q3_K_M", T.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
     )
 }
 
@@ -63,6 +67,8 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
     """The type tensor `t` of model `bp` is stored in under recipe `r`."""
     if t.role in (Role.NORM, Role.OUTPUT_NORM):
         return T.F32
+    if r.name in LOW_BIT_MIXES:  # issue 23
+        return low_bit_type(r, t, bp)
     if not r.mixed:
         return r.base
     tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
@@ -71,3 +77,43 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
     if t.role in (Role.ATTN_V, Role.FFN_DOWN) and t.layer is not None:
         return T.Q6_K if more_bits(t.layer, bp.n_layers) else r.base
     return r.base
+
+
+# --- issue 23: the 2- and 3-bit mixes -------------------------------------------------------------
+
+LOW_BIT_MIXES = ("Q2_K", "Q3_K_M")
+
+
+def gqa_ratio(bp: Blueprint) -> int:
+    """Query heads per key-value head (1 when the metadata does not say)."""
+    meta = {m.key.split(".", 1)[-1]: m.value for m in bp.metadata}
+    heads, kv = meta.get("attention.head_count"), meta.get("attention.head_count_kv")
+    if isinstance(heads, int) and isinstance(kv, int) and kv > 0:
+        return heads // kv
+    return 1
+
+
+def low_bit_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
+    """llama.cpp's rules for these files (its llama-quant.cpp), for the roles we write:
+    the LM head (or the tied embedding standing in for it) Q6_K in both;
+    Q2_K: attn_v Q4_K when 4 or more query heads share a KV head (else Q3_K), ffn_down and
+        attn_output Q3_K, the rest Q2_K;
+    Q3_K_M: attn_v Q5_K in the first two blocks and Q4_K after, ffn_down Q5_K in the first
+        sixteenth of the blocks and Q4_K after, attn_output Q4_K, the rest Q3_K."""
+    tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
+    if t.role is Role.OUTPUT or (tied and t.role is Role.EMBEDDING):
+        return T.Q6_K
+    layer = t.layer if t.layer is not None else 0
+    if r.name == "Q2_K":
+        if t.role is Role.ATTN_V:
+            return T.Q4_K if gqa_ratio(bp) >= 4 else T.Q3_K
+        if t.role in (Role.FFN_DOWN, Role.ATTN_OUTPUT):
+            return T.Q3_K
+        return T.Q2_K
+    if t.role is Role.ATTN_V:
+        return T.Q5_K if layer < 2 else T.Q4_K
+    if t.role is Role.FFN_DOWN:
+        return T.Q5_K if layer < bp.n_layers // 16 else T.Q4_K
+    if t.role is Role.ATTN_OUTPUT:
+        return T.Q4_K
+    return T.Q3_K
