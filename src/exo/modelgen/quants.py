@@ -119,7 +119,9 @@ def _two_bit_planes(q: Array) -> Array:
     return (packed | planes[:, :, :, 3] << 6).reshape(*q.shape[:2], 64)
 
 
-def _search(sub: Array, grid: list[tuple[Array, Array]], dequant: Callable[[Array, Array], Array]) -> tuple[Array, Array]:
+def _search(
+    sub: Array, grid: list[tuple[Array, Array]], dequant: Callable[[Array, Array], Array]
+) -> tuple[Array, Array]:
     """Per sub-block ([..., 16] values of `sub`), the (scale, min) pair of `grid` whose values
     (`dequant(scale, min)`, shaped like `sub`) are nearest in squared error."""
     best_err = np.full(sub.shape[:-1], np.inf, dtype=np.float32)

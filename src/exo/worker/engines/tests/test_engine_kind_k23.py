@@ -78,7 +78,9 @@ def test_parts_of_q2_k_q3_k_and_other_kinds_run_in_one_call(isa: Isa) -> None:
     down = make_linear(_weights(T.Q3_K, 40, k, seed=9), None, "dense", prologue=SwiGLU(),
                        kernels=kernels)  # fmt: skip
     gu = torch.randn(3, 2 * k)
-    want = F.linear(F.silu(gu[:, :k]) * gu[:, k:], _reference(T.Q3_K, random_blocks(T.Q3_K, 40, k, 9)))
+    want = F.linear(
+        F.silu(gu[:, :k]) * gu[:, k:], _reference(T.Q3_K, random_blocks(T.Q3_K, 40, k, 9))
+    )
     torch.testing.assert_close(down(gu), want, atol=1e-3 * want.abs().max().item(), rtol=1e-4)
 
 
