@@ -10,8 +10,9 @@
 #pragma GCC optimize("fp-contract=off")
 #endif
 
+/* hs: the R rows' half sums (q2k_half_sums; 16 nsb floats a row) or NULL */
 static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, const BlockX* x, int nsb, int R,
-                                                          float* out) {
+                                                          const float* hs, float* out) {
     const int nb = nsb * 8;
     float accf[4], accm[4];
     for (int r = 0; r < R; r++) accf[r] = accm[r] = 0.0f;
@@ -20,24 +21,24 @@ static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, con
         for (int g = 0; g < 8; g++) {
             const uint8_t* qs = w[s].qs + 32 * (g / 4);
             const int shift = 2 * (g % 4);
-            const int sa = w[s].scales[2 * g] & 15, ma = w[s].scales[2 * g] >> 4;
-            const int sb = w[s].scales[2 * g + 1] & 15, mb = w[s].scales[2 * g + 1] >> 4;
+            const int sa = w[s].scales[2 * g] & 15, sb = w[s].scales[2 * g + 1] & 15;
             int16_t q[QK];
             for (int l = 0; l < QK; l++) q[l] = (int16_t)((qs[l] >> shift) & 3);
             for (int r = 0; r < R; r++) {
                 const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                int32_t pa = 0, pb = 0, ta = 0, tb = 0;
-                for (int l = 0; l < 16; l++) {
-                    pa += (int32_t)q[l] * xb->qs[l];
-                    ta += xb->qs[l];
-                }
-                for (int l = 16; l < QK; l++) {
-                    pb += (int32_t)q[l] * xb->qs[l];
-                    tb += xb->qs[l];
-                }
+                int32_t pa = 0, pb = 0;
+                for (int l = 0; l < 16; l++) pa += (int32_t)q[l] * xb->qs[l];
+                for (int l = 16; l < QK; l++) pb += (int32_t)q[l] * xb->qs[l];
                 accf[r] += (d * xb->d) * (float)(sa * pa + sb * pb);
-                accm[r] += (dmin * xb->d) * (float)(ma * ta + mb * tb);
             }
+        }
+        for (int r = 0; r < R; r++) { /* the mins against the sub-blocks' sums, in sub-block order */
+            float own[16];
+            const float* h = hs ? hs + (size_t)r * nb * 2 + 16 * s : own;
+            if (!hs) q2k_half_sums(x + (size_t)r * nb + (size_t)s * 8, 1, own);
+            float t = 0.0f;
+            for (int i = 0; i < 16; i++) t += (float)(w[s].scales[i] >> 4) * h[i];
+            accm[r] += dmin * t;
         }
     }
     for (int r = 0; r < R; r++) out[r] = accf[r] - accm[r];
@@ -70,14 +71,10 @@ static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, con
     for (int r = 0; r < R; r++) out[r] = accf[r];
 }
 
-static inline __attribute__((always_inline)) void row_q2_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q2k((const BlockQ2K*)w, x, nb / 8, 4, out);
-    else dot_q2k((const BlockQ2K*)w, x, nb / 8, 1, out);
-}
 static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q3k((const BlockQ3K*)w, x, nb / 8, 4, out);
     else dot_q3k((const BlockQ3K*)w, x, nb / 8, 1, out);
 }
 
-int exo_generic_dot_q2_k(const Run* r) { run_rows(r, row_q2_k); return 0; }
+int exo_generic_dot_q2_k(const Run* r) { Q2K_RUN_ROWS(r, dot_q2k); return 0; }
 int exo_generic_dot_q3_k(const Run* r) { run_rows(r, row_q3_k); return 0; }

@@ -32,4 +32,42 @@ static inline void q3k_scales(const uint8_t* s, int* out) {
     }
 }
 
+/* Q2_K's min term needs each sub-block's activation sum: hs[16 s + i] = d_x * (sum of the 16 q_x
+ * of sub-block i of super-block s), for nsb super-blocks of one activation row (a call computes
+ * them once per activation row, or per super-block where it has no scratch: the same floats). */
+static inline void q2k_half_sums(const BlockX* x, int nsb, float* hs) {
+    for (int b = 0; b < nsb * 8; b++) {
+        int32_t a = 0, c = 0;
+        for (int l = 0; l < 16; l++) {
+            a += x[b].qs[l];
+            c += x[b].qs[l + 16];
+        }
+        hs[2 * b] = x[b].d * (float)a;
+        hs[2 * b + 1] = x[b].d * (float)c;
+    }
+}
+
+/* The dot strategy of Q2_K (kinds.h's run_rows, with the half sums): `dot(w, x, nsb, R, hs, out)`
+ * with hs the rows' half sums (R rows of 16 nsb floats) or NULL (computed per super-block). */
+#define Q2K_RUN_ROWS(r, dot)                                                                        \
+    do {                                                                                            \
+        const int nsb_ = (r)->nb / 8, per_ = 16 * nsb_;                                             \
+        float* hs_ = exo_scratch(SCRATCH_UNPACK, (size_t)((r)->m1 - (r)->m0) * per_ * sizeof(float)); \
+        for (int m_ = (r)->m0; hs_ && m_ < (r)->m1; m_++)                                           \
+            q2k_half_sums((r)->x + (size_t)m_ * (r)->nb, nsb_, hs_ + (size_t)(m_ - (r)->m0) * per_);  \
+        float out_[4];                                                                              \
+        for (int n_ = (r)->lo; n_ < (r)->hi; n_++) {                                                \
+            const BlockQ2K* w_ = (const BlockQ2K*)run_row(r, n_);                                   \
+            for (int m_ = (r)->m0; m_ < (r)->m1;) {                                                 \
+                const BlockX* x_ = (r)->x + (size_t)m_ * (r)->nb;                                   \
+                const float* h_ = hs_ ? hs_ + (size_t)(m_ - (r)->m0) * per_ : NULL;                 \
+                const int R_ = (r)->m1 - m_ >= 4 ? 4 : 1;                                           \
+                if (R_ == 4) dot(w_, x_, nsb_, 4, h_, out_);                                        \
+                else dot(w_, x_, nsb_, 1, h_, out_);                                                \
+                for (int i_ = 0; i_ < R_; i_++) run_store(r, m_ + i_, n_, out_[i_]);                \
+                m_ += R_;                                                                           \
+            }                                                                                       \
+        }                                                                                           \
+    } while (0)
+
 #endif

@@ -1,8 +1,9 @@
 /* Q2_K and Q3_K dots (kquant23.h), AVX2: a group's 32 values widened to int16 once and scaled by
  * their sub-blocks' scales (vpmullw: |sc q| <= 128), then per activation row one vpmaddwd pair
- * (vpdpwssd in the VNNI builds, x86.h) and one FMA per float term. Each row keeps two chains
- * (Q2_K: scales | mins; Q3_K: even | odd groups) at every row count, so R = 1 and R = 4 add the
- * same floats in the same order. */
+ * (vpdpwssd in the VNNI builds, x86.h) and one FMA; Q2_K's mins once per super-block against the
+ * activation rows' sub-block sums (two vectors of 8). Each row keeps two chains (Q2_K: scales |
+ * mins; Q3_K: even | odd groups) at every row count, so R = 1 and R = 4 add the same floats in
+ * the same order. */
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include "arch/x86/x86.h"
@@ -14,8 +15,9 @@ static inline __m256i plane(__m256i bytes, int j) {
     return _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * j), _mm256_set1_epi8(3));
 }
 
+/* hs: the R rows' half sums (q2k_half_sums; 16 nsb floats a row) or NULL */
 static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, const BlockX* x, int nsb, int R,
-                                                          float* out) {
+                                                          const float* hs, float* out) {
     const int nb = nsb * 8;
     __m256 acc[4], accm[4];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
@@ -25,23 +27,28 @@ static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, con
             const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * n));
             for (int j = 0; j < 4; j++) {
                 const int g = 4 * n + j;
-                const uint8_t ka = w[s].scales[2 * g], kb = w[s].scales[2 * g + 1];
                 const __m256i q = plane(bytes, j);
                 const __m256i qa = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q)),
-                                                      _mm256_set1_epi16((short)(ka & 15)));
+                                                      _mm256_set1_epi16((short)(w[s].scales[2 * g] & 15)));
                 const __m256i qb = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q, 1)),
-                                                      _mm256_set1_epi16((short)(kb & 15)));
-                const __m256i ma = _mm256_set1_epi16((short)(ka >> 4)), mb = _mm256_set1_epi16((short)(kb >> 4));
+                                                      _mm256_set1_epi16((short)(w[s].scales[2 * g + 1] & 15)));
                 for (int r = 0; r < R; r++) {
                     const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                    const __m256i xa = _mm256_loadu_si256((const __m256i*)xb->qs);
-                    const __m256i xc = _mm256_loadu_si256((const __m256i*)(xb->qs + 16));
-                    const __m256i p = dp16(_mm256_madd_epi16(qa, xa), qb, xc);
-                    const __m256i t = dp16(_mm256_madd_epi16(ma, xa), mb, xc);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p), acc[r]);
-                    accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin * xb->d), _mm256_cvtepi32_ps(t), accm[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[r]);
                 }
             }
+        }
+        /* the mins against the sub-blocks' sums: 16 products in two vectors, one FMA */
+        const __m128i mins = _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128((const __m128i*)w[s].scales), 4),
+                                           _mm_set1_epi8(15));
+        const __m256 m0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mins));
+        const __m256 m1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(mins, 8)));
+        for (int r = 0; r < R; r++) {
+            float own[16];
+            const float* h = hs ? hs + (size_t)r * nb * 2 + 16 * s : own;
+            if (!hs) q2k_half_sums(x + (size_t)r * nb + (size_t)s * 8, 1, own);
+            const __m256 t = _mm256_fmadd_ps(m1, _mm256_loadu_ps(h + 8), _mm256_mul_ps(m0, _mm256_loadu_ps(h)));
+            accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), t, accm[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) - exo_hsum8(accm[r]);
@@ -81,15 +88,11 @@ static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, con
     for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(acc[2 * r], acc[2 * r + 1]));
 }
 
-static inline __attribute__((always_inline)) void row_q2_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
-    if (R == 4) dot_q2k((const BlockQ2K*)w, x, nb / 8, 4, out);
-    else dot_q2k((const BlockQ2K*)w, x, nb / 8, 1, out);
-}
 static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
     if (R == 4) dot_q3k((const BlockQ3K*)w, x, nb / 8, 4, out);
     else dot_q3k((const BlockQ3K*)w, x, nb / 8, 1, out);
 }
 
-int exo_x86_dot_q2_k(const Run* r) { run_rows(r, row_q2_k); return 0; }
+int exo_x86_dot_q2_k(const Run* r) { Q2K_RUN_ROWS(r, dot_q2k); return 0; }
 int exo_x86_dot_q3_k(const Run* r) { run_rows(r, row_q3_k); return 0; }
 #endif
