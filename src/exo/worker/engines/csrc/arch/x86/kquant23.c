@@ -54,38 +54,56 @@ static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, con
     for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) - exo_hsum8(accm[r]);
 }
 
+/* A Q3_K super-block's 16 signed scales (kquant23.h's q3k_scales) with a few vector ops: low
+ * nibbles of bytes 0..7 then their high nibbles; the top bits of scale i from byte 8 + i % 4,
+ * shifted by 2 (i / 4). */
+static inline void q3k_scales_x86(const uint8_t* s, int16_t* out) {
+    uint32_t top;
+    memcpy(&top, s + 8, 4);
+    const __m128i v = _mm_loadl_epi64((const __m128i*)s);
+    const __m128i m4 = _mm_set1_epi8(15);
+    const __m128i low = _mm_unpacklo_epi64(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    const __m128i high = _mm_and_si128(_mm_set_epi32((int)(top >> 6), (int)(top >> 4), (int)(top >> 2), (int)top),
+                                       _mm_set1_epi8(3));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(low, _mm_slli_epi16(high, 4)), _mm_set1_epi8(32));
+    _mm256_storeu_si256((__m256i*)out, _mm256_cvtepi8_epi16(sc));
+}
+
+/* group g's 32 values (q - 4 where bit g of hmask is clear), times their sub-blocks' scales */
+static inline __attribute__((always_inline)) void q3k_group(__m256i bytes, __m256i hm, int g, const int16_t* sc, __m256i* qa,
+                                                            __m256i* qb) {
+    /* bit g of each byte moved to bit 2 (a shift within 16-bit lanes: bit 2 of each byte comes
+     * from bit g of the same byte), 4 where it is clear */
+    const __m256i h = g >= 2 ? _mm256_srli_epi16(hm, g - 2) : _mm256_slli_epi16(hm, 2 - g);
+    const __m256i q = _mm256_sub_epi8(plane(bytes, g % 4), _mm256_andnot_si256(h, _mm256_set1_epi8(4)));
+    *qa = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)), _mm256_set1_epi16(sc[2 * g]));
+    *qb = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)), _mm256_set1_epi16(sc[2 * g + 1]));
+}
+
+/* groups in pairs: the even group's products on one chain of each row, the odd one's on another */
 static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, const BlockX* x, int nsb, int R,
                                                           float* out) {
     const int nb = nsb * 8;
-    __m256 acc[8];
-    for (int i = 0; i < 2 * R; i++) acc[i] = _mm256_setzero_ps();
-    const __m256i four = _mm256_set1_epi8(4);
+    __m256 even[4], odd[4];
+    for (int r = 0; r < R; r++) even[r] = odd[r] = _mm256_setzero_ps();
     for (int s = 0; s < nsb; s++) {
         const float d = exo_h2f(w[s].d);
-        int sc[16];
-        q3k_scales(w[s].scales, sc);
+        int16_t sc[16];
+        q3k_scales_x86(w[s].scales, sc);
         const __m256i hm = _mm256_loadu_si256((const __m256i*)w[s].hmask);
-        for (int n = 0; n < 2; n++) {
-            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * n));
-            for (int j = 0; j < 4; j++) {
-                const int g = 4 * n + j;
-                /* q - 4 where bit g of hmask is clear */
-                const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(hm, _mm256_set1_epi8((char)(1 << g))),
-                                                        _mm256_setzero_si256());
-                const __m256i q = _mm256_sub_epi8(plane(bytes, j), _mm256_and_si256(clear, four));
-                const __m256i qa = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
-                                                      _mm256_set1_epi16((short)sc[2 * g]));
-                const __m256i qb = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)),
-                                                      _mm256_set1_epi16((short)sc[2 * g + 1]));
-                for (int r = 0; r < R; r++) {
-                    const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                    const int i = 2 * r + (g & 1);
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[i]);
-                }
+        for (int g = 0; g < 8; g += 2) {
+            const __m256i bytes = _mm256_loadu_si256((const __m256i*)(w[s].qs + 32 * (g / 4)));
+            __m256i qa0, qb0, qa1, qb1;
+            q3k_group(bytes, hm, g, sc, &qa0, &qb0);
+            q3k_group(bytes, hm, g + 1, sc, &qa1, &qb1);
+            for (int r = 0; r < R; r++) {
+                const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
+                even[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[0].d), _mm256_cvtepi32_ps(madd32(qa0, qb0, xb[0].qs)), even[r]);
+                odd[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[1].d), _mm256_cvtepi32_ps(madd32(qa1, qb1, xb[1].qs)), odd[r]);
             }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(acc[2 * r], acc[2 * r + 1]));
+    for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(even[r], odd[r]));
 }
 
 static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
