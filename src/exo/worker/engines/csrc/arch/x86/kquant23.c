@@ -10,6 +10,13 @@
 #include "kinds.h"
 #include "kquant23.h"
 
+/* the float order is the one written, in every x86 build (no multiply fused into an add) */
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
+#pragma GCC optimize("fp-contract=off")
+#endif
+
 /* 2-bit plane j (0..3) of 32 bytes, as bytes 0..3 */
 static inline __m256i plane(__m256i bytes, int j) {
     return _mm256_and_si256(_mm256_srli_epi16(bytes, 2 * j), _mm256_set1_epi8(3));
