@@ -15,8 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-GgufType = Literal["F32", "Q8_0", "MXFP4", "Q3_K"]  # MXFP4: experts in MXFP4, other matrices Q8_0
-# (Q3_K: rows of a multiple of 256 values in Q3_K, others Q8_0; issue 23)
+# MXFP4: experts in MXFP4, other matrices Q8_0; Q2_K / Q3_K (issue 23): rows of a multiple of
+# 256 values in that type, others Q8_0
+GgufType = Literal["F32", "Q8_0", "MXFP4", "Q2_K", "Q3_K"]
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 160,
@@ -172,8 +173,8 @@ def _block_type(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> Any:
         return None
     if dtype == "MXFP4" and "_exps." in name:
         return gguf.GGMLQuantizationType.MXFP4
-    if dtype == "Q3_K" and data.shape[-1] % 256 == 0:  # issue 23
-        return gguf.GGMLQuantizationType.Q3_K
+    if dtype in ("Q2_K", "Q3_K") and data.shape[-1] % 256 == 0:  # issue 23
+        return gguf.GGMLQuantizationType[dtype]
     return gguf.GGMLQuantizationType.Q8_0
 
 
@@ -250,7 +251,7 @@ def write_gguf(
     for name, data in tensors.items():
         data = np.ascontiguousarray(data, dtype=np.float32)
         qtype = _block_type(name, data, dtype)
-        if qtype == gguf.GGMLQuantizationType.Q3_K:  # issue 23: our quantiser (gguf has none)
+        if qtype in (gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.Q3_K):  # issue 23
             from exo.modelgen.quants import quantize_rows
 
             blocks = quantize_rows(data.reshape(-1, data.shape[-1]), qtype)

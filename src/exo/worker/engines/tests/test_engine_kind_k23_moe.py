@@ -1,8 +1,9 @@
-"""A tiny Qwen3-MoE GGUF in Q3_K (issue 23): its merged 3-D expert tensors and its dense
-matrices run on the native Q3_K kernel, and its greedy tokens are those of the same file
-dequantised and run densely in float32."""
+"""Tiny Qwen3-MoE GGUFs in Q3_K and Q2_K (issue 23): their merged 3-D expert tensors and their
+dense matrices run on the native kernel of their type, and their greedy tokens are those of the
+same file dequantised and run densely in float32."""
 
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 
@@ -26,20 +27,22 @@ WIDE = MoeCase(
 
 
 @pytest.fixture(scope="module")
-def q3_k_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hf_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     tmp = tmp_path_factory.mktemp("k23-moe")
-    model = build_hf_model(WIDE, tmp / "hf", seed=4)
-    return write_gguf(model, WIDE, tmp / "qwen3moe-Q3_K.gguf", "Q3_K")
+    return build_hf_model(WIDE, tmp / "hf", seed=4), tmp
 
 
-def test_q3_k_experts_run_on_their_kernel_and_decode_as_the_dequantised_file(
-    q3_k_file: Path,
+@pytest.mark.parametrize("qtype", ["Q3_K", "Q2_K"])
+def test_experts_run_on_their_kernel_and_decode_as_the_dequantised_file(
+    hf_model: tuple[Any, Path], qtype: Literal["Q2_K", "Q3_K"]
 ) -> None:
     skip_without_kernels("q8")
-    blocks, dense = load(q3_k_file, "q8"), load(q3_k_file)
+    model, tmp = hf_model
+    path = write_gguf(model, WIDE, tmp / f"qwen3moe-{qtype}.gguf", qtype)
+    blocks, dense = load(path, "q8"), load(path)
     used = blocks.kernels_used()
     experts = [k for k in used if k.startswith("expert")]
-    assert experts and all("Q3_K C kernel" in k for k in experts), used
-    assert any("Q3_K C kernel" in k for k in used if not k.startswith("expert")), used
+    assert experts and all(f"{qtype} C kernel" in k for k in experts), used
+    assert any(f"{qtype} C kernel" in k for k in used if not k.startswith("expert")), used
     for prompt in PROMPTS:
         assert greedy(blocks, prompt, 16)[0] == greedy(dense, prompt, 16)[0], prompt
