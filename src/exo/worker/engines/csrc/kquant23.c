@@ -21,15 +21,16 @@ static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, con
         for (int g = 0; g < 8; g++) {
             const uint8_t* qs = w[s].qs + 32 * (g / 4);
             const int shift = 2 * (g % 4);
-            const int sa = w[s].scales[2 * g] & 15, sb = w[s].scales[2 * g + 1] & 15;
-            int16_t q[QK];
-            for (int l = 0; l < QK; l++) q[l] = (int16_t)((qs[l] >> shift) & 3);
+            int16_t q[QK]; /* the values times their sub-block's scale (one 32-value loop below) */
+            for (int h = 0; h < 2; h++) {
+                const int sc = w[s].scales[2 * g + h] & 15;
+                for (int l = 16 * h; l < 16 * h + 16; l++) q[l] = (int16_t)(((qs[l] >> shift) & 3) * sc);
+            }
             for (int r = 0; r < R; r++) {
                 const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                int32_t pa = 0, pb = 0;
-                for (int l = 0; l < 16; l++) pa += (int32_t)q[l] * xb->qs[l];
-                for (int l = 16; l < QK; l++) pb += (int32_t)q[l] * xb->qs[l];
-                accf[r] += (d * xb->d) * (float)(sa * pa + sb * pb);
+                int32_t isum = 0;
+                for (int l = 0; l < QK; l++) isum += (int32_t)q[l] * xb->qs[l];
+                accf[r] += (d * xb->d) * (float)isum;
             }
         }
         for (int r = 0; r < R; r++) { /* the mins against the sub-blocks' sums, in sub-block order */
@@ -56,15 +57,17 @@ static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, con
         for (int g = 0; g < 8; g++) {
             const uint8_t* qs = w[s].qs + 32 * (g / 4);
             const int shift = 2 * (g % 4);
-            int16_t q[QK];
-            for (int l = 0; l < QK; l++)
-                q[l] = (int16_t)(((qs[l] >> shift) & 3) - (((w[s].hmask[l] >> g) & 1) ? 0 : 4));
+            int16_t q[QK]; /* the values times their sub-block's scale (|q sc| <= 128) */
+            for (int h = 0; h < 2; h++) /* branch-free: the loops vectorise */
+                for (int l = 16 * h; l < 16 * h + 16; l++) {
+                    const int v = ((qs[l] >> shift) & 3) - 4 + (((w[s].hmask[l] >> g) & 1) << 2);
+                    q[l] = (int16_t)(v * sc[2 * g + h]);
+                }
             for (int r = 0; r < R; r++) {
                 const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                int32_t pa = 0, pb = 0;
-                for (int l = 0; l < 16; l++) pa += (int32_t)q[l] * xb->qs[l];
-                for (int l = 16; l < QK; l++) pb += (int32_t)q[l] * xb->qs[l];
-                accf[r] += (d * xb->d) * (float)(sc[2 * g] * pa + sc[2 * g + 1] * pb);
+                int32_t isum = 0;
+                for (int l = 0; l < QK; l++) isum += (int32_t)q[l] * xb->qs[l];
+                accf[r] += (d * xb->d) * (float)isum;
             }
         }
     }
