@@ -24,9 +24,11 @@
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k)}
 #define exo_generic_none NULL
-/* issue 23: a kind with only the per-row dot */
-#define DOT_ONLY_OPS(dot) {[EXO_ISA_GENERIC] = {exo_generic_##dot, NULL, NULL, NULL, NULL}, [EXO_ISA_AVX2] = {X86(exo_x86_##dot), NULL, NULL, NULL, NULL}}
 #define exo_x86_none NULL
+/* issue 23: a kind with only the per-row dot */
+#define DOT_ONLY_OPS(dot)                                              \
+    {[EXO_ISA_GENERIC] = {exo_generic_##dot, NULL, NULL, NULL, NULL}, \
+     [EXO_ISA_AVX2] = {X86(exo_x86_##dot), NULL, NULL, NULL, NULL}}
 
 static const KindTraits KINDS[] = {
     {.kind = KIND_Q4_1, .name = "Q4_1", .file_kind = KIND_Q4_1, .grouped = KIND_Q4_1_G8, .block_values = 32,

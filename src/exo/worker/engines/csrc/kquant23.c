@@ -74,7 +74,8 @@ static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, con
     for (int r = 0; r < R; r++) out[r] = accf[r];
 }
 
-static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R,
+                                                           float* out) {
     if (R == 4) dot_q3k((const BlockQ3K*)w, x, nb / 8, 4, out);
     else dot_q3k((const BlockQ3K*)w, x, nb / 8, 1, out);
 }

@@ -41,7 +41,8 @@ static inline __attribute__((always_inline)) void dot_q2k(const BlockQ2K* w, con
                                                       _mm256_set1_epi16((short)(w[s].scales[2 * g + 1] & 15)));
                 for (int r = 0; r < R; r++) {
                     const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs)), acc[r]);
+                    const __m256 p = _mm256_cvtepi32_ps(madd32(qa, qb, xb->qs));
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), p, acc[r]);
                 }
             }
         }
@@ -77,8 +78,8 @@ static inline void q3k_scales_x86(const uint8_t* s, int16_t* out) {
 }
 
 /* group g's 32 values (q - 4 where bit g of hmask is clear), times their sub-blocks' scales */
-static inline __attribute__((always_inline)) void q3k_group(__m256i bytes, __m256i hm, int g, const int16_t* sc, __m256i* qa,
-                                                            __m256i* qb) {
+static inline __attribute__((always_inline)) void q3k_group(__m256i bytes, __m256i hm, int g, const int16_t* sc,
+                                                            __m256i* qa, __m256i* qb) {
     /* bit g of each byte moved to bit 2 (a shift within 16-bit lanes: bit 2 of each byte comes
      * from bit g of the same byte), 4 where it is clear */
     const __m256i h = g >= 2 ? _mm256_srli_epi16(hm, g - 2) : _mm256_slli_epi16(hm, 2 - g);
@@ -105,15 +106,18 @@ static inline __attribute__((always_inline)) void dot_q3k(const BlockQ3K* w, con
             q3k_group(bytes, hm, g + 1, sc, &qa1, &qb1);
             for (int r = 0; r < R; r++) {
                 const BlockX* xb = x + (size_t)r * nb + (size_t)s * 8 + g;
-                even[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[0].d), _mm256_cvtepi32_ps(madd32(qa0, qb0, xb[0].qs)), even[r]);
-                odd[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[1].d), _mm256_cvtepi32_ps(madd32(qa1, qb1, xb[1].qs)), odd[r]);
+                const __m256 p0 = _mm256_cvtepi32_ps(madd32(qa0, qb0, xb[0].qs));
+                const __m256 p1 = _mm256_cvtepi32_ps(madd32(qa1, qb1, xb[1].qs));
+                even[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[0].d), p0, even[r]);
+                odd[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb[1].d), p1, odd[r]);
             }
         }
     }
     for (int r = 0; r < R; r++) out[r] = exo_hsum8(_mm256_add_ps(even[r], odd[r]));
 }
 
-static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R, float* out) {
+static inline __attribute__((always_inline)) void row_q3_k(const uint8_t* w, const BlockX* x, int nb, int R,
+                                                           float* out) {
     if (R == 4) dot_q3k((const BlockQ3K*)w, x, nb / 8, 4, out);
     else dot_q3k((const BlockQ3K*)w, x, nb / 8, 1, out);
 }
