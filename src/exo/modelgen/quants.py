@@ -104,6 +104,98 @@ def quantize_q6_k(x: Array) -> Array:
     return block.reshape(rows, -1)
 
 
+# --- issue 23: Q2_K and Q3_K ---------------------------------------------------------------------
+# Q2_K, 256 values in 84 bytes: 16 bytes of (4-bit scale | 4-bit min << 4), one per 16-value
+# sub-block, 64 bytes of 2-bit values, f16 d, f16 dmin; value = d * sc * q - dmin * m, q in 0..3.
+# Q3_K, 256 values in 110 bytes: 32 bytes hmask, 64 bytes of 2-bit values, 12 bytes of sixteen
+# 6-bit scales, f16 d; value = d * (sc - 32) * q, q in -4..3 (low 2 bits in qs, q + 4's bit 2 in
+# hmask). Value 128n + 32j + l of a super-block is bits 2j of qs[32n + l] (bit 4n + j of hmask[l]).
+# Each sub-block's integer scale (and min) is chosen among its rounded value and the neighbours
+# by the squared error of the values it then gives.
+
+
+def _two_bit_planes(q: Array) -> Array:
+    """[rows, nb, 256] values whose low 2 bits are stored -> [rows, nb, 64] bytes."""
+    planes = (q.reshape(*q.shape[:2], 2, 4, 32) & 3).astype(np.uint8)
+    packed = planes[:, :, :, 0] | planes[:, :, :, 1] << 2 | planes[:, :, :, 2] << 4
+    return (packed | planes[:, :, :, 3] << 6).reshape(*q.shape[:2], 64)
+
+
+def _search(
+    sub: Array, grid: list[tuple[Array, Array]], dequant: Callable[[Array, Array], Array]
+) -> tuple[Array, Array]:
+    """Per sub-block ([..., 16] values of `sub`), the (scale, min) pair of `grid` whose values
+    (`dequant(scale, min)`, shaped like `sub`) are nearest in squared error."""
+    best_err = np.full(sub.shape[:-1], np.inf, dtype=np.float32)
+    best_a, best_b = grid[0]
+    for a, b in grid:
+        err = np.square(dequant(a, b) - sub).sum(-1)
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        best_a, best_b = np.where(better, a, best_a), np.where(better, b, best_b)
+    return best_a, best_b
+
+
+def _q2_k_values(sub: Array, d: Array, dmin: Array, sc: Array, mn: Array) -> tuple[Array, Array]:
+    """(q, values) of sub-blocks `sub` [rows, nb, 16, 16] at integer scales sc and mins mn."""
+    step, offset = (d * sc)[..., None], (dmin * mn)[..., None]
+    q = np.clip(np.rint((sub + offset) / _safe(step)), 0, 3)
+    return q, step * q - offset
+
+
+def quantize_q2_k(x: Array) -> Array:
+    """float [rows, K] (K % 256 == 0) -> uint8 [rows, K / 256 * 84]."""
+    rows = x.shape[0]
+    sub = x.astype(np.float32, copy=False).reshape(rows, -1, 16, 16)
+    lo = np.minimum(sub.min(-1), 0.0)
+    scale = (sub.max(-1) - lo) / 3
+    d = (scale.max(-1) / 15).astype(np.float16).astype(np.float32)[..., None]  # [rows, nb, 1]
+    dmin = ((-lo).max(-1) / 15).astype(np.float16).astype(np.float32)[..., None]
+    sc0, mn0 = np.rint(scale / _safe(d)), np.rint(-lo / _safe(dmin))
+    grid = [
+        (np.clip(sc0 + i, 0, 15), np.clip(mn0 + j, 0, 15)) for i in (-1, 0, 1) for j in (-1, 0, 1)
+    ]
+    sc, mn = _search(sub, grid, lambda a, b: _q2_k_values(sub, d, dmin, a, b)[1])
+    q = _q2_k_values(sub, d, dmin, sc, mn)[0].astype(np.uint8).reshape(rows, -1, 256)
+    scales = (sc.astype(np.uint8) | mn.astype(np.uint8) << 4).reshape(rows, -1, 16)
+    parts = [scales, _two_bit_planes(q), _f16_bytes(d[..., 0]), _f16_bytes(dmin[..., 0])]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
+def _q3_k_values(sub: Array, d: Array, sc: Array) -> tuple[Array, Array]:
+    """(q, values) of sub-blocks `sub` [rows, nb, 16, 16] at signed integer scales sc."""
+    step = (d * sc)[..., None]
+    safe = np.where(step != 0, step, np.float32(1))
+    q = np.clip(np.rint(sub / safe), -4, 3)
+    return q, step * q
+
+
+def quantize_q3_k(x: Array) -> Array:
+    """float [rows, K] (K % 256 == 0) -> uint8 [rows, K / 256 * 110]."""
+    rows = x.shape[0]
+    sub = x.astype(np.float32, copy=False).reshape(rows, -1, 16, 16)
+    # the value of largest magnitude goes to q = -4 (the one level without a mirror)
+    peak = np.take_along_axis(sub, np.abs(sub).argmax(-1)[..., None], -1)[..., 0]
+    scale = -peak / 4  # [rows, nb, 16], signed
+    top = np.take_along_axis(scale, np.abs(scale).argmax(-1)[..., None], -1)  # [rows, nb, 1]
+    d = (-top / 32).astype(np.float16).astype(np.float32)  # top's scale is -32
+    sc0 = np.rint(scale / np.where(d != 0, d, np.float32(1)))
+    grid = [(np.clip(sc0 + i, -32, 31), sc0) for i in (-2, -1, 0, 1, 2)]
+    sc, _ = _search(sub, grid, lambda a, _b: _q3_k_values(sub, d, a)[1])
+    q = (_q3_k_values(sub, d, sc)[0] + 4).astype(np.uint8).reshape(rows, -1, 256)
+    high = (q >> 2).reshape(rows, -1, 8, 32)  # bit g of hmask[l]: value 32g + l has q + 4 >= 4
+    hmask = np.zeros((*high.shape[:2], 32), dtype=np.uint8)
+    for g in range(8):
+        hmask |= high[:, :, g] << g
+    u = (sc + 32).astype(np.uint8).reshape(rows, -1, 16)
+    packed = np.empty((*u.shape[:2], 12), dtype=np.uint8)
+    packed[..., :8] = (u[..., :8] & 15) | (u[..., 8:] & 15) << 4
+    hi = u >> 4  # scale i's top bits at bits 2 (i / 4) of byte 8 + i % 4
+    packed[..., 8:] = hi[..., 0:4] | hi[..., 4:8] << 2 | hi[..., 8:12] << 4 | hi[..., 12:16] << 6
+    parts = [hmask, _two_bit_planes(q), packed, _f16_bytes(d[..., 0])]
+    return np.concatenate(parts, axis=-1).reshape(rows, -1)
+
+
 def _with_gguf(qtype: GGMLQuantizationType) -> Callable[[Array], Array]:
     def run(x: Array) -> Array:
         out: Array = gguf_quantize(x.astype(np.float32, copy=False), qtype)
@@ -123,6 +215,9 @@ QUANTISERS: dict[GGMLQuantizationType, Callable[[Array], Array]] = {
     # IQ4_NL, IQ4_XS (iq4_quants.py)
     T.IQ4_NL: quantize_iq4_nl,
     T.IQ4_XS: quantize_iq4_xs,
+    # issue 23
+    T.Q2_K: quantize_q2_k,
+    T.Q3_K: quantize_q3_k,
 }
 """Every type the generator writes, float32 [rows, K] -> uint8 [rows, row bytes]."""
 

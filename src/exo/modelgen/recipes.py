@@ -3,8 +3,9 @@
 A plain recipe (`Q4_0`, `Q8_0`, `Q6_K`, `F16`, `BF16`...) stores every matrix in that type;
 `Q4_K_M` / `Q5_K_M` follow llama.cpp's mixes: the LM head (or the tied embedding standing in
 for it) in Q6_K, attn_v and ffn_down in Q6_K in the first and last eighth of the blocks and in
-every third block between, everything else in Q4_K / Q5_K. Norms are always F32. `IQ4_NL` /
-`IQ4_XS`: llama.cpp's head rule and block-width fallback (`iq4_tensor_type`).
+every third block between, everything else in Q4_K / Q5_K. `Q2_K` / `Q3_K_M` follow llama.cpp's
+2- and 3-bit mixes (`low_bit_type`). `IQ4_NL` / `IQ4_XS`: llama.cpp's head rule and block-width
+fallback (`iq4_tensor_type`). Norms are always F32.
 """
 
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ RECIPES: dict[str, Recipe] = {
         # IQ4_NL, IQ4_XS (iq4_tensor_type)
         Recipe("IQ4_NL", T.IQ4_NL, LlamaFileType.MOSTLY_IQ4_NL),
         Recipe("IQ4_XS", T.IQ4_XS, LlamaFileType.MOSTLY_IQ4_XS),
+        # issue 23: llama.cpp's 2- and 3-bit mixes (`low_bit_type` below)
+        Recipe("Q2_K", T.Q2_K, LlamaFileType.MOSTLY_Q2_K),
+        Recipe("Q3_K_M", T.Q3_K, LlamaFileType.MOSTLY_Q3_K_M),
     )
 }
 
@@ -69,6 +73,8 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
         return T.F32
     if r.base in (T.IQ4_NL, T.IQ4_XS):
         return iq4_tensor_type(r, t, bp)
+    if r.name in LOW_BIT_MIXES:  # issue 23
+        return low_bit_type(r, t, bp)
     if not r.mixed:
         return r.base
     tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
@@ -90,3 +96,43 @@ def iq4_tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantization
     if r.base == T.IQ4_XS and t.k % 256:
         return T.IQ4_NL
     return r.base
+
+
+# --- issue 23: the 2- and 3-bit mixes -------------------------------------------------------------
+
+LOW_BIT_MIXES = ("Q2_K", "Q3_K_M")
+
+
+def gqa_ratio(bp: Blueprint) -> int:
+    """Query heads per key-value head (1 when the metadata does not say)."""
+    meta = {m.key.split(".", 1)[-1]: m.value for m in bp.metadata}
+    heads, kv = meta.get("attention.head_count"), meta.get("attention.head_count_kv")
+    if isinstance(heads, int) and isinstance(kv, int) and kv > 0:
+        return heads // kv
+    return 1
+
+
+def low_bit_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
+    """llama.cpp's rules for these files (its llama-quant.cpp), for the roles we write:
+    the LM head (or the tied embedding standing in for it) Q6_K in both;
+    Q2_K: attn_v Q4_K when 4 or more query heads share a KV head (else Q3_K), ffn_down and
+        attn_output Q3_K, the rest Q2_K;
+    Q3_K_M: attn_v Q5_K in the first two blocks and Q4_K after, ffn_down Q5_K in the first
+        sixteenth of the blocks and Q4_K after, attn_output Q4_K, the rest Q3_K."""
+    tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
+    if t.role is Role.OUTPUT or (tied and t.role is Role.EMBEDDING):
+        return T.Q6_K
+    layer = t.layer if t.layer is not None else 0
+    if r.name == "Q2_K":
+        if t.role is Role.ATTN_V:
+            return T.Q4_K if gqa_ratio(bp) >= 4 else T.Q3_K
+        if t.role in (Role.FFN_DOWN, Role.ATTN_OUTPUT):
+            return T.Q3_K
+        return T.Q2_K
+    if t.role is Role.ATTN_V:
+        return T.Q5_K if layer < 2 else T.Q4_K
+    if t.role is Role.FFN_DOWN:
+        return T.Q5_K if layer < bp.n_layers // 16 else T.Q4_K
+    if t.role is Role.ATTN_OUTPUT:
+        return T.Q4_K
+    return T.Q3_K

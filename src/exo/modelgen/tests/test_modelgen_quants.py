@@ -19,6 +19,8 @@ TOLERANCE = {
     T.F32: 0.0, T.F16: 1e-3, T.BF16: 4e-3, T.Q8_0: 8e-3, T.Q6_K: 3e-2, T.Q5_0: 6e-2,
     T.Q5_1: 6e-2, T.Q5_K: 6e-2, T.Q4_0: 1.1e-1, T.Q4_1: 1.1e-1, T.Q4_K: 1.1e-1, T.MXFP4: 1.3e-1,
     T.IQ4_NL: 9e-2, T.IQ4_XS: 9e-2,  # measured 0.079 (IQ4_NL, IQ4_XS)
+    # issue 23 (measured: Q2_K 0.281, Q3_K 0.146)
+    T.Q2_K: 3.2e-1, T.Q3_K: 1.7e-1,
 }  # fmt: skip
 
 

@@ -47,6 +47,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("MXFP4", _T.MXFP4, 70, None),
     Kind("IQ4_NL", _T.IQ4_NL, 60, None),
     Kind("IQ4_XS", _T.IQ4_XS, 110, None),
+    # issue 23: Q2_K, Q3_K (csrc/kquant23.h)
+    Kind("Q2_K", _T.Q2_K, 102, None),
+    Kind("Q3_K", _T.Q3_K, 103, None),
 )
 GROUP_ROWS = 8  # rows of a repacked group
 

@@ -407,7 +407,7 @@ def make_linear(
                 why = "the compiled CPU kernels are not available here"
         lin = StreamingLinear(parts[0], bias, prologue, dtype, device, why)
     else:
-        groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] Q2_K
+        groups: list[list[Weight]] = []  # runs one kernel takes together: [q, k] Q4_K, [v] F16 blocks
         for p in parts:
             if groups and _kernel_kinds([*groups[-1], p], device, dtype, kernels) is not None:
                 groups[-1].append(p)

@@ -179,6 +179,9 @@ enum {
     KIND_MXFP4 = 70,
     KIND_IQ4_NL = 60,
     KIND_IQ4_XS = 110,
+    /* issue 23: Q2_K, Q3_K (kquant23.h) */
+    KIND_Q2_K = 102,
+    KIND_Q3_K = 103,
 };
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 

@@ -25,7 +25,7 @@
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 #define exo_generic_none NULL
-/* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS) */
+/* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS, Q2_K, Q3_K) */
 #define DOT_OPS(k)                                                                                 \
     {[EXO_ISA_GENERIC] = {exo_generic_dot_##k, NULL, NULL, NULL, NULL},                            \
      [EXO_ISA_AVX2] = {X86(exo_x86_dot_##k), NULL, NULL, NULL, NULL}}
@@ -102,6 +102,13 @@ static const KindTraits KINDS[] = {
      .block_bytes = 18, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(iq4_nl)},
     {.kind = KIND_IQ4_XS, .name = "IQ4_XS", .file_kind = KIND_IQ4_XS, .grouped = 0, .block_values = 256,
      .block_bytes = 136, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(iq4_xs)},
+    /* issue 23: Q2_K, Q3_K (kquant23.h): the per-row dot at every row count (no tile, no groups) */
+    {.kind = KIND_Q2_K, .name = "Q2_K", .file_kind = KIND_Q2_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 84, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0,
+     .ops = DOT_OPS(q2_k)},
+    {.kind = KIND_Q3_K, .name = "Q3_K", .file_kind = KIND_Q3_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 110, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0,
+     .ops = DOT_OPS(q3_k)},
 };
 
 _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&

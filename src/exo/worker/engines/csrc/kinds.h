@@ -135,6 +135,11 @@ int exo_generic_dot_iq4_xs(const Run* r);
 int exo_x86_dot_mxfp4(const Run* r);
 int exo_x86_dot_iq4_nl(const Run* r);
 int exo_x86_dot_iq4_xs(const Run* r);
+/* issue 23: Q2_K, Q3_K (kquant23.c, arch/x86/kquant23.c) */
+int exo_generic_dot_q2_k(const Run* r);
+int exo_generic_dot_q3_k(const Run* r);
+int exo_x86_dot_q2_k(const Run* r);
+int exo_x86_dot_q3_k(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

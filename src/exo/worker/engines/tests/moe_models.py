@@ -15,7 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-GgufType = Literal["F32", "Q8_0", "MXFP4"]  # MXFP4: experts in MXFP4, other matrices Q8_0
+# MXFP4: experts in MXFP4, other matrices Q8_0; Q2_K / Q3_K (issue 23): rows of a multiple of
+# 256 values in that type, others Q8_0
+GgufType = Literal["F32", "Q8_0", "MXFP4", "Q2_K", "Q3_K"]
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 160,
@@ -171,6 +173,8 @@ def _block_type(name: str, data: np.ndarray[Any, Any], dtype: GgufType) -> Any:
         return None
     if dtype == "MXFP4" and "_exps." in name:
         return gguf.GGMLQuantizationType.MXFP4
+    if dtype in ("Q2_K", "Q3_K") and data.shape[-1] % 256 == 0:  # issue 23
+        return gguf.GGMLQuantizationType[dtype]
     return gguf.GGMLQuantizationType.Q8_0
 
 
@@ -247,7 +251,12 @@ def write_gguf(
     for name, data in tensors.items():
         data = np.ascontiguousarray(data, dtype=np.float32)
         qtype = _block_type(name, data, dtype)
-        if qtype is not None:
+        if qtype in (gguf.GGMLQuantizationType.Q2_K, gguf.GGMLQuantizationType.Q3_K):  # issue 23
+            from exo.modelgen.quants import quantize_rows
+
+            blocks = quantize_rows(data.reshape(-1, data.shape[-1]), qtype)
+            w.add_tensor(name, blocks.reshape(*data.shape[:-1], -1), raw_dtype=qtype)
+        elif qtype is not None:
             w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, data)

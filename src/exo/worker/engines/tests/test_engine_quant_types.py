@@ -74,7 +74,7 @@ def test_linear_on_file_blocks_matches_gguf(
     lin = make_linear(
         qt, bias, "dense", prologue=RmsNorm(gain, 1e-5), kernels=kernels if with_kernels else None
     )
-    kernel_types = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+    kernel_types = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K)
     expected = QuantLinear if with_kernels and qtype in kernel_types else StreamingLinear
     assert isinstance(lin, expected)
     want = F.linear(F.rms_norm(x, (K,), gain, 1e-5), w, bias) + residual
@@ -82,7 +82,7 @@ def test_linear_on_file_blocks_matches_gguf(
     torch.testing.assert_close(lin(x, residual=residual), want, atol=2e-3 * scale, rtol=1e-3)
 
 
-KERNEL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K]
+KERNEL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.Q2_K, T.Q3_K]
 
 
 @pytest.mark.parametrize("qtype", KERNEL_TYPES, ids=lambda t: t.name)
@@ -113,7 +113,7 @@ def test_parts_of_mixed_types_stack_like_their_concatenation(
 ) -> None:
     """q | k in Q4_K and v in Q6_K (a Q4_K_M layer), q | k Q5_0 and v Q8_0 (Gemma 3's
     Q4_K_M file): one kernel call reads every part in place, whatever its type. A part of a
-    type no kernel runs (Q3_K) splits the layer."""
+    type no kernel runs (F16 blocks) splits the layer."""
     kernels = {"kernels": kernels, "portable": portable_kernels, "torch": None}[path]
     if path != "torch" and kernels is None:
         pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
@@ -121,7 +121,7 @@ def test_parts_of_mixed_types_stack_like_their_concatenation(
         [T.Q4_K, T.Q4_K, T.Q6_K],
         [T.Q8_0, T.Q8_0, T.Q8_0],
         [T.Q5_0, T.Q5_0, T.Q8_0],
-        [T.Q5_1, T.Q4_K, T.Q3_K],
+        [T.Q5_1, T.Q4_K, T.F16],
     ):
         raws = [random_blocks(t, 16 * (i + 1), K, seed=i) for i, t in enumerate(types)]
         parts = [QuantTensor(t, torch.from_numpy(r), K) for t, r in zip(types, raws, strict=True)]
@@ -132,7 +132,7 @@ def test_parts_of_mixed_types_stack_like_their_concatenation(
         )
         if kernels is None:  # in torch each part runs apart
             assert isinstance(lin, SplitLinear) and len(lin.parts) == 3
-        elif types[-1] == T.Q3_K:  # [q, k] in one kernel call, v dequantised in torch
+        elif types[-1] == T.F16:  # [q, k] in one kernel call, v dequantised in torch
             assert isinstance(lin, SplitLinear) and len(lin.parts) == 2
             assert isinstance(lin.parts[0], QuantLinear)
             assert isinstance(lin.parts[1], StreamingLinear)

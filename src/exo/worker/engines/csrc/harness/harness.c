@@ -34,7 +34,10 @@ static void* xmalloc(size_t n) { /* exact sizes: ASan sees any read past the end
 
 static const int KINDS[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K,
                             /* MXFP4, IQ4_NL, IQ4_XS */
-                            KIND_MXFP4, KIND_IQ4_NL, KIND_IQ4_XS};
+                            KIND_MXFP4, KIND_IQ4_NL, KIND_IQ4_XS,
+    /* issue 23: Q2_K, Q3_K */
+    KIND_Q2_K, KIND_Q3_K,
+};
 #define N_KINDS (int)(sizeof KINDS / sizeof KINDS[0])
 
 /* A random layout that rows of K values can take. */

@@ -46,6 +46,9 @@ static size_t block_bytes(int kind) {
         case 51: return 24;
         case 104: return 144;
         case 105: return 176;
+        /* issue 23: Q2_K, Q3_K */
+        case 102: return 84;
+        case 103: return 110;
         default: return 210;
     }
 }
@@ -140,6 +143,11 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row) {
         } else if (kind == 8) {
             put_half(blk, rng_half(r, -9, -5));
             if ((int8_t)blk[2] == -128) blk[2] = 0; /* q8 holds -127..127 */
+        } else if (kind == 102) { /* issue 23: Q2_K {scales[16], qs[64], d, dmin} */
+            put_half(blk + 80, rng_half(r, -8, -3));
+            put_half(blk + 82, rng_half(r, -8, -3));
+        } else if (kind == 103) { /* issue 23: Q3_K {hmask[32], qs[64], scales[12], d} */
+            put_half(blk + 108, rng_half(r, -11, -6));
         } else {
             put_half(blk + 208, rng_half(r, -12, -7));
         }
@@ -156,6 +164,30 @@ static void kq_pair(const uint8_t* s, int j, int* sc, int* mn) {
     } else {
         *sc = (s[j + 4] & 0x0f) + 16 * (s[j - 4] >> 6);
         *mn = (s[j + 4] >> 4) + 16 * (s[j] >> 6);
+    }
+}
+
+/* issue 23: one Q2_K / Q3_K super-block's 256 values (GGUF's layouts: value i is 2-bit field
+ * (i % 128) / 32 of byte 32 (i / 128) + i % 32 of qs; sub-block i / 16 has its own scale).
+ *   Q2_K {scales[16], qs[64], f16 d, f16 dmin}: d (s & 15) q - dmin (s >> 4), s = scales[i / 16]
+ *   Q3_K {hmask[32], qs[64], scales[12], f16 d}: d (sc - 32) (q - 4 + 4 h), h = bit (i / 32) of
+ *       hmask[i % 32]; sc's low nibble is nibble (i / 128) of scales[(i / 16) % 8], its top two
+ *       bits are bits 2 (i / 64), +1 of scales[8 + (i / 16) % 4]. */
+static void ref_dequant_k23(int kind, const uint8_t* blk, double* o) {
+    const uint8_t* qs = blk + (kind == 102 ? 16 : 32);
+    for (int i = 0; i < 256; i++) {
+        const int sub = i / 16;
+        const int q = (qs[32 * (i / 128) + i % 32] >> (2 * ((i % 128) / 32))) & 3;
+        if (kind == 102) {
+            const double d = ref_half(get_half(blk + 80)), dmin = ref_half(get_half(blk + 82));
+            o[i] = d * (blk[sub] % 16) * q - dmin * (blk[sub] / 16);
+        } else {
+            const uint8_t* sc = blk + 96;
+            const int low = sub < 8 ? sc[sub] % 16 : sc[sub - 8] / 16;
+            const int top = (sc[8 + sub % 4] >> (2 * (sub / 4))) % 4;
+            const int h = (blk[i % 32] >> (i / 32)) & 1;
+            o[i] = ref_half(get_half(blk + 108)) * (low + 16 * top - 32) * (q - 4 + 4 * h);
+        }
     }
 }
 
@@ -202,6 +234,8 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out) {
                 kq_pair(scales, j, &sc, &mn);
                 o[i] = d * sc * q - dmin * mn;
             }
+        } else if (kind == 102 || kind == 103) { /* issue 23 */
+            ref_dequant_k23(kind, blk, o);
         } else {
             const uint8_t* ql = blk;
             const uint8_t* qh = blk + 128;
