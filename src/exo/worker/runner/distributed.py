@@ -35,7 +35,7 @@ from torch import Tensor
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMetadata
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.engine import Engine, Shard, load_model
+from exo.worker.engines.engine import Engine, Shard, load_model, load_vision
 from exo.worker.engines.images import merge_chunk
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import WeightFormat
@@ -338,4 +338,7 @@ def load_local_model(
     )  # fmt: skip
     if shard.device_rank != 0:
         return model, None
-    return model, Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
+    # the first stage runs a vision model's image path (a tensor instance takes no images)
+    vision = load_vision(path) if isinstance(shard, PipelineShardMetadata) else None
+    tokenizer = load_tokenizer(path, cache_dir)
+    return model, Engine(config=config, model=model, tokenizer=tokenizer, vision=vision)
