@@ -133,7 +133,9 @@ class Gemma3Encoder:
                 f"the prompt holds {[length for _, length in runs]} image tokens for "
                 f"{len(images)} images of {n} tokens each"
             )
-        embeddings = self.vision(list(images)) if images else torch.zeros(0, 0)
+        if not images:
+            return ImageSpans((), torch.zeros(0, self.vision.config.text_hidden))
+        embeddings = self.vision(list(images))  # [images, n, D]
         spans = tuple(
             ImageSpan(start, length, image.sha256)
             for (start, length), image in zip(runs, images, strict=True)
