@@ -116,6 +116,9 @@ class Gemma3Encoder:
     def image_token(self) -> int:
         return self.vision.config.image_token
 
+    def tokens_for(self, image: InputImage) -> int:
+        return self.vision.config.tokens_per_image  # every picture: one square, pooled
+
     def expand(self, text: str, images: Sequence[InputImage]) -> str:
         found = text.count(self.marker)
         if found != len(images):
