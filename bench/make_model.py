@@ -3,8 +3,10 @@
     python bench/make_model.py ARCH --shape tiny|1b|8b|real-layer [--layers N] --quant Q4_K_M \
         --out PATH [--safetensors] [--seed N]
 
-ARCH is a family (`llama`, `qwen3`: the modules of exo.modelgen.families); --quant a recipe
-(Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, F16, F32, BF16). --out is
+ARCH is a family (`llama`, `qwen3`, `gemma3-vision`: the modules of exo.modelgen.families;
+a vision family writes a safetensors folder with its processor files, `--shape tiny
+--safetensors`); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token
@@ -29,11 +31,14 @@ def parse(argv: list[str]) -> Request:
     ap.add_argument("arch", metavar="ARCH", help=f"model family: {', '.join(sorted(FAMILIES))}")
     ap.add_argument("--shape", required=True, help="tiny, 1b, 8b or real-layer (per family)")
     ap.add_argument("--layers", type=int, help="number of blocks (default: the shape's)")
-    ap.add_argument("--quant", required=True, help=", ".join(RECIPES))
+    ap.add_argument("--quant", help=f"{', '.join(RECIPES)} (default F32 with --safetensors)")
     ap.add_argument("--out", type=Path, required=True, help=".gguf file, or folder")
     ap.add_argument("--safetensors", action="store_true", help="a Hugging Face folder instead")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.quant is None and not a.safetensors:
+        ap.error("--quant is required (it defaults to F32 only with --safetensors)")
+    a.quant = a.quant or "F32"
     return Request(a.arch, a.shape, a.quant, a.out, a.layers, a.safetensors, a.seed)
 
 
