@@ -9,6 +9,7 @@ of any family. Adding a family is one module that calls `register` (and one name
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from gguf import GGUFValueType
 
@@ -100,6 +101,12 @@ class Family(ABC):
     name: str
     shapes: tuple[str, ...]
     chat: ChatFormat
+    safetensors_only: bool = False  # (a vision family's GGUF needs its mmproj file too)
+
+    def write_extra(self, folder: Path) -> None:
+        """Files a safetensors folder of this family needs besides config, tokenizer and
+        weights (a vision family's processor configs); none by default."""
+        return None
 
     @abstractmethod
     def blueprint(self, shape: str, layers: int | None, vocab: int) -> Blueprint:

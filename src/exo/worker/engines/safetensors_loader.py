@@ -24,7 +24,24 @@ from exo.worker.engines.weights import (
     assemble_shard,
 )
 
-__all__ = ["hf_config", "hf_family", "load_hf_shard", "read_chat_template"]
+__all__ = ["canonical_name", "hf_config", "hf_family", "load_hf_shard", "read_chat_template"]
+
+# A vision-language checkpoint keeps its text model under a prefix (the hub's Gemma 3 and
+# Qwen-VL folders: ``language_model.model.``; transformers 5: ``model.language_model.``):
+# its tensors are read under the text model's own names.
+_TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def canonical_name(name: str) -> str:
+    """A tensor's name as a text-only checkpoint has it (`_TEXT_PREFIXES`)."""
+    for prefix, text in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix) :]
+    return name
 
 
 def _raw_config(folder: Path) -> JsonDict:
@@ -48,13 +65,15 @@ class _TensorSource(TensorSource):
     def __init__(self, folder: Path, plan: StoragePlan) -> None:
         super().__init__(plan)
         self.where: dict[str, SafetensorsFile] = {}
+        self.stored_as: dict[str, str] = {}  # a tensor's text-model name -> its name in the file
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ValueError(f"no *.safetensors file in {folder}")
         self.files = [SafetensorsFile(file) for file in files]
         for st in self.files:
             for key in st.tensors:
-                self.where[key] = st
+                self.where[canonical_name(key)] = st
+                self.stored_as[canonical_name(key)] = key
 
     def close(self) -> None:
         for st in self.files:
@@ -66,12 +85,13 @@ class _TensorSource(TensorSource):
     def stored(self, name: str) -> StoredTensor:
         if name not in self.where:
             raise ValueError(f"tensor {name!r} not found in the safetensors files")
-        info = self.where[name].tensors[name]
-        return StoredTensor(self.where[name], name, info.dtype, info.shape)
+        key = self.stored_as[name]
+        info = self.where[name].tensors[key]
+        return StoredTensor(self.where[name], key, info.dtype, info.shape)
 
     def stored_dtype(self, name: str) -> str:
         """The file's dtype of a tensor, upper case ("BF16", "F16", "F32")."""
-        return self.where[name].tensors[name].dtype.upper()
+        return self.where[name].tensors[self.stored_as[name]].dtype.upper()
 
     def source_format(self, layer: int) -> str:
         """The dtype of a layer's matrices: its MLP down projection's, or (a family without
@@ -81,7 +101,7 @@ class _TensorSource(TensorSource):
             return self.stored_dtype(down)
         prefix = f"model.layers.{layer}."
         names = sorted(n for n in self.where if n.startswith(prefix))
-        matrices = [n for n in names if len(self.where[n].tensors[n].shape) >= 2]
+        matrices = [n for n in names if len(self.where[n].tensors[self.stored_as[n]].shape) >= 2]
         return self.stored_dtype(matrices[0]) if matrices else "F32"
 
 
