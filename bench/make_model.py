@@ -34,8 +34,10 @@ def parse(argv: list[str]) -> Request:
     ap.add_argument("--safetensors", action="store_true", help="a Hugging Face folder instead")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    if a.quant is None and not a.safetensors:
-        ap.error("--quant is required (it defaults to F32 only with --safetensors)")
+    pair = a.arch in FAMILIES and FAMILIES[a.arch].mmproj_pair  # a GGUF + mmproj pair
+    if a.quant is None and not a.safetensors and not pair:
+        ap.error("--quant is required (it defaults to F32 only with --safetensors or for a "
+                 "vision family's GGUF + mmproj pair)")
     a.quant = a.quant or "F32"
     return Request(a.arch, a.shape, a.quant, a.out, a.layers, a.safetensors, a.seed)
 
