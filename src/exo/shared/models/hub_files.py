@@ -11,6 +11,10 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 _SUPPORT_SUFFIXES = (".json", ".jinja", ".model", ".txt", ".tiktoken")
 _WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".h5", ".msgpack", ".onnx")
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# A vision-language checkpoint's image path (tower and projector: Gemma 3's, Qwen-VL's
+# ``visual.``): it runs where the first pipeline stage runs.
+_VISION = tuple(p + name for p in ("", "model.")
+                for name in ("vision_tower.", "multi_modal_projector.", "visual."))  # fmt: skip
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$")
 
 
@@ -31,13 +35,17 @@ def support_files(files: Sequence[HubFile]) -> list[HubFile]:
 def safetensors_files_for_layers(
     weight_map: Mapping[str, str], start_layer: int, end_layer: int, n_layers: int
 ) -> set[str]:
-    """The weight files holding layers [start_layer, end_layer): the embeddings go with
-    the first shard, the final norm and output head with the last (and the embeddings too
-    when the head is tied to them)."""
+    """The weight files holding layers [start_layer, end_layer): the embeddings (and a
+    vision model's tower and projector) go with the first shard, the final norm and output
+    head with the last (and the embeddings too when the head is tied to them)."""
     first, last = start_layer == 0, end_layer >= n_layers
-    tied = not any(t.startswith("lm_head.") for t in weight_map)
+    tied = not any(t.startswith("lm_head.") or ".lm_head." in t for t in weight_map)
     needed: set[str] = set()
     for tensor, file in weight_map.items():
+        if tensor.startswith(_VISION):  # (its own numbered layers are not the model's)
+            if first:
+                needed.add(file)
+            continue
         match = _LAYER.search(tensor)
         if match is not None:
             if start_layer <= int(match.group(1)) < end_layer:

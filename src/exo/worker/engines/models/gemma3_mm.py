@@ -34,13 +34,26 @@ from exo.worker.engines.weights import LayerWeights, ShardWeights
 _MARKERS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
 
+# What transformers' Gemma3TextConfig holds where a checkpoint's text_config says nothing (the
+# hub's Gemma 3 configs write only what differs from these: google/gemma-3-4b-it's text_config
+# has no head counts, head size, vocabulary size or attention scalar).
+TEXT_DEFAULTS: JsonDict = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+    "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+    "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh", "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10000.0,
+}  # fmt: skip
+
+
 def text_config(raw: JsonDict) -> JsonDict:
-    """config.json's text model as a gemma3_text config (the top level's shared keys filled
-    in where the text config lacks them)."""
+    """config.json's text model as a gemma3_text config (Gemma3TextConfig's defaults, and the
+    top level's shared keys, where the text config lacks them)."""
     text = raw.get("text_config")
     if not isinstance(text, dict):
         raise ValueError("a gemma3 config.json needs a text_config")
-    merged = {**cast(JsonDict, text), "model_type": "gemma3_text"}
+    merged = {**TEXT_DEFAULTS, **cast(JsonDict, text), "model_type": "gemma3_text"}
     for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
         if key not in merged and key in raw:
             merged[key] = raw[key]

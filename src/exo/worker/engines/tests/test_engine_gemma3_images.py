@@ -17,7 +17,7 @@ from exo.worker.engines.engine import load_model, load_vision
 from exo.worker.engines.images import ImageSpans
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.models.base import ShardModel, StepInputs, StepModel
-from exo.worker.engines.models.gemma3_mm import Gemma3Encoder
+from exo.worker.engines.models.gemma3_mm import GEMMA3_VISION, Gemma3Encoder
 from exo.worker.engines.models.gemma3_vision import pixel_values
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tests.gemma3_models import IMAGE, png, prompt, save_tiny_gemma3
@@ -163,3 +163,20 @@ def test_pictures_one_pixel_apart_share_no_cached_image_positions(engine: _Loade
     assert tokens == alone
     # the same picture again reuses past it (the chunks after it included)
     assert first_start(poked)[0] > image_start + 4
+
+
+def test_a_hub_gemma3_config_that_writes_only_what_differs_reads_whole(tmp_path: Path) -> None:
+    """google/gemma-3-4b-it's config.json leaves Gemma3TextConfig's defaults out."""
+    raw = {
+        "model_type": "gemma3", "eos_token_id": [1, 106], "mm_tokens_per_image": 256,
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "patch_size": 14},
+    }  # fmt: skip
+    c = GEMMA3_VISION.hf_config(raw, tmp_path)
+    assert (c.n_layers, c.hidden, c.heads, c.kv_heads, c.head_dim) == (34, 2560, 8, 4, 256)
+    assert (c.vocab, c.sliding_window, c.eos_token_ids) == (262208, 1024, (1, 106))
+    assert c.attn_scale == 256**-0.5 and c.activation == "gelu_tanh"
+    assert c.sliding_layers[:6] == (True, True, True, True, True, False)
