@@ -5,8 +5,9 @@
 
 ARCH is a family (`llama`, `qwen3`, `gemma3-vision`: the modules of exo.modelgen.families;
 a vision family writes a safetensors folder with its processor files, `--shape tiny
---safetensors`); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors). --out is
+--safetensors`, or without --safetensors a GGUF and its mmproj GGUF into the folder --out, F32
+or F16); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors or for a vision family's pair). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token
