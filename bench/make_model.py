@@ -5,8 +5,9 @@
 
 ARCH is a family (`llama`, `qwen3`, `gemma3-vision`: the modules of exo.modelgen.families;
 a vision family writes a safetensors folder with its processor files, `--shape tiny
---safetensors`); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors). --out is
+--safetensors`, or without --safetensors a GGUF and its mmproj GGUF into the folder --out, F32
+or F16); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors or for a vision family's pair). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token
@@ -36,8 +37,10 @@ def parse(argv: list[str]) -> Request:
     ap.add_argument("--safetensors", action="store_true", help="a Hugging Face folder instead")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
-    if a.quant is None and not a.safetensors:
-        ap.error("--quant is required (it defaults to F32 only with --safetensors)")
+    pair = a.arch in FAMILIES and FAMILIES[a.arch].mmproj_pair  # a GGUF + mmproj pair
+    if a.quant is None and not a.safetensors and not pair:
+        ap.error("--quant is required (it defaults to F32 only with --safetensors or for a "
+                 "vision family's GGUF + mmproj pair)")
     a.quant = a.quant or "F32"
     return Request(a.arch, a.shape, a.quant, a.out, a.layers, a.safetensors, a.seed)
 

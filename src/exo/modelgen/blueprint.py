@@ -102,6 +102,7 @@ class Family(ABC):
     shapes: tuple[str, ...]
     chat: ChatFormat
     safetensors_only: bool = False  # (a vision family's GGUF needs its mmproj file too)
+    mmproj_pair: bool = False  # without --safetensors: a text GGUF and its mmproj GGUF
 
     def write_extra(self, folder: Path) -> None:
         """Files a safetensors folder of this family needs besides config, tokenizer and

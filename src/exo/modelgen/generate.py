@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from exo.modelgen.families import family
+from exo.modelgen.gemma3_pair import PAIR_QUANTS, pair_paths, write_gemma3_pair
 from exo.modelgen.gguf_out import Progress, write_gguf
 from exo.modelgen.recipes import FLOAT_RECIPES, recipe
 from exo.modelgen.safetensors_out import write_safetensors
@@ -48,6 +49,9 @@ def validate(req: Request) -> None:
     fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
     if fam.safetensors_only and not req.safetensors:
         raise ValueError(f"{fam.name} is written as a safetensors folder only: add --safetensors")
+    if fam.mmproj_pair and not req.safetensors:
+        _validate_pair(req)
+        return
     if req.safetensors and r.name not in FLOAT_RECIPES:
         raise ValueError(
             f"--safetensors writes float weights: --quant {' | '.join(FLOAT_RECIPES)}, not {r.name}"
@@ -61,6 +65,18 @@ def validate(req: Request) -> None:
         raise ValueError(f"--out {path}: folder {path.parent} does not exist")
 
 
+def _validate_pair(req: Request) -> None:
+    """A GGUF + mmproj pair: float weights; --out a .gguf file or a folder (made if missing)."""
+    if req.quant.upper() not in PAIR_QUANTS:
+        raise ValueError(f"{req.arch}'s GGUF and mmproj pair is written in "
+                         f"{' or '.join(PAIR_QUANTS)}, not {req.quant}")  # fmt: skip
+    text, _ = pair_paths(req.out, model_name(req.arch, req.shape, req.quant, req.layers))
+    if text.exists():
+        raise ValueError(f"--out: {text} exists")
+    if not text.parent.parent.is_dir():
+        raise ValueError(f"--out {req.out}: folder {text.parent.parent} does not exist")
+
+
 def generate(
     req: Request, *, chunk_values: int = CHUNK_VALUES, progress: Progress | None = None
 ) -> Path:
@@ -70,6 +86,9 @@ def generate(
     vocab = vocabulary(fam.chat, req.tokenizer_source)
     bp = fam.blueprint(req.shape, req.layers, vocab.size)
     path = output_path(req)
+    if fam.mmproj_pair and not req.safetensors:
+        name = model_name(req.arch, req.shape, req.quant, req.layers)
+        return write_gemma3_pair(req.out, bp, r, vocab, name=name, seed=req.seed)
     if req.safetensors:
         write_safetensors(path, bp, r.base, vocab, seed=req.seed, chunk_values=chunk_values)
         fam.write_extra(path)

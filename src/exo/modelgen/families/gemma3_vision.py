@@ -13,7 +13,8 @@ Scales: the text as the dense families (`dense.py`: peaked logits), the text emb
 patch's pixels carry through, and the projector's output at a few times the text's scale, so
 the image positions dominate what attention reads and two different pictures lead to
 different greedy answers. Gemma stores its RMS norms' gains minus one: stored ones are gains of
-two. Only a safetensors folder is written (a GGUF with an mmproj file is another writer's).
+two. Without --safetensors the same model is written as a GGUF and mmproj pair
+(`exo.modelgen.gemma3_pair`).
 """
 
 import json
@@ -166,7 +167,7 @@ class Gemma3Vision(Family):
     name = "gemma3-vision"
     shapes = ("tiny",)
     chat = CHAT
-    safetensors_only = True
+    mmproj_pair = True  # without --safetensors: gemma3_pair writes the GGUF + mmproj pair
 
     def blueprint(self, shape: str, layers: int | None, vocab: int) -> Blueprint:
         if shape not in self.shapes:

@@ -42,12 +42,12 @@ def test_the_folder_has_the_processor_and_template_files(folder: Path) -> None:
     assert type(processor).__name__.startswith("Gemma3ImageProcessor")
 
 
-def test_without_safetensors_it_says_so(
+def test_a_quantised_pair_is_refused_with_the_float_types_named(
     main: Callable[[list[str]], int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["gemma3-vision", "--shape", "tiny", "--quant", "Q8_0", "--out", str(tmp_path)]
-    assert main(args) == 2
-    assert "safetensors folder only" in capsys.readouterr().err
+    assert main(args) == 2  # (without --safetensors: a GGUF + mmproj pair, float only)
+    assert "pair is written in F32 or F16, not Q8_0" in capsys.readouterr().err
 
 
 def _chat_ids(engine: Engine, image: InputImage) -> list[int]:

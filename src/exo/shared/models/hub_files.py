@@ -3,7 +3,7 @@
 import re
 from collections.abc import Mapping, Sequence
 
-from exo.shared.models.model_cards import HubFile
+from exo.shared.models.model_cards import HubFile, is_mmproj
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -62,6 +62,37 @@ def gguf_files(files: Sequence[HubFile]) -> list[HubFile]:
     return [f for f in files if f.path.endswith(".gguf")]
 
 
+def model_gguf_files(files: Sequence[HubFile]) -> list[HubFile]:
+    """The model's GGUF file(s) (every part of a split file), by name; not its mmproj."""
+    return sorted((f for f in gguf_files(files) if not is_mmproj(f.path)), key=lambda f: f.path)
+
+
+def mmproj_file(files: Sequence[HubFile]) -> HubFile | None:
+    """A pinned file list's vision projector (an mmproj GGUF), if it has one."""
+    return next((f for f in files if is_mmproj(f.path)), None)
+
+
+# The vision projector's types a node prefers (the tower runs dequantised: F16 loses nothing
+# worth the bytes of F32, and a quantised tower costs accuracy).
+_MMPROJ_ORDER = ("F16", "F32", "BF16", "Q8_0")
+
+
+def choose_mmproj(files: Sequence[HubFile]) -> HubFile | None:
+    """The repo's mmproj file to download with the model: F16, then F32, BF16, Q8_0 by the
+    type in its name (``mmproj-model-f16.gguf``), else the first by name; None without one."""
+    found = sorted((f for f in files if is_mmproj(f.path) and "/" not in f.path),
+                   key=lambda f: f.path)  # fmt: skip
+
+    def rank(f: HubFile) -> int:
+        stem = f.path.removesuffix(".gguf").upper()
+        for i, kind in enumerate(_MMPROJ_ORDER):
+            if re.search(rf"(?:^|[-._]){kind}(?:$|[-._])", stem):
+                return i
+        return len(_MMPROJ_ORDER)
+
+    return min(found, key=rank) if found else None
+
+
 def quant_of(path: str) -> str | None:
     """The quant named in a GGUF file name (``Model-Q4_K_M.gguf`` -> ``Q4_K_M``)."""
     name = path.rsplit("/", 1)[-1]
@@ -76,9 +107,7 @@ def choose_gguf(files: Sequence[HubFile], quant: str | None) -> list[HubFile] | 
 
     Without a quant: the only quant of the repo, or Q4_K_M, or the first of Q8_0 / F16."""
     by_quant: dict[str, list[HubFile]] = {}
-    for f in gguf_files(files):
-        if "mmproj" in f.path.lower():
-            continue
+    for f in model_gguf_files(files):
         q = quant_of(f.path)
         if q is not None:
             by_quant.setdefault(q, []).append(f)

@@ -15,6 +15,7 @@ from huggingface_hub.utils import build_hf_headers, get_session
 
 from exo.shared.models.hub_files import (
     choose_gguf,
+    choose_mmproj,
     gguf_files,
     quant_of,
     split_parts_complete,
@@ -173,7 +174,10 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         kv_latent = mla_kv_bytes_per_token(
             n_layers, key("attention.kv_lora_rank"), key("rope.dimension_count")
         )
-    pinned = hub.model_copy(update={"files": chosen, "gguf_quant": quant or _quant_name(chosen)})
+    # a vision model's projector travels with the pinned files (the first stage fetches it)
+    mmproj = choose_mmproj(hub.files)
+    pinned = hub.model_copy(update={"files": [*chosen, *([mmproj] if mmproj else [])],
+                                    "gguf_quant": quant or _quant_name(chosen)})  # fmt: skip
     return ModelCard(
         model_id=ModelId(name),
         n_layers=n_layers,

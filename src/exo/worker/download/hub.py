@@ -30,6 +30,8 @@ from huggingface_hub.utils import tqdm as hf_tqdm
 
 from exo.shared.models.hub_files import (
     SAFETENSORS_INDEX,
+    mmproj_file,
+    model_gguf_files,
     safetensors_files_for_layers,
     support_files,
 )
@@ -163,8 +165,9 @@ def _needed_files(
 ) -> list[HubFile]:
     hub = card.hub
     assert hub is not None
-    if hub.gguf_quant is not None:
-        return [f for f in hub.files if f.path.endswith(".gguf")]
+    if hub.gguf_quant is not None:  # the vision projector goes with the first stage's layers
+        mmproj = mmproj_file(hub.files) if start_layer == 0 else None
+        return [*model_gguf_files(hub.files), *([mmproj] if mmproj else [])]
     support = support_files(hub.files)
     weights = [f for f in hub.files if f.path.endswith(".safetensors") and "/" not in f.path]
     if len(weights) <= 1 or not any(f.path == SAFETENSORS_INDEX for f in hub.files):
@@ -241,8 +244,8 @@ def download_files(
     except Exception as e:
         raise explain(e, hub.repo_id, settings) from e
     folder = snapshot_dir(settings.cache_dir, hub)
-    ggufs = sorted(f.path for f in files if f.path.endswith(".gguf"))
-    return folder / ggufs[0] if ggufs else folder
+    ggufs = model_gguf_files(files)
+    return folder / ggufs[0].path if ggufs else folder
 
 
 def _verified(path: Path, f: HubFile) -> bool:
@@ -279,7 +282,7 @@ def locate_hub_model(
         return None
     folder = snapshot_dir(cache_dir, hub)
     if hub.gguf_quant is not None:
-        ggufs = sorted(f.path for f in hub.files if f.path.endswith(".gguf"))
+        ggufs = [f.path for f in model_gguf_files(hub.files)]
         split = len(ggufs) > 1  # parts are loaded as one shard file holding their tensors
         whole = bool(ggufs) and (folder / ggufs[0]).exists() and (
             layers is None or (not split and _shard_present(card, folder, layers))

@@ -111,6 +111,7 @@ def card_from_path(path: Path) -> ModelCard:
 
     if not path.exists():
         raise ValueError(f"model file not found: {path}")
+    path = gguf_in_folder(path)
     try:
         facts = model_facts(path)
     except Exception as e:
@@ -154,3 +155,12 @@ def takes_images(path: Path) -> bool:
             return False
         return isinstance(config, dict) and config_takes_images(cast(dict[str, object], config))
     return any(is_mmproj(p.name) for p in path.parent.glob("*.gguf") if p != path)
+
+
+def gguf_in_folder(path: Path) -> Path:
+    """A folder holding one GGUF model (with its mmproj file, if it takes images) stands for
+    that model's file; any other path is itself."""
+    if not path.is_dir() or (path / "config.json").exists():
+        return path
+    models = [p for p in sorted(path.glob("*.gguf")) if not is_mmproj(p.name)]
+    return models[0] if len(models) == 1 else path

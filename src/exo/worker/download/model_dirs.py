@@ -9,7 +9,7 @@ from pathlib import Path
 from loguru import logger
 
 from exo.shared.models.hub_files import quant_of
-from exo.shared.models.model_cards import ModelCard, ModelId
+from exo.shared.models.model_cards import ModelCard, ModelId, is_mmproj
 from exo.worker.download.folder_check import folder_problem
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.gguf_index import SHARD_PREFIX
@@ -109,5 +109,9 @@ def _snapshot_models(repo_dir: Path, repo: ModelId) -> list[tuple[Path, ModelId 
 
 
 def _first_part(name: str) -> bool:
+    """The first (or only) part of a model's GGUF file: not a later part of a split file, and
+    not a vision model's mmproj file (the projector beside a model, no model of its own)."""
+    if is_mmproj(name):
+        return False
     m = re.search(r"-(\d{5})-of-\d{5}\.gguf$", name)
     return m is None or m.group(1) == "00001"

@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 from loguru import logger
 
+from exo.shared.models.hub_files import mmproj_file, model_gguf_files
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.types.worker.downloads import (
     DownloadCompleted,
@@ -26,7 +27,7 @@ from exo.worker.download.hub import (
     locate_hub_model,
     shard_files,
 )
-from exo.worker.download.shard_gguf import GGUFShardFetch, RangeIgnored
+from exo.worker.download.shard_gguf import GGUFShardFetch, RangeIgnored, place_mmproj
 
 Report = Callable[[DownloadProgress], Awaitable[None]]
 
@@ -65,23 +66,33 @@ class ShardDownload:
         hub = self.card.hub
         if hub is None or hub.gguf_quant is None or self.settings.offline:
             return False
-        if len([f for f in hub.files if f.path.endswith(".gguf")]) > 1:
+        if len(model_gguf_files(hub.files)) > 1:
             return True
         whole = (self.start_layer, self.end_layer) == (0, self.card.n_layers)
         return not whole and locate_hub_model(self.card, self.settings.cache_dir) is None
 
     def _fetch_gguf_shard(self) -> Path:
+        assert self.card.hub is not None
+        # the first stage runs a vision model's tower: its mmproj file comes too, whole
+        mmproj = mmproj_file(self.card.hub.files) if self.start_layer == 0 else None
+        extra = mmproj.size if mmproj is not None else 0
+
         def total(n: int) -> None:
-            self.total_bytes = n
+            self.total_bytes = n + extra
 
         fetch = GGUFShardFetch(self.card, self.start_layer, self.end_layer, self.settings,
                                self._count, self.cancelled, total)
         try:
-            return fetch.run()
+            shard = fetch.run()
         except (RangeIgnored, DownloadCancelled):
             raise
         except Exception as e:
             raise explain(e, self.card.model_id, self.settings) from e
+        if mmproj is not None:
+            fetched = download_files(self.card, [mmproj], self.settings, self._count,
+                                     self.cancelled)  # fmt: skip
+            place_mmproj(self.card.hub, shard, fetched / mmproj.path)
+        return shard
 
     async def run(self, report: Report) -> DownloadProgress:
         """Download, reporting progress; the final state (Completed or Failed) is

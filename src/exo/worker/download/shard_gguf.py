@@ -29,6 +29,7 @@ import httpx2
 from huggingface_hub import hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from exo.shared.models.hub_files import mmproj_file, model_gguf_files
 from exo.shared.models.model_cards import HubFile, HubSource, ModelCard
 from exo.worker.download.gguf_index import (
     GGUFIndex,
@@ -42,7 +43,7 @@ from exo.worker.download.gguf_index import (
     read_gguf_index,
     shard_layout,
 )
-from exo.worker.download.hub_names import check_hub_source, inside
+from exo.worker.download.hub_names import UnsafeName, check_hub_source, inside
 from exo.worker.download.resumable import (
     PARTIAL_SUFFIX,
     DownloadCancelled,
@@ -83,7 +84,8 @@ class _Segment:
 
 
 def gguf_files(hub: HubSource) -> list[HubFile]:
-    return sorted((f for f in hub.files if f.path.endswith(".gguf")), key=lambda f: f.path)
+    """The model's GGUF file or parts (a vision model's mmproj file is not one of them)."""
+    return model_gguf_files(hub.files)
 
 
 def _repo_dir(cache_dir: Path, hub: HubSource) -> Path:
@@ -148,9 +150,44 @@ def locate_gguf_shard(card: ModelCard, cache_dir: Path, start: int, end: int) ->
     """A finished shard file holding layers [start, end) (its range may be wider)."""
     assert card.hub is not None
     for lo, hi, path in cached_shards(cache_dir, card.hub):
-        if lo <= start and end <= hi and _local_index(path) is not None:
+        if lo <= start and end <= hi and _local_index(path) is not None and (
+            start != 0 or mmproj_beside(card.hub, path)
+        ):
             return path
     return None
+
+
+def mmproj_beside(hub: HubSource, shard: Path) -> bool:
+    """The first stage's shard file has the model's mmproj file (if it has one) beside it,
+    whole, as the engine looks for it."""
+    mmproj = mmproj_file(hub.files)
+    if mmproj is None:
+        return True
+    try:
+        beside = _beside(shard, mmproj)
+        return beside.is_file() and beside.stat().st_size == mmproj.size
+    except (ValueError, OSError):
+        return False
+
+
+def _beside(shard: Path, f: HubFile) -> Path:
+    """Where a file of the repo's top folder goes beside a shard file (a link there may lead
+    into the hub cache's blobs: the name is checked, the link not followed)."""
+    name = PurePosixPath(f.path).name
+    if name != f.path or name in ("", ".", ".."):
+        raise UnsafeName(f"{f.path!r} is not a file name of the repo's top folder")
+    return shard.parent / name
+
+
+def place_mmproj(hub: HubSource, shard: Path, fetched: Path) -> None:
+    """Link the verified mmproj file (in the hub cache) beside a first stage's shard file."""
+    mmproj = mmproj_file(hub.files)
+    assert mmproj is not None
+    link = _beside(shard, mmproj)
+    tmp = link.with_name(link.name + ".link")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(fetched.resolve())
+    os.replace(tmp, link)
 
 
 def delete_gguf_shards(cache_dir: Path, hub: HubSource) -> bool:

@@ -29,6 +29,7 @@ from exo.worker.engines.models.base import (
     ShardModel,
     no_all_reduce,
 )
+from exo.worker.engines.models.gguf_vision import load_gguf_vision
 from exo.worker.engines.models.registry import VISION_LOADERS, Family
 from exo.worker.engines.safetensors_loader import hf_config, hf_family, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
@@ -61,8 +62,8 @@ def load_family(path: Path) -> tuple[Family, LlamaConfig]:
 def load_vision(path: Path, dtype: torch.dtype = torch.float32) -> VisionEncoder | None:
     """The image path of a vision model (its tower and projector; for the first pipeline
     stage); None for a model without one."""
-    if not path.is_dir():
-        return None  # (a GGUF model's tower is in its mmproj file)
+    if not path.is_dir():  # a GGUF model's tower is in the mmproj file beside it
+        return load_gguf_vision(path, dtype)
     loader = VISION_LOADERS.get(hf_family(path).name)
     return None if loader is None else loader(path, dtype)
 

@@ -41,7 +41,9 @@ def test_hub_cards_flag_vision(hub_folders: dict[str, Path], tmp_path: Path) -> 
         assert not card_from_hub(f"{GGUF_REPO}:Q8_0", settings).vision
         card = card_from_hub("vis-org/tiny-vl-GGUF:Q8_0", settings)
         assert card.vision and card.hub is not None
-        assert [f.path for f in card.hub.files] == ["TinyLlama-Q8_0.gguf"]
+        # the quant's file, and the projector the first stage downloads with it (issue 25)
+        assert [f.path for f in card.hub.files] == ["TinyLlama-Q8_0.gguf",
+                                                    "mmproj-TinyLlama-F16.gguf"]  # fmt: skip
 
 
 def test_local_files_flag_vision(hub_folders: dict[str, Path], tmp_path: Path) -> None:
