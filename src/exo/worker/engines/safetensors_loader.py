@@ -26,6 +26,9 @@ from exo.worker.engines.weights import (
 
 __all__ = ["hf_config", "hf_family", "load_hf_shard", "read_chat_template"]
 
+# A vision model's text part as transformers 5 saves it: read as the plain "model." names.
+_NESTED_TEXT = "model.language_model."
+
 
 def _raw_config(folder: Path) -> JsonDict:
     return read_json(folder / "config.json")
@@ -52,9 +55,13 @@ class _TensorSource(TensorSource):
         if not files:
             raise ValueError(f"no *.safetensors file in {folder}")
         self.files = [SafetensorsFile(file) for file in files]
+        self.stored_as: dict[str, str] = {}  # name -> the file's name of it
         for st in self.files:
             for key in st.tensors:
-                self.where[key] = st
+                self.where[key], self.stored_as[key] = st, key
+                if key.startswith(_NESTED_TEXT):  # transformers 5's multimodal layout
+                    alias = "model." + key.removeprefix(_NESTED_TEXT)
+                    self.where[alias], self.stored_as[alias] = st, key
 
     def close(self) -> None:
         for st in self.files:
@@ -66,12 +73,13 @@ class _TensorSource(TensorSource):
     def stored(self, name: str) -> StoredTensor:
         if name not in self.where:
             raise ValueError(f"tensor {name!r} not found in the safetensors files")
-        info = self.where[name].tensors[name]
-        return StoredTensor(self.where[name], name, info.dtype, info.shape)
+        key = self.stored_as[name]
+        info = self.where[name].tensors[key]
+        return StoredTensor(self.where[name], key, info.dtype, info.shape)
 
     def stored_dtype(self, name: str) -> str:
         """The file's dtype of a tensor, upper case ("BF16", "F16", "F32")."""
-        return self.where[name].tensors[name].dtype.upper()
+        return self.where[name].tensors[self.stored_as[name]].dtype.upper()
 
     def source_format(self, layer: int) -> str:
         """The dtype of a layer's matrices: its MLP down projection's, or (a family without
@@ -81,7 +89,7 @@ class _TensorSource(TensorSource):
             return self.stored_dtype(down)
         prefix = f"model.layers.{layer}."
         names = sorted(n for n in self.where if n.startswith(prefix))
-        matrices = [n for n in names if len(self.where[n].tensors[n].shape) >= 2]
+        matrices = [n for n in names if len(self.where[n].tensors[self.stored_as[n]].shape) >= 2]
         return self.stored_dtype(matrices[0]) if matrices else "F32"
 
 

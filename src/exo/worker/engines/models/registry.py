@@ -9,10 +9,11 @@ from exo.worker.engines.models.dense import DENSE
 from exo.worker.engines.models.glm4moe import GLM4MOE
 from exo.worker.engines.models.gpt_oss import GPT_OSS
 from exo.worker.engines.models.qwen3moe import QWEN3MOE
+from exo.worker.engines.models.qwen_vl import QWEN_VL
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE)
+FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE, QWEN_VL)
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
