@@ -92,6 +92,8 @@ class Blueprint:
     tensors: tuple[TensorSpec, ...]
     metadata: tuple[MetaItem, ...]
     hf_config: dict[str, object] = field(default_factory=dict[str, object])
+    # Other files of a Hugging Face folder, by name (a vision model's preprocessor_config.json)
+    files: dict[str, str] = field(default_factory=dict[str, str])
 
 
 class Family(ABC):

@@ -45,7 +45,9 @@ def validate(req: Request) -> None:
     """Every problem a request can have before anything is written (ValueError)."""
     fam = family(req.arch)
     r = recipe(req.quant)
-    fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
+    bp = fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
+    if not bp.gguf_arch and not req.safetensors:
+        raise ValueError(f"{req.arch} is written as a Hugging Face folder only: add --safetensors")
     if req.safetensors and r.name not in FLOAT_RECIPES:
         raise ValueError(
             f"--safetensors writes float weights: --quant {' | '.join(FLOAT_RECIPES)}, not {r.name}"

@@ -9,25 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from exo.worker.engines.kv_cache import KVCache
-from exo.worker.engines.models.base import BuildOptions, StepInputs
-from exo.worker.engines.models.gemma3_vision import merge_images
-from exo.worker.engines.models.mrope import decode_positions, mrope_positions
-from exo.worker.engines.models.qwen_vl import (
-    QWEN_VL,
-    QwenVision,
-    QwenVLConfig,
-    QwenVLModel,
-    VisionStep,
-    prompt_step,
-)
+from exo.worker.engines.models.qwen_vl import QwenVision
 from exo.worker.engines.models.qwen_vl_processor import image_patches
 from exo.worker.engines.models.qwen_vl_vision import tokens_of
-from exo.worker.engines.safetensors_loader import load_hf_shard
 from exo.worker.engines.tests.qwen_vl_models import (
     END,
     IMAGE,
     START,
+    greedy,
+    load_ours,
     pil,
     png,
     qwen3_config,
@@ -100,39 +90,8 @@ def _prompt(vision: QwenVision, images: list[Any]) -> list[int]:
     return [5, 6, 7, START, *[IMAGE] * n1, END, 8, 9, 10, START, *[IMAGE] * n2, END, 11, 12]
 
 
-def _ours(folder: Path) -> QwenVLModel:
-    config = QWEN_VL.hf_config(transformers.AutoConfig.from_pretrained(folder).to_dict(), folder)
-    assert isinstance(config, QwenVLConfig)
-    model = QWEN_VL.build(load_hf_shard(folder, 0, config.n_layers), BuildOptions())
-    assert isinstance(model, QwenVLModel)
-    return model
-
-
-def _greedy(model: QwenVLModel, vision: QwenVision, ids: list[int], images: list[Any],
-            n: int) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
-    """First logits [V] and `n` greedy tokens, through a paged cache, one token a step."""
-    out = vision.encode(images)
-    tokens = torch.tensor(ids)
-    rows, deepstack = prompt_step(tokens, out.embeds, out.deepstack, IMAGE)
-    assert rows.numel() == out.embeds.shape[0]
-    positions, delta = mrope_positions(ids, IMAGE, out.grids, 2)
-    cache: KVCache = model.new_cache(1, len(ids) + n)
-    hidden = merge_images(model.embed(tokens[None])[0], tokens, out.embeds, IMAGE)[None]
-    step = VisionStep(positions[:, None], deepstack)
-    h = model.forward_layers(hidden, StepInputs.single(0, 0, len(ids)), cache, step)
-    first = model.head(h[:, -1])[0]
-    generated = [int(first.argmax())]
-    for i in range(n - 1):
-        start = len(ids) + i
-        pos = decode_positions([start], [delta], 1)
-        h = model.forward_layers(model.embed(torch.tensor([[generated[-1]]])),
-                                 StepInputs.single(0, start, 1), cache, VisionStep(pos))  # fmt: skip
-        generated.append(int(model.head(h[:, -1])[0].argmax()))
-    return first, generated
-
-
 def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> None:
-    vision, model, reference = QwenVision.load(folder), _ours(folder), _reference(folder)
+    vision, model, reference = QwenVision.load(folder), load_ours(folder), _reference(folder)
     images = [png(size, seed) for size, seed in IMAGES[:2]]
     ids = _prompt(vision, images)
     theirs = _theirs(folder, images)
@@ -143,7 +102,7 @@ def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> N
     with torch.no_grad():
         expected = reference(**inputs).logits[0, -1]
         generated = reference.generate(**inputs, max_new_tokens=16, do_sample=False)[0, len(ids) :]
-    first, ours = _greedy(model, vision, ids, images, 16)
+    first, ours = greedy(model, vision, ids, images, 16)
     span = float(expected.max() - expected.min())
     torch.testing.assert_close(first, expected, atol=1e-3 * span, rtol=0)
     top2 = expected.topk(2).values
@@ -151,4 +110,4 @@ def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> N
     assert ours == generated.tolist()
     # the images matter: another picture gives another answer
     other = [png((230, 150), 7), images[1]]
-    assert _greedy(model, vision, _prompt(vision, other), other, 4)[1] != ours[:4]
+    assert greedy(model, vision, _prompt(vision, other), other, 4)[1] != ours[:4]
