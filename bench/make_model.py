@@ -29,11 +29,14 @@ def parse(argv: list[str]) -> Request:
     ap.add_argument("arch", metavar="ARCH", help=f"model family: {', '.join(sorted(FAMILIES))}")
     ap.add_argument("--shape", required=True, help="tiny, 1b, 8b or real-layer (per family)")
     ap.add_argument("--layers", type=int, help="number of blocks (default: the shape's)")
-    ap.add_argument("--quant", required=True, help=", ".join(RECIPES))
+    ap.add_argument("--quant", help=f"{', '.join(RECIPES)} (default F32 with --safetensors)")
     ap.add_argument("--out", type=Path, required=True, help=".gguf file, or folder")
     ap.add_argument("--safetensors", action="store_true", help="a Hugging Face folder instead")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.quant is None and not a.safetensors:
+        ap.error("--quant is required (it defaults to F32 only with --safetensors)")
+    a.quant = a.quant or "F32"
     return Request(a.arch, a.shape, a.quant, a.out, a.layers, a.safetensors, a.seed)
 
 

@@ -9,6 +9,7 @@ of any family. Adding a family is one module that calls `register` (and one name
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from gguf import GGUFValueType
 
@@ -92,8 +93,6 @@ class Blueprint:
     tensors: tuple[TensorSpec, ...]
     metadata: tuple[MetaItem, ...]
     hf_config: dict[str, object] = field(default_factory=dict[str, object])
-    # Other files of a Hugging Face folder, by name (a vision model's preprocessor_config.json)
-    files: dict[str, str] = field(default_factory=dict[str, str])
 
 
 class Family(ABC):
@@ -102,6 +101,12 @@ class Family(ABC):
     name: str
     shapes: tuple[str, ...]
     chat: ChatFormat
+    safetensors_only: bool = False  # (a vision family's GGUF needs its mmproj file too)
+
+    def write_extra(self, folder: Path) -> None:
+        """Files a safetensors folder of this family needs besides config, tokenizer and
+        weights (a vision family's processor configs); none by default."""
+        return None
 
     @abstractmethod
     def blueprint(self, shape: str, layers: int | None, vocab: int) -> Blueprint:

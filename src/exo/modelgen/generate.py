@@ -45,9 +45,9 @@ def validate(req: Request) -> None:
     """Every problem a request can have before anything is written (ValueError)."""
     fam = family(req.arch)
     r = recipe(req.quant)
-    bp = fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
-    if not bp.gguf_arch and not req.safetensors:
-        raise ValueError(f"{req.arch} is written as a Hugging Face folder only: add --safetensors")
+    fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
+    if fam.safetensors_only and not req.safetensors:
+        raise ValueError(f"{fam.name} is written as a safetensors folder only: add --safetensors")
     if req.safetensors and r.name not in FLOAT_RECIPES:
         raise ValueError(
             f"--safetensors writes float weights: --quant {' | '.join(FLOAT_RECIPES)}, not {r.name}"
@@ -71,7 +71,9 @@ def generate(
     bp = fam.blueprint(req.shape, req.layers, vocab.size)
     path = output_path(req)
     if req.safetensors:
-        return write_safetensors(path, bp, r.base, vocab, seed=req.seed, chunk_values=chunk_values)
+        write_safetensors(path, bp, r.base, vocab, seed=req.seed, chunk_values=chunk_values)
+        fam.write_extra(path)
+        return path
     name = model_name(req.arch, req.shape, req.quant, req.layers)
     return write_gguf(path, bp, r, vocab, name=name, seed=req.seed, chunk_values=chunk_values,
                       progress=progress)  # fmt: skip

@@ -87,8 +87,6 @@ def write_safetensors(
     else:
         config |= {"bos_token_id": 1, "eos_token_id": 2}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    for name, text in bp.files.items():
-        (folder / name).write_text(text, encoding="utf-8")
     shards = _shards(bp.tensors, row_bytes(qtype, 256) // 256, shard_bytes)
     if len(shards) == 1:
         _write_shard(folder / "model.safetensors", shards[0], qtype, seed, chunk_values)

@@ -16,6 +16,7 @@ families are safetensors only (a GGUF with an mmproj file is not written).
 import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from exo.modelgen.blueprint import Blueprint, ChatFormat, Family, Role, TensorSpec, register
 from exo.modelgen.families.dense import DenseShape, dense_hf_config, dense_tensors, pick_shape
@@ -211,6 +212,7 @@ def preprocessor(s: VLShape, qwen3: bool) -> str:
 
 class QwenVL(Family):
     chat = CHAT
+    safetensors_only = True
 
     def __init__(self, name: str, shapes: dict[str, VLShape]) -> None:
         self.name = name
@@ -228,14 +230,21 @@ class QwenVL(Family):
         tensors += tower_tensors(prefix, s.tower, s.text.hidden, qwen3)
         return Blueprint(
             arch=self.name,
-            gguf_arch="",  # safetensors only
+            gguf_arch="qwen2vl" if not qwen3 else "qwen3vl",  # (safetensors only)
             shape_name=shape,
             n_layers=s.text.layers,
             tensors=tuple(tensors),
             metadata=(),
             hf_config=_config(self.name, s, vocab),
-            files={"preprocessor_config.json": preprocessor(s, qwen3)},
         )
+
+    def write_extra(self, folder: Path) -> None:
+        """preprocessor_config.json, for the shape whose tower config.json describes."""
+        vision = json.loads((folder / "config.json").read_text(encoding="utf-8"))["vision_config"]
+        shape = next(s for s in self._shapes.values()
+                     if (s.tower.depth, s.tower.hidden) == (vision["depth"], vision["hidden_size"]))  # fmt: skip
+        text = preprocessor(shape, self.name == "qwen3-vl")
+        (folder / "preprocessor_config.json").write_text(text, encoding="utf-8")
 
 
 register(QwenVL("qwen2.5-vl", QWEN25_SHAPES))

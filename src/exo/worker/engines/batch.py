@@ -29,9 +29,10 @@ from typing import Literal
 
 import torch
 
+from exo.worker.engines.images import ImageSpans
 from exo.worker.engines.kv_cache import KVCache, pages_for
 from exo.worker.engines.models.base import StepInputs, StepModel
-from exo.worker.engines.prefix_cache import PrefixCache
+from exo.worker.engines.prefix_cache import KeyItem, PrefixCache
 from exo.worker.engines.sampling import (
     RequestSampler,
     SamplingParams,
@@ -78,6 +79,7 @@ class _Request:
     generated: int = 0
     pending: int = -1  # the last sampled token, fed to the model by the next decode step
     arrival: int = 0  # the order of `add` calls: prefill goes oldest first
+    images: ImageSpans | None = None  # the prompt's images (their chunks are never split)
 
     @property
     def prefilling(self) -> bool:
@@ -129,8 +131,15 @@ class BatchGenerator:
     def running(self) -> int:
         return len(self._running)
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; it is prefilled by the next step that has a free slot for it."""
+    def add(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        images: ImageSpans | None = None,
+    ) -> None:
+        """Queue a request; it is prefilled by the next step that has a free slot for it.
+        `images`: the prompt's encoded images (`images.py`), for a vision model."""
         if any(r.request_id == request_id for r in self._waiting + self._running):
             raise ValueError(f"request {request_id!r} is already active")
         if not prompt_ids:
@@ -142,6 +151,8 @@ class BatchGenerator:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
             )
+        if images is not None:
+            images.check(len(prompt_ids))
         asked = frozenset(params.stop_token_ids)
         # ignore_eos: the end-of-sequence tokens are not sampled (those asked for still stop);
         # under a grammar the grammar says when the answer ends, so it does not apply there
@@ -152,7 +163,8 @@ class BatchGenerator:
         stop_ids = asked | (frozenset() if ignore else self.eos_token_ids)
         self._arrivals += 1
         self._waiting.append(
-            _Request(request_id, list(prompt_ids), sampler, stop_ids, arrival=self._arrivals)
+            _Request(request_id, list(prompt_ids), sampler, stop_ids, arrival=self._arrivals,
+                     images=images)
         )
 
     def cancel(self, request_id: str) -> bool:
@@ -194,7 +206,7 @@ class BatchGenerator:
         chosen: list[_Request] = []
         spent = 0
         for r in sorted((r for r in self._running if r.prefilling), key=lambda r: r.arrival):
-            n = min(self.prefill_chunk, len(r.prompt) - r.cached)
+            n = self._chunk_len(r)
             if chosen and spent + n > self.prefill_chunk:
                 break
             chosen.append(r)
@@ -203,13 +215,27 @@ class BatchGenerator:
 
     # --- internals ---------------------------------------------------------------------------
 
+    def _chunk_len(self, r: _Request) -> int:
+        """The length of r's next prefill chunk (an image is never split between two)."""
+        if r.images is None:
+            return min(self.prefill_chunk, len(r.prompt) - r.cached)
+        return r.images.chunk_end(r.cached, self.prefill_chunk, len(r.prompt)) - r.cached
+
+    def _cache_key(self, r: _Request) -> tuple[list[KeyItem], list[int] | None]:
+        """r's prompt as the prefix cache compares it, and where its chunks end (None: at
+        multiples of the chunk size)."""
+        if r.images is None:
+            return list[KeyItem](r.prompt), None
+        return r.images.cache_key(r.prompt), r.images.cuts(self.prefill_chunk, len(r.prompt))
+
     def _prefill_chunk(self, r: _Request) -> StepOutput | None:
         """The next chunk of r's prompt; its first token once the prompt is all cached."""
         try:
-            n = min(self.prefill_chunk, len(r.prompt) - r.cached)
+            n = self._chunk_len(r)
             chunk = r.prompt[r.cached : r.cached + n]
             tokens = torch.tensor([chunk], device=self.model.device)
-            step = StepInputs.single(r.slot, r.cached, n)
+            images = None if r.images is None else r.images.chunk(r.cached, n)
+            step = StepInputs.single(r.slot, r.cached, n, images)
             # Only `forward` is used (a pipeline leader stands in for the model); the logits
             # of a chunk that is not the last are not needed, but cost little next to it.
             if r.scores_prompt:
@@ -298,7 +324,8 @@ class BatchGenerator:
     def _reuse_prefix(self, r: _Request) -> None:
         if self.prefixes is None or r.scores_prompt:
             return
-        hit = self.prefixes.take(r.prompt)
+        key, cuts = self._cache_key(r)
+        hit = self.prefixes.take(key, cuts)
         if hit is not None:
             r.cached, pages = hit
             self.cache.attach(r.slot, pages)
@@ -314,7 +341,8 @@ class BatchGenerator:
         if self.prefixes is not None:
             pages = self.cache.detach(r.slot)
             if keep_prefix:
-                self.prefixes.retain(r.prompt, r.cached, pages)
+                key, cuts = self._cache_key(r)
+                self.prefixes.retain(key, r.cached, pages, cuts)
             else:
                 self.cache.free(pages)
         last = self._running.pop()

@@ -146,6 +146,14 @@ def forced_prefix(fmt: ToolFormat, name: str | None) -> str:
     return head if name is None else f'{head}{name}", "{key}": '
 
 
+def _content(m: InputMessage) -> str | list[dict[str, Any]]:
+    """A message's content for the template: its text, or with images the Hugging Face
+    parts (each image, then the text), from which a vision template writes its markers."""
+    if not m.images:
+        return m.content
+    return [*({"type": "image"} for _ in m.images), {"type": "text", "text": m.content}]
+
+
 def chat_prompt(
     messages: Sequence[InputMessage],
     tools: Sequence[ToolSpec],
@@ -160,7 +168,7 @@ def chat_prompt(
     out: list[dict[str, Any]] = []
     for m in messages:
         if native or not (m.tool_calls or m.role == "tool"):
-            entry: dict[str, Any] = {"role": m.role, "content": m.content}
+            entry: dict[str, Any] = {"role": m.role, "content": _content(m)}
             if m.tool_calls:
                 entry["tool_calls"] = [_hf_call(c, fmt, ids) for c in m.tool_calls]
             if m.role == "tool":

@@ -18,6 +18,7 @@ from exo.worker.engines.gguf_loader import (
     load_gguf_shard,
 )
 from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.images import VisionEncoder
 from exo.worker.engines.linear import WeightFormat, choose_weight_format
 from exo.worker.engines.load_report import load_plan, log_load, release_freed_memory
 from exo.worker.engines.materialise import StoragePlan
@@ -28,7 +29,7 @@ from exo.worker.engines.models.base import (
     ShardModel,
     no_all_reduce,
 )
-from exo.worker.engines.models.registry import Family
+from exo.worker.engines.models.registry import VISION_LOADERS, Family
 from exo.worker.engines.safetensors_loader import hf_config, hf_family, load_hf_shard
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
@@ -55,6 +56,15 @@ def load_family(path: Path) -> tuple[Family, LlamaConfig]:
         return gguf_family(f), gguf_config(f)
     finally:
         f.close()
+
+
+def load_vision(path: Path, dtype: torch.dtype = torch.float32) -> VisionEncoder | None:
+    """The image path of a vision model (its tower and projector; for the first pipeline
+    stage); None for a model without one."""
+    if not path.is_dir():
+        return None  # (a GGUF model's tower is in its mmproj file)
+    loader = VISION_LOADERS.get(hf_family(path).name)
+    return None if loader is None else loader(path, dtype)
 
 
 def load_shard_weights(
@@ -84,6 +94,7 @@ class Engine:
     config: LlamaConfig
     model: EngineModel
     tokenizer: EngineTokenizer
+    vision: VisionEncoder | None = None  # a vision model's image path (first stage only)
 
     @property
     def is_full_model(self) -> bool:
@@ -217,4 +228,7 @@ def load_engine(
         path, shard or Shard(start_layer, end_layer), all_reduce=all_reduce, dtype=dtype, device=device, threads=threads,
         cache_dir=cache_dir, progress=progress, weight_format=weight_format,
     )  # fmt: skip
-    return Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
+    start = (shard or Shard(start_layer, end_layer)).start_layer
+    vision = load_vision(path) if start == 0 else None
+    tokenizer = load_tokenizer(path, cache_dir)
+    return Engine(config=config, model=model, tokenizer=tokenizer, vision=vision)

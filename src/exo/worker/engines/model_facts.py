@@ -12,7 +12,7 @@ from exo.worker.engines.gguf_loader import gguf_config
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.models.deepseek2_files import DeepseekConfig
 from exo.worker.engines.models.mla import kv_bytes_per_token as mla_kv_bytes
-from exo.worker.engines.safetensors_loader import hf_config
+from exo.worker.engines.safetensors_loader import canonical_name, hf_config
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _folder_facts(folder: Path) -> ModelFacts:
                     n *= d
                 size = n * SAFETENSORS_DTYPES.get(info.dtype, (None, 4))[1]
                 total += size
-                sizes[name] = size
+                sizes[canonical_name(name)] = size
                 if ".layers." in name and len(info.shape) >= 2:
                     matrices[info.dtype] += size
                 elif name.endswith("embed_tokens.weight"):

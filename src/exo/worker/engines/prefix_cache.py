@@ -71,10 +71,18 @@ class PrefixCache:
     def budget_pages(self) -> int:
         return self.cache.max_pages
 
-    def retain(self, prompt: Sequence[KeyItem], prefilled: int, pages: list[int]) -> None:
+    def retain(
+        self,
+        prompt: Sequence[KeyItem],
+        prefilled: int,
+        pages: list[int],
+        cuts: Sequence[int] | None = None,
+    ) -> None:
         """Keep the whole chunks of ``prompt`` among its first ``prefilled`` positions (the
-        pages of a finished request's slot); free the rest."""
-        keep = min(prefilled, len(prompt)) // self.chunk * self.chunk
+        pages of a finished request's slot); free the rest. ``cuts``: where the prompt's
+        chunks end (default: at multiples of the chunk size; a prompt with images moves
+        them so that no image is split)."""
+        keep = self._cut(min(prefilled, len(prompt)), cuts)
         n_pages = pages_for(keep)
         if keep < self.chunk * self.min_chunks:
             self.cache.free(pages)
@@ -88,13 +96,16 @@ class PrefixCache:
         self._tick += 1
         self._entries.append(_Entry(tokens, pages[:n_pages], self._tick))
 
-    def take(self, prompt: Sequence[KeyItem]) -> tuple[int, list[int]] | None:
-        """The longest reusable start of ``prompt``: (positions, their pages), removed from
-        the cache; None if no entry shares a whole chunk with it. At least one token of the
-        prompt is always left to prefill (its logits give the first token)."""
+    def take(
+        self, prompt: Sequence[KeyItem], cuts: Sequence[int] | None = None
+    ) -> tuple[int, list[int]] | None:
+        """The longest reusable start of ``prompt`` that ends where one of its chunks ends
+        (``cuts``, as `retain`'s): (positions, their pages), removed from the cache; None if
+        no entry shares a whole chunk with it. At least one token of the prompt is always
+        left to prefill (its logits give the first token)."""
         best: tuple[int, _Entry] | None = None
         for e in self._entries:
-            n = _common(e.tokens, prompt, len(prompt) - 1) // self.chunk * self.chunk
+            n = self._cut(_common(e.tokens, prompt, len(prompt) - 1), cuts)
             if n >= self.chunk * self.min_chunks and (best is None or n > best[0]):
                 best = (n, e)
         if best is None:
@@ -104,6 +115,12 @@ class PrefixCache:
         n_pages = pages_for(n)
         self.cache.free(e.pages[n_pages:])
         return n, e.pages[:n_pages]
+
+    def _cut(self, n: int, cuts: Sequence[int] | None) -> int:
+        """The last chunk end at or before position ``n``."""
+        if cuts is None:
+            return n // self.chunk * self.chunk
+        return max((c for c in cuts if c <= n), default=0)
 
     def trim(self, reserved_pages: int) -> None:
         """Evict the oldest entries until they fit beside ``reserved_pages`` in the budget."""

@@ -24,10 +24,24 @@ from exo.worker.engines.weights import (
     assemble_shard,
 )
 
-__all__ = ["hf_config", "hf_family", "load_hf_shard", "read_chat_template"]
+__all__ = ["canonical_name", "hf_config", "hf_family", "load_hf_shard", "read_chat_template"]
 
-# A vision model's text part as transformers 5 saves it: read as the plain "model." names.
-_NESTED_TEXT = "model.language_model."
+# A vision-language checkpoint keeps its text model under a prefix (the hub's Gemma 3 and
+# Qwen-VL folders: ``language_model.model.``; transformers 5: ``model.language_model.``):
+# its tensors are read under the text model's own names.
+_TEXT_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def canonical_name(name: str) -> str:
+    """A tensor's name as a text-only checkpoint has it (`_TEXT_PREFIXES`)."""
+    for prefix, text in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix) :]
+    return name
 
 
 def _raw_config(folder: Path) -> JsonDict:
@@ -51,17 +65,15 @@ class _TensorSource(TensorSource):
     def __init__(self, folder: Path, plan: StoragePlan) -> None:
         super().__init__(plan)
         self.where: dict[str, SafetensorsFile] = {}
+        self.stored_as: dict[str, str] = {}  # a tensor's text-model name -> its name in the file
         files = sorted(folder.glob("*.safetensors"))
         if not files:
             raise ValueError(f"no *.safetensors file in {folder}")
         self.files = [SafetensorsFile(file) for file in files]
-        self.stored_as: dict[str, str] = {}  # name -> the file's name of it
         for st in self.files:
             for key in st.tensors:
-                self.where[key], self.stored_as[key] = st, key
-                if key.startswith(_NESTED_TEXT):  # transformers 5's multimodal layout
-                    alias = "model." + key.removeprefix(_NESTED_TEXT)
-                    self.where[alias], self.stored_as[alias] = st, key
+                self.where[canonical_name(key)] = st
+                self.stored_as[canonical_name(key)] = key
 
     def close(self) -> None:
         for st in self.files:

@@ -21,7 +21,7 @@ a step's logits as it sends the step, so the last stage never waits to hand them
 import os
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal, cast
@@ -35,18 +35,21 @@ from torch import Tensor
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, TensorShardMetadata
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.engine import Engine, Shard, load_model
+from exo.worker.engines.engine import Engine, Shard, load_model, load_vision
+from exo.worker.engines.images import merge_chunk
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.models.base import AllReduce, ShardModel, StepInputs, no_all_reduce
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
+from exo.worker.runner.stage_images import images_meta, receive_images, send_images
 from exo.worker.runner.stage_trace import StageTrace
 
 Kind = Literal["pipeline", "tensor"]
 _OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
-# op, batch, new tokens, (move: length; forward: 1 = every position's logits), lane
-_HEADER_FIXED = 5
+# op, batch, new tokens, (move: length; forward: 1 = every position's logits), lane,
+# (forward) the length of the images' description that follows the header (0: no images)
+_HEADER_FIXED = 6
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
@@ -103,12 +106,12 @@ class _Header:
         return _HEADER_FIXED + 2 * self.max_batch
 
     def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0),
-               every_position: bool = False, lane: int = 0) -> Tensor:
+               every_position: bool = False, lane: int = 0, images: int = 0) -> Tensor:
         h = torch.zeros(self.length, dtype=torch.int64)
         h[0] = op
         if step is not None:
             b = len(step.slots)
-            h[1], h[2], h[3], h[4] = b, step.n_new, int(every_position), lane
+            h[1], h[2], h[3], h[4], h[5] = b, step.n_new, int(every_position), lane, images
             h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
             h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
         else:
@@ -190,6 +193,8 @@ class LeaderModel:
         position [B, T, V] (the last stage computes them and sends them here)."""
         local_cache = cast(_LeaderCache, cache).local
         if self.kind == "tensor":
+            if step.images is not None:
+                raise RuntimeError("images are not served by a tensor-parallel instance yet")
             self.send_header(self.header.encode(_OP_FORWARD, step, every_position=every_position))
             dist.broadcast(tokens.to(torch.int64).contiguous(), src=0)
             return self.local.forward(tokens, step, local_cache, every_position)
@@ -200,8 +205,12 @@ class LeaderModel:
         """Stage 0 of a pipeline step, sent on once computed (so a busy stage 1 does not hold
         this stage up), with the receive of its logits posted at once."""
         with self.trace.timed(lane):
-            hidden = self.local.forward_layers(self.local.embed(tokens), local, cache)
-        self.send_header(self.header.encode(_OP_FORWARD, routed, every_position=every_position, lane=lane))
+            hidden = merge_chunk(self.local.embed(tokens), local.images)  # the images go in here
+            hidden = self.local.forward_layers(hidden, local, cache)
+        meta = images_meta(routed.images)
+        self.send_header(self.header.encode(_OP_FORWARD, routed, every_position=every_position,
+                                            lane=lane, images=meta.numel()))  # fmt: skip
+        send_images(routed.images, meta, 1)
         dist.send(hidden.contiguous(), dst=1)
         shape = (len(routed.slots), routed.n_new) if every_position else (len(routed.slots),)
         logits = torch.empty(*shape, self.config.vocab, dtype=torch.float32)
@@ -282,6 +291,10 @@ class Follower:
             return True
         step = self.header.decode_step(header)
         batch = len(step.slots)
+        if int(header[5]) > 0:  # the chunk's images (spans, positions, features) come first
+            step = replace(step, images=receive_images(int(header[5]), step.n_new,
+                                                       self.local.config.hidden, self.local.dtype,
+                                                       self.rank - 1))  # fmt: skip
         if self.kind == "tensor":
             tokens = torch.empty(batch, step.n_new, dtype=torch.int64)
             dist.broadcast(tokens, src=0)
@@ -296,6 +309,7 @@ class Follower:
                 hidden = self.local.head(hidden if bool(header[3]) else hidden[:, -1])
         if not last:
             self._pass_on(header)  # once computed: the next stage may still be busy
+            send_images(step.images, images_meta(step.images), self.rank + 1)
         dist.send(hidden.contiguous(), dst=0 if last else self.rank + 1)
         return True
 
@@ -324,4 +338,7 @@ def load_local_model(
     )  # fmt: skip
     if shard.device_rank != 0:
         return model, None
-    return model, Engine(config=config, model=model, tokenizer=load_tokenizer(path, cache_dir))
+    # the first stage runs a vision model's image path (a tensor instance takes no images)
+    vision = load_vision(path) if isinstance(shard, PipelineShardMetadata) else None
+    tokenizer = load_tokenizer(path, cache_dir)
+    return model, Engine(config=config, model=model, tokenizer=tokenizer, vision=vision)

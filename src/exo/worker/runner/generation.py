@@ -45,6 +45,13 @@ from exo.worker.engines.sampling import TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.microbatch import PipelinedBatcher, pipelined_batcher
+from exo.worker.runner.prompt_images import (
+    ImageError,
+    encode_images,
+    expand_markers,
+    image_refusal,
+    request_images,
+)
 from exo.worker.runner.sampling_params import sampling_params
 from exo.worker.runner.settings import RunnerSettings
 
@@ -99,10 +106,12 @@ class Generation:
         params = task.task_params
         if params.embed:
             return self._embedded(task)
-        if any(m.images for m in params.input):
-            # No engine family reads images yet: refuse rather than answer without them.
-            message = f"{params.model}: this node's engine cannot read images for this model yet"
-            return self._failed(task, message, "invalid_request")
+        tensor = self.leader is not None and self.leader.kind == "tensor"
+        refusal = image_refusal(self.engine.vision, tensor, params)
+        if refusal is not None:  # rather than answer without them
+            return self._failed(task, refusal, "invalid_request")
+        images = request_images(params)
+        spans = None
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""
@@ -131,6 +140,7 @@ class Generation:
                     )
                     + prefix
                 )
+            prompt = expand_markers(self.engine.vision, prompt, images)
             # A template that opens the thought: the answer's text starts inside it.
             opened = not prefix and prompt.rstrip().endswith("<think>")
             shown = "<think>" if opened else prefix
@@ -140,7 +150,7 @@ class Generation:
                 if params.prompt_ids is not None
                 else tokenizer.encode(prompt, add_special_tokens=params.raw_prompt is not None)
             )
-        except GrammarError as e:
+        except (GrammarError, ImageError) as e:
             return self._failed(task, str(e), "invalid_request")
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
@@ -174,7 +184,10 @@ class Generation:
         try:
             if runs:
                 sampling = sampling_params(params, max_tokens, constraint, sink, prompt_sink)
-                self.batch.add(task.task_id, prompt_ids, sampling)
+                spans = encode_images(self.engine.vision, prompt_ids, images)
+                self.batch.add(task.task_id, prompt_ids, sampling, spans)
+        except ImageError as e:
+            return self._failed(task, str(e), "invalid_request")
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
@@ -460,8 +473,9 @@ def load_generation(
             )
         leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
         engine = Engine(
-            config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer
-        )
+            config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer,
+            vision=engine.vision,
+        )  # fmt: skip
         return Generation(engine, settings.max_batch, leader)
     # A single runner holds the whole model: a pipeline shard of every layer, or the one
     # slice of a tensor instance of one node.

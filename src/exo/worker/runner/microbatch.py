@@ -25,6 +25,7 @@ next ``step``; the cancelled request's slot is free on every stage when ``cancel
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Protocol, cast
 
 import torch
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from exo.worker.engines.batch import BatchGenerator, StepOutput
 from exo.worker.engines.config import LlamaConfig
+from exo.worker.engines.images import ImageSpans
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.models.base import StepInputs
 from exo.worker.engines.sampling import SamplingParams
@@ -127,7 +129,7 @@ class LaneModel:
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
                 every_position: bool = False) -> Tensor:
         lane_cache = cast(LaneCache, cache)
-        routed = StepInputs(tuple(s + self.lane.offset for s in step.slots), step.starts, step.n_new)
+        routed = replace(step, slots=tuple(s + self.lane.offset for s in step.slots))
         pending = self.head.launch(tokens, step, routed, lane_cache.local, every_position,
                                    self.lane.index)  # fmt: skip
         return self.lane.park(pending)
@@ -230,12 +232,13 @@ class PipelinedBatcher:
     def running(self) -> int:
         return sum(lane.batcher.running for lane in self.lanes)
 
-    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+    def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+            images: ImageSpans | None = None) -> None:
         """Queue a request on the lane with the fewest requests (the first such)."""
         if request_id in self._owner:
             raise ValueError(f"request {request_id!r} is already active")
         lane = min(self.lanes, key=lambda ln: ln.batcher.active / ln.size)
-        lane.batcher.add(request_id, prompt_ids, params)
+        lane.batcher.add(request_id, prompt_ids, params, images)
         self._owner[request_id] = lane
 
     def cancel(self, request_id: str) -> bool:

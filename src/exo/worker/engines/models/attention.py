@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import QKernels
+from exo.worker.engines.images import block_mask
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.models.base import StepInputs
 from exo.worker.engines.rope import apply_rope
@@ -45,22 +46,26 @@ def step_tensors(
     """The step's tensors for layers with rotary table `rope` and sliding `window` (None:
     global). `compiled`: the compiled decode attention is available."""
     bsz, n_new = len(step.slots), step.n_new
+    blocks = () if step.images is None else step.images.blocks(step.starts[0])
     ends = [s + n_new for s in step.starts]
     kv_len = max(ends)
     if kv_len > rope.shape[0]:
         raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
     sees_all = window is None or kv_len <= window  # no key has left the window yet
     starts = torch.tensor(step.starts, device=device)
-    if n_new == 1 and compiled and sees_all:  # the compiled decode
+    if n_new == 1 and compiled and sees_all and not blocks:  # the compiled decode
         return StepTensors(True, rope, None, kv_len, None, False, starts)
     positions = starts[:, None] + torch.arange(n_new, device=device)  # [B, T]
     rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
-    is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all
+    is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all and not blocks
     mask = None
-    if not is_causal and not (bsz == 1 and n_new == 1 and sees_all):
-        # key j is visible to the query at position p iff j <= p (and p - j < window).
+    if blocks or not (is_causal or (bsz == 1 and n_new == 1 and sees_all)):
+        # key j is visible to the query at position p iff j <= p or both are in one image
+        # (bidirectional images) (and p - j < window).
         keys = torch.arange(kv_len, device=device)
         mask = keys <= positions[:, :, None]  # [B, T, L]
+        if blocks:
+            mask = mask | block_mask(positions, kv_len, blocks)
         if window is not None:
             mask = mask & (keys > positions[:, :, None] - window)
         mask = mask.unsqueeze(1)  # [B, 1, T, L]

@@ -31,6 +31,7 @@ from torch import Tensor
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels
 from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.images import ChunkImages
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import WeightFormat
 from exo.worker.engines.materialise import TensorSource
@@ -51,15 +52,17 @@ class StepInputs:
 
     Row b of the batch writes `n_new` tokens to cache slot `slots[b]`, at positions
     starts[b] .. starts[b] + n_new - 1 (its first `starts[b]` positions are already cached).
+    `images`: a prefill chunk's images (one row; `images.ChunkImages`), None without images.
     """
 
     slots: tuple[int, ...]
     starts: tuple[int, ...]
     n_new: int
+    images: ChunkImages | None = None
 
     @staticmethod
-    def single(slot: int, start: int, n_new: int) -> "StepInputs":
-        return StepInputs((slot,), (start,), n_new)
+    def single(slot: int, start: int, n_new: int, images: ChunkImages | None = None) -> "StepInputs":
+        return StepInputs((slot,), (start,), n_new, images)
 
 
 class StepModel(Protocol):

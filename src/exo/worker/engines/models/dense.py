@@ -39,6 +39,7 @@ from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.cpu_kernels import QKernels, load_kernels
 from exo.worker.engines.embedding import Embedding
 from exo.worker.engines.gguf_reader import GGUFFile
+from exo.worker.engines.images import add_deepstack, merge_chunk
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.linear import Linear, Regroup, RmsNorm, WeightFormat, make_linear
 from exo.worker.engines.materialise import TensorSource
@@ -219,6 +220,7 @@ class DenseModel:
         cache.prepare(step.slots, step.starts, step.n_new)  # pages for the new positions
         for i, block in enumerate(self.blocks):
             hidden = self._block(block, hidden, per_kind[block.sliding], cache.layer(i))
+            hidden = add_deepstack(hidden, step.images, self.start_layer + i)
         return hidden
 
     def head(self, hidden: Tensor) -> Tensor:
@@ -234,7 +236,8 @@ class DenseModel:
     ) -> Tensor:
         """Whole model (single shard): tokens [B, T] -> logits of the last position [B, V]
         (of every position [B, T, V] with ``every_position``: a prompt's log-probabilities)."""
-        hidden = self.forward_layers(self.embed(tokens), step, cache)
+        hidden = merge_chunk(self.embed(tokens), step.images)  # (images: first stage only)
+        hidden = self.forward_layers(hidden, step, cache)
         return self.head(hidden if every_position else hidden[:, -1])
 
     def final_hidden(self, tokens: Tensor) -> Tensor:

@@ -23,7 +23,11 @@ from safetensors import safe_open
 from torch import Tensor
 
 from exo.shared.types.text_generation import InputImage
+from exo.worker.engines.images import chunk_end, placeholder_runs
 from exo.worker.engines.models.siglip import SiglipConfig, SiglipEncoder
+
+__all__ = ["Gemma3Vision", "Gemma3VisionConfig", "chunk_end", "image_attention_mask",
+           "image_spans", "merge_images", "pixel_values"]  # fmt: skip
 
 _TOWER = ("model.vision_tower.vision_model.", "vision_tower.vision_model.", "model.vision_tower.",
           "vision_tower.")  # fmt: skip
@@ -131,20 +135,7 @@ def _under(tensors: dict[str, Tensor], prefixes: tuple[str, ...], probe: str) ->
     raise ValueError(f"the checkpoint has no {probe} under {' or '.join(prefixes)}")
 
 
-def image_spans(ids: Sequence[int], image_token: int) -> list[tuple[int, int]]:
-    """Each run of image placeholder tokens in a prompt: (start, length)."""
-    spans: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ids):
-        if ids[i] == image_token:
-            j = i
-            while j < len(ids) and ids[j] == image_token:
-                j += 1
-            spans.append((i, j - i))
-            i = j
-        else:
-            i += 1
-    return spans
+image_spans = placeholder_runs  # each run of image placeholders in a prompt: (start, length)
 
 
 def merge_images(hidden: Tensor, ids: Tensor, embeds: Tensor, image_token: int) -> Tensor:
@@ -178,14 +169,3 @@ def image_attention_mask(
     if window is not None:
         mask &= q - k < window
     return mask
-
-
-def chunk_end(start: int, chunk: int, spans: Sequence[tuple[int, int]]) -> int:
-    """Where a prefill chunk starting at ``start`` ends so that no image is split: at
-    ``start + chunk``, or before the image that boundary would cut (after it when that image
-    begins the chunk)."""
-    end = start + chunk
-    for s, length in spans:
-        if s < end < s + length:
-            return s if s > start else s + length
-    return end

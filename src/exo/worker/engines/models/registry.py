@@ -1,11 +1,17 @@
 """The architecture families the engine runs, keyed by GGUF `general.architecture` and Hugging
 Face `model_type`. A new family is one module providing a `ModelFamily`, listed here."""
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from exo.worker.engines.images import VisionEncoder
 from exo.worker.engines.models.base import ModelFamily
 from exo.worker.engines.models.deepseek2 import DEEPSEEK2
 from exo.worker.engines.models.dense import DENSE
+from exo.worker.engines.models.gemma3_mm import GEMMA3_VISION, Gemma3Encoder
 from exo.worker.engines.models.glm4moe import GLM4MOE
 from exo.worker.engines.models.gpt_oss import GPT_OSS
 from exo.worker.engines.models.qwen3moe import QWEN3MOE
@@ -13,7 +19,18 @@ from exo.worker.engines.models.qwen_vl import QWEN_VL
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
-FAMILIES: tuple[Family, ...] = (DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE, QWEN_VL)
+# Families that take images come last, each on its own line (branches add theirs).
+FAMILIES: tuple[Family, ...] = (
+    DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE,
+    GEMMA3_VISION,  # gemma3 vision (issue 25)
+    QWEN_VL,  # qwen-vl (issue 25)
+)  # fmt: skip
+
+VisionLoader = Callable[[Path, torch.dtype], VisionEncoder]
+# A vision family's name -> the loader of its image path (a folder in, the encoder out).
+VISION_LOADERS: dict[str, VisionLoader] = {}
+# gemma3 vision (issue 25)
+VISION_LOADERS[GEMMA3_VISION.name] = Gemma3Encoder.load
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
