@@ -12,7 +12,7 @@ import torch
 from exo.modelgen import Request, generate
 from exo.modelgen.generate import validate
 from exo.worker.download.embedded import find_embedded_gguf
-from exo.worker.engines.models.qwen_vl import QwenVision
+from exo.worker.engines.models.qwen_vl_encoder import QwenVision, QwenVLEncoder
 from exo.worker.engines.tests.qwen_vl_models import greedy, load_ours, pil, png
 
 transformers = pytest.importorskip("transformers")
@@ -50,7 +50,8 @@ def test_transformers_loads_every_weight_and_the_token_ids_agree(folder: Path) -
 
 
 def test_our_engine_matches_transformers_and_the_picture_matters(folder: Path) -> None:
-    vision, ours = QwenVision.load(folder), load_ours(folder)
+    encoder, ours = QwenVLEncoder.load(folder), load_ours(folder)
+    vision = encoder.vision
     config = transformers.AutoConfig.from_pretrained(folder)
     reference = getattr(transformers, config.architectures[0]).from_pretrained(folder).eval()
     proc = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
@@ -65,7 +66,7 @@ def test_our_engine_matches_transformers_and_the_picture_matters(folder: Path) -
                                  image_grid_thw=pixels["image_grid_thw"],
                                  mm_token_type_ids=(tokens == config.image_token_id).int(),
                                  ).logits[0, -1]  # fmt: skip
-        first, answer = greedy(ours, vision, ids, [image], 6)
+        first, answer = greedy(ours, encoder, ids, [image], 6)
         span = float(expected.max() - expected.min())
         torch.testing.assert_close(first, expected, atol=1e-3 * span, rtol=0)
         answers.append(answer)

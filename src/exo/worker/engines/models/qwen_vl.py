@@ -14,22 +14,17 @@ features travel with the activations (`DeepStack`: flat rows of the step and one
 layer, applied by whichever stage holds that layer).
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, cast
 
-import torch
-from safetensors import safe_open
 from torch import Tensor
 
-from exo.shared.types.text_generation import InputImage
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.gguf_reader import GGUFFile
-from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import dense_files
-from exo.worker.engines.models.attention import StepTensors, check_step, step_tensors
+from exo.worker.engines.models.attention import StepTensors, step_tensors
 from exo.worker.engines.models.base import (
     BuildOptions,
     JsonDict,
@@ -38,14 +33,7 @@ from exo.worker.engines.models.base import (
     StepInputs,
 )
 from exo.worker.engines.models.dense import DenseModel
-from exo.worker.engines.models.hf_meta import read_json
-from exo.worker.engines.models.mrope import MRope, mrope_rotation
-from exo.worker.engines.models.qwen_vl_processor import QwenImageProcessing, grid_of, image_patches
-from exo.worker.engines.models.qwen_vl_vision import (
-    QwenVisionConfig,
-    QwenVisionTower,
-    VisionOutput,
-)
+from exo.worker.engines.models.mrope import MRope, decode_positions, mrope_rotation
 from exo.worker.engines.weights import LayerWeights, ShardWeights, slice_layer
 
 HF_MODEL_TYPES = ("qwen2_5_vl", "qwen3_vl")
@@ -107,32 +95,14 @@ def hf_config(raw: JsonDict, folder: Path) -> QwenVLConfig:
     )
 
 
-# --- the step's image data ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DeepStack:
-    """Qwen3-VL's features for one step: ``features[l]`` [M, D] is added after decoder layer
-    l to the step's hidden states at ``rows`` [M] (flat b T + t indices of image tokens)."""
-
-    rows: Tensor
-    features: Tensor  # [n_layers, M, D]
-
-
-@dataclass(frozen=True)
-class VisionStep:
-    """What a step of a vision model carries beyond its tokens: the new tokens' M-RoPE
-    positions [3, B, T] (None: every row plain, (p, p, p)) and DeepStack features."""
-
-    positions: Tensor | None = None
-    deepstack: DeepStack | None = None
-
-
 # --- the model ---------------------------------------------------------------------------------
 
 
 class QwenVLModel(DenseModel):
-    """A layer range of the text model, rotating by M-RoPE positions when a step gives them."""
+    """A layer range of the text model, turning q and k by M-RoPE positions: a prefill chunk's
+    own (`ChunkImages.positions`) or, decoding, each row's cache position plus its delta
+    (`StepInputs.rope_deltas`). DeepStack features are added by the dense loop
+    (`images.add_deepstack`); images are merged into the embeddings by the first stage."""
 
     def __init__(self, weights: ShardWeights, options: BuildOptions) -> None:
         super().__init__(
@@ -150,34 +120,29 @@ class QwenVLModel(DenseModel):
         self.vl_config = config
         self.axes = config.mrope.axes().to(self.device)  # [hd/2]: each pair's axis
 
-    def forward_layers(
-        self, hidden: Tensor, step: StepInputs, cache: KVCache, vision: VisionStep | None = None
-    ) -> Tensor:
-        """hidden [B, T, D] through this shard's blocks (see `DenseModel.forward_layers`),
-        turned by `vision.positions` when given, DeepStack features added after their layers."""
-        check_step(step, cache)
-        t = self._mrope_step(step, vision.positions if vision else None)
-        cache.prepare(step.slots, step.starts, step.n_new)
-        deepstack = vision.deepstack if vision else None
-        for i, block in enumerate(self.blocks):
-            hidden = self._block(block, hidden, t, cache.layer(i))
-            layer = self.start_layer + i
-            if deepstack is not None and layer < deepstack.features.shape[0]:
-                flat = hidden.view(-1, hidden.shape[-1])
-                flat[deepstack.rows] += deepstack.features[layer].to(hidden.dtype)
-        return hidden
-
-    def _mrope_step(self, step: StepInputs, positions: Tensor | None) -> StepTensors:
-        if positions is None:  # every row plain text: the dense path (compiled decode too)
-            return self._step_tensors(step, False)
-        bsz, n_new = len(step.slots), step.n_new
-        if positions.shape != (3, bsz, n_new):
-            raise ValueError(
-                f"M-RoPE positions {list(positions.shape)} for a step of {bsz}x{n_new}"
-            )
-        rope = self.rotary.table(False)
-        t = step_tensors(step, rope, None, self.device, compiled=False)
+    def _step_tensors(self, step: StepInputs, sliding: bool) -> StepTensors:
+        positions = mrope_step_positions(step)
+        if positions is None:  # plain text rows: (p, p, p), the dense path (compiled decode)
+            return super()._step_tensors(step, sliding)
+        rope = self.rotary.table(sliding)
+        window = self.config.sliding_window if sliding else None
+        t = step_tensors(step, rope, window, self.device, compiled=False)
+        if int(positions.max()) >= rope.shape[0]:
+            raise ValueError(f"M-RoPE position {int(positions.max())} is beyond the rotary table")
         return replace(t, rotation=mrope_rotation(rope, positions.to(self.device), self.axes))
+
+
+def mrope_step_positions(step: StepInputs) -> Tensor | None:
+    """[3, B, T] M-RoPE positions of the step's new tokens; None when every row is plain."""
+    if step.images is not None and step.images.positions is not None:
+        if len(step.slots) != 1 or step.images.positions.shape != (3, step.n_new):
+            raise ValueError("a prefill chunk's M-RoPE positions must be [3, n] of one row")
+        return step.images.positions[:, None, :]
+    if not any(step.rope_deltas):
+        return None
+    if len(step.rope_deltas) != len(step.slots):
+        raise ValueError(f"{len(step.rope_deltas)} M-RoPE deltas for {len(step.slots)} rows")
+    return decode_positions(step.starts, step.rope_deltas, step.n_new)
 
 
 # --- the family ----------------------------------------------------------------------------------
@@ -215,64 +180,3 @@ class QwenVLFamily:
 
 
 QWEN_VL: ModelFamily[LayerWeights] = QwenVLFamily()
-
-
-def prompt_step(ids: Tensor, embeds: Tensor, deepstack: tuple[Tensor, ...], image_token: int
-                ) -> tuple[Tensor, DeepStack | None]:  # fmt: skip
-    """A one-row prompt's image rows: ids [T], the images' tokens [n, D] and DeepStack
-    features (each [n, D]) -> the rows' flat indices' DeepStack (None without features)."""
-    rows = (ids == image_token).nonzero().flatten()
-    if rows.numel() != embeds.shape[0]:
-        raise ValueError(
-            f"the prompt has {rows.numel()} image positions for {embeds.shape[0]} tokens"
-        )
-    if not deepstack:
-        return rows, None
-    return rows, DeepStack(rows, torch.stack(deepstack))
-
-
-# --- the tower, loaded ---------------------------------------------------------------------------
-
-_TOWER_PREFIXES = ("model.visual.", "visual.")
-
-
-class QwenVision:
-    """A Qwen VL folder's image path: processor settings and tower."""
-
-    def __init__(self, config: QwenVisionConfig, processing: QwenImageProcessing,
-                 tower: QwenVisionTower) -> None:  # fmt: skip
-        self.config = config
-        self.processing = processing
-        self.tower = tower
-
-    @classmethod
-    def load(cls, folder: Path, dtype: torch.dtype = torch.float32) -> "QwenVision":
-        raw = read_json(folder / "config.json")
-        kind = str(raw.get("model_type", ""))
-        if kind not in HF_MODEL_TYPES:
-            raise ValueError(f"{folder}: model_type {kind!r} is not a Qwen VL model")
-        vision = cast(JsonDict, raw.get("vision_config") or {})
-        config = QwenVisionConfig.from_hf(kind, vision)
-        pre = folder / "preprocessor_config.json"
-        processing = QwenImageProcessing.from_json(read_json(pre) if pre.exists() else {}, vision)
-        tensors: dict[str, Tensor] = {}
-        for path in sorted(folder.glob("*.safetensors")):
-            with safe_open(str(path), "pt") as f:
-                names: list[str] = list(f.keys())
-                for name in names:
-                    prefix = next((p for p in _TOWER_PREFIXES if name.startswith(p)), None)
-                    if prefix is not None:
-                        tensors[name[len(prefix) :]] = f.get_tensor(name)
-        if "patch_embed.proj.weight" not in tensors:
-            raise ValueError(f"{folder}: no vision tower under {' or '.join(_TOWER_PREFIXES)}")
-        return cls(config, processing, QwenVisionTower(config, tensors.__getitem__, dtype))
-
-    def encode(self, images: Sequence[InputImage]) -> VisionOutput:
-        """The images' tokens (all of them, in order) and DeepStack features."""
-        cut = [image_patches(image, self.processing) for image in images]
-        return self.tower(torch.cat([p for p, _ in cut]), [g for _, g in cut])
-
-    def tokens(self, image: InputImage) -> int:
-        """How many placeholders an image takes in the prompt."""
-        _, gh, gw = grid_of(image.width, image.height, self.processing)
-        return (gh // self.processing.merge_size) * (gw // self.processing.merge_size)

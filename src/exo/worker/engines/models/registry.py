@@ -16,6 +16,7 @@ from exo.worker.engines.models.glm4moe import GLM4MOE
 from exo.worker.engines.models.gpt_oss import GPT_OSS
 from exo.worker.engines.models.qwen3moe import QWEN3MOE
 from exo.worker.engines.models.qwen_vl import QWEN_VL
+from exo.worker.engines.models.qwen_vl_encoder import QwenVLEncoder
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
@@ -31,6 +32,8 @@ VisionLoader = Callable[[Path, torch.dtype], VisionEncoder]
 VISION_LOADERS: dict[str, VisionLoader] = {}
 # gemma3 vision (issue 25)
 VISION_LOADERS[GEMMA3_VISION.name] = Gemma3Encoder.load
+# qwen-vl (issue 25)
+VISION_LOADERS[QWEN_VL.name] = QwenVLEncoder.load
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:

@@ -15,17 +15,9 @@ from exo.api.images import decode_image
 from exo.shared.types.text_generation import InputImage
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.models.base import BuildOptions, StepInputs
-from exo.worker.engines.models.gemma3_vision import merge_images
 from exo.worker.engines.models.hf_meta import read_json
-from exo.worker.engines.models.mrope import decode_positions, mrope_positions
-from exo.worker.engines.models.qwen_vl import (
-    QWEN_VL,
-    QwenVision,
-    QwenVLConfig,
-    QwenVLModel,
-    VisionStep,
-    prompt_step,
-)
+from exo.worker.engines.models.qwen_vl import QWEN_VL, QwenVLConfig, QwenVLModel
+from exo.worker.engines.models.qwen_vl_encoder import QwenVLEncoder
 from exo.worker.engines.safetensors_loader import load_hf_shard
 
 IMAGE, VIDEO, START, END = 260, 261, 258, 259  # token ids of the tiny vocabulary
@@ -130,25 +122,17 @@ def load_ours(folder: Path) -> QwenVLModel:
     return model
 
 
-def greedy(model: QwenVLModel, vision: QwenVision, ids: list[int], images: list[Any],
-            n: int) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
-    """First logits [V] and `n` greedy tokens, through a paged cache, one token a step."""
-    image_token = model.vl_config.image_token_id
-    out = vision.encode(images)
-    tokens = torch.tensor(ids)
-    rows, deepstack = prompt_step(tokens, out.embeds, out.deepstack, image_token)
-    assert rows.numel() == out.embeds.shape[0]
-    positions, delta = mrope_positions(ids, image_token, out.grids, 2)
+def greedy(model: QwenVLModel, encoder: QwenVLEncoder, ids: list[int],
+           images: list[InputImage], n: int) -> tuple[torch.Tensor, list[int]]:  # fmt: skip
+    """First logits [V] and `n` greedy tokens, one forward a token, as the batcher steps."""
+    spans = encoder.encode(ids, images)
     cache: KVCache = model.new_cache(1, len(ids) + n)
-    hidden = merge_images(model.embed(tokens[None])[0], tokens, out.embeds, image_token)[None]
-    step = VisionStep(positions[:, None], deepstack)
-    h = model.forward_layers(hidden, StepInputs.single(0, 0, len(ids)), cache, step)
-    first = model.head(h[:, -1])[0]
-    generated = [int(first.argmax())]
-    for i in range(n - 1):
-        start = len(ids) + i
-        pos = decode_positions([start], [delta], 1)
-        h = model.forward_layers(model.embed(torch.tensor([[generated[-1]]])),
-                                 StepInputs.single(0, start, 1), cache, VisionStep(pos))  # fmt: skip
-        generated.append(int(model.head(h[:, -1])[0].argmax()))
+    with torch.inference_mode():
+        step = StepInputs.single(0, 0, len(ids), spans.chunk(0, len(ids)))
+        first = model.forward(torch.tensor([ids]), step, cache)[0]
+        generated = [int(first.argmax())]
+        for i in range(n - 1):
+            step = StepInputs((0,), (len(ids) + i,), 1, rope_deltas=(spans.rope_delta,))
+            logits = model.forward(torch.tensor([[generated[-1]]]), step, cache)[0]
+            generated.append(int(logits.argmax()))
     return first, generated

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from exo.worker.engines.models.qwen_vl import QwenVision
+from exo.worker.engines.models.qwen_vl_encoder import QwenVision, QwenVLEncoder
 from exo.worker.engines.models.qwen_vl_processor import image_patches
 from exo.worker.engines.models.qwen_vl_vision import tokens_of
 from exo.worker.engines.tests.qwen_vl_models import (
@@ -91,7 +91,8 @@ def _prompt(vision: QwenVision, images: list[Any]) -> list[int]:
 
 
 def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> None:
-    vision, model, reference = QwenVision.load(folder), load_ours(folder), _reference(folder)
+    encoder, model, reference = QwenVLEncoder.load(folder), load_ours(folder), _reference(folder)
+    vision = encoder.vision
     images = [png(size, seed) for size, seed in IMAGES[:2]]
     ids = _prompt(vision, images)
     theirs = _theirs(folder, images)
@@ -102,7 +103,7 @@ def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> N
     with torch.no_grad():
         expected = reference(**inputs).logits[0, -1]
         generated = reference.generate(**inputs, max_new_tokens=16, do_sample=False)[0, len(ids) :]
-    first, ours = greedy(model, vision, ids, images, 16)
+    first, ours = greedy(model, encoder, ids, images, 16)
     span = float(expected.max() - expected.min())
     torch.testing.assert_close(first, expected, atol=1e-3 * span, rtol=0)
     top2 = expected.topk(2).values
@@ -110,4 +111,4 @@ def test_first_logits_and_16_greedy_tokens_match_transformers(folder: Path) -> N
     assert ours == generated.tolist()
     # the images matter: another picture gives another answer
     other = [png((230, 150), 7), images[1]]
-    assert greedy(model, vision, _prompt(vision, other), other, 4)[1] != ours[:4]
+    assert greedy(model, encoder, _prompt(vision, other), other, 4)[1] != ours[:4]
