@@ -17,5 +17,5 @@ for _module in MODULES:
 def family(name: str) -> Family:
     """The family called `name`; ValueError naming the known ones otherwise."""
     if name not in FAMILIES:
-        raise ValueError(f"unknown ARCH {name!r} (choose from {', '.join(sorted(FAMILIES))})")
+        raise ValueError(f"unknown ARCH {name!r} (choose from {', '.join(FAMILIES)})")
     return FAMILIES[name]

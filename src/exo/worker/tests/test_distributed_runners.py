@@ -125,8 +125,9 @@ async def _answer(instance: Instance, tmp_path: Path) -> str:
     return await answer_of(instance, tmp_path, EMBEDDED_MODEL_ID)
 
 
-async def answer_of(instance: Instance, tmp_path: Path, model_id: ModelId) -> str:
-    """The greedy answer (16 tokens) of `instance`'s runners to PROMPT."""
+async def answer_of(instance: Instance, tmp_path: Path, model_id: ModelId,
+                    messages: list[InputMessage] | None = None) -> str:
+    """The greedy answer (16 tokens) of `instance`'s runners to PROMPT (or `messages`)."""
     send, receive = channel[Event]()
     group = RunnerEvents(receive)
     supervisors = make_supervisors(instance, send, tmp_path)
@@ -153,7 +154,7 @@ async def answer_of(instance: Instance, tmp_path: Path, model_id: ModelId) -> st
         await leader.start_task(TextGeneration(
             task_id=TaskId("task"), instance_id=iid, command_id=command,
             task_params=TextGenerationTaskParams(
-                model=model_id, input=[InputMessage(role="user", content=PROMPT)],
+                model=model_id, input=messages or [InputMessage(role="user", content=PROMPT)],
                 temperature=0.0, max_tokens=16,
             ),
         ))
