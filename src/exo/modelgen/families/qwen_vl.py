@@ -132,7 +132,7 @@ def tower_tensors(prefix: str, t: Tower, out: int, qwen3: bool) -> list[TensorSp
         for j in range(len(t.deepstack)):
             m = f"{p}deepstack_merger_list.{j}."
             specs += _norm(m + "norm", unit, True) + _linear(m + "linear_fc1", unit, unit)
-            specs += _linear(m + "linear_fc2", out, unit, 0.5)
+            specs += _linear(m + "linear_fc2", out, unit, 2.0)
     else:
         specs += _norm(p + "merger.ln_q", d, False)
         specs += _linear(p + "merger.mlp.0", unit, unit) + _linear(
