@@ -9,9 +9,11 @@ that rotates by M-RoPE positions and adds DeepStack features.
 
 The text model is the dense family's Qwen2 (q, k, v biases) or Qwen3 (per-head q, k norms);
 its config.json part is `text_config` (transformers 5) or the top level (the hub's Qwen2.5-VL).
-The tower (`qwen_vl_vision.py`) runs where the first pipeline stage runs; its DeepStack
-features travel with the activations (`DeepStack`: flat rows of the step and one feature per
-layer, applied by whichever stage holds that layer).
+The tower (`qwen_vl_vision.py`, behind `qwen_vl_encoder.QwenVLEncoder`) runs where the first
+pipeline stage runs; a prefill chunk's M-RoPE positions and DeepStack features ride on the
+step (`images.ChunkImages`, sent on to later stages with the activations: each stage adds the
+features of the layers it holds), and a decode step carries each row's M-RoPE delta
+(`StepInputs.rope_deltas`, in the pipeline's step header).
 """
 
 from dataclasses import dataclass, fields, replace
@@ -79,7 +81,8 @@ def hf_config(raw: JsonDict, folder: Path) -> QwenVLConfig:
     )
     plain = {k: v for k, v in text.items() if k not in ("rope_scaling", "rope_parameters")}
     plain |= {"model_type": _TEXT_FAMILY[model_type], "rope_theta": float(theta),
-              "tie_word_embeddings": bool(raw.get("tie_word_embeddings", False))}  # fmt: skip
+              "tie_word_embeddings": bool(raw.get("tie_word_embeddings",
+                                                      text.get("tie_word_embeddings", False)))}  # fmt: skip
     base = dense_files.hf_config(plain, folder)
     values: dict[str, Any] = {f.name: getattr(base, f.name) for f in fields(LlamaConfig)}
     values["architecture"] = model_type
