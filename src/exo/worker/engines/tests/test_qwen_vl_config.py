@@ -61,6 +61,7 @@ def test_the_hubs_configs_read(tmp_path: Path) -> None:
         128,
     )
     assert q25.qkv_bias and not q25.qk_norm and q25.rope_scaling is None
+    assert q25.sliding_window is None  # use_sliding_window false
     assert (q25.mrope_sections, q25.mrope_interleaved, q25.rope_theta) == ((16, 24, 24), False, 1e6)
     assert (q25.image_token_id, q25.deepstack_layers, q25.eos_token_ids) == (151655, 0, (151645,))
     q3 = hf_config(QWEN3_8B, tmp_path)
