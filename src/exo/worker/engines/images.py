@@ -155,6 +155,10 @@ class VisionEncoder(Protocol):
         """The text the chat template writes for each image (one per image, in order)."""
         ...
 
+    def tokens_for(self, image: InputImage) -> int:
+        """How many placeholder tokens `image` becomes (its embedding rows)."""
+        ...
+
     def expand(self, text: str, images: Sequence[InputImage]) -> str:
         """The rendered prompt with each image marker replaced by the image's placeholder text
         (ValueError when the markers and images do not pair up)."""

@@ -111,7 +111,6 @@ class Generation:
         if refusal is not None:  # rather than answer without them
             return self._failed(task, refusal, "invalid_request")
         images = request_images(params)
-        spans = None
         tokenizer = self.engine.tokenizer
         try:
             prefix = ""

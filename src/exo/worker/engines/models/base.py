@@ -63,6 +63,10 @@ class StepInputs:
     images: ChunkImages | None = None
     rope_deltas: tuple[int, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.images is not None and len(self.slots) != 1:
+            raise ValueError("images ride on a prefill chunk of one request (a batch of one)")
+
     @staticmethod
     def single(slot: int, start: int, n_new: int, images: ChunkImages | None = None) -> "StepInputs":
         return StepInputs((slot,), (start,), n_new, images)

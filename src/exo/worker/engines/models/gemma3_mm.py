@@ -116,6 +116,9 @@ class Gemma3Encoder:
     def image_token(self) -> int:
         return self.vision.config.image_token
 
+    def tokens_for(self, image: InputImage) -> int:
+        return self.vision.config.tokens_per_image  # every picture: one square, pooled
+
     def expand(self, text: str, images: Sequence[InputImage]) -> str:
         found = text.count(self.marker)
         if found != len(images):
@@ -133,7 +136,9 @@ class Gemma3Encoder:
                 f"the prompt holds {[length for _, length in runs]} image tokens for "
                 f"{len(images)} images of {n} tokens each"
             )
-        embeddings = self.vision(list(images)) if images else torch.zeros(0, 0)
+        if not images:
+            return ImageSpans((), torch.zeros(0, self.vision.config.text_hidden))
+        embeddings = self.vision(list(images))  # [images, n, D]
         spans = tuple(
             ImageSpan(start, length, image.sha256)
             for (start, length), image in zip(runs, images, strict=True)
