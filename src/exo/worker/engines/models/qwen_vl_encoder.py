@@ -105,6 +105,9 @@ class QwenVLEncoder:
     def image_token(self) -> int:
         return self._image_token
 
+    def tokens_for(self, image: InputImage) -> int:
+        return self.vision.tokens(image)
+
     def expand(self, text: str, images: Sequence[InputImage]) -> str:
         parts = text.split(self.marker)
         if len(parts) - 1 != len(images):
