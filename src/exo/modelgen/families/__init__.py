@@ -8,7 +8,7 @@ import importlib
 
 from exo.modelgen.blueprint import FAMILIES, Family
 
-MODULES = ("llama", "qwen3", "gemma3_vision")
+MODULES = ("llama", "qwen3", "gemma3_vision", "qwen_vl")
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")

@@ -284,7 +284,9 @@ class BatchGenerator:
 
     def _decode_logits(self, rows: list[_Request]) -> torch.Tensor:
         tokens = torch.tensor([[r.pending] for r in rows], device=self.model.device)  # [B, 1]
-        step = StepInputs(tuple(r.slot for r in rows), tuple(r.cached for r in rows), 1)
+        deltas = tuple(0 if r.images is None else r.images.rope_delta for r in rows)
+        step = StepInputs(tuple(r.slot for r in rows), tuple(r.cached for r in rows), 1,
+                          rope_deltas=deltas if any(deltas) else ())  # fmt: skip
         return self.model.forward(tokens, step, self.cache)  # [B, V]
 
     def _sample_rows(self, rows: list[_Request], logits: torch.Tensor) -> list[StepOutput]:

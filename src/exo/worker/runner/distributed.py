@@ -103,7 +103,7 @@ class _Header:
 
     @property
     def length(self) -> int:
-        return _HEADER_FIXED + 2 * self.max_batch
+        return _HEADER_FIXED + 3 * self.max_batch  # slots, starts, M-RoPE deltas
 
     def encode(self, op: int, step: StepInputs | None = None, move: tuple[int, int, int] = (0, 0, 0),
                every_position: bool = False, lane: int = 0, images: int = 0) -> Tensor:
@@ -114,6 +114,9 @@ class _Header:
             h[1], h[2], h[3], h[4], h[5] = b, step.n_new, int(every_position), lane, images
             h[_HEADER_FIXED : _HEADER_FIXED + b] = torch.tensor(step.slots)
             h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b] = torch.tensor(step.starts)
+            if step.rope_deltas:
+                at = _HEADER_FIXED + 2 * self.max_batch
+                h[at : at + b] = torch.tensor(step.rope_deltas)
         else:
             h[1], h[2], h[3] = move
         return h
@@ -122,7 +125,9 @@ class _Header:
         b, n_new = int(h[1]), int(h[2])
         slots = tuple(int(v) for v in h[_HEADER_FIXED : _HEADER_FIXED + b])
         starts = tuple(int(v) for v in h[_HEADER_FIXED + self.max_batch : _HEADER_FIXED + self.max_batch + b])
-        return StepInputs(slots, starts, n_new)
+        at = _HEADER_FIXED + 2 * self.max_batch
+        deltas = tuple(int(v) for v in h[at : at + b])
+        return StepInputs(slots, starts, n_new, rope_deltas=deltas if any(deltas) else ())
 
 
 class _LeaderCache:

@@ -53,12 +53,15 @@ class StepInputs:
     Row b of the batch writes `n_new` tokens to cache slot `slots[b]`, at positions
     starts[b] .. starts[b] + n_new - 1 (its first `starts[b]` positions are already cached).
     `images`: a prefill chunk's images (one row; `images.ChunkImages`), None without images.
+    `rope_deltas` (M-RoPE models, Qwen-VL): row b's new tokens rotate at M-RoPE positions
+    starts[b] + delta_b + i (a prompt with images leaves a delta); () = every delta 0.
     """
 
     slots: tuple[int, ...]
     starts: tuple[int, ...]
     n_new: int
     images: ChunkImages | None = None
+    rope_deltas: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.images is not None and len(self.slots) != 1:

@@ -15,6 +15,8 @@ from exo.worker.engines.models.gemma3_mm import GEMMA3_VISION, Gemma3Encoder
 from exo.worker.engines.models.glm4moe import GLM4MOE
 from exo.worker.engines.models.gpt_oss import GPT_OSS
 from exo.worker.engines.models.qwen3moe import QWEN3MOE
+from exo.worker.engines.models.qwen_vl import QWEN_VL
+from exo.worker.engines.models.qwen_vl_encoder import QwenVLEncoder
 
 Family = ModelFamily[Any]  # each family has its own layer record
 
@@ -22,6 +24,7 @@ Family = ModelFamily[Any]  # each family has its own layer record
 FAMILIES: tuple[Family, ...] = (
     DENSE, QWEN3MOE, GPT_OSS, DEEPSEEK2, GLM4MOE,
     GEMMA3_VISION,  # gemma3 vision (issue 25)
+    QWEN_VL,  # qwen-vl (issue 25)
 )  # fmt: skip
 
 VisionLoader = Callable[[Path, torch.dtype], VisionEncoder]
@@ -29,6 +32,8 @@ VisionLoader = Callable[[Path, torch.dtype], VisionEncoder]
 VISION_LOADERS: dict[str, VisionLoader] = {}
 # gemma3 vision (issue 25)
 VISION_LOADERS[GEMMA3_VISION.name] = Gemma3Encoder.load
+# qwen-vl (issue 25)
+VISION_LOADERS[QWEN_VL.name] = QwenVLEncoder.load
 
 
 def supported_gguf_architectures() -> tuple[str, ...]:
