@@ -27,6 +27,9 @@ class Role(Enum):
     FFN_DOWN = "ffn_down"
     NORM = "norm"  # 1-D, always float32, all ones
     OUTPUT_NORM = "output_norm"  # 1-D, float32: the final norm's gain, random signs
+    # mixture-of-experts families: kept in float32 whatever the recipe (as llama.cpp keeps them)
+    ROUTER = "router"  # ffn_gate_inp: the router's matrix
+    VECTOR = "vector"  # biases, attention sinks, the expert-bias correction: random values
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Family(ABC):
     name: str
     shapes: tuple[str, ...]
     chat: ChatFormat
+    safetensors: str | None = None  # why --safetensors is not offered (None: it is)
 
     @abstractmethod
     def blueprint(self, shape: str, layers: int | None, vocab: int) -> Blueprint:

@@ -46,6 +46,8 @@ def validate(req: Request) -> None:
     fam = family(req.arch)
     r = recipe(req.quant)
     fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
+    if req.safetensors and fam.safetensors is not None:
+        raise ValueError(f"--safetensors is not offered for {fam.name}: {fam.safetensors}")
     if req.safetensors and r.name not in FLOAT_RECIPES:
         raise ValueError(
             f"--safetensors writes float weights: --quant {' | '.join(FLOAT_RECIPES)}, not {r.name}"

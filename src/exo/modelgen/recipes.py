@@ -61,8 +61,10 @@ def more_bits(layer: int, n_layers: int) -> bool:
 
 def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
     """The type tensor `t` of model `bp` is stored in under recipe `r`."""
-    if t.role in (Role.NORM, Role.OUTPUT_NORM):
+    if t.role in (Role.NORM, Role.OUTPUT_NORM, Role.ROUTER, Role.VECTOR):
         return T.F32
+    if r.base is T.MXFP4 and any(is_expert(x) for x in bp.tensors):  # llama.cpp's MXFP4_MOE
+        return T.MXFP4 if is_expert(t) else T.Q8_0
     if not r.mixed:
         return r.base
     tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
@@ -71,3 +73,11 @@ def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType
     if t.role in (Role.ATTN_V, Role.FFN_DOWN) and t.layer is not None:
         return T.Q6_K if more_bits(t.layer, bp.n_layers) else r.base
     return r.base
+
+
+# --- mixture-of-experts models ---------------------------------------------------------------
+
+
+def is_expert(t: TensorSpec) -> bool:
+    """A merged 3-D expert tensor (ffn_{gate,up,down}_exps: [experts, rows, K])."""
+    return len(t.shape) == 3 and t.role in (Role.FFN_GATE, Role.FFN_UP, Role.FFN_DOWN)

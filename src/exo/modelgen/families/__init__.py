@@ -8,7 +8,7 @@ import importlib
 
 from exo.modelgen.blueprint import FAMILIES, Family
 
-MODULES = ("llama", "qwen3")
+MODULES = ("llama", "qwen3", "qwen3moe", "gpt_oss", "deepseek2", "glm4moe")
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")
@@ -17,5 +17,5 @@ for _module in MODULES:
 def family(name: str) -> Family:
     """The family called `name`; ValueError naming the known ones otherwise."""
     if name not in FAMILIES:
-        raise ValueError(f"unknown ARCH {name!r} (choose from {', '.join(sorted(FAMILIES))})")
+        raise ValueError(f"unknown ARCH {name!r} (choose from {', '.join(FAMILIES)})")
     return FAMILIES[name]
