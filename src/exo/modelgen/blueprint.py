@@ -82,6 +82,9 @@ class ChatFormat:
     eos: str
     template: str
     add_bos: bool = True
+    # Tokens added as plain (user-defined) tokens, text the model writes rather than control
+    # tokens: Qwen's <think> and <tool_call>, which its grammar-forced calls spell as text.
+    plain_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ CHAT = ChatFormat(
     eos="<|im_end|>",
     template=TEMPLATE,
     add_bos=False,
+    plain_tokens=("<think>", "</think>", "<tool_call>", "</tool_call>"),
 )  # fmt: skip
 
 
