@@ -33,11 +33,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as bench/engine.py, befor
 
 import torch
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-sys.path.insert(0, SRC)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-# the memory probe's child process runs these sources too (not an installed copy)
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
 
 from engine import (  # bench/engine.py
     QUESTION,
@@ -175,6 +172,9 @@ def main() -> None:
     ap.add_argument("--prompt", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # the memory probe's child process runs these sources too (not an installed copy)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     if args.wheel_child:
         wheel_child(args)
         return
