@@ -29,10 +29,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from exo.modelgen import Request, generate
-from exo.worker.engines.engine import load_engine
+from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.models.base import StepInputs
 from exo.worker.engines.sampling import SamplingParams
 
 PROMPTS = (
@@ -156,11 +159,22 @@ def check(
             f"greedy tokens agree: {n}/{args.tokens}"
         )
         if n < args.tokens:
-            print(f"    ours    {ours}\n    llama.cpp {theirs}")
+            margin = _margin(engine, ids + ours[:n])
+            print(f"    parting at token {n}, where our two best logits are {margin:.2f} apart "
+                  f"(a near tie below ~0.5)\n    ours      {ours}\n    llama.cpp {theirs}")
     print(
         f"  => {sum(a == args.tokens for a in agree)}/{len(PROMPTS)} prompts agree on all "
         f"{args.tokens} tokens; leading agreement {agree}"
     )
+
+
+def _margin(engine: Engine, ids: list[int]) -> float:
+    """Our top-1 minus top-2 logit after `ids`."""
+    cache = engine.model.new_cache(1, len(ids))
+    with torch.inference_mode():
+        logits = engine.model.forward(torch.tensor([ids]), StepInputs.single(0, 0, len(ids)), cache)
+    top = logits[0].topk(2).values
+    return float(top[0] - top[1])
 
 
 def main() -> None:

@@ -4,6 +4,9 @@ the same file dequantised and run densely); their templates render and are recog
 shapes are the flagships'; the MXFP4 and K-quant recipes store what llama.cpp stores."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,7 @@ from gguf import GGMLQuantizationType
 
 from exo.api.generation_events import ToolCallEvent
 from exo.api.tool_formats import output_parser
+from exo.master.placement_memory import card_estimate
 from exo.modelgen import Request, generate
 from exo.modelgen.families import family
 from exo.modelgen.gguf_out import tensor_types
@@ -280,3 +284,21 @@ def test_the_gguf_keeps_routers_biases_and_sinks_in_float32(folder: Path) -> Non
     assert (
         kinds["blk.1.ffn_gate_exps.bias"] == T.F32 and kinds["blk.1.ffn_gate_exps.weight"] == T.Q8_0
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["qwen3moe", "deepseek2"])
+def test_the_memory_probe_loads_moe_files_and_placement_estimates_them(
+    folder: Path, arch: str
+) -> None:
+    """bench/moe.py's load line: the probe builds any family (it built dense models only)."""
+    path = _tiny(folder, arch, "Q4_K_M")
+    out = subprocess.run(
+        [sys.executable, "-m", "exo.worker.engines.tests.memory_probe", str(path), "8", "2048"],
+        capture_output=True, text=True, timeout=240, env=os.environ.copy(), check=True,
+    )  # fmt: skip
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["n_layers"] == 3 and r["running"] <= 1.15 * r["file_bytes"], r
+    card = card_from_path(path)
+    estimate = card_estimate(card, 0, card.n_layers, max_batch=8, max_seq=2048)
+    assert abs(estimate.total - r["full"]) <= 0.10 * r["full"], (estimate, r)
