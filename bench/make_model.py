@@ -3,8 +3,12 @@
     python bench/make_model.py ARCH --shape tiny|1b|8b|real-layer [--layers N] --quant Q4_K_M \
         --out PATH [--safetensors] [--seed N]
 
-ARCH is a family (`llama`, `qwen3`: the modules of exo.modelgen.families); --quant a recipe
-(Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4, F16, F32, BF16). --out is
+ARCH is a family (the modules of exo.modelgen.families: dense `llama`, `qwen3`; mixtures of
+experts `qwen3moe`, `gpt-oss`, `deepseek2`, `glm4moe`, whose shapes are `tiny` and
+`real-layer`); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+MXFP4, F16, F32, BF16, and any other exo.modelgen.recipes holds; MXFP4 on an MoE family: experts
+in MXFP4, the rest Q8_0, as gpt-oss ships; rows that are not whole blocks of a K-quant take
+llama.cpp's fallback types). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token
