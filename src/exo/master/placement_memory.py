@@ -12,7 +12,10 @@ The one estimate of a runner's memory is `exo.shared.models.memory.estimate_runn
 * KV cache: the shard's layers (tensor: its share of the kv heads; an MLA latent,
   ``kv_bytes_per_token``, whole on every rank) at the runner's maximum,
   ``EXO_RUNNER_MAX_BATCH`` slots of ``min(context_length, EXO_MAX_CONTEXT_TOKENS)`` positions;
-* the runtime overhead of one runner process (``RUNNER_OVERHEAD_BYTES``).
+* the runtime overhead of one runner process (``RUNNER_OVERHEAD_BYTES``);
+* on the runner holding layer 0 of a vision model: its tower and projector and one image's
+  encoding (``vision_bytes``, ``vision_activation_bytes``; the image tokens' KV entries are
+  positions of the context counted above).
 
 It assumes a runner on a CPU with the engine's kernels and a float32 KV cache (the node's
 default). Pure.
@@ -63,6 +66,8 @@ def card_estimate(
         max_batch=max_batch,
         # a latent cache (MLA) is per layer, and whole on every tensor rank
         kv_bytes_per_position=card.kv_bytes_per_token * (end - start) // max(card.n_layers, 1),
+        # the vision tower runs where the first stage runs (every tensor rank may hold it)
+        vision_bytes=card.vision_bytes + card.vision_activation_bytes if start == 0 else 0,
     )
 
 

@@ -33,10 +33,12 @@ class MemoryEstimate:
     weights: int
     kv_cache: int
     overhead: int
+    vision: int = 0
+    """The vision tower and one image's encoding (the first pipeline stage of a vision model)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.overhead
+        return self.weights + self.kv_cache + self.overhead + self.vision
 
 
 def running_weight_bytes(file_bytes: int, file_format: str, *, kernels: bool = True) -> int:
@@ -97,6 +99,7 @@ def estimate_runner_memory(
     kv_dtype_bytes: int = 4,
     overhead: int = RUNNER_OVERHEAD_BYTES,
     kv_bytes_per_position: int = 0,
+    vision_bytes: int = 0,
 ) -> MemoryEstimate:
     """The memory of a runner holding `n_layers` layers whose weights take `weight_file_bytes`
     in the file, with its KV cache grown to `max_batch` x `max_seq`: keys and values of
@@ -108,4 +111,5 @@ def estimate_runner_memory(
         weights=running_weight_bytes(weight_file_bytes, file_format, kernels=kernels),
         kv_cache=kv,
         overhead=overhead,
+        vision=vision_bytes,
     )

@@ -107,6 +107,10 @@ class ModelCard(FrozenModel):
     # The model takes images: its config has a vision tower (``vision_config``), or its GGUF
     # repository carries the vision projector (an ``mmproj`` file).
     vision: bool = False
+    # Vision models: bytes of the tower and projector as the first pipeline stage's runner
+    # holds them, and the working memory of encoding one image (0: no tower, or not known).
+    vision_bytes: int = 0
+    vision_activation_bytes: int = 0
 
     @property
     def attention_head_dim(self) -> int:

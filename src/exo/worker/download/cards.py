@@ -33,6 +33,7 @@ from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
 from exo.worker.download.hub_names import hub_source_problem, repo_id_problem
 from exo.worker.download.shard_gguf import keep_head
+from exo.worker.download.vision_card import config_vision_fields, hub_gguf_vision_fields
 from exo.worker.engines.config import check_context_length
 
 _QUANT = re.compile(r"^[\w.-]{1,64}$")
@@ -107,6 +108,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         raise DownloadError(f"{hub.repo_id} has no safetensors weights with a config.json", 404)
     raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
     vision = config_takes_images(raw)
+    vision_fields = config_vision_fields(raw)
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
     weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
@@ -137,6 +139,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         if raw.get("kv_lora_rank")
         else 0,
         vision=vision,
+        **vision_fields,
     )
 
 
@@ -189,6 +192,7 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         experts_per_token=key("expert_used_count", 0),
         kv_bytes_per_token=kv_latent,
         vision=any(is_mmproj(f.path) for f in hub.files),
+        **hub_gguf_vision_fields(hub.files, arch, key("embedding_length")),
     )
 
 

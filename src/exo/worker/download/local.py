@@ -19,6 +19,7 @@ from exo.shared.types.worker.downloads import (
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.download.folder_check import folder_problem
 from exo.worker.download.hub import locate_hub_model
+from exo.worker.download.vision_card import local_vision_fields
 from exo.worker.engines.gguf_reader import GGUFFile
 
 INVALID_FILE_STATUS = 422
@@ -139,6 +140,7 @@ def card_from_path(path: Path) -> ModelCard:
         total_params=facts.total_params,
         active_params=facts.active_params,
         vision=takes_images(path),
+        **local_vision_fields(path),
     )
 
 

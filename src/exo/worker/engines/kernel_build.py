@@ -5,8 +5,9 @@ The same sources build one library per instruction set (see `csrc/exo_kernels.h`
 `avx512vnni` (the same x86 code built for AVX-VNNI, or for AVX-512 F/BW/VL + VNNI: its int16
 multiply-adds become `vpdpwssd`, and the compiler may use the wider registers in the generic
 loops); and `portable` (the generic files alone: plain C loops the compiler vectorises for the
-machine it targets, every ARM machine, old x86; an ISA folder's files compile to nothing in other
-builds). At run time the best build the CPU can run is chosen (`choose_isa`);
+machine it targets, old x86, ARM without dotprod; an ISA folder's files compile to nothing in
+other builds); on aarch64 also `neon-dotprod` (the generic files plus `csrc/arch/arm/`: the
+aarch64 part at the end of this file). At run time the best build the CPU can run is chosen (`choose_isa`);
 `EXO_KERNEL_ISA` forces a lower one. Every `.c` under
 `csrc/` but the harness's is compiled, and every source and header keys the cached build.
 Builds use warnings as errors; a failed build's compiler output goes to the log. The standalone
@@ -14,6 +15,7 @@ test harness (`csrc/harness/`) builds from the same sources with AddressSanitize
 UndefinedBehaviorSanitizer.
 """
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -26,10 +28,15 @@ from typing import Literal
 
 from loguru import logger
 
-Isa = Literal["avx512vnni", "avxvnni", "avx2", "portable"]
-ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2", "portable")  # best first
+Isa = Literal["avx512vnni", "avxvnni", "avx2", "neon-dotprod", "portable"]
+ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2", "neon-dotprod", "portable")  # best first
 X86_ISAS: tuple[Isa, ...] = ("avx512vnni", "avxvnni", "avx2")  # the builds with arch/x86/
-HARNESS_SOURCES = ("harness/harness.c", "harness/reference.c", "harness/act8_check.c")
+HARNESS_SOURCES = (
+    "harness/harness.c",
+    "harness/reference.c",
+    "harness/act8_check.c",
+    "harness/digest.c",  # arm: the digest mode (builds compared bit for bit)
+)
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")
 COMMON_FLAGS = ("-O3", "-std=gnu11", "-pthread", *WARNINGS)
@@ -46,6 +53,7 @@ ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
     "avxvnni": ("-mavx2", "-mfma", "-mf16c", "-mavxvnni"),
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": ("-DEXO_FORCE_PORTABLE",),
+    "neon-dotprod": ("-march=armv8.2-a+dotprod",),  # arm: baseline NEON + sdot (arch/arm/)
 }
 SANITIZE_FLAGS = (
     "-O1",
@@ -60,6 +68,7 @@ _CPU_FLAGS: dict[Isa, tuple[str, ...]] = {
     "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
     "avx2": ("avx2", "fma", "f16c"),
     "portable": (),
+    "neon-dotprod": ("asimd", "asimddp"),  # arm: /proc/cpuinfo's Features (or AT_HWCAP's bits)
 }
 
 
@@ -96,7 +105,9 @@ def find_compiler() -> str | None:
 
 
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (/proc/cpuinfo; empty off x86 Linux)."""
+    """The CPU's feature flags (/proc/cpuinfo; aarch64: `arm_cpu_flags`; empty elsewhere)."""
+    if is_arm():
+        return arm_cpu_flags()
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return frozenset()
     try:
@@ -142,12 +153,14 @@ def choose_isa(flags: frozenset[str] | None = None) -> tuple[Isa, str]:
             f"EXO_KERNEL_ISA={forced!r} is not one of auto, {', '.join(ISAS)}: using auto"
         )
     if best == "portable":
-        return best, f"no AVX2 on this CPU ({platform.machine()})"
+        lacks = "dotprod (asimddp)" if is_arm() else "AVX2"
+        return best, f"no {lacks} on this CPU ({platform.machine()})"
     return best, f"the best this CPU runs ({'/'.join(_CPU_FLAGS[best])})"
 
 
-def library_flags(isa: Isa) -> tuple[str, ...]:
-    return (*COMMON_FLAGS, *ISA_FLAGS[isa], "-shared", "-fPIC")
+def library_flags(isa: Isa, machine: str | None = None) -> tuple[str, ...]:
+    """For this machine, or the target `machine` (a cross build)."""
+    return (*COMMON_FLAGS, *ISA_FLAGS[isa], *target_flags(machine), "-shared", "-fPIC")
 
 
 def library_name(compiler: str, isa: Isa) -> str:
@@ -176,15 +189,82 @@ def run_compiler(args: list[str], out: Path) -> None:
         built.replace(out)
 
 
-def build_library(compiler: str, isa: Isa, out: Path) -> None:
+def build_library(compiler: str, isa: Isa, out: Path, machine: str | None = None) -> None:
     src = csrc_dir()
     files = [str(src / n) for n in kernel_sources()]
-    run_compiler([compiler, *library_flags(isa), f"-I{src}", *files], out)
+    run_compiler([compiler, *library_flags(isa, machine), f"-I{src}", *files], out)
 
 
 def build_harness(compiler: str, isa: Isa, out: Path, *, sanitize: bool = True) -> None:
     """The standalone C test harness (no Python in its process) over the kernel sources."""
     src = csrc_dir()
-    flags = [*COMMON_FLAGS, *ISA_FLAGS[isa], *(SANITIZE_FLAGS if sanitize else ())]
+    flags = [*COMMON_FLAGS, *ISA_FLAGS[isa], *target_flags(), *(SANITIZE_FLAGS if sanitize else ())]
     files = [str(src / n) for n in kernel_sources() + HARNESS_SOURCES]
     run_compiler([compiler, *flags, f"-I{src}", *files], out)
+
+
+# ---- aarch64 (arm) ----
+# The aarch64 builds: `portable` and `neon-dotprod` (arch/arm/: NEON dots of the 16-bit
+# activations, baseline armv8-a, and sdot dots of the 8-bit ones, armv8.2-a+dotprod). Every
+# aarch64 build contracts no multiply-adds (FMA is baseline there: the compiler would fuse the
+# generic files' `a * b + c` where it liked), so both builds give the x86 portable build's floats
+# bit for bit (the harness's digest mode checks it under qemu: tests/test_engine_kernel_arm.py).
+# Their speed has not been measured: no ARM machine was at hand, only qemu.
+ARM_ISAS: tuple[Isa, ...] = ("neon-dotprod",)  # the builds with arch/arm/
+ARM_MACHINES = ("aarch64", "arm64")
+ARM_FLAGS = ("-ffp-contract=off",)
+HWCAP_ASIMD, HWCAP_ASIMDDP = 1 << 1, 1 << 20  # AT_HWCAP bits (Linux, arm64)
+_AT_HWCAP = 16
+# the cross build run under qemu: UBSan only (ASan is unreliable under qemu-user)
+CROSS_SANITIZE_FLAGS = ("-fsanitize=undefined", "-fno-sanitize-recover=all")  # at -O3: as shipped
+
+
+def is_arm(machine: str | None = None) -> bool:
+    return (machine or platform.machine()).lower() in ARM_MACHINES
+
+
+def target_flags(machine: str | None = None) -> tuple[str, ...]:
+    """The flags every build for this machine (or `machine`) adds: ARM_FLAGS on aarch64."""
+    return ARM_FLAGS if is_arm(machine) else ()
+
+
+def parse_arm_features(cpuinfo: str) -> frozenset[str]:
+    """The `Features` line of an aarch64 /proc/cpuinfo (asimd, asimddp, ...)."""
+    line = next((li for li in cpuinfo.splitlines() if li.startswith("Features")), "")
+    return frozenset(line.split(":", 1)[-1].split())
+
+
+def hwcap_features(hwcap: int) -> frozenset[str]:
+    """The feature names of the AT_HWCAP bits the aarch64 builds ask for."""
+    bits = {"asimd": HWCAP_ASIMD, "asimddp": HWCAP_ASIMDDP}
+    return frozenset(name for name, bit in bits.items() if hwcap & bit)
+
+
+def arm_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """/proc/cpuinfo's Features, or where that cannot be read, getauxval(AT_HWCAP)'s bits."""
+    try:
+        text = cpuinfo.read_text(encoding="utf-8", errors="replace")
+        found = parse_arm_features(text)
+        if found:
+            return found
+    except OSError:
+        pass
+    try:
+        getauxval = ctypes.CDLL(None).getauxval
+        getauxval.restype, getauxval.argtypes = ctypes.c_ulong, [ctypes.c_ulong]
+        return hwcap_features(int(getauxval(_AT_HWCAP)))
+    except (OSError, AttributeError):
+        return frozenset()
+
+
+def cross_harness_flags(isa: Isa) -> tuple[str, ...]:
+    """The flags of the aarch64 harness cross-built for `isa` (run under qemu-aarch64)."""
+    return (*COMMON_FLAGS, *ISA_FLAGS[isa], *ARM_FLAGS, *CROSS_SANITIZE_FLAGS)
+
+
+def build_cross_harness(compiler: str, isa: Isa, out: Path) -> None:
+    """The harness for aarch64 (`compiler`: aarch64-linux-gnu-gcc), UBSan, linked dynamically
+    (run it with `qemu-aarch64 -L /usr/aarch64-linux-gnu`)."""
+    src = csrc_dir()
+    files = [str(src / n) for n in kernel_sources() + HARNESS_SOURCES]
+    run_compiler([compiler, *cross_harness_flags(isa), f"-I{src}", *files], out)

@@ -29,6 +29,20 @@
 #else
 #define EXO_AVXVNNI 0
 #endif
+/* arm: the aarch64 builds above portable (kernel_build.py) compile arch/arm/: NEON dots of the
+ * 16-bit activations (baseline armv8-a) and, with the dotprod extension (armv8.2-a+dotprod:
+ * sdot), the 8-bit ones. */
+#if defined(__aarch64__) && defined(__ARM_NEON) && !defined(EXO_FORCE_PORTABLE)
+#define EXO_NEON 1
+#include <arm_neon.h>
+#else
+#define EXO_NEON 0
+#endif
+#if EXO_NEON && defined(__ARM_FEATURE_DOTPROD)
+#define EXO_NEON_DOTPROD 1
+#else
+#define EXO_NEON_DOTPROD 0
+#endif
 
 #include <string.h>
 

@@ -18,13 +18,34 @@
 #define FILE_OPS(dot, pair, unpacked)                                                              \
     {[EXO_ISA_GENERIC] = {exo_generic_##dot, exo_generic_##pair, unpacked ? exo_generic_unpacked : NULL, NULL, NULL}, \
      [EXO_ISA_AVX2] = {X86(exo_x86_##dot), X86(exo_x86_##pair), unpacked ? X86(exo_x86_unpacked) : NULL,               \
-                       X86(exo_x86_tile), NULL}}
+                       X86(exo_x86_tile), NULL} NEON_OPS(dot, pair)}
 #define GROUPED_OPS(grouped)                                                                       \
     {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
-#define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k)}
+#define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 #define exo_generic_none NULL
 #define exo_x86_none NULL
+/* arm: the NEON column of aarch64 builds (arch/arm/: every file layout's per-row dot, Q8_0's and
+ * Q5_0's pair, the 8-bit dots with dotprod); every other strategy (tile, unpacked, grouped) takes
+ * the generic entry points. Nothing in x86 builds. */
+#if defined(__aarch64__)
+#if EXO_NEON
+#define NEON(f) f
+#else
+#define NEON(f) NULL
+#endif
+#if EXO_NEON_DOTPROD
+#define NEON8(f) f
+#else
+#define NEON8(f) NULL
+#endif
+#define NEON_OPS(dot, pair) , [EXO_ISA_NEON] = {NEON(exo_arm_##dot), NEON(exo_arm_##pair), NULL, NULL, NULL}
+#define NEON_DOT8(k) , [EXO_ISA_NEON] = NEON8(exo_arm_dot8_##k)
+#define exo_arm_none NULL
+#else
+#define NEON_OPS(dot, pair)
+#define NEON_DOT8(k)
+#endif
 
 static const KindTraits KINDS[] = {
     {.kind = KIND_Q4_1, .name = "Q4_1", .file_kind = KIND_Q4_1, .grouped = KIND_Q4_1_G8, .block_values = 32,

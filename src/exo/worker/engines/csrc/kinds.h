@@ -21,8 +21,16 @@
 
 /* The instruction sets a row has entry points for (one library is built per ISA; a NULL entry
  * of the library's ISA falls back to the generic one). */
-enum { EXO_ISA_GENERIC = 0, EXO_ISA_AVX2 = 1, EXO_ISAS };
+enum { EXO_ISA_GENERIC = 0, EXO_ISA_AVX2 = 1,
+#if defined(__aarch64__) /* arm: the NEON column (arch/arm/), in aarch64 builds only */
+       EXO_ISA_NEON = 2,
+#endif
+       EXO_ISAS };
 #define EXO_ISA (EXO_AVX2 ? EXO_ISA_AVX2 : EXO_ISA_GENERIC)
+#if EXO_NEON /* arm */
+#undef EXO_ISA
+#define EXO_ISA EXO_ISA_NEON
+#endif
 
 /* Activation formats a kind's dot products consume (ggml's vec_dot_type). */
 enum {
@@ -107,6 +115,19 @@ int exo_x86_grouped_q8_0(const Run* r);
 int exo_x86_grouped_q5_0(const Run* r);
 int exo_x86_grouped_q4_k(const Run* r);
 int exo_x86_grouped_q6_k(const Run* r);
+/* arm: arch/arm/ (NEON: dot.c; NEON + dotprod: dot8.c) */
+int exo_arm_dot_q4_0(const Run* r);
+int exo_arm_dot_q4_1(const Run* r);
+int exo_arm_dot_q8_0(const Run* r);
+int exo_arm_dot_q5_0(const Run* r);
+int exo_arm_dot_q5_1(const Run* r);
+int exo_arm_dot_q4_k(const Run* r);
+int exo_arm_dot_q5_k(const Run* r);
+int exo_arm_dot_q6_k(const Run* r);
+int exo_arm_pair_q8_0(const Run* r);
+int exo_arm_pair_q5_0(const Run* r);
+int exo_arm_dot8_q4_0(const Run* r);
+int exo_arm_dot8_q4_1(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

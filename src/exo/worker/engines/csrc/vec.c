@@ -6,7 +6,10 @@
 #include "exo_kernels.h"
 
 const char* exo_isa(void) {
-    return EXO_AVX512VNNI ? "avx512vnni" : EXO_AVXVNNI ? "avxvnni" : EXO_AVX2 ? "avx2" : "portable";
+    return EXO_AVX512VNNI ? "avx512vnni" : EXO_AVXVNNI ? "avxvnni" : EXO_AVX2 ? "avx2"
+           : EXO_NEON_DOTPROD ? "neon-dotprod" /* arm */
+           : EXO_NEON         ? "neon"
+                              : "portable";
 }
 
 void exo_prologue_row(int kind, const float* src, const float* g, float eps, int K, float* dst) {

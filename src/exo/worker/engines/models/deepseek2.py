@@ -8,7 +8,8 @@
         i >= first_k_dense_replace:  m = sum_r w_r expert_{e_r}(x) + shared(x)    `moe.py`
               s = sigmoid(x Wr^T); choice = s + b_corr; top k of the topk_group best of n_group
               groups (group score: the sum of its two best choices); w = s[chosen], normalised
-              (norm_topk_prob), times routed_scaling_factor   (V3; V2: softmax top-k)
+              (norm_topk_prob), times routed_scaling_factor   (V3; V2: softmax top-k,
+              group-limited by each group's best probability when n_group > 1)
         h = h + allreduce(m)
     logits = (rmsnorm(h) g_out) W_head^T                     head         (last shard only)
 
@@ -92,8 +93,6 @@ def _config(config: LlamaConfig) -> DeepseekConfig:
 
 
 def router_spec(c: DeepseekConfig) -> RouterSpec:
-    if c.router == "softmax" and c.n_group > 1:
-        raise ValueError("group-limited softmax routing (DeepSeek V2) is not supported")
     return RouterSpec(
         kind=c.router,
         n_experts=c.n_experts,

@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import MoeConfig, RopeScaling
-from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
-from exo.worker.engines.models.gguf_meta import Meta, meta_float, meta_int
+from exo.worker.engines.models.gguf_meta import Meta, base_fields, meta_float, meta_int, moe_fields
 from exo.worker.engines.models.mla import MlaDims, MlaWeights, split_kv_b
 from exo.worker.engines.qtensor import QuantTensor, Weight
 
@@ -93,7 +93,7 @@ def _gguf_yarn(meta: Meta, arch: str) -> tuple[RopeScaling | None, float]:
 
 def gguf_config(f: GGUFFile) -> DeepseekConfig:
     meta, arch = f.metadata, "deepseek2"
-    heads = meta_int(meta, f"{arch}.attention.head_count")
+    base = base_fields(f, arch, rms_eps=1e-6)
     rope = meta_int(meta, f"{arch}.rope.dimension_count")
     split_kv = f"{arch}.attention.key_length_mla" in meta
     key_len = meta_int(
@@ -104,42 +104,18 @@ def gguf_config(f: GGUFFile) -> DeepseekConfig:
     )
     q_lora = meta_int(meta, f"{arch}.attention.q_lora_rank", 0)
     scaling, mscale_all_dim = _gguf_yarn(meta, arch)
-    template, bos = meta.get("tokenizer.chat_template"), meta.get("tokenizer.ggml.bos_token_id")
     gating = meta_int(meta, f"{arch}.expert_gating_func", 1)  # llama.cpp: 1 softmax, 2 sigmoid
+    base["kv_heads"], base["head_dim"] = base["heads"], rope  # MLA: one latent, rotary dims
     return DeepseekConfig(
-        architecture=arch,
-        n_layers=meta_int(meta, f"{arch}.block_count"),
-        hidden=meta_int(meta, f"{arch}.embedding_length"),
-        ffn=meta_int(meta, f"{arch}.feed_forward_length"),
-        heads=heads,
-        kv_heads=heads,
-        head_dim=rope,
-        rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 10000.0),
-        rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6),
-        vocab=f.tensors["token_embd.weight"].shape[0],
-        context_length=meta_int(meta, f"{arch}.context_length", 4096),
-        tie_embeddings="output.weight" not in f.tensors,
-        bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=eos_token_ids(meta),
-        chat_template=template if isinstance(template, str) else None,
+        **base,
+        **moe_fields(meta, arch, norm_topk_prob=False),
         rope_scaling=scaling,
         q_lora_rank=q_lora or None,
         kv_lora_rank=meta_int(meta, f"{arch}.attention.kv_lora_rank"),
         qk_nope_head_dim=key_len - rope,
         v_head_dim=value_len,
         mscale_all_dim=mscale_all_dim,
-        first_k_dense_replace=meta_int(meta, f"{arch}.leading_dense_block_count", 0),
-        n_experts=meta_int(meta, f"{arch}.expert_count", 0),
-        experts_per_token=meta_int(meta, f"{arch}.expert_used_count", 0),
-        n_shared_experts=meta_int(meta, f"{arch}.expert_shared_count", 0),
-        expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
-        n_group=meta_int(meta, f"{arch}.expert_group_count", 1),
-        topk_group=meta_int(meta, f"{arch}.expert_group_used_count", 1),
-        routed_scaling=meta_float(meta, f"{arch}.expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", False)),
         router="sigmoid" if gating == 2 else "softmax",
-        shared_ffn=meta_int(meta, f"{arch}.expert_shared_count", 0)
-        * meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
     )
 
 

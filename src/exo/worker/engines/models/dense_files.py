@@ -21,10 +21,17 @@ from typing import cast
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
-from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
-from exo.worker.engines.models.gguf_meta import Meta, get, meta_float, meta_int, rope_scaling
+from exo.worker.engines.models.gguf_meta import (
+    Meta,
+    base_fields,
+    get,
+    meta_float,
+    meta_int,
+    rope_scaling,
+)
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import LayerWeights, halves_to_pairs, split_rows
 
@@ -63,30 +70,12 @@ def gguf_config(f: GGUFFile) -> LlamaConfig:
     """The model shape described by an open GGUF file's metadata."""
     meta = f.metadata
     arch = str(get(meta, "general.architecture"))
-    hidden = meta_int(meta, f"{arch}.embedding_length")
-    heads = meta_int(meta, f"{arch}.attention.head_count")
-    template = meta.get("tokenizer.chat_template")
-    bos = meta.get("tokenizer.ggml.bos_token_id")
-    n_layers = meta_int(meta, f"{arch}.block_count")
-    head_dim = meta_int(meta, f"{arch}.attention.key_length", hidden // heads)
+    base = base_fields(f, arch)
+    head_dim, n_layers = base["head_dim"], base["n_layers"]
     if meta_int(meta, f"{arch}.rope.dimension_count", head_dim) != head_dim:
         raise ValueError("partial rotary embeddings are not supported")
     config = LlamaConfig(
-        architecture=arch,
-        n_layers=n_layers,
-        hidden=hidden,
-        ffn=meta_int(meta, f"{arch}.feed_forward_length"),
-        heads=heads,
-        kv_heads=meta_int(meta, f"{arch}.attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 10000.0),
-        rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-        vocab=f.model_shapes["token_embd.weight"][0],
-        context_length=meta_int(meta, f"{arch}.context_length", 4096),
-        tie_embeddings="output.weight" not in f.model_shapes,
-        bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=eos_token_ids(meta),
-        chat_template=template if isinstance(template, str) else None,
+        **base,
         qkv_bias="blk.0.attn_q.bias" in f.model_shapes,
         qk_norm="blk.0.attn_q_norm.weight" in f.model_shapes,
         rope_scaling=rope_scaling(meta, arch),

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig, MoeConfig
-from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
-from exo.worker.engines.models.gguf_meta import meta_float, meta_int
+from exo.worker.engines.models.gguf_meta import base_fields, meta_int, moe_fields
 from exo.worker.engines.models.moe import ExpertWeights, MoeWeights, stacked_experts
 from exo.worker.engines.qtensor import QuantTensor, Weight
 from exo.worker.engines.weights import LayerWeights
@@ -66,47 +66,17 @@ def _check(c: GlmConfig) -> GlmConfig:
 
 def gguf_config(f: GGUFFile) -> GlmConfig:
     meta, arch = f.metadata, "glm4moe"
-    hidden, heads = (
-        meta_int(meta, f"{arch}.embedding_length"),
-        meta_int(meta, f"{arch}.attention.head_count"),
-    )
-    head_dim = meta_int(meta, f"{arch}.attention.key_length", hidden // heads)
-    template, bos = meta.get("tokenizer.chat_template"), meta.get("tokenizer.ggml.bos_token_id")
-    n_layers = meta_int(meta, f"{arch}.block_count") - meta_int(
-        meta, f"{arch}.nextn_predict_layers", 0
-    )
+    base = base_fields(f, arch)
+    base["n_layers"] -= meta_int(meta, f"{arch}.nextn_predict_layers", 0)  # MTP layers unused
+    shapes = f.model_shapes
     return _check(GlmConfig(
-        architecture=arch,
-        n_layers=n_layers,
-        hidden=hidden,
-        ffn=meta_int(meta, f"{arch}.feed_forward_length"),
-        heads=heads,
-        kv_heads=meta_int(meta, f"{arch}.attention.head_count_kv", heads),
-        head_dim=head_dim,
-        rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 10000.0),
-        rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-        vocab=f.tensors["token_embd.weight"].shape[0],
-        context_length=meta_int(meta, f"{arch}.context_length", 4096),
-        tie_embeddings="output.weight" not in f.tensors,
-        bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=eos_token_ids(meta),
-        chat_template=template if isinstance(template, str) else None,
-        qkv_bias="blk.0.attn_q.bias" in f.tensors,
-        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
-        rotary_dim=meta_int(meta, f"{arch}.rope.dimension_count", head_dim),
-        first_k_dense_replace=meta_int(meta, f"{arch}.leading_dense_block_count", 0),
-        n_experts=meta_int(meta, f"{arch}.expert_count", 0),
-        experts_per_token=meta_int(meta, f"{arch}.expert_used_count", 0),
-        n_shared_experts=meta_int(meta, f"{arch}.expert_shared_count", 0),
-        expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
-        n_group=meta_int(meta, f"{arch}.expert_group_count", 1),
-        topk_group=meta_int(meta, f"{arch}.expert_group_used_count", 1),
-        routed_scaling=meta_float(meta, f"{arch}.expert_weights_scale", 1.0),
-        norm_topk_prob=bool(meta.get(f"{arch}.expert_weights_norm", True)),
+        **base,
+        **moe_fields(meta, arch, norm_topk_prob=True),
+        qkv_bias="blk.0.attn_q.bias" in shapes,
+        qk_norm="blk.0.attn_q_norm.weight" in shapes,
+        rotary_dim=meta_int(meta, f"{arch}.rope.dimension_count", base["head_dim"]),
         router="sigmoid",
-        shared_ffn=meta_int(meta, f"{arch}.expert_shared_count", 0)
-        * meta_int(meta, f"{arch}.expert_feed_forward_length", 0),
-    ))  # fmt: skip
+    ))
 
 
 def gguf_layer(src: TensorSource, c: GlmConfig, i: int) -> GlmLayer:

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import cast
 
 from exo.worker.engines.config import LlamaConfig, MoeConfig
-from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
+from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta, moe_files
 from exo.worker.engines.models.base import JsonDict, ModelFamily
-from exo.worker.engines.models.gguf_meta import get, meta_float, meta_int
+from exo.worker.engines.models.gguf_meta import base_fields, get, meta_int
 from exo.worker.engines.models.moe import ExpertWeights, MoeWeights
 from exo.worker.engines.models.moe_model import MoeFamily, MoeLayer
 from exo.worker.engines.models.mxfp4 import hf_mxfp4_experts
@@ -49,30 +49,16 @@ def _moe(config: LlamaConfig) -> MoeConfig:
 
 def gguf_config(f: GGUFFile) -> MoeConfig:
     meta, arch = f.metadata, "gpt-oss"
-    hidden = meta_int(meta, f"{arch}.embedding_length")
-    heads = meta_int(meta, f"{arch}.attention.head_count")
-    n_layers = meta_int(meta, f"{arch}.block_count")
-    template, bos = meta.get("tokenizer.chat_template"), meta.get("tokenizer.ggml.bos_token_id")
-    scaling = moe_files.gguf_yarn(meta, arch, truncate=False)  # as the released config says
-    window = meta_int(meta, f"{arch}.attention.sliding_window", 128)
+    fields = base_fields(
+        f, arch, rope_theta=150000.0, context_length=131072, ffn_required=False
+    )
+    fields["architecture"] = str(get(meta, "general.architecture"))
+    fields["ffn"] = meta_int(meta, f"{arch}.expert_feed_forward_length")
+    n_layers = fields["n_layers"]
     base = LlamaConfig(
-        architecture=str(get(meta, "general.architecture")),
-        n_layers=n_layers,
-        hidden=hidden,
-        ffn=meta_int(meta, f"{arch}.expert_feed_forward_length"),
-        heads=heads,
-        kv_heads=meta_int(meta, f"{arch}.attention.head_count_kv", heads),
-        head_dim=meta_int(meta, f"{arch}.attention.key_length", hidden // heads),
-        rope_theta=meta_float(meta, f"{arch}.rope.freq_base", 150000.0),
-        rms_eps=meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5),
-        vocab=f.tensors["token_embd.weight"].shape[0],
-        context_length=meta_int(meta, f"{arch}.context_length", 131072),
-        tie_embeddings="output.weight" not in f.tensors,
-        bos_token_id=bos if isinstance(bos, int) else None,
-        eos_token_ids=eos_token_ids(meta),
-        chat_template=template if isinstance(template, str) else None,
-        rope_scaling=scaling,
-        sliding_window=window,
+        **fields,
+        rope_scaling=moe_files.gguf_yarn(meta, arch, truncate=False),  # as the config says
+        sliding_window=meta_int(meta, f"{arch}.attention.sliding_window", 128),
         sliding_layers=tuple(i % 2 == 0 for i in range(n_layers)),
     )
     return moe_files.moe_config(

@@ -51,7 +51,7 @@ def gguf_config(f: GGUFFile) -> MoeConfig:
         experts_per_token=meta_int(meta, f"{arch}.expert_used_count"),
         expert_ffn=meta_int(meta, f"{arch}.expert_feed_forward_length"),
         norm_topk_prob=bool(norm),
-        moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in f.tensors for i in range(n_layers)),
+        moe_layers=tuple(f"blk.{i}.ffn_gate_inp.weight" in f.model_shapes for i in range(n_layers)),
     )
 
 

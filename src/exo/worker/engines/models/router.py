@@ -3,6 +3,8 @@
     logits = x Wr^T (+ br)                                   [N, E], float32
     softmax          (Qwen3-MoE, Mixtral)  p = softmax(logits); chosen = top_k(p); w = p[chosen]
                                            (norm_topk_prob: w = w / sum(w))
+                     group-limited (DeepSeek V2): a group scores its best p; only the
+                     topk_group best groups may be chosen from
     softmax_selected (gpt-oss)             chosen = top_k(logits); w = softmax(logits[chosen])
     sigmoid          (DeepSeek V3, GLM-4.5) s = sigmoid(logits); c = s + b_corr (choice only)
                      group-limited: the E experts form n_group groups; a group scores the sum of
@@ -31,8 +33,8 @@ class RouterSpec:
     n_experts: int  # E
     top_k: int  # k experts per token
     normalize: bool = False  # norm_topk_prob: the chosen weights sum to one (softmax, sigmoid)
-    n_group: int = 1  # sigmoid: expert groups (DeepSeek V3: 8)
-    topk_group: int = 1  # sigmoid: groups a token may choose from (DeepSeek V3: 4)
+    n_group: int = 1  # expert groups (DeepSeek V2 / V3: 8)
+    topk_group: int = 1  # groups a token may choose from (DeepSeek V2: 3, V3: 4)
     scaling: float = 1.0  # routed_scaling_factor
 
     def __post_init__(self) -> None:
@@ -56,12 +58,13 @@ def top_k_stable(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values.gather(-1, order), order
 
 
-def _group_mask(choice: Tensor, spec: RouterSpec) -> Tensor:
-    """choice [N, E] with the experts of the groups a token may not use set to -inf."""
+def _group_mask(choice: Tensor, spec: RouterSpec, best: int) -> Tensor:
+    """choice [N, E] with the experts of the groups a token may not use set to -inf (a group
+    scores the sum of its `best` highest choices)."""
     n, per_group = choice.shape[0], spec.n_experts // spec.n_group
     grouped = choice.view(n, spec.n_group, per_group)
-    best2 = top_k_stable(grouped, min(2, per_group))[0].sum(-1)  # [N, G]
-    _, groups = top_k_stable(best2, spec.topk_group)  # [N, topk_group]
+    scores = top_k_stable(grouped, min(best, per_group))[0].sum(-1)  # [N, G]
+    _, groups = top_k_stable(scores, spec.topk_group)  # [N, topk_group]
     allowed = torch.zeros(n, spec.n_group, dtype=torch.bool, device=choice.device)
     allowed.scatter_(1, groups, True)
     allowed = allowed.unsqueeze(-1).expand(n, spec.n_group, per_group).reshape(n, -1)
@@ -77,7 +80,9 @@ def route(
         raise ValueError(f"router logits have {logits.shape[-1]} experts, not {spec.n_experts}")
     if spec.kind == "softmax":
         probs = torch.softmax(logits, dim=-1)
-        weights, experts = top_k_stable(probs, spec.top_k)
+        choice = _group_mask(probs, spec, best=1) if spec.n_group > 1 else probs
+        _, experts = top_k_stable(choice, spec.top_k)
+        weights = probs.gather(-1, experts)
         if spec.normalize:
             weights = weights / weights.sum(-1, keepdim=True)
     elif spec.kind == "softmax_selected":
@@ -87,7 +92,7 @@ def route(
         scores = torch.sigmoid(logits)
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if spec.n_group > 1:
-            choice = _group_mask(choice, spec)
+            choice = _group_mask(choice, spec, best=2)
         _, experts = top_k_stable(choice, spec.top_k)
         weights = scores.gather(-1, experts)
         if spec.normalize:

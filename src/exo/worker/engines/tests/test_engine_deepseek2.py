@@ -116,8 +116,11 @@ V2_LITE = {  # DeepSeek V2-Lite's shape of features: no q LoRA, softmax greedy r
     [
         (False, {"q_lora_rank": None, "rope_interleave": False}),  # q = x Wq^T; half-split rotary
         (True, V2_LITE),
+        # DeepSeek V2's group-limited greedy routing: 8 experts in 4 groups, 2 groups allowed
+        (True, {**V2_LITE, "n_group": 4, "topk_group": 2, "topk_method": "group_limited_greedy",
+                "routed_scaling_factor": 1.5}),
     ],
-    ids=["v3-no-q-lora-half-split", "v2-lite"],
+    ids=["v3-no-q-lora-half-split", "v2-lite", "v2-group-limited"],
 )
 def test_variants_match_transformers(tmp_path: Path, v2: bool, overrides: dict[str, Any]) -> None:
     hf = build_deepseek(tmp_path / "hf", v2=v2, **overrides)

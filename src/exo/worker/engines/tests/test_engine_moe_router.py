@@ -56,6 +56,17 @@ def test_sigmoid_group_limited_with_correction_bias_and_scaling() -> None:
     assert torch.allclose(w[0], expected)
 
 
+def test_softmax_group_limited_scores_a_group_by_its_best_expert() -> None:
+    # DeepSeek V2: 6 experts in 3 groups of 2, one group allowed. Group 1 holds the best
+    # expert; group 2's pair has the larger sum (the V3 rule would pick it): V2 takes group 1.
+    logits = torch.tensor([[0.0, -3.0, 2.0, -3.0, 1.6, 1.6]])
+    spec = RouterSpec("softmax", 6, 2, n_group=3, topk_group=1, scaling=1.5)
+    w, e = route(logits, spec)
+    p = torch.softmax(logits[0], -1)
+    assert e[0].tolist() == [2, 3]  # the allowed group's two experts, best first
+    assert torch.allclose(w[0], p[[2, 3]] * 1.5)  # the softmax over all experts, not renormalised
+
+
 def test_ties_go_to_the_lower_expert_whatever_the_batch() -> None:
     tied = torch.zeros(1, E)
     for kind in ("softmax", "softmax_selected", "sigmoid"):

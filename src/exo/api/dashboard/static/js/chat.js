@@ -1,8 +1,10 @@
 // Chat view: conversations kept in localStorage, a model picker (running models first),
 // answers streamed from /v1/chat/completions and rendered as markdown, a stop button
 // (POST /v1/cancel/{command_id}), per-answer stats, and the error an answer ended with.
+// Images pasted or dropped on the composer go with the message (attach.js) to vision models.
 
 import { errorMessage, request, sseEvents } from "./api.js";
+import { createAttachments, messageContent, sentImages } from "./attach.js";
 import { h, replace } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { modelCards, servingModels } from "./models.js";
@@ -13,6 +15,10 @@ const ui = {};
 let store = load();
 let running = null;
 let pickerKey = "";
+const attachments = createAttachments({
+  model: () => ui.picker?.value,
+  takesImages: () => modelCards().some((card) => card.model_id === ui.picker?.value && card.vision),
+});
 
 function load() {
   try {
@@ -25,7 +31,15 @@ function load() {
 }
 
 function save() {
-  localStorage.setItem(STORAGE, JSON.stringify(store));
+  try {
+    localStorage.setItem(STORAGE, JSON.stringify(store));
+  } catch {
+    // Over the storage quota (images are large): keep the conversations, not their images.
+    const slim = store.conversations.map((c) => ({
+      ...c, messages: c.messages.map(({ images, ...m }) => (images ? { ...m, imagesDropped: images.length } : m)),
+    }));
+    localStorage.setItem(STORAGE, JSON.stringify({ ...store, conversations: slim }));
+  }
 }
 
 function current() {
@@ -41,7 +55,7 @@ function current() {
 
 export function setupChat(root) {
   ui.list = h("ul", { class: "conversation-list" });
-  ui.picker = h("select", { id: "model-picker", onchange: () => { current().model = ui.picker.value; save(); } });
+  ui.picker = h("select", { id: "model-picker", onchange: () => { current().model = ui.picker.value; save(); attachments.modelChanged(); hint(); } });
   ui.maxTokens = h("input", { id: "max-tokens", type: "number", min: 1, value: 512 });
   ui.temperature = h("input", { id: "temperature", type: "number", min: 0, max: 2, step: 0.1, placeholder: "default" });
   ui.messages = h("div", { id: "messages", class: "messages" });
@@ -55,12 +69,13 @@ export function setupChat(root) {
     }
   });
   ui.form = h("form", { id: "chat-form", class: "composer" }, ui.prompt, ui.send, ui.stop);
+  attachments.listen(ui.prompt, ui.form);
   ui.form.addEventListener("submit", (event) => {
     event.preventDefault();
     const text = ui.prompt.value.trim();
-    if (text && !running) {
+    if ((text || attachments.count()) && !running) {
       ui.prompt.value = "";
-      send(text);
+      send(text, attachments.take());
     }
   });
   replace(root, h("div", { class: "chat" },
@@ -69,7 +84,7 @@ export function setupChat(root) {
     h("div", { class: "chat-main" },
       h("div", { class: "chat-controls" }, h("label", {}, "model ", ui.picker),
         h("label", {}, "max tokens ", ui.maxTokens), h("label", {}, "temperature ", ui.temperature)),
-      ui.messages, ui.form)));
+      ui.messages, attachments.notice, attachments.tray, ui.form)));
   renderConversations();
   renderMessages();
 }
@@ -116,6 +131,14 @@ export function renderChat(snapshot) {
     liveIds.length ? h("optgroup", { label: "running" }, liveIds.map((id) => h("option", { value: id }, id))) : null,
     others.length ? h("optgroup", { label: "not running (starts on first use)" }, others.map((id) => h("option", { value: id }, id))) : null);
   if (chosen) ui.picker.value = chosen;
+  hint();
+}
+
+/** The prompt's placeholder: a vision model also takes pasted or dropped images. */
+function hint() {
+  ui.prompt.placeholder = attachments.takesImages()
+    ? "Ask something, or paste or drop an image… (Enter sends, Shift+Enter: new line)"
+    : "Ask something… (Enter sends, Shift+Enter: new line)";
 }
 
 function statsText(stats) {
@@ -130,7 +153,8 @@ function statsText(stats) {
 function messageView(message) {
   const body = message.role === "assistant"
     ? h("div", { class: "markdown" }, renderMarkdown(message.content))
-    : h("div", { class: "plain" }, message.content);
+    : h("div", { class: "plain" }, message.content, sentImages(message.images),
+      message.imagesDropped ? h("span", { class: "muted" }, ` (${message.imagesDropped} image(s) not kept)`) : null);
   return h("div", { class: `msg ${message.role}` },
     h("div", { class: "who" }, message.role === "assistant" ? (message.model ?? "assistant") : "you"),
     body,
@@ -168,14 +192,15 @@ function chunkError(chunk) {
   return typeof error === "string" ? error : error?.message ?? JSON.stringify(error);
 }
 
-async function send(text) {
+async function send(text, images) {
   const conv = current();
   const model = ui.picker.value;
   conv.model = model;
-  if (!conv.messages.length) conv.title = text.slice(0, 40);
-  const history = conv.messages.filter((m) => m.content).map(({ role, content }) => ({ role, content }));
-  history.push({ role: "user", content: text });
-  conv.messages.push({ role: "user", content: text });
+  if (!conv.messages.length) conv.title = text.slice(0, 40) || "image";
+  const history = conv.messages.filter((m) => m.content || m.images?.length)
+    .map(({ role, content, images: sent }) => ({ role, content: messageContent(content, sent) }));
+  history.push({ role: "user", content: messageContent(text, images) });
+  conv.messages.push({ role: "user", content: text, ...(images.length ? { images } : {}) });
   const answer = { role: "assistant", content: "", model };
   conv.messages.push(answer);
   save();

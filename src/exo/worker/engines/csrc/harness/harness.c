@@ -411,7 +411,13 @@ static void check_refusals(void) {
         fail("H not a multiple of KV accepted");
 }
 
+int run_digest(void); /* digest.c */
+
 int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "digest") == 0) { /* fixed calls' output hashes (digest.c) */
+        printf("isa %s\n", exo_isa());
+        return run_digest() ? 1 : 0;
+    }
     const uint64_t seed = argc > 1 ? strtoull(argv[1], NULL, 10) : 1;
     const int rounds = argc > 2 ? atoi(argv[2]) : 60;
     Rng r = {seed * 0x9E3779B97F4A7C15ULL + 1};

@@ -1,0 +1,54 @@
+"""A vision model card's memory fields (``vision_bytes``, ``vision_activation_bytes``) from
+what a card builder has: a local folder's config, the mmproj GGUF beside a local file, or a hub
+repo's listing. Gemma 3's tower only; other vision families leave them 0 for now."""
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import cast
+
+from exo.shared.models.model_cards import HubFile, is_mmproj
+from exo.shared.models.vision_memory import (
+    VisionFields,
+    VisionShape,
+    card_vision_fields,
+    gemma3_tower,
+)
+from exo.worker.engines.gguf_reader import GGUFFile
+
+
+def config_vision_fields(config: Mapping[str, object]) -> VisionFields:
+    """From a transformers ``config.json`` (Gemma 3's model type)."""
+    if config.get("model_type") != "gemma3":
+        return card_vision_fields(None)
+    return card_vision_fields(VisionShape.from_config(config))
+
+
+def local_vision_fields(path: Path) -> VisionFields:
+    """A safetensors folder's config, or the first mmproj GGUF beside a GGUF file."""
+    if path.is_dir():
+        try:
+            raw = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError):
+            return card_vision_fields(None)
+        return config_vision_fields(cast(dict[str, object], raw) if isinstance(raw, dict) else {})
+    found = sorted(p for p in path.parent.glob("*.gguf") if p != path and is_mmproj(p.name))
+    if not found:
+        return card_vision_fields(None)
+    f = GGUFFile(found[0])
+    try:
+        meta = dict(f.metadata)
+    finally:
+        f.close()
+    if meta.get("clip.projector_type") != "gemma3":
+        return card_vision_fields(None)
+    return card_vision_fields(VisionShape.from_mmproj(meta))
+
+
+def hub_gguf_vision_fields(
+    files: Sequence[HubFile], architecture: str, text_hidden: int
+) -> VisionFields:
+    """A hub GGUF repo with an mmproj file: Gemma 3's repos all carry the same tower."""
+    if architecture != "gemma3" or not any(is_mmproj(f.path) for f in files):
+        return card_vision_fields(None)
+    return card_vision_fields(gemma3_tower(text_hidden))

@@ -1,0 +1,87 @@
+/* The harness's digest mode (`harness digest`): fixed linear calls of every weight kind, at 16-
+ * and 8-bit activations and at the row counts that cross each strategy's threshold, each output
+ * printed as a hash of its float bits. Two builds whose kernels keep the same integer sums and the
+ * same float order print the same lines: tests/test_engine_kernel_arm.py compares the aarch64
+ * NEON build's against the portable build's (and the x86 portable build's) line for line. It also
+ * prints which kinds have a dot and a dot8 of this build's own instruction set (not the generic
+ * fallback), so a test can see the build's kernels are the ones that ran; and checks that with
+ * 8-bit activations each row of a batch gets the floats it gets alone (the kinds with dot8). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "exo_kernels.h"
+#include "kinds.h"
+#include "reference.h"
+
+/* Each kind's file layout (the grouped kinds are built from it by the reference's repacking). */
+static const int DIGEST_KINDS[][2] = {
+    {KIND_Q4_0, KIND_Q4_0},    {KIND_Q4_1, KIND_Q4_1},       {KIND_Q8_0, KIND_Q8_0},
+    {KIND_Q5_0, KIND_Q5_0},    {KIND_Q5_1, KIND_Q5_1},       {KIND_Q4_K, KIND_Q4_K},
+    {KIND_Q5_K, KIND_Q5_K},    {KIND_Q6_K, KIND_Q6_K},       {KIND_Q4_0_G8, KIND_Q4_0},
+    {KIND_Q4_1_G8, KIND_Q4_1}, {KIND_Q8_0_G8, KIND_Q8_0},    {KIND_Q5_0_G8, KIND_Q5_0},
+    {KIND_Q4_K_G8, KIND_Q4_K}, {KIND_Q6_K_G8, KIND_Q6_K},
+};
+static const int DIGEST_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 64};
+
+static uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
+    const uint8_t* p = (const uint8_t*)data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001B3ULL;
+    return h;
+}
+
+/* 1 if a row of the M-row result y differs (in bits) from that row run alone. */
+static int batched_differs(const LinearSpec* s, const float* x, int M, const float* y) {
+    float alone[64];
+    if (s->N > 64) return 1;
+    for (int m = 0; m < M; m++) {
+        if (exo_qlinear(s, x + (size_t)m * s->K, 1, NULL, alone) != 0) return 1;
+        if (memcmp(alone, y + (size_t)m * s->N, sizeof(float) * (size_t)s->N) != 0) return 1;
+    }
+    return 0;
+}
+
+/* Prints one line per kind, activation bits and row count; returns the number of failed calls. */
+int run_digest(void) {
+    enum { K = 512, N = 24, MAX_M = 64 };
+    Rng r = {12345};
+    float* x = malloc(sizeof(float) * MAX_M * K);
+    float* y = malloc(sizeof(float) * MAX_M * N);
+    uint8_t* rows = malloc(ref_row_bytes(KIND_Q8_0, K) * N);
+    uint8_t* laid = malloc(ref_row_bytes(KIND_Q8_0, K) * N);
+    if (!x || !y || !rows || !laid) abort();
+    for (int i = 0; i < MAX_M * K; i++) x[i] = rng_normalish(&r) * 3.0f;
+    int failed = 0;
+    exo_set_threads(1);
+    for (size_t k = 0; k < sizeof DIGEST_KINDS / sizeof DIGEST_KINDS[0]; k++) {
+        const int kind = DIGEST_KINDS[k][0], file_kind = DIGEST_KINDS[k][1];
+        const KindTraits* t = exo_kind_traits(kind);
+        printf("entries kind %d: dot %d dot8 %d\n", kind, EXO_ISA != EXO_ISA_GENERIC && t->ops[EXO_ISA].dot != NULL,
+               EXO_ISA != EXO_ISA_GENERIC && t->dot8[EXO_ISA] != NULL);
+        const size_t rb = ref_row_bytes(file_kind, K);
+        for (int n = 0; n < N; n++) ref_random_row(&r, file_kind, K, rows + rb * (size_t)n);
+        if (kind != file_kind) ref_group_rows(file_kind, rows, N, K, laid);
+        LinearSpec s = {.kind = kind, .prologue = PROLOGUE_NONE, .K = K, .N = N};
+        s.w[0] = kind != file_kind ? laid : rows;
+        s.part_rows[0] = N;
+        for (int bits = 16; bits >= 8; bits -= 8) {
+            exo_set_activations(bits);
+            for (size_t i = 0; i < sizeof DIGEST_ROWS / sizeof DIGEST_ROWS[0]; i++) {
+                const int M = DIGEST_ROWS[i];
+                memset(y, 0, sizeof(float) * MAX_M * N);
+                const int rc = exo_qlinear(&s, x, M, NULL, y);
+                failed += rc != 0;
+                if (bits == 8 && t->act8 == ACT_X8 && batched_differs(&s, x, M, y)) {
+                    printf("FAIL digest kind %d bits 8 M %d: a row's result differs from its result alone\n", kind, M);
+                    failed++;
+                }
+                printf("digest kind %d bits %d M %d: rc %d %016llx\n", kind, bits, M, rc,
+                       (unsigned long long)fnv1a(y, sizeof(float) * (size_t)M * N, 0xCBF29CE484222325ULL));
+            }
+        }
+        exo_set_activations(16);
+    }
+    free(x), free(y), free(rows), free(laid);
+    printf("digest done: %d failed calls\n", failed);
+    return failed;
+}
