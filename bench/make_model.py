@@ -3,11 +3,15 @@
     python bench/make_model.py ARCH --shape tiny|1b|8b|real-layer [--layers N] --quant Q4_K_M \
         --out PATH [--safetensors] [--seed N]
 
-ARCH is a family (`llama`, `qwen3`, `gemma3-vision`: the modules of exo.modelgen.families;
-a vision family writes a safetensors folder with its processor files, `--shape tiny
---safetensors`, or without --safetensors a GGUF and its mmproj GGUF into the folder --out, F32
-or F16); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
-Q6_K, MXFP4, F16, F32, BF16; default F32 with --safetensors or for a vision family's pair). --out is
+ARCH is a family (the modules of exo.modelgen.families: dense `llama`, `qwen3`; mixtures of
+experts `qwen3moe`, `gpt-oss`, `deepseek2`, `glm4moe`, whose shapes are `tiny` and
+`real-layer`; vision `gemma3-vision`, `qwen2.5-vl`, `qwen3-vl`: a safetensors folder with its
+processor files with `--safetensors`, or (gemma3-vision) without it a GGUF and its mmproj GGUF
+into the folder --out, F32 or F16); --quant a recipe (Q4_K_M, Q5_K_M, Q4_0, Q4_1, Q5_0, Q5_1,
+Q8_0, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K_M, IQ4_NL, IQ4_XS, MXFP4, F16, F32, BF16: what
+exo.modelgen.recipes holds; default F32 with --safetensors or for a vision family's pair;
+MXFP4 on an MoE family: experts in MXFP4, the rest Q8_0, as gpt-oss ships; rows that are not
+whole blocks of a K-quant take llama.cpp's fallback types). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
 Face folder to create (float quants only). The weights are random, scaled so next-token

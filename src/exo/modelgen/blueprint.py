@@ -28,6 +28,9 @@ class Role(Enum):
     FFN_DOWN = "ffn_down"
     NORM = "norm"  # 1-D, always float32, all ones
     OUTPUT_NORM = "output_norm"  # 1-D, float32: the final norm's gain, random signs
+    # mixture-of-experts families: kept in float32 whatever the recipe (as llama.cpp keeps them)
+    ROUTER = "router"  # ffn_gate_inp: the router's matrix
+    VECTOR = "vector"  # biases, attention sinks, the expert-bias correction: random values
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class ChatFormat:
     eos: str
     template: str
     add_bos: bool = True
+    # Tokens added as plain (user-defined) tokens, text the model writes rather than control
+    # tokens: Qwen's <think> and <tool_call>, which its grammar-forced calls spell as text.
+    plain_tokens: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +107,7 @@ class Family(ABC):
     name: str
     shapes: tuple[str, ...]
     chat: ChatFormat
+    safetensors: str | None = None  # why --safetensors is not offered (None: it is)
     safetensors_only: bool = False  # (a vision family's GGUF needs its mmproj file too)
     mmproj_pair: bool = False  # without --safetensors: a text GGUF and its mmproj GGUF
 

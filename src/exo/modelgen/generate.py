@@ -47,6 +47,8 @@ def validate(req: Request) -> None:
     fam = family(req.arch)
     r = recipe(req.quant)
     fam.blueprint(req.shape, req.layers, 1024)  # unknown shape, bad --layers
+    if req.safetensors and fam.safetensors is not None:
+        raise ValueError(f"--safetensors is not offered for {fam.name}: {fam.safetensors}")
     if fam.safetensors_only and not req.safetensors:
         raise ValueError(f"{fam.name} is written as a safetensors folder only: add --safetensors")
     if fam.mmproj_pair and not req.safetensors:

@@ -2,17 +2,28 @@
 GGUFWriter, given each tensor's type and size up front), then each tensor's bytes streamed in
 row chunks straight to the file. Memory stays at one chunk whatever the file's size."""
 
+import functools
+import struct
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFWriter
+from gguf import (
+    GGML_QUANT_VERSION,
+    GGMLQuantizationType,
+    GGUFEndian,
+    GGUFValueType,
+    GGUFWriter,
+)
 
 from exo.modelgen.blueprint import Blueprint, MetaItem, TensorSpec
-from exo.modelgen.quants import check_width, quantize_rows, row_bytes
+from exo.modelgen.quants import QUANTISERS, check_width, quantize_rows, row_bytes
 from exo.modelgen.recipes import Recipe, tensor_type
 from exo.modelgen.values import CHUNK_VALUES, value_chunks
 from exo.modelgen.vocab import Vocabulary, gguf_arrays, gguf_items
+
+T = GGMLQuantizationType
 
 Progress = Callable[[str, int, int], None]
 """(tensor name, bytes written so far, total bytes)"""
@@ -20,12 +31,60 @@ Progress = Callable[[str, int, int], None]
 
 def tensor_types(bp: Blueprint, r: Recipe) -> dict[str, GGMLQuantizationType]:
     """Each tensor's type; ValueError when a row width does not fit its type's blocks."""
-    types = {t.gguf_name: tensor_type(r, t, bp) for t in bp.tensors}
+    types = {t.gguf_name: fitting_type(tensor_type(r, t, bp), t.k) for t in bp.tensors}
     for t in bp.tensors:
         problem = check_width(types[t.gguf_name], t.k)
         if problem is not None:
             raise ValueError(f"{t.gguf_name} ({t.k} values per row): {problem}")
     return types
+
+
+# What llama.cpp's quantiser stores a tensor in when its rows are not whole blocks of the
+# recipe's type (gpt-oss's 2880-wide rows in a K-quant, MLA's 128-wide attn_k_b...).
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL",
+             "IQ4_XS": "IQ4_NL"}  # fmt: skip
+
+
+def fitting_type(qtype: GGMLQuantizationType, k: int) -> GGMLQuantizationType:
+    """`qtype`, or (rows of `k` values not whole blocks of it) llama.cpp's fallback type, else
+    Q8_0, else F16: the first of them the generator can write."""
+    if check_width(qtype, k) is None:
+        return qtype
+    fallback = T.__members__.get(_FALLBACK.get(qtype.name, ""))
+    for candidate in (fallback, T.Q8_0, T.F16):
+        if candidate is not None and candidate in QUANTISERS and check_width(candidate, k) is None:
+            return candidate
+    return qtype  # (reported by the caller)
+
+
+class _Writer(GGUFWriter):
+    """gguf's writer, packing the vocabulary's arrays (100k strings and ids) in one go rather
+    than value by value: the same bytes, a second less per file."""
+
+    def _pack_val(
+        self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type: GGUFValueType | None = None
+    ) -> bytes:
+        if vtype is GGUFValueType.ARRAY and self.endianess is GGUFEndian.LITTLE and sub_type is None:
+            packed = _packed_array(tuple(val)) if isinstance(val, list | tuple) else None
+            if packed is not None:
+                return (struct.pack("<I", vtype) if add_vtype else b"") + packed
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
+@functools.lru_cache(maxsize=8)
+def _packed_array(values: tuple[object, ...]) -> bytes | None:
+    """An array of strings or of ints as GGUF stores it (None: other arrays, gguf packs them)."""
+    if values and all(isinstance(v, str) for v in values):
+        encoded = [str(v).encode("utf-8") for v in values]
+        parts = [struct.pack("<IQ", GGUFValueType.STRING, len(encoded))]
+        parts += [struct.pack("<Q", len(e)) + e for e in encoded]
+        return b"".join(parts)
+    if values and all(type(v) is int for v in values):
+        ints = np.array(values, dtype=np.int64)
+        if ints.min() >= -(2**31) and ints.max() < 2**31:
+            head = struct.pack("<IQ", GGUFValueType.INT32, len(values))
+            return head + ints.astype("<i4").tobytes()
+    return None
 
 
 def _add_meta(w: GGUFWriter, items: tuple[MetaItem, ...]) -> None:
@@ -48,7 +107,7 @@ def write_gguf(
     `vocab` an int: no tokenizer (a bare file for engine tests; BOS 1, EOS 2)."""
     types = tensor_types(bp, r)
     part = path.with_name(path.name + ".part")
-    w = GGUFWriter(str(part), bp.gguf_arch)
+    w = _Writer(str(part), bp.gguf_arch)
     w.add_name(name)
     w.add_type("model")
     w.add_file_type(int(r.file_type))

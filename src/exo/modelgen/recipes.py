@@ -69,12 +69,14 @@ def more_bits(layer: int, n_layers: int) -> bool:
 
 def tensor_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationType:
     """The type tensor `t` of model `bp` is stored in under recipe `r`."""
-    if t.role in (Role.NORM, Role.OUTPUT_NORM):
+    if t.role in (Role.NORM, Role.OUTPUT_NORM, Role.ROUTER, Role.VECTOR):
         return T.F32
     if r.base in (T.IQ4_NL, T.IQ4_XS):
         return iq4_tensor_type(r, t, bp)
     if r.name in LOW_BIT_MIXES:  # issue 23
         return low_bit_type(r, t, bp)
+    if r.base is T.MXFP4 and any(is_expert(x) for x in bp.tensors):  # llama.cpp's MXFP4_MOE
+        return T.MXFP4 if is_expert(t) else T.Q8_0
     if not r.mixed:
         return r.base
     tied = not any(x.role is Role.OUTPUT for x in bp.tensors)
@@ -136,3 +138,11 @@ def low_bit_type(r: Recipe, t: TensorSpec, bp: Blueprint) -> GGMLQuantizationTyp
     if t.role is Role.ATTN_OUTPUT:
         return T.Q4_K
     return T.Q3_K
+
+
+# --- mixture-of-experts models ---------------------------------------------------------------
+
+
+def is_expert(t: TensorSpec) -> bool:
+    """A merged 3-D expert tensor (ffn_{gate,up,down}_exps: [experts, rows, K])."""
+    return len(t.shape) == 3 and t.role in (Role.FFN_GATE, Role.FFN_UP, Role.FFN_DOWN)

@@ -4,6 +4,7 @@ and safetensors shards (`model.safetensors`, or `model-0000i-of-0000n.safetensor
 tensors' sizes first, then their bytes are streamed in row chunks."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +37,21 @@ def _header(tensors: list[TensorSpec], qtype: GGMLQuantizationType) -> bytes:
     entries: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for t in tensors:
-        n = t.rows * row_bytes(qtype, t.k)
-        entries[t.hf_name] = {"dtype": DTYPES[qtype], "shape": list(t.shape),
-                              "data_offsets": [offset, offset + n]}  # fmt: skip
-        offset += n
+        for name, shape in hf_parts(t):
+            n = math.prod(shape[:-1]) * row_bytes(qtype, t.k)
+            entries[name] = {"dtype": DTYPES[qtype], "shape": list(shape),
+                             "data_offsets": [offset, offset + n]}  # fmt: skip
+            offset += n
     raw = json.dumps(entries, separators=(",", ":")).encode()
     return raw + b" " * (-len(raw) % 8)
+
+
+def hf_parts(t: TensorSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """The Hugging Face tensors `t` is stored as: itself, or (a merged expert tensor whose
+    hf_name holds `{e}`) one matrix per expert, in order: the same bytes either way."""
+    if "{e}" not in t.hf_name:
+        return [(t.hf_name, t.shape)]
+    return [(t.hf_name.format(e=e), t.shape[1:]) for e in range(t.shape[0])]
 
 
 def _write_shard(path: Path, tensors: list[TensorSpec], qtype: GGMLQuantizationType,
@@ -95,7 +105,7 @@ def write_safetensors(
     for i, shard in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         _write_shard(folder / name, shard, qtype, seed, chunk_values)
-        weight_map |= {t.hf_name: name for t in shard}
+        weight_map |= {part: name for t in shard for part, _ in hf_parts(t)}
     total = sum(t.rows * row_bytes(qtype, t.k) for t in bp.tensors)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n",

@@ -16,6 +16,7 @@ from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.tokenizer import build_byte_level_bpe
 
 CONTROL = 3  # llama.cpp's token type of a special token
+USER_DEFINED = 4  # an added token that is text (not skipped when decoding)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def vocabulary(chat: ChatFormat, source: Path | None = None) -> Vocabulary:
     for token in chat.special_tokens:
         if token not in tokens:
             tokens.append(token)
-            types.append(CONTROL)
+            types.append(USER_DEFINED if token in chat.plain_tokens else CONTROL)
     return Vocabulary(tuple(tokens), tuple(types), merges, pre, chat)
 
 

@@ -8,7 +8,9 @@ import importlib
 
 from exo.modelgen.blueprint import FAMILIES, Family
 
-MODULES = ("llama", "qwen3", "gemma3_vision", "qwen_vl")
+MODULES = (
+    "llama", "qwen3", "qwen3moe", "gpt_oss", "deepseek2", "glm4moe", "gemma3_vision", "qwen_vl"
+)
 
 for _module in MODULES:
     importlib.import_module(f"{__name__}.{_module}")

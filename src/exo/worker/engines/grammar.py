@@ -140,14 +140,21 @@ def tool_call_grammar(
         return llguidance.LLMatcher.grammar_from_lark(lark)
     key = "parameters" if fmt == "llama3" else "arguments"
     call = json.dumps(_styled(call_schema(tools, forced, key)))
+    # <tool_call> as its token where the vocabulary has it whole (Qwen's added tokens)
+    opened, closed = _marker("<tool_call>", token_id), _marker("</tool_call>", token_id)
     start = {
-        "hermes": 'start: "<tool_call>\\n" call "\\n</tool_call>"',
-        "smollm": 'start: "<tool_call>[" call "]</tool_call>"',
+        "hermes": f'start: {opened} "\\n" call "\\n" {closed}',
+        "smollm": f'start: {opened} "[" call "]" {closed}',
         # Special-token markers are left out: the parser reads a bare call object.
         "llama3": "start: call",
         "mistral": "start: call",
     }.get(fmt, "start: call")
     return llguidance.LLMatcher.grammar_from_lark(f"{start}\ncall: %json {call}")
+
+
+def _marker(text: str, token_id: TokenId | None) -> str:
+    token = token_id(text) if token_id is not None else None
+    return f"<[{token}]>" if token is not None else json.dumps(text)
 
 
 def schema_grammar(schema: dict[str, Any]) -> str:

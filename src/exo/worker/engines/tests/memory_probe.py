@@ -19,11 +19,12 @@ import torch
 
 import exo.worker.runner.runner as _runner  # a runner's imports count in its overhead
 from exo.worker.engines.cpu_kernels import load_kernels
-from exo.worker.engines.engine import load_config, load_shard_weights
+from exo.worker.engines.engine import load_family, load_shard_weights
 from exo.worker.engines.linear import choose_weight_format
-from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.llama import StepInputs
 from exo.worker.engines.load_report import load_plan, release_freed_memory, shard_bytes
 from exo.worker.engines.model_facts import model_facts
+from exo.worker.engines.models.base import BuildOptions
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     proc = psutil.Process()
     kernels = load_kernels()
     cpu = torch.device("cpu")
-    config = load_config(path)
+    family, config = load_family(path)
     baseline = proc.memory_info().rss
     peak = baseline
     done = threading.Event()
@@ -50,8 +51,9 @@ def main() -> None:
     plan = load_plan(cpu, torch.float32, kernels, None)
     weights = load_shard_weights(path, 0, config.n_layers, plan=plan)
     fmt = choose_weight_format(weights.source_format, cpu, torch.float32, kernels)
-    # as `load_engine` builds it: the weights are the model's (re-laid in place, no copy)
-    model = LlamaModel(weights, weight_format=fmt, kernels=kernels, own_weights=True)
+    # as `load_model` builds it (any family): the weights are the model's (re-laid in place)
+    model = family.build(weights, BuildOptions(fmt, torch.float32, cpu, kernels=kernels,
+                                               own_weights=True))  # fmt: skip
     running = shard_bytes(weights)
     del weights
     release_freed_memory()
