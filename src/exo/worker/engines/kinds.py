@@ -19,7 +19,7 @@ class Kind:
     ggml: GGMLQuantizationType
     kernel: int  # KIND_<name>
     grouped: int | None  # KIND_<name>_G8: its rows repacked in groups of 8 rows, if it has one
-    act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8): then not repacked
+    act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8), its groups too
 
     @property
     def block_values(self) -> int:

@@ -4,12 +4,6 @@
 
 #include "act8.h"
 
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#else
-#pragma GCC optimize("fp-contract=off")
-#endif
-
 static int activation_bits = 16; /* 8 is slower than 16 here yet (bench/kernels.py) */
 
 int exo_set_activations(int bits) {
@@ -38,38 +32,20 @@ void exo_quantize_row8(const float* x, int K, BlockX8* out) {
     }
 }
 
-static inline float lanes_sum(const float* a) {
-    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-}
-
 /* One weight row of nb Q4 blocks (Q4_1 if `has_m`, else Q4_0) against one activation row. */
 static inline __attribute__((always_inline)) float row_dot(const uint8_t* w, const BlockX8* x, int nb,
                                                            int has_m) {
-    float acc[8] = {0}, c = 0.0f;
+    float acc = 0.0f;
     for (int b = 0; b < nb; b++) {
-        float d, m;
-        const uint8_t* qs;
         if (has_m) {
             const BlockQ4_1* wb = (const BlockQ4_1*)w + b;
-            d = exo_h2f(wb->d), m = q4_1_min(wb), qs = wb->qs;
+            acc = act8_step(acc, exo_h2f(wb->d), q4_1_min(wb), x + b, q4_isum8(wb->qs, x[b].qs));
         } else {
             const BlockQ4_0* wb = (const BlockQ4_0*)w + b;
-            d = exo_h2f(wb->d), m = q4_0_min(wb), qs = wb->qs;
+            acc = act8_step(acc, exo_h2f(wb->d), q4_0_min(wb), x + b, q4_isum8(wb->qs, x[b].qs));
         }
-        const int8_t* xq = x[b].qs;
-        const float t = d * x[b].d;
-        for (int l = 0; l < 4; l++) {
-            int lo = 0, hi = 0;
-            for (int i = 4 * l; i < 4 * l + 4; i++) {
-                lo += (qs[i] & 15) * xq[i];
-                hi += (qs[i] >> 4) * xq[i + 16];
-            }
-            acc[l] = acc[l] + t * (float)lo;
-            acc[l + 4] = acc[l + 4] + t * (float)hi;
-        }
-        c = c + m * x[b].s;
     }
-    return lanes_sum(acc) + c;
+    return acc;
 }
 
 static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {

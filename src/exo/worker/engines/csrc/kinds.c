@@ -23,6 +23,8 @@
     {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k)}
+/* issue 22: the repacked Q4 groups' 8-bit strategy */
+#define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
 #define exo_generic_none NULL
 #define exo_x86_none NULL
 
@@ -53,10 +55,10 @@ static const KindTraits KINDS[] = {
      .ops = FILE_OPS(dot_q6_k, none, 0)},
     {.kind = KIND_Q4_1_G8, .name = "Q4_1_G8", .file_kind = KIND_Q4_1, .grouped = 0, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q4_1)},
+     .ops = GROUPED_OPS(grouped_q4_1), .act8 = ACT_X8, .dot8 = GROUPED8(q4_1)},
     {.kind = KIND_Q4_0_G8, .name = "Q4_0_G8", .file_kind = KIND_Q4_0, .grouped = 0, .block_values = 32,
      .block_bytes = 18, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q4_0)},
+     .ops = GROUPED_OPS(grouped_q4_0), .act8 = ACT_X8, .dot8 = GROUPED8(q4_0)},
     {.kind = KIND_Q8_0_G8, .name = "Q8_0_G8", .file_kind = KIND_Q8_0, .grouped = 0, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q8_0)},

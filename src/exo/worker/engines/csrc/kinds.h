@@ -107,6 +107,10 @@ int exo_x86_grouped_q8_0(const Run* r);
 int exo_x86_grouped_q5_0(const Run* r);
 int exo_x86_grouped_q4_k(const Run* r);
 int exo_x86_grouped_q6_k(const Run* r);
+/* 8-bit activations' grouped strategy (issue 22: grouped8.c, arch/x86/grouped8.c) */
+int exo_generic_grouped8(const Run* r);
+int exo_x86_grouped8_q4_0(const Run* r);
+int exo_x86_grouped8_q4_1(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

@@ -1,8 +1,9 @@
-"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`): Q4_0 / Q4_1 rows against activation
-rows quantised to int8 blocks, row by row. A row's result is the same alone or in any batch, every
-build gives the portable build's floats bit for bit, the result is the dot of the dequantised
-weights with the dequantised 8-bit activations, and EXO_ACTIVATIONS / `set_activations` switch
-between the formats."""
+"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`, `csrc/grouped8.c`,
+`csrc/arch/x86/grouped8.c`): Q4_0 / Q4_1 rows, as the file lays them or repacked in groups of 8,
+against activation rows quantised to int8 blocks. A row's result is the same alone or in any
+batch, in either layout, and every build gives the portable build's floats bit for bit; the result
+is the dot of the dequantised weights with the dequantised 8-bit activations; EXO_ACTIVATIONS /
+`set_activations` switch between the formats."""
 
 from collections.abc import Iterator
 
@@ -25,6 +26,7 @@ from exo.worker.engines.linear import QuantLinear
 
 ACT8 = [k for k in KINDS if k.act8]
 ROWS = (1, 2, 4, 8, 9, 64)
+LAYOUTS = ("rows", "groups")  # the file's rows (dot8), repacked groups of 8 (grouped8)
 
 
 def _kernels(isa: Isa) -> QKernels:
@@ -46,11 +48,15 @@ def eight_bit() -> Iterator[None]:
             kernels.set_activations(16)
 
 
-def _weights(kind: Kind, n: int, k: int) -> tuple[np.ndarray, QuantWeights]:
+def _weights(kind: Kind, n: int, k: int, layout: str = "rows") -> tuple[np.ndarray, QuantWeights]:
     raw = random_blocks(GGMLQuantizationType(kind.ggml), n, k, seed=5)
-    w = QuantWeights(
-        kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel]
-    )
+    rows, kernel = torch.from_numpy(raw), kind.kernel
+    if layout == "groups":
+        assert kind.grouped is not None
+        kernel, grouped = kind.grouped, torch.empty_like(rows)
+        _kernels("portable").repack_rows(kind.kernel, rows, grouped)
+        rows = grouped
+    w = QuantWeights(kernel, PROLOGUE_NONE, [rows], None, 0.0, None, k, [kernel])
     return raw, w
 
 
@@ -65,28 +71,34 @@ def _quantise8(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("k", [512, 576])  # 576: 18 blocks, a partial lane group
 def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
-    isa: Isa, kind: Kind, k: int, eight_bit: None
+    isa: Isa, kind: Kind, layout: str, k: int, eight_bit: None
 ) -> None:
+    _, w = _weights(kind, 40, k, layout)  # (loading a build resets its setting: first)
+    _, file_rows = _weights(kind, 40, k)
     ours, portable = _kernels(isa), _kernels("portable")
     ours.set_activations(8)
     portable.set_activations(8)
-    _, w = _weights(kind, 40, k)
     torch.manual_seed(1)
     x = torch.randn(64, k)
     alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(64)])
     assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    assert torch.equal(alone, portable.linear(file_rows, x)), "differs from the file rows' dots"
     for m in ROWS:
         assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_result_is_the_dequantised_dot(
+    isa: Isa, kind: Kind, layout: str, eight_bit: None
+) -> None:
     ours = _kernels(isa)
     k, n = 576, 24
-    raw, w = _weights(kind, n, k)
+    raw, w = _weights(kind, n, k, layout)
     dense = torch.from_numpy(
         dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)
     ).double()
@@ -118,16 +130,18 @@ def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-def test_a_layer_built_at_8_bits_keeps_the_file_rows(kind: Kind, eight_bit: None) -> None:
-    """The 8-bit dots read the file's rows: a layer built at 8 bits is not repacked (at 16 it
-    is, on x86), and it gives the kernel's 8-bit result."""
+def test_a_layer_built_at_8_bits_runs_its_groups(kind: Kind, eight_bit: None) -> None:
+    """A layer is repacked in groups of 8 on x86 at either setting, and its groups' 8-bit dots
+    give the file rows' 8-bit results bit for bit, at any number of rows."""
     kernels = _kernels("avx2")
     raw = torch.from_numpy(random_blocks(GGMLQuantizationType(kind.ggml), 16, 256, seed=5))
     kernels.set_activations(16)
     assert QuantLinear([raw], 256, None, None, [kind], kernels).kinds == [kind.grouped]
+    _, w = _weights(kind, 16, 256)
     kernels.set_activations(8)
     layer = QuantLinear([raw], 256, None, None, [kind], kernels)
-    assert layer.kinds == [kind.kernel]
-    x = torch.randn(3, 256)
-    _, w = _weights(kind, 16, 256)
-    assert torch.equal(layer(x), kernels.linear(w, x))
+    assert layer.kinds == [kind.grouped]
+    torch.manual_seed(3)
+    for m in ROWS:
+        x = torch.randn(m, 256)
+        assert torch.equal(layer(x), kernels.linear(w, x)), m

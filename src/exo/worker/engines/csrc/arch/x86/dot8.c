@@ -1,16 +1,10 @@
 /* AVX2 / AVX-VNNI / AVX-512 VNNI dots of 4-bit weights with 8-bit activations (ACT_X8): unsigned
- * nibbles x signed int8 by vpmaddubsw + vpmaddwd (AVX2) or vpdpbusd (VNNI builds), eight blocks'
- * integer sums into one register, then the float order of act8.h (the generic dots' in act8.c). */
+ * nibbles x signed int8 by vpmaddubsw + vpmaddwd (AVX2) or vpdpbusd (VNNI builds), an exact
+ * integer sum per block, then the float order of act8.h (the generic dots' in act8.c). */
 #include "act8.h"
 
 #if EXO_AVX2
 #include "x86.h"
-
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#else
-#pragma GCC optimize("fp-contract=off")
-#endif
 
 /* 8 int32 lanes summing to sum_j w_j x_j (w unsigned < 16, x signed: no saturation) */
 static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i w, __m256i x) {
@@ -30,11 +24,18 @@ static inline __m256i unpack_nibbles(const uint8_t* qs) {
     return _mm256_and_si256(v, _mm256_set1_epi8(15));
 }
 
+/* the sum of 8 int32 lanes */
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 /* One weight row (nb Q4 blocks; Q4_1 if has_m) against R = 1..4 activation rows (stride nb). */
 static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, const BlockX8* x, int nb, int R,
                                                           int has_m, float* out) {
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float c[4] = {0};
+    float acc[4] = {0};
     for (int b = 0; b < nb; b++) {
         float d, m;
         __m256i wv;
@@ -47,12 +48,11 @@ static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, cons
         }
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const __m256i p = dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs));
-            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(_mm256_set1_ps(d * xb->d), _mm256_cvtepi32_ps(p)));
-            c[r] = c[r] + m * xb->s;
+            const int32_t isum = hsum_epi32(dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs)));
+            acc[r] = act8_step(acc[r], d, m, xb, isum);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = exo_hsum8(acc[r]) + c[r];
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_m) {

@@ -1,0 +1,143 @@
+/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 groups
+ * (KIND_Q4_0_G8, KIND_Q4_1_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
+ * vector lane per weight row, in act8.h's order (bit for bit the per-row dots' floats).
+ *
+ * A group's block holds, for i = 0..7, the 8 rows' nibble bytes 2i, 2i + 1 (row c at 2c). Two of
+ * those (i = 2k, 2k + 1), loaded as one vector, vpermq + vpshufb put row c's bytes 4k .. 4k + 3 in
+ * int32 lane c: their low nibbles are the row's values 4k .. 4k + 3, the high ones 16 + 4k ..
+ * 19 + 4k, so one vpdpbusd (VNNI builds) or vpmaddubsw (AVX2) per half against a broadcast of the
+ * activation's 4 matching bytes adds them to the 8 rows' sums. AVX2 keeps a block's sums in int16
+ * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
+ */
+#include "exo_kernels.h"
+#if EXO_AVX2
+#include <stddef.h>
+
+#include "act8.h"
+#include "arch/x86/x86.h"
+
+/* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
+#if EXO_AVX512VNNI
+#define G8X_MAX_R 8
+#else
+#define G8X_MAX_R 4
+#endif
+
+#define G8X_KEEP(v) __asm__("" : "+x"(v))
+
+/* Row c's nibble bytes 4k .. 4k + 3 in lane c, from the block's qs[2k], qs[2k + 1]. */
+static inline __attribute__((always_inline)) __m256i g8x_quad(const uint8_t* qs, int k) {
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(qs + 32 * k)), 0xD8);
+    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
+                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return _mm256_shuffle_epi8(v, order);
+}
+
+static inline __attribute__((always_inline)) __m256i g8x_bcast(const int8_t* x) {
+    int32_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* out[r] lane c = row c of the group at `grp` (Q4_1 if has_m, else Q4_0) dotted with activation
+ * row r (x + r nb), r < R. */
+static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                           int has_m, __m256* out) {
+    const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[8]; /* R <= 8 (a constant in each copy) */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * bytes;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+        __m256i s[8];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+#else
+        __m256i s16[8];
+        for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+#endif
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = g8x_quad(blk + qs_at, k);
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            for (int r = 0; r < R; r++) {
+                const int8_t* xq = x[(size_t)r * nb + b].qs;
+#if EXO_AVX512VNNI
+                s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s[r], lo, g8x_bcast(xq + 4 * k)), hi,
+                                           g8x_bcast(xq + 16 + 4 * k));
+                G8X_KEEP(s[r]);
+#elif EXO_AVXVNNI
+                s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], lo, g8x_bcast(xq + 4 * k)), hi,
+                                               g8x_bcast(xq + 16 + 4 * k));
+                G8X_KEEP(s[r]);
+#else
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(xq + 4 * k)),
+                                                   _mm256_maddubs_epi16(hi, g8x_bcast(xq + 16 + 4 * k)));
+                s16[r] = _mm256_add_epi16(s16[r], p);
+                G8X_KEEP(s16[r]);
+#endif
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))))
+                               : _mm256_mul_ps(_mm256_set1_ps(-8.0f), d);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+            const __m256i isum = s[r];
+#else
+            const __m256i isum = _mm256_madd_epi16(s16[r], _mm256_set1_epi16(1));
+#endif
+            const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(m, _mm256_set1_ps(xb->s)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* one copy per layout and R (not inlined into the caller's loop) */
+#define G8X_COPY(name, R, has_m)                                                                 \
+    static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                     __m256* out) {                              \
+        g8x_rows(grp, nb, x, R, has_m, out);                                                     \
+    }
+#define G8X_COPIES(name, has_m)                                                                  \
+    G8X_COPY(name, 1, has_m)                                                                     \
+    G8X_COPY(name, 2, has_m) G8X_COPY(name, 3, has_m) G8X_COPY(name, 4, has_m)                   \
+        G8X_COPY(name, 5, has_m) G8X_COPY(name, 6, has_m) G8X_COPY(name, 7, has_m)               \
+            G8X_COPY(name, 8, has_m)
+G8X_COPIES(g8x_q40, 0)
+G8X_COPIES(g8x_q41, 1)
+
+typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
+#define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
+
+/* The grouped strategy over a layout's kernels for 1..G8X_MAX_R activation rows (index R - 1). */
+static inline __attribute__((always_inline)) void run_groups8(const Run* r, const G8XRows* k) {
+    __m256 acc[8];
+    float o[8 * 8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        const uint8_t* grp = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= G8X_MAX_R ? G8X_MAX_R : r->m1 - m;
+            k[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            for (int i = 0; i < R; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+            for (int i = 0; i < R; i++)
+                for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[8 * i + c]);
+            m += R;
+        }
+    }
+}
+
+int exo_x86_grouped8_q4_0(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q40);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q4_1(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q41);
+    run_groups8(r, k);
+    return 0;
+}
+#endif

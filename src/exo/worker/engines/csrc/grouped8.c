@@ -1,0 +1,43 @@
+/* The grouped strategy at 8-bit activations (ACT_X8), plain C: the repacked Q4_0 / Q4_1 groups
+ * (KIND_Q4_0_G8, KIND_Q4_1_G8; exo_kernels.h) against 8-bit activation rows, in act8.h's order
+ * (the same floats as the per-row dots of the file's rows, act8.c). */
+#include "act8.h"
+
+/* Row c's 16 nibble bytes of a group's block: byte 2i + e of the row at qs[i][2c + e]. */
+static inline void row_nibbles(const uint8_t (*qs)[16], int c, uint8_t out[16]) {
+    for (int j = 0; j < 16; j++) out[j] = qs[j / 2][2 * c + j % 2];
+}
+
+/* out[c] = row c of the group at `grp` (nb blocks) dotted with the activation row x. */
+static void group_dot(int has_m, const uint8_t* grp, const BlockX8* x, int nb, float out[8]) {
+    float acc[8] = {0};
+    uint8_t qs[16];
+    for (int b = 0; b < nb; b++)
+        for (int c = 0; c < 8; c++) {
+            float d, m;
+            if (has_m) {
+                const BlockQ4_1x8* blk = (const BlockQ4_1x8*)grp + b;
+                d = exo_h2f(blk->d[c]), m = exo_h2f(blk->m[c]);
+                row_nibbles(blk->qs, c, qs);
+            } else {
+                const BlockQ4_0x8* blk = (const BlockQ4_0x8*)grp + b;
+                d = exo_h2f(blk->d[c]), m = -8.0f * d;
+                row_nibbles(blk->qs, c, qs);
+            }
+            acc[c] = act8_step(acc[c], d, m, x + b, q4_isum8(qs, x[b].qs));
+        }
+    for (int c = 0; c < 8; c++) out[c] = acc[c];
+}
+
+int exo_generic_grouped8(const Run* r) {
+    const int has_m = r->kind == KIND_Q4_1_G8;
+    float out[8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        const uint8_t* grp = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) {
+            group_dot(has_m, grp, r->x8 + (size_t)m * r->nb, r->nb, out);
+            for (int c = 0; c < 8; c++) run_store(r, m, n + c, out[c]);
+        }
+    }
+    return 0;
+}
