@@ -37,7 +37,7 @@ _T = GGMLQuantizationType
 KINDS: tuple[Kind, ...] = (
     Kind("Q4_1", _T.Q4_1, 4, 204, act8=True),
     Kind("Q4_0", _T.Q4_0, 40, 240, act8=True),
-    Kind("Q8_0", _T.Q8_0, 8, 208),
+    Kind("Q8_0", _T.Q8_0, 8, 208, act8=True),
     Kind("Q5_0", _T.Q5_0, 50, 250),
     Kind("Q5_1", _T.Q5_1, 51, None),
     Kind("Q4_K", _T.Q4_K, 104, 304),

@@ -56,5 +56,22 @@ static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_
     return 0;
 }
 
+static float row_dot_q8_0(const uint8_t* w, const BlockX8* x, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const BlockQ8_0* wb = (const BlockQ8_0*)w + b;
+        acc = act8_step0(acc, exo_h2f(wb->d), x + b, q8_isum8(wb->qs, x[b].qs));
+    }
+    return acc;
+}
+
+int exo_generic_dot8_q8_0(const Run* r) {
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) run_store(r, m, n, row_dot_q8_0(wr, r->x8 + (size_t)m * r->nb, r->nb));
+    }
+    return 0;
+}
+
 int exo_generic_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
 int exo_generic_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }

@@ -1,10 +1,10 @@
 /* 8-bit activations (ACT_X8, BlockX8): the float order every build and strategy shares.
  *
  * A weight row's dot with an activation row, block by block (b = 0, 1, ...): the block's integer
- * dot i_b = sum_j q_j x_j (q: the weight's stored integers, unsigned nibbles for Q4_0 / Q4_1;
- * exact in int32: what vpmaddubsw + vpmaddwd or vpdpbusd sum), then
+ * dot i_b = sum_j q_j x_j (q: the weight's stored integers, unsigned nibbles for Q4_0 / Q4_1, int8
+ * for Q8_0; exact in int32: what vpmaddubsw + vpmaddwd or vpdpbusd sum), then
  *     acc = acc + (d_w d_x) (float)i_b     (t = d_w d_x first; a multiply, then an add)
- *     acc = acc + m_w s_x                  (Q4_1: m_w = m; Q4_0: m_w = -8 d_w)
+ *     acc = acc + m_w s_x                  (Q4_1: m_w = m; Q4_0: m_w = -8 d_w; Q8_0: no such step)
  * from acc = 0, never fused (the files are built with fp-contract off). The per-row dots (act8.c,
  * arch/x86/dot8.c) and the grouped ones (grouped8.c, arch/x86/grouped8.c: a lane per weight row)
  * do exactly this, so a row's result is the same in every build, strategy and row count.
@@ -30,6 +30,19 @@ static inline float act8_step(float acc, float d_w, float m_w, const BlockX8* x,
     const float t = d_w * x->d;
     acc = acc + t * (float)isum;
     return acc + m_w * x->s;
+}
+
+/* The step of a kind without an offset (Q8_0). */
+static inline float act8_step0(float acc, float d_w, const BlockX8* x, int32_t isum) {
+    const float t = d_w * x->d;
+    return acc + t * (float)isum;
+}
+
+/* The integer dot of a Q8_0 block's 32 values with x's. */
+static inline int32_t q8_isum8(const int8_t* qs, const int8_t* x) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += qs[j] * x[j];
+    return s;
 }
 
 /* The integer dot of a Q4 block's 16 nibble bytes (byte j: values j, j + 16) with x's 32 values. */

@@ -1,5 +1,5 @@
-/* The grouped strategy at 8-bit activations (ACT_X8), plain C: the repacked Q4_0 / Q4_1 groups
- * (KIND_Q4_0_G8, KIND_Q4_1_G8; exo_kernels.h) against 8-bit activation rows, in act8.h's order
+/* The grouped strategy at 8-bit activations (ACT_X8), plain C: the repacked Q4_0 / Q4_1 / Q8_0
+ * groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8; exo_kernels.h) against 8-bit activation rows, in act8.h's order
  * (the same floats as the per-row dots of the file's rows, act8.c). */
 #include "act8.h"
 
@@ -29,13 +29,30 @@ static void group_dot(int has_m, const uint8_t* grp, const BlockX8* x, int nb, f
     for (int c = 0; c < 8; c++) out[c] = acc[c];
 }
 
+/* The same for a Q8_0 group (value 2j + e of row c at qs[32 (j % 8) + 16 (j / 8) + 2c + e]). */
+static void group_dot_q8_0(const uint8_t* grp, const BlockX8* x, int nb, float out[8]) {
+    float acc[8] = {0};
+    int8_t qs[32];
+    for (int b = 0; b < nb; b++) {
+        const BlockQ8_0x8* blk = (const BlockQ8_0x8*)grp + b;
+        for (int c = 0; c < 8; c++) {
+            for (int v = 0; v < 32; v++) qs[v] = blk->qs[32 * ((v / 2) % 8) + 16 * (v / 16) + 2 * c + v % 2];
+            acc[c] = act8_step0(acc[c], exo_h2f(blk->d[c]), x + b, q8_isum8(qs, x[b].qs));
+        }
+    }
+    for (int c = 0; c < 8; c++) out[c] = acc[c];
+}
+
 int exo_generic_grouped8(const Run* r) {
     const int has_m = r->kind == KIND_Q4_1_G8;
     float out[8];
     for (int n = r->lo; n < r->hi; n += 8) {
         const uint8_t* grp = run_row(r, n);
         for (int m = r->m0; m < r->m1; m++) {
-            group_dot(has_m, grp, r->x8 + (size_t)m * r->nb, r->nb, out);
+            if (r->kind == KIND_Q8_0_G8)
+                group_dot_q8_0(grp, r->x8 + (size_t)m * r->nb, r->nb, out);
+            else
+                group_dot(has_m, grp, r->x8 + (size_t)m * r->nb, r->nb, out);
             for (int c = 0; c < 8; c++) run_store(r, m, n + c, out[c]);
         }
     }

@@ -6,7 +6,7 @@
 #if EXO_AVX2
 #include "x86.h"
 
-/* 8 int32 lanes summing to sum_j w_j x_j (w unsigned < 16, x signed: no saturation) */
+/* 8 int32 lanes summing to sum_j w_j x_j (w unsigned <= 128, x signed in [-127, 127]: no saturation) */
 static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i w, __m256i x) {
 #if EXO_AVX512VNNI
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
@@ -62,6 +62,38 @@ static inline __attribute__((always_inline)) int run_dot8(const Run* r, int has_
         for (int m = r->m0; m < r->m1;) {
             const int R = r->m1 - m >= 4 ? 4 : 1;
             row_dot(wr, r->x8 + (size_t)m * r->nb, r->nb, R, has_m, out);
+            for (int i = 0; i < R; i++) run_store(r, m + i, n, out[i]);
+            m += R;
+        }
+    }
+    return 0;
+}
+
+/* One Q8_0 weight row against R = 1..4 activation rows: |w| times x with w's sign (exact: x is
+ * never -128). */
+static inline __attribute__((always_inline)) void row_dot_q8_0(const uint8_t* w, const BlockX8* x, int nb, int R,
+                                                               float* out) {
+    float acc[4] = {0};
+    for (int b = 0; b < nb; b++) {
+        const BlockQ8_0* wb = (const BlockQ8_0*)w + b;
+        const __m256i wv = _mm256_loadu_si256((const __m256i*)wb->qs), u = _mm256_abs_epi8(wv);
+        const float d = exo_h2f(wb->d);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->qs), wv);
+            acc[r] = act8_step0(acc[r], d, xb, hsum_epi32(dot_u8s8(u, sx)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+int exo_x86_dot8_q8_0(const Run* r) {
+    float out[4];
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= 4 ? 4 : 1;
+            row_dot_q8_0(wr, r->x8 + (size_t)m * r->nb, r->nb, R, out);
             for (int i = 0; i < R; i++) run_store(r, m + i, n, out[i]);
             m += R;
         }

@@ -1,5 +1,5 @@
-/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 groups
- * (KIND_Q4_0_G8, KIND_Q4_1_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
+/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 / Q8_0
+ * groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
  * vector lane per weight row, in act8.h's order (bit for bit the per-row dots' floats).
  *
  * A group's block holds, for i = 0..7, the 8 rows' nibble bytes 2i, 2i + 1 (row c at 2c). Two of
@@ -96,6 +96,50 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* The same for a Q8_0 group: chunks 2k and 2k + 1 (32 bytes each: pairs 2k, 2k + 1 of the 8
+ * rows in their low halves, pairs 2k + 8, 2k + 9 in the high ones) give lane c row c's values
+ * 4k .. 4k + 3 (P) and 16 + 4k .. 19 + 4k (Q); |w| times x with w's sign (exact: x > -128). AVX2
+ * widens each vpmaddubsw (its pairs reach 2 x 128 x 127) by vpmaddwd. */
+static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                              __m256* out) {
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * sizeof(BlockQ8_0x8);
+        const uint8_t* qs = blk + offsetof(BlockQ8_0x8, qs);
+        __m256i s[8];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i*)(qs + 64 * k));
+            const __m256i c = _mm256_loadu_si256((const __m256i*)(qs + 64 * k + 32));
+            const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
+            const __m256i p = _mm256_permute2x128_si256(lo, hi, 0x20), q = _mm256_permute2x128_si256(lo, hi, 0x31);
+            const __m256i up = _mm256_abs_epi8(p), uq = _mm256_abs_epi8(q);
+            for (int r = 0; r < R; r++) {
+                const int8_t* xq = x[(size_t)r * nb + b].qs;
+                const __m256i xp = _mm256_sign_epi8(g8x_bcast(xq + 4 * k), p);
+                const __m256i xq2 = _mm256_sign_epi8(g8x_bcast(xq + 16 + 4 * k), q);
+#if EXO_AVX512VNNI
+                s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s[r], up, xp), uq, xq2);
+#elif EXO_AVXVNNI
+                s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], up, xp), uq, xq2);
+#else
+                const __m256i one = _mm256_set1_epi16(1);
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(up, xp), one));
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(uq, xq2), one));
+#endif
+                G8X_KEEP(s[r]);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int r = 0; r < R; r++) {
+            const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(x[(size_t)r * nb + b].d));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(s[r])));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
 /* one copy per layout and R (not inlined into the caller's loop) */
 #define G8X_COPY(name, R, has_m)                                                                 \
     static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
@@ -109,6 +153,19 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
             G8X_COPY(name, 8, has_m)
 G8X_COPIES(g8x_q40, 0)
 G8X_COPIES(g8x_q41, 1)
+#define G8X_Q8_COPY(R)                                                                            \
+    static __attribute__((noinline)) void g8x_q80_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q8_rows(grp, nb, x, R, out);                                                         \
+    }
+G8X_Q8_COPY(1)
+G8X_Q8_COPY(2)
+G8X_Q8_COPY(3)
+G8X_Q8_COPY(4)
+G8X_Q8_COPY(5)
+G8X_Q8_COPY(6)
+G8X_Q8_COPY(7)
+G8X_Q8_COPY(8)
 
 typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
@@ -137,6 +194,11 @@ int exo_x86_grouped8_q4_0(const Run* r) {
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q8_0(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q80);
     run_groups8(r, k);
     return 0;
 }
