@@ -40,7 +40,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q8_0", _T.Q8_0, 8, 208, act8=True),
     Kind("Q5_0", _T.Q5_0, 50, 250),
     Kind("Q5_1", _T.Q5_1, 51, None),
-    Kind("Q4_K", _T.Q4_K, 104, 304),
+    Kind("Q4_K", _T.Q4_K, 104, 304, act8=True),
     Kind("Q5_K", _T.Q5_K, 105, None),
     Kind("Q6_K", _T.Q6_K, 106, 306),
 )

@@ -73,5 +73,25 @@ int exo_generic_dot8_q8_0(const Run* r) {
     return 0;
 }
 
+static float row_dot_q4_k(const uint8_t* w, const BlockX8* x, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const BlockQ4K* wb = (const BlockQ4K*)w + b / 8;
+        const int j = b % 8;
+        float d, m;
+        q4k_sub(wb->scales, wb->d, wb->dmin, j, &d, &m);
+        acc = act8_step(acc, d, m, x + b, nibbles_isum8(wb->qs + 32 * (j / 2), j & 1, x[b].qs));
+    }
+    return acc;
+}
+
+int exo_generic_dot8_q4_k(const Run* r) {
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) run_store(r, m, n, row_dot_q4_k(wr, r->x8 + (size_t)m * r->nb, r->nb));
+    }
+    return 0;
+}
+
 int exo_generic_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
 int exo_generic_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }

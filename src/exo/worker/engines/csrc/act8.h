@@ -5,6 +5,8 @@
  * for Q8_0; exact in int32: what vpmaddubsw + vpmaddwd or vpdpbusd sum), then
  *     acc = acc + (d_w d_x) (float)i_b     (t = d_w d_x first; a multiply, then an add)
  *     acc = acc + m_w s_x                  (Q4_1: m_w = m; Q4_0: m_w = -8 d_w; Q8_0: no such step)
+ * Q4_K runs its super-blocks as 8 such blocks (BlockX8s of 32 values, no 256-value activation
+ * format): sub-block j's d_w = d sc_j and m_w = -(dmin m_j), in floats.
  * from acc = 0, never fused (the files are built with fp-contract off). The per-row dots (act8.c,
  * arch/x86/dot8.c) and the grouped ones (grouped8.c, arch/x86/grouped8.c: a lane per weight row)
  * do exactly this, so a row's result is the same in every build, strategy and row count.
@@ -13,6 +15,7 @@
 #define EXO_ACT8_H
 
 #include "kinds.h"
+#include "quants.h"
 
 /* Every file that includes this one computes the order above without contraction. */
 #if defined(__clang__)
@@ -42,6 +45,21 @@ static inline float act8_step0(float acc, float d_w, const BlockX8* x, int32_t i
 static inline int32_t q8_isum8(const int8_t* qs, const int8_t* x) {
     int32_t s = 0;
     for (int j = 0; j < 32; j++) s += qs[j] * x[j];
+    return s;
+}
+
+/* Sub-block j's scale and offset of a Q4_K super-block (packed: its 12 scale bytes). */
+static inline void q4k_sub(const uint8_t* packed, uint16_t d, uint16_t dmin, int j, float* d_w, float* m_w) {
+    int sc, mn;
+    q4k_scale_min(packed, j, &sc, &mn);
+    *d_w = exo_h2f(d) * (float)sc;
+    *m_w = -(exo_h2f(dmin) * (float)mn);
+}
+
+/* The integer dot of 32 nibbles (the low ones of 32 bytes, or the high ones) with x's values. */
+static inline int32_t nibbles_isum8(const uint8_t* q, int high, const int8_t* x) {
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += (high ? q[j] >> 4 : q[j] & 15) * x[j];
     return s;
 }
 

@@ -1,6 +1,6 @@
-/* The grouped strategy at 8-bit activations (ACT_X8), plain C: the repacked Q4_0 / Q4_1 / Q8_0
- * groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8; exo_kernels.h) against 8-bit activation rows, in act8.h's order
- * (the same floats as the per-row dots of the file's rows, act8.c). */
+/* The grouped strategy at 8-bit activations (ACT_X8), plain C: the repacked Q4_0 / Q4_1 / Q8_0 /
+ * Q4_K groups (KIND_*_G8; exo_kernels.h) against 8-bit activation rows, in act8.h's order (the
+ * same floats as the per-row dots of the file's rows, act8.c). */
 #include "act8.h"
 
 /* Row c's 16 nibble bytes of a group's block: byte 2i + e of the row at qs[i][2c + e]. */
@@ -43,6 +43,24 @@ static void group_dot_q8_0(const uint8_t* grp, const BlockX8* x, int nb, float o
     for (int c = 0; c < 8; c++) out[c] = acc[c];
 }
 
+/* The same for a Q4_K group (per super-block: scales[k][c], qs[ch][i][2c + e]: exo_kernels.h). */
+static void group_dot_q4_k(const uint8_t* grp, const BlockX8* x, int nb, float out[8]) {
+    float acc[8] = {0};
+    uint8_t packed[12], qs[32];
+    for (int b = 0; b < nb; b++) {
+        const BlockQ4Kx8* blk = (const BlockQ4Kx8*)grp + b / 8;
+        const int j = b % 8;
+        for (int c = 0; c < 8; c++) {
+            for (int k = 0; k < 12; k++) packed[k] = blk->scales[k][c];
+            for (int v = 0; v < 32; v++) qs[v] = blk->qs[j / 2][v / 2][2 * c + v % 2];
+            float d, m;
+            q4k_sub(packed, blk->d[c], blk->dmin[c], j, &d, &m);
+            acc[c] = act8_step(acc[c], d, m, x + b, nibbles_isum8(qs, j & 1, x[b].qs));
+        }
+    }
+    for (int c = 0; c < 8; c++) out[c] = acc[c];
+}
+
 int exo_generic_grouped8(const Run* r) {
     const int has_m = r->kind == KIND_Q4_1_G8;
     float out[8];
@@ -51,6 +69,8 @@ int exo_generic_grouped8(const Run* r) {
         for (int m = r->m0; m < r->m1; m++) {
             if (r->kind == KIND_Q8_0_G8)
                 group_dot_q8_0(grp, r->x8 + (size_t)m * r->nb, r->nb, out);
+            else if (r->kind == KIND_Q4_K_G8)
+                group_dot_q4_k(grp, r->x8 + (size_t)m * r->nb, r->nb, out);
             else
                 group_dot(has_m, grp, r->x8 + (size_t)m * r->nb, r->nb, out);
             for (int c = 0; c < 8; c++) run_store(r, m, n + c, out[c]);

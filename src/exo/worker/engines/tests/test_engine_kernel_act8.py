@@ -60,6 +60,11 @@ def _weights(kind: Kind, n: int, k: int, layout: str = "rows") -> tuple[np.ndarr
     return raw, w
 
 
+def _odd_k(kind: Kind) -> int:
+    """A width of 18 blocks of 32 (a partial lane group), or 3 super-blocks of the K-quants."""
+    return 576 if kind.block_values == 32 else 768
+
+
 def _quantise8(x: torch.Tensor) -> torch.Tensor:
     """The activations as the 8-bit blocks hold them (d q), computed here independently."""
     blocks = x.double().reshape(x.shape[0], -1, 32)
@@ -72,10 +77,11 @@ def _quantise8(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("k", [512, 576])  # 576: 18 blocks, a partial lane group
+@pytest.mark.parametrize("odd", [False, True])  # 576 (768 for K-quants): not a power of two
 def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
-    isa: Isa, kind: Kind, layout: str, k: int, eight_bit: None
+    isa: Isa, kind: Kind, layout: str, odd: bool, eight_bit: None
 ) -> None:
+    k = _odd_k(kind) if odd else 512
     _, w = _weights(kind, 40, k, layout)  # (loading a build resets its setting: first)
     _, file_rows = _weights(kind, 40, k)
     ours, portable = _kernels(isa), _kernels("portable")
@@ -97,7 +103,7 @@ def test_the_result_is_the_dequantised_dot(
     isa: Isa, kind: Kind, layout: str, eight_bit: None
 ) -> None:
     ours = _kernels(isa)
-    k, n = 576, 24
+    k, n = _odd_k(kind), 24
     raw, w = _weights(kind, n, k, layout)
     dense = torch.from_numpy(
         dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)

@@ -101,6 +101,44 @@ int exo_x86_dot8_q8_0(const Run* r) {
     return 0;
 }
 
+/* One Q4_K weight row against R = 1..4 activation rows: a 32-byte chunk is sub-blocks j (low
+ * nibbles) and j + 1 (high), each its own step. */
+static inline __attribute__((always_inline)) void row_dot_q4_k(const uint8_t* w, const BlockX8* x, int nb, int R,
+                                                               float* out) {
+    float acc[4] = {0};
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int b = 0; b < nb; b += 2) {
+        const BlockQ4K* wb = (const BlockQ4K*)w + b / 8;
+        const int j = b % 8;
+        float d0, m0, d1, m1;
+        q4k_sub(wb->scales, wb->d, wb->dmin, j, &d0, &m0);
+        q4k_sub(wb->scales, wb->d, wb->dmin, j + 1, &d1, &m1);
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(wb->qs + 16 * j));
+        const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const int32_t i0 = hsum_epi32(dot_u8s8(lo, _mm256_loadu_si256((const __m256i*)xb[0].qs)));
+            const int32_t i1 = hsum_epi32(dot_u8s8(hi, _mm256_loadu_si256((const __m256i*)xb[1].qs)));
+            acc[r] = act8_step(act8_step(acc[r], d0, m0, xb, i0), d1, m1, xb + 1, i1);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+int exo_x86_dot8_q4_k(const Run* r) {
+    float out[4];
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= 4 ? 4 : 1;
+            row_dot_q4_k(wr, r->x8 + (size_t)m * r->nb, r->nb, R, out);
+            for (int i = 0; i < R; i++) run_store(r, m + i, n, out[i]);
+            m += R;
+        }
+    }
+    return 0;
+}
+
 int exo_x86_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
 int exo_x86_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }
 

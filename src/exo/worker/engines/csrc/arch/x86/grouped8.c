@@ -1,5 +1,5 @@
-/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 / Q8_0
- * groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
+/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 / Q8_0 /
+ * Q4_K groups (KIND_*_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
  * vector lane per weight row, in act8.h's order (bit for bit the per-row dots' floats).
  *
  * A group's block holds, for i = 0..7, the 8 rows' nibble bytes 2i, 2i + 1 (row c at 2c). Two of
@@ -140,6 +140,88 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* The 8 rows' d sc_j and dmin m_j of sub-block j of a Q4_K group's super-block `blk`, in
+ * q4k_sub's floats. */
+static inline __attribute__((always_inline)) void g8x_q4k_scales(const uint8_t* blk, int j, __m256* dsc, __m256* dm) {
+    const uint8_t* bytes = blk + offsetof(BlockQ4Kx8, scales);
+#define G8X_SCALE_BYTE(k) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * (k))))
+    const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15);
+    __m256i sc, mn;
+    if (j < 4) {
+        sc = _mm256_and_si256(G8X_SCALE_BYTE(j), six);
+        mn = _mm256_and_si256(G8X_SCALE_BYTE(j + 4), six);
+    } else {
+        const __m256i b = G8X_SCALE_BYTE(j + 4);
+        sc = _mm256_or_si256(_mm256_and_si256(b, four), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j - 4), 6), 4));
+        mn = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j), 6), 4));
+    }
+#undef G8X_SCALE_BYTE
+    *dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)), _mm256_cvtepi32_ps(sc));
+    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin)))),
+                        _mm256_cvtepi32_ps(mn));
+}
+
+/* acc + t isum - dm s: one sub-block's step (act8.h; minus dm s is plus -(dm) s exactly) */
+static inline __m256 g8x_step(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* xb, __m256i isum) {
+    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
+}
+
+/* The same for a Q4_K group: chunk ch of a super-block (qs[ch]: 16 x 16 bytes) holds sub-blocks
+ * 2 ch (low nibbles) and 2 ch + 1 (high), as a Q4 block holds its two halves. */
+static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                               __m256* out) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ4Kx8);
+        const int j = b % 8;
+        const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * (j / 2);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+        __m256i s0[8], s1[8];
+        for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
+#else
+        __m256i s0[8], s1[8]; /* int16 sums of the two sub-blocks */
+        for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
+#endif
+        for (int k = 0; k < 8; k++) {
+            const __m256i q = g8x_quad(qs, k);
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            for (int r = 0; r < R; r++) {
+                const BlockX8* xb = x + (size_t)r * nb + b;
+#if EXO_AVX512VNNI
+                s0[r] = _mm256_dpbusd_epi32(s0[r], lo, g8x_bcast(xb[0].qs + 4 * k));
+                s1[r] = _mm256_dpbusd_epi32(s1[r], hi, g8x_bcast(xb[1].qs + 4 * k));
+#elif EXO_AVXVNNI
+                s0[r] = _mm256_dpbusd_avx_epi32(s0[r], lo, g8x_bcast(xb[0].qs + 4 * k));
+                s1[r] = _mm256_dpbusd_avx_epi32(s1[r], hi, g8x_bcast(xb[1].qs + 4 * k));
+#else
+                s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, g8x_bcast(xb[0].qs + 4 * k)));
+                s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, g8x_bcast(xb[1].qs + 4 * k)));
+#endif
+                G8X_KEEP(s0[r]);
+                G8X_KEEP(s1[r]);
+            }
+        }
+        __m256 dsc0, dm0, dsc1, dm1;
+        g8x_q4k_scales(blk, j, &dsc0, &dm0);
+        g8x_q4k_scales(blk, j + 1, &dsc1, &dm1);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+            const __m256i i0 = s0[r], i1 = s1[r];
+#else
+            const __m256i i0 = _mm256_madd_epi16(s0[r], _mm256_set1_epi16(1));
+            const __m256i i1 = _mm256_madd_epi16(s1[r], _mm256_set1_epi16(1));
+#endif
+            acc[r] = g8x_step(g8x_step(acc[r], dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
 /* one copy per layout and R (not inlined into the caller's loop) */
 #define G8X_COPY(name, R, has_m)                                                                 \
     static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
@@ -166,6 +248,19 @@ G8X_Q8_COPY(5)
 G8X_Q8_COPY(6)
 G8X_Q8_COPY(7)
 G8X_Q8_COPY(8)
+#define G8X_Q4K_COPY(R)                                                                           \
+    static __attribute__((noinline)) void g8x_q4k_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q4k_rows(grp, nb, x, R, out);                                                        \
+    }
+G8X_Q4K_COPY(1)
+G8X_Q4K_COPY(2)
+G8X_Q4K_COPY(3)
+G8X_Q4K_COPY(4)
+G8X_Q4K_COPY(5)
+G8X_Q4K_COPY(6)
+G8X_Q4K_COPY(7)
+G8X_Q4K_COPY(8)
 
 typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
@@ -194,6 +289,11 @@ int exo_x86_grouped8_q4_0(const Run* r) {
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q4_k(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q4k);
     run_groups8(r, k);
     return 0;
 }
