@@ -42,7 +42,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q5_1", _T.Q5_1, 51, None),
     Kind("Q4_K", _T.Q4_K, 104, 304, act8=True),
     Kind("Q5_K", _T.Q5_K, 105, None),
-    Kind("Q6_K", _T.Q6_K, 106, 306),
+    Kind("Q6_K", _T.Q6_K, 106, 306, act8=True),
 )
 GROUP_ROWS = 8  # rows of a repacked group
 

@@ -93,5 +93,27 @@ int exo_generic_dot8_q4_k(const Run* r) {
     return 0;
 }
 
+static float row_dot_q6_k(const uint8_t* w, const BlockX8* x, int nb) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const BlockQ6K* wb = (const BlockQ6K*)w + b / 8;
+        const int g = b % 8;
+        for (int h = 0; h < 2; h++) {
+            int32_t isum = 0;
+            for (int l = 16 * h; l < 16 * h + 16; l++) isum += q6k_value(wb, g, l) * x[b].qs[l];
+            acc = act8_step0(acc, exo_h2f(wb->d) * (float)wb->scales[2 * g + h], x + b, isum);
+        }
+    }
+    return acc;
+}
+
+int exo_generic_dot8_q6_k(const Run* r) {
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1; m++) run_store(r, m, n, row_dot_q6_k(wr, r->x8 + (size_t)m * r->nb, r->nb));
+    }
+    return 0;
+}
+
 int exo_generic_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
 int exo_generic_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }

@@ -6,7 +6,8 @@
  *     acc = acc + (d_w d_x) (float)i_b     (t = d_w d_x first; a multiply, then an add)
  *     acc = acc + m_w s_x                  (Q4_1: m_w = m; Q4_0: m_w = -8 d_w; Q8_0: no such step)
  * Q4_K runs its super-blocks as 8 such blocks (BlockX8s of 32 values, no 256-value activation
- * format): sub-block j's d_w = d sc_j and m_w = -(dmin m_j), in floats.
+ * format): sub-block j's d_w = d sc_j and m_w = -(dmin m_j), in floats. Q6_K's blocks of 32 take
+ * two steps without offset, one per 16-value half h (its q - 32 signed): d_w = d sc_h.
  * from acc = 0, never fused (the files are built with fp-contract off). The per-row dots (act8.c,
  * arch/x86/dot8.c) and the grouped ones (grouped8.c, arch/x86/grouped8.c: a lane per weight row)
  * do exactly this, so a row's result is the same in every build, strategy and row count.
@@ -54,6 +55,13 @@ static inline void q4k_sub(const uint8_t* packed, uint16_t d, uint16_t dmin, int
     q4k_scale_min(packed, j, &sc, &mn);
     *d_w = exo_h2f(d) * (float)sc;
     *m_w = -(exo_h2f(dmin) * (float)mn);
+}
+
+/* Value l (0..31) of 32-value group g (0..7) of a Q6_K super-block, q - 32. */
+static inline int q6k_value(const BlockQ6K* w, int g, int l) {
+    const int n = g / 4, k = g % 4;
+    const uint8_t lb = w->ql[64 * n + 32 * (k & 1) + l];
+    return ((k >= 2 ? lb >> 4 : lb & 15) | (((w->qh[32 * n + l] >> (2 * k)) & 3) << 4)) - 32;
 }
 
 /* The integer dot of 32 nibbles (the low ones of 32 bytes, or the high ones) with x's values. */

@@ -52,7 +52,7 @@ static const KindTraits KINDS[] = {
      .ops = FILE_OPS(dot_q5_k, none, 0)},
     {.kind = KIND_Q6_K, .name = "Q6_K", .file_kind = KIND_Q6_K, .grouped = KIND_Q6_K_G8, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
-     .ops = FILE_OPS(dot_q6_k, none, 0)},
+     .ops = FILE_OPS(dot_q6_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q6_k)},
     {.kind = KIND_Q4_1_G8, .name = "Q4_1_G8", .file_kind = KIND_Q4_1, .grouped = 0, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q4_1), .act8 = ACT_X8, .dot8 = GROUPED8(q4_1)},
@@ -70,7 +70,7 @@ static const KindTraits KINDS[] = {
      .ops = GROUPED_OPS(grouped_q4_k), .act8 = ACT_X8, .dot8 = GROUPED8(q4_k)},
     {.kind = KIND_Q6_K_G8, .name = "Q6_K_G8", .file_kind = KIND_Q6_K, .grouped = 0, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q6_k)},
+     .ops = GROUPED_OPS(grouped_q6_k), .act8 = ACT_X8, .dot8 = GROUPED8(q6_k)},
 };
 
 _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&

@@ -117,6 +117,9 @@ int exo_x86_grouped8_q8_0(const Run* r);
 int exo_generic_dot8_q4_k(const Run* r);
 int exo_x86_dot8_q4_k(const Run* r);
 int exo_x86_grouped8_q4_k(const Run* r);
+int exo_generic_dot8_q6_k(const Run* r);
+int exo_x86_dot8_q6_k(const Run* r);
+int exo_x86_grouped8_q6_k(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

@@ -139,6 +139,50 @@ int exo_x86_dot8_q4_k(const Run* r) {
     return 0;
 }
 
+/* One Q6_K weight row against R = 1..4 activation rows: a block's 32 values q - 32 as int8, |w|
+ * times x with w's sign, each 16-value half (4 lanes) its own step. */
+static inline __attribute__((always_inline)) void row_dot_q6_k(const uint8_t* w, const BlockX8* x, int nb, int R,
+                                                               float* out) {
+    float acc[4] = {0};
+    const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    for (int b = 0; b < nb; b++) {
+        const BlockQ6K* wb = (const BlockQ6K*)w + b / 8;
+        const int g = b % 8, n = g / 4, k = g % 4;
+        const __m256i l4 = _mm256_loadu_si256((const __m256i*)(wb->ql + 64 * n + 32 * (k & 1)));
+        const __m256i h2 = _mm256_loadu_si256((const __m256i*)(wb->qh + 32 * n));
+        const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
+        const __m256i u = _mm256_abs_epi8(q);
+        const float d = exo_h2f(wb->d), d0 = d * (float)wb->scales[2 * g], d1 = d * (float)wb->scales[2 * g + 1];
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m256i p = dot_u8s8(u, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->qs), q));
+            __m128i h0 = _mm256_castsi256_si128(p), h1 = _mm256_extracti128_si256(p, 1);
+            h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0x4E));
+            h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0x4E));
+            h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0xB1));
+            h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0xB1));
+            acc[r] = act8_step0(act8_step0(acc[r], d0, xb, _mm_cvtsi128_si32(h0)), d1, xb, _mm_cvtsi128_si32(h1));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+int exo_x86_dot8_q6_k(const Run* r) {
+    float out[4];
+    for (int n = r->lo; n < r->hi; n++) {
+        const uint8_t* wr = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= 4 ? 4 : 1;
+            row_dot_q6_k(wr, r->x8 + (size_t)m * r->nb, r->nb, R, out);
+            for (int i = 0; i < R; i++) run_store(r, m + i, n, out[i]);
+            m += R;
+        }
+    }
+    return 0;
+}
+
 int exo_x86_dot8_q4_0(const Run* r) { return run_dot8(r, 0); }
 int exo_x86_dot8_q4_1(const Run* r) { return run_dot8(r, 1); }
 

@@ -1,5 +1,5 @@
 /* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 / Q8_0 /
- * Q4_K groups (KIND_*_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
+ * Q4_K / Q6_K groups (KIND_*_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
  * vector lane per weight row, in act8.h's order (bit for bit the per-row dots' floats).
  *
  * A group's block holds, for i = 0..7, the 8 rows' nibble bytes 2i, 2i + 1 (row c at 2c). Two of
@@ -222,6 +222,59 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* The same for a Q6_K group: 32-value group g = 4n + k of a super-block reads ql chunk 2n + (k & 1)
+ * (its low nibbles if k < 2, else the high ones) and bits 2k, 2k + 1 of qh chunk n; quads 0..3
+ * are the first 16-value half, 4..7 the second, each half its own step. |q - 32| times x with
+ * q - 32's sign (exact); AVX2 keeps a half's sums in int16 (4 x 2 x 32 x 127 < 2^15). */
+static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                               __m256* out) {
+    const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ6Kx8);
+        const int g = b % 8, n = g / 4, k = g % 4;
+        const uint8_t* ql = blk + offsetof(BlockQ6Kx8, ql) + 256 * (2 * n + (k & 1));
+        const uint8_t* qh = blk + offsetof(BlockQ6Kx8, qh) + 256 * n;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int h = 0; h < 2; h++) {
+            __m256i s[8];
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+            for (int quad = 4 * h; quad < 4 * h + 4; quad++) {
+                const __m256i l4 = g8x_quad(ql, quad), h2 = g8x_quad(qh, quad);
+                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
+                const __m256i u = _mm256_abs_epi8(q);
+                for (int r = 0; r < R; r++) {
+                    const __m256i xs = _mm256_sign_epi8(g8x_bcast(x[(size_t)r * nb + b].qs + 4 * quad), q);
+#if EXO_AVX512VNNI
+                    s[r] = _mm256_dpbusd_epi32(s[r], u, xs);
+#elif EXO_AVXVNNI
+                    s[r] = _mm256_dpbusd_avx_epi32(s[r], u, xs);
+#else
+                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(u, xs));
+#endif
+                    G8X_KEEP(s[r]);
+                }
+            }
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + h)))));
+            const __m256 dsc = _mm256_mul_ps(d, sc);
+            for (int r = 0; r < R; r++) {
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                const __m256i isum = s[r];
+#else
+                const __m256i isum = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+#endif
+                const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(x[(size_t)r * nb + b].d));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
 /* one copy per layout and R (not inlined into the caller's loop) */
 #define G8X_COPY(name, R, has_m)                                                                 \
     static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
@@ -261,6 +314,19 @@ G8X_Q4K_COPY(5)
 G8X_Q4K_COPY(6)
 G8X_Q4K_COPY(7)
 G8X_Q4K_COPY(8)
+#define G8X_Q6K_COPY(R)                                                                           \
+    static __attribute__((noinline)) void g8x_q6k_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q6k_rows(grp, nb, x, R, out);                                                        \
+    }
+G8X_Q6K_COPY(1)
+G8X_Q6K_COPY(2)
+G8X_Q6K_COPY(3)
+G8X_Q6K_COPY(4)
+G8X_Q6K_COPY(5)
+G8X_Q6K_COPY(6)
+G8X_Q6K_COPY(7)
+G8X_Q6K_COPY(8)
 
 typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
@@ -294,6 +360,11 @@ int exo_x86_grouped8_q4_1(const Run* r) {
 }
 int exo_x86_grouped8_q4_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q4k);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q6_k(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q6k);
     run_groups8(r, k);
     return 0;
 }
