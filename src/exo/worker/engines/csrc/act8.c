@@ -21,12 +21,34 @@ void exo_quantize_row8(const float* x, int K, BlockX8* out) {
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+#if EXO_AVX2 /* roundf's result (halves away from zero) by truncation: |v| - trunc |v| is exact */
+        const __m256 vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256i i[4];
+        for (int j = 0; j < 4; j++) {
+            const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), vid), a = _mm256_andnot_ps(sign, v);
+            const __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), half, _CMP_GE_OQ), one));
+            i[j] = _mm256_cvtps_epi32(_mm256_or_ps(r, _mm256_and_ps(sign, v)));
+        }
+        const __m256i sum8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        /* packs work within 128-bit lanes: the dwords back in order */
+        const __m256i p16 = _mm256_packs_epi32(i[0], i[1]), p16b = _mm256_packs_epi32(i[2], i[3]);
+        const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p16b),
+                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i*)out[b].qs, p8);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum8), _mm256_extracti128_si256(sum8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const int sum = _mm_cvtsi128_si32(s4);
+#else
         int sum = 0;
         for (int i = 0; i < QK; i++) {
             const int q = (int)roundf(xb[i] * id);
             out[b].qs[i] = (int8_t)q;
             sum += q;
         }
+#endif
         out[b].d = d;
         out[b].s = d * (float)sum;
     }

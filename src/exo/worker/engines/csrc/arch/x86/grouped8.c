@@ -25,6 +25,18 @@
 
 #define G8X_KEEP(v) __asm__("" : "+x"(v))
 
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+/* a_1 . b_1 + a_2 . b_2 per int32 lane (unsigned a, signed b, 4 bytes each), from zero: the
+ * running sums then wait on one add a step, not on a chain of vpdpbusd latencies */
+static inline __attribute__((always_inline)) __m256i g8x_dp2(__m256i a1, __m256i b1, __m256i a2, __m256i b2) {
+#if EXO_AVX512VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
+#endif
+}
+#endif
+
 /* Row c's nibble bytes 4k .. 4k + 3 in lane c, from the block's qs[2k], qs[2k + 1]. */
 static inline __attribute__((always_inline)) __m256i g8x_quad(const uint8_t* qs, int k) {
     const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(qs + 32 * k)), 0xD8);
@@ -62,13 +74,8 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             for (int r = 0; r < R; r++) {
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
-#if EXO_AVX512VNNI
-                s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s[r], lo, g8x_bcast(xq + 4 * k)), hi,
-                                           g8x_bcast(xq + 16 + 4 * k));
-                G8X_KEEP(s[r]);
-#elif EXO_AVXVNNI
-                s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], lo, g8x_bcast(xq + 4 * k)), hi,
-                                               g8x_bcast(xq + 16 + 4 * k));
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s[r] = _mm256_add_epi32(s[r], g8x_dp2(lo, g8x_bcast(xq + 4 * k), hi, g8x_bcast(xq + 16 + 4 * k)));
                 G8X_KEEP(s[r]);
 #else
                 const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(xq + 4 * k)),
@@ -119,10 +126,8 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
                 const __m256i xp = _mm256_sign_epi8(g8x_bcast(xq + 4 * k), p);
                 const __m256i xq2 = _mm256_sign_epi8(g8x_bcast(xq + 16 + 4 * k), q);
-#if EXO_AVX512VNNI
-                s[r] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(s[r], up, xp), uq, xq2);
-#elif EXO_AVXVNNI
-                s[r] = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(s[r], up, xp), uq, xq2);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s[r] = _mm256_add_epi32(s[r], g8x_dp2(up, xp, uq, xq2));
 #else
                 const __m256i one = _mm256_set1_epi16(1);
                 s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(up, xp), one));
@@ -186,20 +191,21 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
         __m256i s0[8], s1[8]; /* int16 sums of the two sub-blocks */
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
 #endif
-        for (int k = 0; k < 8; k++) {
-            const __m256i q = g8x_quad(qs, k);
+        for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
+            const __m256i q = g8x_quad(qs, k), q2 = g8x_quad(qs, k + 1);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            const __m256i lo2 = _mm256_and_si256(q2, low), hi2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), low);
             for (int r = 0; r < R; r++) {
                 const BlockX8* xb = x + (size_t)r * nb + b;
-#if EXO_AVX512VNNI
-                s0[r] = _mm256_dpbusd_epi32(s0[r], lo, g8x_bcast(xb[0].qs + 4 * k));
-                s1[r] = _mm256_dpbusd_epi32(s1[r], hi, g8x_bcast(xb[1].qs + 4 * k));
-#elif EXO_AVXVNNI
-                s0[r] = _mm256_dpbusd_avx_epi32(s0[r], lo, g8x_bcast(xb[0].qs + 4 * k));
-                s1[r] = _mm256_dpbusd_avx_epi32(s1[r], hi, g8x_bcast(xb[1].qs + 4 * k));
+                const int8_t *x0 = xb[0].qs + 4 * k, *x1 = xb[1].qs + 4 * k;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s0[r] = _mm256_add_epi32(s0[r], g8x_dp2(lo, g8x_bcast(x0), lo2, g8x_bcast(x0 + 4)));
+                s1[r] = _mm256_add_epi32(s1[r], g8x_dp2(hi, g8x_bcast(x1), hi2, g8x_bcast(x1 + 4)));
 #else
-                s0[r] = _mm256_add_epi16(s0[r], _mm256_maddubs_epi16(lo, g8x_bcast(xb[0].qs + 4 * k)));
-                s1[r] = _mm256_add_epi16(s1[r], _mm256_maddubs_epi16(hi, g8x_bcast(xb[1].qs + 4 * k)));
+                s0[r] = _mm256_add_epi16(s0[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(x0)),
+                                                                 _mm256_maddubs_epi16(lo2, g8x_bcast(x0 + 4))));
+                s1[r] = _mm256_add_epi16(s1[r], _mm256_add_epi16(_mm256_maddubs_epi16(hi, g8x_bcast(x1)),
+                                                                 _mm256_maddubs_epi16(hi2, g8x_bcast(x1 + 4))));
 #endif
                 G8X_KEEP(s0[r]);
                 G8X_KEEP(s1[r]);
@@ -240,20 +246,24 @@ static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* gr
         for (int h = 0; h < 2; h++) {
             __m256i s[8];
             for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
-            for (int quad = 4 * h; quad < 4 * h + 4; quad++) {
-                const __m256i l4 = g8x_quad(ql, quad), h2 = g8x_quad(qh, quad);
-                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
-                const __m256i u = _mm256_abs_epi8(q);
+            for (int quad = 4 * h; quad < 4 * h + 4; quad += 2) { /* quads quad, quad + 1 */
+                __m256i q[2], u[2];
+                for (int i = 0; i < 2; i++) {
+                    const __m256i l4 = g8x_quad(ql, quad + i), h2 = g8x_quad(qh, quad + i);
+                    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
+                    q[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
+                    u[i] = _mm256_abs_epi8(q[i]);
+                }
                 for (int r = 0; r < R; r++) {
-                    const __m256i xs = _mm256_sign_epi8(g8x_bcast(x[(size_t)r * nb + b].qs + 4 * quad), q);
-#if EXO_AVX512VNNI
-                    s[r] = _mm256_dpbusd_epi32(s[r], u, xs);
-#elif EXO_AVXVNNI
-                    s[r] = _mm256_dpbusd_avx_epi32(s[r], u, xs);
+                    const int8_t* xq = x[(size_t)r * nb + b].qs + 4 * quad;
+                    const __m256i xs0 = _mm256_sign_epi8(g8x_bcast(xq), q[0]);
+                    const __m256i xs1 = _mm256_sign_epi8(g8x_bcast(xq + 4), q[1]);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                    s[r] = _mm256_add_epi32(s[r], g8x_dp2(u[0], xs0, u[1], xs1));
 #else
-                    s[r] = _mm256_add_epi16(s[r], _mm256_maddubs_epi16(u, xs));
+                    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(_mm256_maddubs_epi16(u[0], xs0),
+                                                                   _mm256_maddubs_epi16(u[1], xs1)));
 #endif
                     G8X_KEEP(s[r]);
                 }
