@@ -40,12 +40,11 @@ def _kernels(isa: Isa) -> QKernels:
 
 @pytest.fixture
 def eight_bit() -> Iterator[None]:
-    """Every build's setting back to 16 bits (the default) after the test."""
+    """Every build's setting back to the environment's (load_kernels_for sets it) after the test."""
     yield
     for isa in ISAS:
-        kernels = load_kernels_for(isa) if cpu_runs(isa) else None
-        if kernels is not None:
-            kernels.set_activations(16)
+        if cpu_runs(isa):
+            load_kernels_for(isa)
 
 
 def _weights(kind: Kind, n: int, k: int, layout: str = "rows") -> tuple[np.ndarray, QuantWeights]:
@@ -124,7 +123,7 @@ def test_the_result_is_the_dequantised_dot(
 def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXO_ACTIVATIONS", raising=False)
     kernels = _kernels("portable")
-    assert kernels.activations == 16  # the default
+    assert kernels.activations == 8  # the default
     with pytest.raises(KernelArgumentError, match="8 or 16"):
         kernels.set_activations(7)
     kernels.set_activations(8)
