@@ -8,8 +8,9 @@ Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K) or of
 Llama-3.2-1B-shaped Q4_K_M file (`llama1b`, with its gate | up also in Q4_0 and Q4_1), with random weights
 of that layout, called through the checked wrapper an engine uses (`QKernels.linear`). A column
 per number of activation rows: 1 is a decode step of one stream, 8 a step of 8 streams batched,
-60 a prefill. A layout with 8-bit-activation dots (Q4_0, Q4_1) gets a row "x8" more: its file
-rows against activations quantised to int8 blocks (EXO_ACTIVATIONS=8; the other rows: 16-bit). Figures are microseconds per call of the process's CPU time (the machine may be
+60 a prefill. A layout with 8-bit-activation dots (Q4_0, Q4_1) gets rows "x8" and "g8 x8" more: its
+file rows and its groups against activations quantised to int8 blocks (EXO_ACTIVATIONS=8; the
+other rows: 16-bit). Figures are microseconds per call of the process's CPU time (the machine may be
 shared: wall-clock figures move with its load, CPU time does not; at more threads CPU time is a
 measure of cost, not of speed), best of `--repeat` rounds. `--cold` cycles through copies of the
 weights larger than the last-level cache, as a whole model's weights are in a real step.
@@ -75,6 +76,12 @@ MODELS = {
         ("down", KIND_Q6_K, PROLOGUE_SWIGLU, 8192, 2048),
         ("gate_up", KIND_Q4_0, PROLOGUE_RMS_NORM, 2048, 16384),
         ("gate_up", KIND_Q4, PROLOGUE_RMS_NORM, 2048, 16384),
+    ],
+    # the 1B shape's three matrix sizes in Q4_0 (the 8-bit activations' kinds, issue 22)
+    "llama1b_q4_0": [
+        ("o", KIND_Q4_0, PROLOGUE_NONE, 2048, 2048),
+        ("up", KIND_Q4_0, PROLOGUE_RMS_NORM, 2048, 8192),
+        ("down", KIND_Q4_0, PROLOGUE_SWIGLU, 8192, 2048),
     ],
 }
 LAST_LEVEL_CACHE = 64 << 20  # bytes of weights cycled through with --cold: above any L3 here
@@ -147,6 +154,8 @@ def main() -> None:
                 layouts.append((True, 16))
             if BY_KERNEL[kind][0].act8:
                 layouts.append((False, 8))
+                if kind in GROUPED and kernels.x86:
+                    layouts.append((True, 8))
             for grouped, bits in layouts:
                 kernels.set_activations(bits)
                 times = [
@@ -154,7 +163,7 @@ def main() -> None:
                     for m in args.rows
                 ]
                 rate = max(m * n * k / (t * 1e3) for m, t in zip(args.rows, times, strict=True))
-                suffix = " g8" if grouped else " x8" if bits == 8 else ""
+                suffix = (" g8" if grouped else "") + (" x8" if bits == 8 else "")
                 label = f"{model} {name} {NAMES[kind]}{suffix}"
                 print(f"{label:<22}" + "".join(f"{t:>10.1f}" for t in times) + f"{rate:>10.1f}")
 

@@ -213,14 +213,14 @@ class QKernels:
         self._set_activations = lib.exo_set_activations
         self._set_activations.argtypes = [i]
         self._set_activations.restype = i
-        self.activations = 16  # the bits of the kinds with 8-bit dots (`set_activations`)
+        self.activations = 8  # the bits of the kinds with 8-bit dots (`set_activations`)
         self._unrepack = lib.exo_unrepack_rows
         self._unrepack.argtypes = [i, p, i, i, p, i, p]
         self._unrepack.restype = i
 
     def set_activations(self, bits: int) -> None:
         """The activation format of the kinds with 8-bit dots (`Kind.act8`): 8 or 16 bits (the
-        other kinds always take 16). Layers built after this keep such kinds' file layout at 8."""
+        other kinds always take 16); it applies to every call from then on, in either layout."""
         if self._set_activations(bits) == -2:
             raise KernelArgumentError(f"activations are 8 or 16 bits, not {bits}")
         self.activations = bits
@@ -466,14 +466,15 @@ def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") ->
 
 
 def _activations_from_env() -> int:
-    """EXO_ACTIVATIONS=16|8: the activation format of the kinds with 8-bit dots (default 16: their
-    8-bit per-row dots are slower than the 16-bit tile and groups, bench/kernels.py)."""
+    """EXO_ACTIVATIONS=8|16: the activation format of the kinds with 8-bit dots (default 8: as
+    accurate as llama.cpp's by bench/accuracy.py, and faster in prefill and batches, bench/engine.py
+    and bench/kernels.py; 16 keeps results within ~1e-4 of float activations)."""
     text = os.environ.get("EXO_ACTIVATIONS", "").strip()
     if text in ("8", "16"):
         return int(text)
     if text:
-        logger.warning(f"EXO_ACTIVATIONS={text!r} is not 8 or 16: 16-bit activations")
-    return 16
+        logger.warning(f"EXO_ACTIVATIONS={text!r} is not 8 or 16: 8-bit activations")
+    return 8
 
 
 def _spin_from_env() -> tuple[float, float] | None:

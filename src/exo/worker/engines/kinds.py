@@ -19,7 +19,7 @@ class Kind:
     ggml: GGMLQuantizationType
     kernel: int  # KIND_<name>
     grouped: int | None  # KIND_<name>_G8: its rows repacked in groups of 8 rows, if it has one
-    act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8): then not repacked
+    act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8), its groups too
 
     @property
     def block_values(self) -> int:
@@ -37,12 +37,12 @@ _T = GGMLQuantizationType
 KINDS: tuple[Kind, ...] = (
     Kind("Q4_1", _T.Q4_1, 4, 204, act8=True),
     Kind("Q4_0", _T.Q4_0, 40, 240, act8=True),
-    Kind("Q8_0", _T.Q8_0, 8, 208),
+    Kind("Q8_0", _T.Q8_0, 8, 208, act8=True),
     Kind("Q5_0", _T.Q5_0, 50, 250),
     Kind("Q5_1", _T.Q5_1, 51, None),
-    Kind("Q4_K", _T.Q4_K, 104, 304),
+    Kind("Q4_K", _T.Q4_K, 104, 304, act8=True),
     Kind("Q5_K", _T.Q5_K, 105, None),
-    Kind("Q6_K", _T.Q6_K, 106, 306),
+    Kind("Q6_K", _T.Q6_K, 106, 306, act8=True),
     # MXFP4, IQ4_NL, IQ4_XS (csrc/iq4.h): per-row dots, no repacked layout
     Kind("MXFP4", _T.MXFP4, 70, None),
     Kind("IQ4_NL", _T.IQ4_NL, 60, None),

@@ -208,14 +208,7 @@ class QuantLinear:
         start = 0
         for i, (p, kind) in enumerate(zip(flat, self.file_kinds, strict=True)):
             rows = p.shape[0]
-            eight = kind.act8 and self._kernels.activations == 8  # its dot8 reads the file's rows
-            if (
-                kind.grouped
-                and not eight
-                and rows
-                and rows % GROUP_ROWS == 0
-                and start % GROUP_ROWS == 0
-            ):
+            if kind.grouped and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
                 out = p if regroup == "in_place" and p.is_contiguous() else weight_buffer(*p.shape)
                 self._kernels.repack_rows(kind.kernel, p, out)
                 flat[i], self.kinds[i] = out, kind.grouped

@@ -24,6 +24,8 @@
     {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
+/* issue 22: the repacked Q4 groups' 8-bit strategy */
+#define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
 #define exo_generic_none NULL
 /* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS, Q2_K, Q3_K) */
 #define DOT_OPS(k)                                                                                 \
@@ -47,6 +49,10 @@
 #define NEON_OPS(dot, pair) , [EXO_ISA_NEON] = {NEON(exo_arm_##dot), NEON(exo_arm_##pair), NULL, NULL, NULL}
 #define NEON_DOT8(k) , [EXO_ISA_NEON] = NEON8(exo_arm_dot8_##k)
 #define exo_arm_none NULL
+/* no NEON 8-bit dot of their own yet: the generic one runs */
+#define exo_arm_dot8_q8_0 NULL
+#define exo_arm_dot8_q4_k NULL
+#define exo_arm_dot8_q6_k NULL
 #else
 #define NEON_OPS(dot, pair)
 #define NEON_DOT8(k)
@@ -61,7 +67,7 @@ static const KindTraits KINDS[] = {
      .ops = FILE_OPS(dot_q4_0, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q4_0)},
     {.kind = KIND_Q8_0, .name = "Q8_0", .file_kind = KIND_Q8_0, .grouped = KIND_Q8_0_G8, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(2) & ~ROWS(2) & ~ROWS(4), .unpack_from = 8,
-     .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1)},
+     .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1), .act8 = ACT_X8, .dot8 = DOT8(q8_0)},
     {.kind = KIND_Q5_0, .name = "Q5_0", .file_kind = KIND_Q5_0, .grouped = KIND_Q5_0_G8, .block_values = 32,
      .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 4,
      .ops = FILE_OPS(dot_q5_0, pair_q5_0, 1)},
@@ -70,31 +76,31 @@ static const KindTraits KINDS[] = {
      .ops = FILE_OPS(dot_q5_1, none, 1)},
     {.kind = KIND_Q4_K, .name = "Q4_K", .file_kind = KIND_Q4_K, .grouped = KIND_Q4_K_G8, .block_values = 256,
      .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
-     .ops = FILE_OPS(dot_q4_k, none, 0)},
+     .ops = FILE_OPS(dot_q4_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q4_k)},
     {.kind = KIND_Q5_K, .name = "Q5_K", .file_kind = KIND_Q5_K, .grouped = 0, .block_values = 256,
      .block_bytes = 176, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = FILE_OPS(dot_q5_k, none, 0)},
     {.kind = KIND_Q6_K, .name = "Q6_K", .file_kind = KIND_Q6_K, .grouped = KIND_Q6_K_G8, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
-     .ops = FILE_OPS(dot_q6_k, none, 0)},
+     .ops = FILE_OPS(dot_q6_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q6_k)},
     {.kind = KIND_Q4_1_G8, .name = "Q4_1_G8", .file_kind = KIND_Q4_1, .grouped = 0, .block_values = 32,
      .block_bytes = 20, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q4_1)},
+     .ops = GROUPED_OPS(grouped_q4_1), .act8 = ACT_X8, .dot8 = GROUPED8(q4_1)},
     {.kind = KIND_Q4_0_G8, .name = "Q4_0_G8", .file_kind = KIND_Q4_0, .grouped = 0, .block_values = 32,
      .block_bytes = 18, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q4_0)},
+     .ops = GROUPED_OPS(grouped_q4_0), .act8 = ACT_X8, .dot8 = GROUPED8(q4_0)},
     {.kind = KIND_Q8_0_G8, .name = "Q8_0_G8", .file_kind = KIND_Q8_0, .grouped = 0, .block_values = 32,
      .block_bytes = 34, .act = ACT_X16, .tile_rows = ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q8_0)},
+     .ops = GROUPED_OPS(grouped_q8_0), .act8 = ACT_X8, .dot8 = GROUPED8(q8_0)},
     {.kind = KIND_Q5_0_G8, .name = "Q5_0_G8", .file_kind = KIND_Q5_0, .grouped = 0, .block_values = 32,
      .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q5_0)},
     {.kind = KIND_Q4_K_G8, .name = "Q4_K_G8", .file_kind = KIND_Q4_K, .grouped = 0, .block_values = 256,
      .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q4_k)},
+     .ops = GROUPED_OPS(grouped_q4_k), .act8 = ACT_X8, .dot8 = GROUPED8(q4_k)},
     {.kind = KIND_Q6_K_G8, .name = "Q6_K_G8", .file_kind = KIND_Q6_K, .grouped = 0, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q6_k)},
+     .ops = GROUPED_OPS(grouped_q6_k), .act8 = ACT_X8, .dot8 = GROUPED8(q6_k)},
     /* MXFP4, IQ4_NL, IQ4_XS (iq4.h): the per-row dot at every row count */
     {.kind = KIND_MXFP4, .name = "MXFP4", .file_kind = KIND_MXFP4, .grouped = 0, .block_values = 32,
      .block_bytes = 17, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0, .ops = DOT_OPS(mxfp4)},

@@ -140,6 +140,19 @@ int exo_generic_dot_q2_k(const Run* r);
 int exo_generic_dot_q3_k(const Run* r);
 int exo_x86_dot_q2_k(const Run* r);
 int exo_x86_dot_q3_k(const Run* r);
+/* 8-bit activations' grouped strategy (issue 22: grouped8.c, arch/x86/grouped8.c) */
+int exo_generic_grouped8(const Run* r);
+int exo_x86_grouped8_q4_0(const Run* r);
+int exo_x86_grouped8_q4_1(const Run* r);
+int exo_generic_dot8_q8_0(const Run* r);
+int exo_x86_dot8_q8_0(const Run* r);
+int exo_x86_grouped8_q8_0(const Run* r);
+int exo_generic_dot8_q4_k(const Run* r);
+int exo_x86_dot8_q4_k(const Run* r);
+int exo_x86_grouped8_q4_k(const Run* r);
+int exo_generic_dot8_q6_k(const Run* r);
+int exo_x86_dot8_q6_k(const Run* r);
+int exo_x86_grouped8_q6_k(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

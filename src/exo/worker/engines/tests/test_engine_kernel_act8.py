@@ -1,8 +1,9 @@
-"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`): Q4_0 / Q4_1 rows against activation
-rows quantised to int8 blocks, row by row. A row's result is the same alone or in any batch, every
-build gives the portable build's floats bit for bit, the result is the dot of the dequantised
-weights with the dequantised 8-bit activations, and EXO_ACTIVATIONS / `set_activations` switch
-between the formats."""
+"""8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`, `csrc/grouped8.c`,
+`csrc/arch/x86/grouped8.c`): Q4_0 / Q4_1 rows, as the file lays them or repacked in groups of 8,
+against activation rows quantised to int8 blocks. A row's result is the same alone or in any
+batch, in either layout, and every build gives the portable build's floats bit for bit; the result
+is the dot of the dequantised weights with the dequantised 8-bit activations; EXO_ACTIVATIONS /
+`set_activations` switch between the formats."""
 
 from collections.abc import Iterator
 
@@ -25,6 +26,7 @@ from exo.worker.engines.linear import QuantLinear
 
 ACT8 = [k for k in KINDS if k.act8]
 ROWS = (1, 2, 4, 8, 9, 64)
+LAYOUTS = ("rows", "groups")  # the file's rows (dot8), repacked groups of 8 (grouped8)
 
 
 def _kernels(isa: Isa) -> QKernels:
@@ -38,20 +40,28 @@ def _kernels(isa: Isa) -> QKernels:
 
 @pytest.fixture
 def eight_bit() -> Iterator[None]:
-    """Every build's setting back to 16 bits (the default) after the test."""
+    """Every build's setting back to the environment's (load_kernels_for sets it) after the test."""
     yield
     for isa in ISAS:
-        kernels = load_kernels_for(isa) if cpu_runs(isa) else None
-        if kernels is not None:
-            kernels.set_activations(16)
+        if cpu_runs(isa):
+            load_kernels_for(isa)
 
 
-def _weights(kind: Kind, n: int, k: int) -> tuple[np.ndarray, QuantWeights]:
+def _weights(kind: Kind, n: int, k: int, layout: str = "rows") -> tuple[np.ndarray, QuantWeights]:
     raw = random_blocks(GGMLQuantizationType(kind.ggml), n, k, seed=5)
-    w = QuantWeights(
-        kind.kernel, PROLOGUE_NONE, [torch.from_numpy(raw)], None, 0.0, None, k, [kind.kernel]
-    )
+    rows, kernel = torch.from_numpy(raw), kind.kernel
+    if layout == "groups":
+        assert kind.grouped is not None
+        kernel, grouped = kind.grouped, torch.empty_like(rows)
+        _kernels("portable").repack_rows(kind.kernel, rows, grouped)
+        rows = grouped
+    w = QuantWeights(kernel, PROLOGUE_NONE, [rows], None, 0.0, None, k, [kernel])
     return raw, w
+
+
+def _odd_k(kind: Kind) -> int:
+    """A width of 18 blocks of 32 (a partial lane group), or 3 super-blocks of the K-quants."""
+    return 576 if kind.block_values == 32 else 768
 
 
 def _quantise8(x: torch.Tensor) -> torch.Tensor:
@@ -65,28 +75,35 @@ def _quantise8(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-@pytest.mark.parametrize("k", [512, 576])  # 576: 18 blocks, a partial lane group
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("odd", [False, True])  # 576 (768 for K-quants): not a power of two
 def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
-    isa: Isa, kind: Kind, k: int, eight_bit: None
+    isa: Isa, kind: Kind, layout: str, odd: bool, eight_bit: None
 ) -> None:
+    k = _odd_k(kind) if odd else 512
+    _, w = _weights(kind, 40, k, layout)  # (loading a build resets its setting: first)
+    _, file_rows = _weights(kind, 40, k)
     ours, portable = _kernels(isa), _kernels("portable")
     ours.set_activations(8)
     portable.set_activations(8)
-    _, w = _weights(kind, 40, k)
     torch.manual_seed(1)
     x = torch.randn(64, k)
     alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(64)])
     assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    assert torch.equal(alone, portable.linear(file_rows, x)), "differs from the file rows' dots"
     for m in ROWS:
         assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_result_is_the_dequantised_dot(
+    isa: Isa, kind: Kind, layout: str, eight_bit: None
+) -> None:
     ours = _kernels(isa)
-    k, n = 576, 24
-    raw, w = _weights(kind, n, k)
+    k, n = _odd_k(kind), 24
+    raw, w = _weights(kind, n, k, layout)
     dense = torch.from_numpy(
         dequantize(raw, GGMLQuantizationType(kind.ggml)).reshape(n, k)
     ).double()
@@ -106,7 +123,7 @@ def test_the_result_is_the_dequantised_dot(isa: Isa, kind: Kind, eight_bit: None
 def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXO_ACTIVATIONS", raising=False)
     kernels = _kernels("portable")
-    assert kernels.activations == 16  # the default
+    assert kernels.activations == 8  # the default
     with pytest.raises(KernelArgumentError, match="8 or 16"):
         kernels.set_activations(7)
     kernels.set_activations(8)
@@ -118,16 +135,18 @@ def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-def test_a_layer_built_at_8_bits_keeps_the_file_rows(kind: Kind, eight_bit: None) -> None:
-    """The 8-bit dots read the file's rows: a layer built at 8 bits is not repacked (at 16 it
-    is, on x86), and it gives the kernel's 8-bit result."""
+def test_a_layer_built_at_8_bits_runs_its_groups(kind: Kind, eight_bit: None) -> None:
+    """A layer is repacked in groups of 8 on x86 at either setting, and its groups' 8-bit dots
+    give the file rows' 8-bit results bit for bit, at any number of rows."""
     kernels = _kernels("avx2")
     raw = torch.from_numpy(random_blocks(GGMLQuantizationType(kind.ggml), 16, 256, seed=5))
     kernels.set_activations(16)
     assert QuantLinear([raw], 256, None, None, [kind], kernels).kinds == [kind.grouped]
+    _, w = _weights(kind, 16, 256)
     kernels.set_activations(8)
     layer = QuantLinear([raw], 256, None, None, [kind], kernels)
-    assert layer.kinds == [kind.kernel]
-    x = torch.randn(3, 256)
-    _, w = _weights(kind, 16, 256)
-    assert torch.equal(layer(x), kernels.linear(w, x))
+    assert layer.kinds == [kind.grouped]
+    torch.manual_seed(3)
+    for m in ROWS:
+        x = torch.randn(m, 256)
+        assert torch.equal(layer(x), kernels.linear(w, x)), m

@@ -1,0 +1,386 @@
+/* The grouped strategy at 8-bit activations (ACT_X8) on x86: the repacked Q4_0 / Q4_1 / Q8_0 /
+ * Q4_K / Q6_K groups (KIND_*_G8; exo_kernels.h) against 1 to G8X_MAX_R activation rows a pass, a
+ * vector lane per weight row, in act8.h's order (bit for bit the per-row dots' floats).
+ *
+ * A group's block holds, for i = 0..7, the 8 rows' nibble bytes 2i, 2i + 1 (row c at 2c). Two of
+ * those (i = 2k, 2k + 1), loaded as one vector, vpermq + vpshufb put row c's bytes 4k .. 4k + 3 in
+ * int32 lane c: their low nibbles are the row's values 4k .. 4k + 3, the high ones 16 + 4k ..
+ * 19 + 4k, so one vpdpbusd (VNNI builds) or vpmaddubsw (AVX2) per half against a broadcast of the
+ * activation's 4 matching bytes adds them to the 8 rows' sums. AVX2 keeps a block's sums in int16
+ * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
+ */
+#include "exo_kernels.h"
+#if EXO_AVX2
+#include <stddef.h>
+
+#include "act8.h"
+#include "arch/x86/x86.h"
+
+/* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
+#if EXO_AVX512VNNI
+#define G8X_MAX_R 8
+#else
+#define G8X_MAX_R 4
+#endif
+
+#define G8X_KEEP(v) __asm__("" : "+x"(v))
+
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+/* a_1 . b_1 + a_2 . b_2 per int32 lane (unsigned a, signed b, 4 bytes each), from zero: the
+ * running sums then wait on one add a step, not on a chain of vpdpbusd latencies */
+static inline __attribute__((always_inline)) __m256i g8x_dp2(__m256i a1, __m256i b1, __m256i a2, __m256i b2) {
+#if EXO_AVX512VNNI
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
+#else
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
+#endif
+}
+#endif
+
+/* Row c's nibble bytes 4k .. 4k + 3 in lane c, from the block's qs[2k], qs[2k + 1]. */
+static inline __attribute__((always_inline)) __m256i g8x_quad(const uint8_t* qs, int k) {
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(qs + 32 * k)), 0xD8);
+    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
+                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    return _mm256_shuffle_epi8(v, order);
+}
+
+static inline __attribute__((always_inline)) __m256i g8x_bcast(const int8_t* x) {
+    int32_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* out[r] lane c = row c of the group at `grp` (Q4_1 if has_m, else Q4_0) dotted with activation
+ * row r (x + r nb), r < R. */
+static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                           int has_m, __m256* out) {
+    const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[8]; /* R <= 8 (a constant in each copy) */
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * bytes;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+        __m256i s[8];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+#else
+        __m256i s16[8];
+        for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+#endif
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = g8x_quad(blk + qs_at, k);
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            for (int r = 0; r < R; r++) {
+                const int8_t* xq = x[(size_t)r * nb + b].qs;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s[r] = _mm256_add_epi32(s[r], g8x_dp2(lo, g8x_bcast(xq + 4 * k), hi, g8x_bcast(xq + 16 + 4 * k)));
+                G8X_KEEP(s[r]);
+#else
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(xq + 4 * k)),
+                                                   _mm256_maddubs_epi16(hi, g8x_bcast(xq + 16 + 4 * k)));
+                s16[r] = _mm256_add_epi16(s16[r], p);
+                G8X_KEEP(s16[r]);
+#endif
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))))
+                               : _mm256_mul_ps(_mm256_set1_ps(-8.0f), d);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+            const __m256i isum = s[r];
+#else
+            const __m256i isum = _mm256_madd_epi16(s16[r], _mm256_set1_epi16(1));
+#endif
+            const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(m, _mm256_set1_ps(xb->s)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* The same for a Q8_0 group: chunks 2k and 2k + 1 (32 bytes each: pairs 2k, 2k + 1 of the 8
+ * rows in their low halves, pairs 2k + 8, 2k + 9 in the high ones) give lane c row c's values
+ * 4k .. 4k + 3 (P) and 16 + 4k .. 19 + 4k (Q); |w| times x with w's sign (exact: x > -128). AVX2
+ * widens each vpmaddubsw (its pairs reach 2 x 128 x 127) by vpmaddwd. */
+static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                              __m256* out) {
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * sizeof(BlockQ8_0x8);
+        const uint8_t* qs = blk + offsetof(BlockQ8_0x8, qs);
+        __m256i s[8];
+        for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i a = _mm256_loadu_si256((const __m256i*)(qs + 64 * k));
+            const __m256i c = _mm256_loadu_si256((const __m256i*)(qs + 64 * k + 32));
+            const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
+            const __m256i p = _mm256_permute2x128_si256(lo, hi, 0x20), q = _mm256_permute2x128_si256(lo, hi, 0x31);
+            const __m256i up = _mm256_abs_epi8(p), uq = _mm256_abs_epi8(q);
+            for (int r = 0; r < R; r++) {
+                const int8_t* xq = x[(size_t)r * nb + b].qs;
+                const __m256i xp = _mm256_sign_epi8(g8x_bcast(xq + 4 * k), p);
+                const __m256i xq2 = _mm256_sign_epi8(g8x_bcast(xq + 16 + 4 * k), q);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s[r] = _mm256_add_epi32(s[r], g8x_dp2(up, xp, uq, xq2));
+#else
+                const __m256i one = _mm256_set1_epi16(1);
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(up, xp), one));
+                s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(uq, xq2), one));
+#endif
+                G8X_KEEP(s[r]);
+            }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int r = 0; r < R; r++) {
+            const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(x[(size_t)r * nb + b].d));
+            acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(s[r])));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* The 8 rows' d sc_j and dmin m_j of sub-block j of a Q4_K group's super-block `blk`, in
+ * q4k_sub's floats. */
+static inline __attribute__((always_inline)) void g8x_q4k_scales(const uint8_t* blk, int j, __m256* dsc, __m256* dm) {
+    const uint8_t* bytes = blk + offsetof(BlockQ4Kx8, scales);
+#define G8X_SCALE_BYTE(k) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * (k))))
+    const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15);
+    __m256i sc, mn;
+    if (j < 4) {
+        sc = _mm256_and_si256(G8X_SCALE_BYTE(j), six);
+        mn = _mm256_and_si256(G8X_SCALE_BYTE(j + 4), six);
+    } else {
+        const __m256i b = G8X_SCALE_BYTE(j + 4);
+        sc = _mm256_or_si256(_mm256_and_si256(b, four), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j - 4), 6), 4));
+        mn = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j), 6), 4));
+    }
+#undef G8X_SCALE_BYTE
+    *dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)), _mm256_cvtepi32_ps(sc));
+    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin)))),
+                        _mm256_cvtepi32_ps(mn));
+}
+
+/* acc + t isum - dm s: one sub-block's step (act8.h; minus dm s is plus -(dm) s exactly) */
+static inline __m256 g8x_step(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* xb, __m256i isum) {
+    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
+}
+
+/* The same for a Q4_K group: chunk ch of a super-block (qs[ch]: 16 x 16 bytes) holds sub-blocks
+ * 2 ch (low nibbles) and 2 ch + 1 (high), as a Q4 block holds its two halves. */
+static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                               __m256* out) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ4Kx8);
+        const int j = b % 8;
+        const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * (j / 2);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+        __m256i s0[8], s1[8];
+        for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
+#else
+        __m256i s0[8], s1[8]; /* int16 sums of the two sub-blocks */
+        for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
+#endif
+        for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
+            const __m256i q = g8x_quad(qs, k), q2 = g8x_quad(qs, k + 1);
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            const __m256i lo2 = _mm256_and_si256(q2, low), hi2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), low);
+            for (int r = 0; r < R; r++) {
+                const BlockX8* xb = x + (size_t)r * nb + b;
+                const int8_t *x0 = xb[0].qs + 4 * k, *x1 = xb[1].qs + 4 * k;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                s0[r] = _mm256_add_epi32(s0[r], g8x_dp2(lo, g8x_bcast(x0), lo2, g8x_bcast(x0 + 4)));
+                s1[r] = _mm256_add_epi32(s1[r], g8x_dp2(hi, g8x_bcast(x1), hi2, g8x_bcast(x1 + 4)));
+#else
+                s0[r] = _mm256_add_epi16(s0[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(x0)),
+                                                                 _mm256_maddubs_epi16(lo2, g8x_bcast(x0 + 4))));
+                s1[r] = _mm256_add_epi16(s1[r], _mm256_add_epi16(_mm256_maddubs_epi16(hi, g8x_bcast(x1)),
+                                                                 _mm256_maddubs_epi16(hi2, g8x_bcast(x1 + 4))));
+#endif
+                G8X_KEEP(s0[r]);
+                G8X_KEEP(s1[r]);
+            }
+        }
+        __m256 dsc0, dm0, dsc1, dm1;
+        g8x_q4k_scales(blk, j, &dsc0, &dm0);
+        g8x_q4k_scales(blk, j + 1, &dsc1, &dm1);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+            const __m256i i0 = s0[r], i1 = s1[r];
+#else
+            const __m256i i0 = _mm256_madd_epi16(s0[r], _mm256_set1_epi16(1));
+            const __m256i i1 = _mm256_madd_epi16(s1[r], _mm256_set1_epi16(1));
+#endif
+            acc[r] = g8x_step(g8x_step(acc[r], dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* The same for a Q6_K group: 32-value group g = 4n + k of a super-block reads ql chunk 2n + (k & 1)
+ * (its low nibbles if k < 2, else the high ones) and bits 2k, 2k + 1 of qh chunk n; quads 0..3
+ * are the first 16-value half, 4..7 the second, each half its own step. |q - 32| times x with
+ * q - 32's sign (exact); AVX2 keeps a half's sums in int16 (4 x 2 x 32 x 127 < 2^15). */
+static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                               __m256* out) {
+    const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ6Kx8);
+        const int g = b % 8, n = g / 4, k = g % 4;
+        const uint8_t* ql = blk + offsetof(BlockQ6Kx8, ql) + 256 * (2 * n + (k & 1));
+        const uint8_t* qh = blk + offsetof(BlockQ6Kx8, qh) + 256 * n;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        for (int h = 0; h < 2; h++) {
+            __m256i s[8];
+            for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+            for (int quad = 4 * h; quad < 4 * h + 4; quad += 2) { /* quads quad, quad + 1 */
+                __m256i q[2], u[2];
+                for (int i = 0; i < 2; i++) {
+                    const __m256i l4 = g8x_quad(ql, quad + i), h2 = g8x_quad(qh, quad + i);
+                    const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
+                    q[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
+                    u[i] = _mm256_abs_epi8(q[i]);
+                }
+                for (int r = 0; r < R; r++) {
+                    const int8_t* xq = x[(size_t)r * nb + b].qs + 4 * quad;
+                    const __m256i xs0 = _mm256_sign_epi8(g8x_bcast(xq), q[0]);
+                    const __m256i xs1 = _mm256_sign_epi8(g8x_bcast(xq + 4), q[1]);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                    s[r] = _mm256_add_epi32(s[r], g8x_dp2(u[0], xs0, u[1], xs1));
+#else
+                    s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(_mm256_maddubs_epi16(u[0], xs0),
+                                                                   _mm256_maddubs_epi16(u[1], xs1)));
+#endif
+                    G8X_KEEP(s[r]);
+                }
+            }
+            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + h)))));
+            const __m256 dsc = _mm256_mul_ps(d, sc);
+            for (int r = 0; r < R; r++) {
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+                const __m256i isum = s[r];
+#else
+                const __m256i isum = _mm256_madd_epi16(s[r], _mm256_set1_epi16(1));
+#endif
+                const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(x[(size_t)r * nb + b].d));
+                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* one copy per layout and R (not inlined into the caller's loop) */
+#define G8X_COPY(name, R, has_m)                                                                 \
+    static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                     __m256* out) {                              \
+        g8x_rows(grp, nb, x, R, has_m, out);                                                     \
+    }
+#define G8X_COPIES(name, has_m)                                                                  \
+    G8X_COPY(name, 1, has_m)                                                                     \
+    G8X_COPY(name, 2, has_m) G8X_COPY(name, 3, has_m) G8X_COPY(name, 4, has_m)                   \
+        G8X_COPY(name, 5, has_m) G8X_COPY(name, 6, has_m) G8X_COPY(name, 7, has_m)               \
+            G8X_COPY(name, 8, has_m)
+G8X_COPIES(g8x_q40, 0)
+G8X_COPIES(g8x_q41, 1)
+#define G8X_Q8_COPY(R)                                                                            \
+    static __attribute__((noinline)) void g8x_q80_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q8_rows(grp, nb, x, R, out);                                                         \
+    }
+G8X_Q8_COPY(1)
+G8X_Q8_COPY(2)
+G8X_Q8_COPY(3)
+G8X_Q8_COPY(4)
+G8X_Q8_COPY(5)
+G8X_Q8_COPY(6)
+G8X_Q8_COPY(7)
+G8X_Q8_COPY(8)
+#define G8X_Q4K_COPY(R)                                                                           \
+    static __attribute__((noinline)) void g8x_q4k_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q4k_rows(grp, nb, x, R, out);                                                        \
+    }
+G8X_Q4K_COPY(1)
+G8X_Q4K_COPY(2)
+G8X_Q4K_COPY(3)
+G8X_Q4K_COPY(4)
+G8X_Q4K_COPY(5)
+G8X_Q4K_COPY(6)
+G8X_Q4K_COPY(7)
+G8X_Q4K_COPY(8)
+#define G8X_Q6K_COPY(R)                                                                           \
+    static __attribute__((noinline)) void g8x_q6k_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                      __m256* out) {                             \
+        g8x_q6k_rows(grp, nb, x, R, out);                                                        \
+    }
+G8X_Q6K_COPY(1)
+G8X_Q6K_COPY(2)
+G8X_Q6K_COPY(3)
+G8X_Q6K_COPY(4)
+G8X_Q6K_COPY(5)
+G8X_Q6K_COPY(6)
+G8X_Q6K_COPY(7)
+G8X_Q6K_COPY(8)
+
+typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
+#define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
+
+/* The grouped strategy over a layout's kernels for 1..G8X_MAX_R activation rows (index R - 1). */
+static inline __attribute__((always_inline)) void run_groups8(const Run* r, const G8XRows* k) {
+    __m256 acc[8];
+    float o[8 * 8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        const uint8_t* grp = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= G8X_MAX_R ? G8X_MAX_R : r->m1 - m;
+            k[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            for (int i = 0; i < R; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+            for (int i = 0; i < R; i++)
+                for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[8 * i + c]);
+            m += R;
+        }
+    }
+}
+
+int exo_x86_grouped8_q4_0(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q40);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q4_1(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q41);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q4_k(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q4k);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q6_k(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q6k);
+    run_groups8(r, k);
+    return 0;
+}
+int exo_x86_grouped8_q8_0(const Run* r) {
+    static const G8XRows k[] = G8X_BY_R(g8x_q80);
+    run_groups8(r, k);
+    return 0;
+}
+#endif
