@@ -160,7 +160,7 @@ def _blocked(
 
 def test_a_stream_runs_on_while_a_picture_encodes(engine: Engine) -> None:
     gen, encoder, first = _blocked(engine)
-    assert gen.active == 2 and gen.stepping and gen.images.waiting == 1
+    assert gen.active == 2 and gen.stepping and gen.images.waiting == gen.images.encoding == 1
     during = _step_until(gen, lambda ev: len(_chunks(ev, "a")) >= 10)
     assert not encoder.finished.is_set() and _chunks(during, "b") == []  # still encoding
     encoder.release.set()
