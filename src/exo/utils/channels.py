@@ -8,7 +8,7 @@ sender is closed; a sender whose reader is gone raises ``anyio.ClosedResourceErr
 import math
 import multiprocessing as mp
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar, cast
@@ -167,13 +167,16 @@ class mp_channel(Generic[T]):
         return MpSender(writer), MpReceiver(reader)
 
 
-def mp_wait(receivers: "list[MpReceiver[Any]]", timeout: float | None) -> list[int]:
+def mp_wait(
+    receivers: "list[MpReceiver[Any]]", timeout: float | None, fds: Sequence[int] = ()
+) -> list[int]:
     """Block until any of the receivers has something (or its end) to read; the indexes
-    of those that do. ``timeout`` 0 polls; None waits for ever."""
+    of those that do. ``timeout`` 0 polls; None waits for ever. ``fds``: file descriptors
+    that also wake the wait (ready, not reported) -- a thread's "done" pipe."""
     from multiprocessing.connection import wait
 
     open_conns = {id(r._conn): i for i, r in enumerate(receivers) if not r._conn.closed}
     if not open_conns:
         return []
-    ready = wait([r._conn for r in receivers if not r._conn.closed], timeout)
-    return sorted(open_conns[id(c)] for c in ready)
+    ready = wait([*(r._conn for r in receivers if not r._conn.closed), *fds], timeout)
+    return sorted(open_conns[id(c)] for c in ready if not isinstance(c, int))

@@ -4,7 +4,9 @@ Every wait is bounded by a deadline; nothing sleeps.
 """
 
 import multiprocessing as mp
+import os
 import pickle
+import time
 from multiprocessing.reduction import ForkingPickler
 
 import anyio
@@ -290,3 +292,21 @@ async def test_reader_sees_the_end_when_the_child_dies() -> None:
         child.kill()
         child.join(DEADLINE_S)
         hold_sender.close()
+
+
+def test_mp_wait_wakes_on_a_file_descriptor_without_reporting_it() -> None:
+    sender, receiver = mp_channel[int]()
+    read_fd, write_fd = os.pipe()
+    try:
+        assert mp_wait([receiver], 0, (read_fd,)) == []
+        os.write(write_fd, b"\0")
+        started = time.monotonic()
+        assert mp_wait([receiver], DEADLINE_S, (read_fd,)) == []  # woken, nothing to receive
+        assert time.monotonic() - started < DEADLINE_S
+        sender.send(1)
+        assert mp_wait([receiver], DEADLINE_S, (read_fd,)) == [0]
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+        sender.close()
+        receiver.close()

@@ -44,10 +44,10 @@ from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
+from exo.worker.runner.image_jobs import ImageJobs
 from exo.worker.runner.microbatch import PipelinedBatcher, pipelined_batcher
 from exo.worker.runner.prompt_images import (
     ImageError,
-    encode_images,
     expand_markers,
     image_refusal,
     request_images,
@@ -94,10 +94,15 @@ class Generation:
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch
         self._grammars: GrammarCompiler | None = None
+        self.images = ImageJobs()  # requests whose images encode off this thread
 
     @property
     def active(self) -> int:
         return len(self.requests)
+
+    @property
+    def stepping(self) -> bool:  # `step` has work: a request not only waiting for its images
+        return self.active > self.images.waiting or self.images.ready
 
     def warmup(self) -> None:
         self.engine.warmup()
@@ -183,10 +188,8 @@ class Generation:
         try:
             if runs:
                 sampling = sampling_params(params, max_tokens, constraint, sink, prompt_sink)
-                spans = encode_images(self.engine.vision, prompt_ids, images)
-                self.batch.add(task.task_id, prompt_ids, sampling, spans)
-        except ImageError as e:
-            return self._failed(task, str(e), "invalid_request")
+                self.images.add(self.batch, task.task_id, self.engine.vision, images,
+                                prompt_ids, sampling)  # fmt: skip
         except Exception as e:  # this request is refused; the others go on
             logger.warning(f"request {task.task_id} refused: {e}")
             return self._failed(task, f"{type(e).__name__}: {e}")
@@ -305,6 +308,9 @@ class Generation:
 
     def step(self) -> list[Event]:
         events: list[Event] = []
+        for refused in self.images.admit(self.batch):
+            request = self.requests.pop(refused.task_id)
+            events.extend(self._failed(request.task, refused.message, refused.code))
         for out in self.batch.step():
             request = self.requests.get(TaskId(out.request_id))
             if request is None:
@@ -355,11 +361,13 @@ class Generation:
         request = self.requests.get(task_id)
         if request is None:
             return []
-        self.batch.cancel(task_id)
+        if not self.images.drop(task_id):  # an encoding's result, when it comes, is dropped
+            self.batch.cancel(task_id)
         return self._chunk(request, "", -1, "cancelled")
 
     def close(self) -> None:
         """Release the other ranks of the group (they stop following)."""
+        self.images.close()
         if self.leader is not None:
             batch = self.batch
             self.leader.stop(batch.close() if isinstance(batch, PipelinedBatcher) else 0)

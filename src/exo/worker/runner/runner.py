@@ -103,7 +103,8 @@ class Runner:
         self.update_status(RunnerIdle())
         try:
             while not self.done:
-                busy = self.generation is not None and self.generation.active > 0
+                # a request only waiting for its images is not work: wait for them instead
+                busy = self.generation is not None and self.generation.stepping
                 self._take_inputs(block=not busy)
                 if self.generation is None or self.done:
                     continue
@@ -134,7 +135,8 @@ class Runner:
             if self.follower.finished.is_set():
                 logger.info("rank 0 released the group")
             timeout = 0.5 if block else 0.0
-        ready = mp_wait([self.tasks, self.cancels], timeout)
+        wakeup = None if self.generation is None else self.generation.images.wakeup
+        ready = mp_wait([self.tasks, self.cancels], timeout, () if wakeup is None else (wakeup,))
         if 1 in ready:
             self._handle_cancel(self.cancels.receive())
         if 0 in ready:
