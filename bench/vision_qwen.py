@@ -45,6 +45,8 @@ def random_qwen25(shape_name: str, seed: int = 0) -> QwenVision:
 
 
 def label(name: str, vision: QwenVision) -> str:
+    """The row's name: the generator's `8b` shape is the Qwen2.5-VL-7B tower."""
     c = vision.config
-    return (f"Qwen2.5-VL {name} tower ({c.depth} blocks of width {c.hidden}, "
+    shown = "7B-shaped" if name == "8b" else name
+    return (f"Qwen2.5-VL {shown} tower ({c.depth} blocks of width {c.hidden}, "
             f"-> {c.out_hidden})")  # fmt: skip
