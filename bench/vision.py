@@ -1,21 +1,24 @@
-"""Gemma 3's image path: the time to encode one image (processor, SigLIP tower, projector) for
-the tiny test tower and a real-layer-shaped Gemma 3 4B tower (random weights: SigLIP so400m,
-27 layers of width 1152, 16 heads, an 896x896 image in 14-pixel patches pooled to 256 soft
-tokens, projected to the text width), best of N at each thread count; then the time to first
-token of a one-image chat prompt through a real node, where the engine takes images (else one
-line saying why it was skipped). Prints its figures.
+"""The image path's figures: the time to encode one image (processor, tower, projector) for
+the tiny Gemma 3 test tower and a real-layer-shaped Gemma 3 4B tower (random weights: SigLIP
+so400m, 27 layers of width 1152, 16 heads, an 896x896 image in 14-pixel patches pooled to 256
+soft tokens, projected to the text width), and for the generator's tiny Qwen2.5-VL tower and a
+real-layer Qwen2.5-VL-7B one (`vision_qwen.py`; one 448x448 image), best of N at each thread
+count; then the time to first token of a one-image chat prompt through a real node (best of N,
+a node per thread count) for the tiny `gemma3-vision` and `qwen2.5-vl` folders that
+`bench/make_model.py ... --shape tiny --safetensors` writes under a temporary directory.
 
     python bench/vision.py [--threads 1,2] [--repeats 2] [--text-hidden 2560] [--tiny-only]
                            [--model DIR]
 
---model: a Gemma 3 vision model folder (or GGUF with its mmproj) for the node's TTFT; without
-it the tiny model that `bench/make_model.py gemma3-vision` writes, when that family exists.
+--model: one vision model (folder, or GGUF with its mmproj) for the node's TTFT instead of the
+generated tiny ones. --tiny-only: no real-layer-shaped towers.
 """
 
 import argparse
 import base64
 import io
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +36,12 @@ from exo.shared.types.text_generation import InputImage
 from exo.worker.engines.models.gemma3_mmproj import gguf_to_hf_names
 from exo.worker.engines.models.gemma3_vision import Gemma3Vision, Gemma3VisionConfig
 from exo.worker.engines.models.siglip import SiglipConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vision_qwen import label, random_qwen25
+
+BENCH = Path(__file__).resolve().parent
+TINY_FAMILIES = ("gemma3-vision", "qwen2.5-vl")
 
 TINY = SiglipConfig(hidden=32, intermediate=64, layers=2, heads=2, image_size=64, patch_size=16)
 GEMMA3_4B = SiglipConfig(hidden=1152, intermediate=4304, layers=27, heads=16, image_size=896,
@@ -88,28 +97,47 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
     return min(times)
 
 
-def encode_times(name: str, vision: Gemma3Vision, threads: list[int], repeats: int) -> None:
-    image = photo(vision.config.tower.image_size)
+def encode_times(name: str, encode: Callable[[], int], threads: list[int], repeats: int,
+                 size: int) -> None:  # fmt: skip
+    """`encode` encodes the one image and says into how many tokens."""
+    tokens: list[int] = []
     for n in threads:
         torch.set_num_threads(n)
-        seconds = best_of(repeats, lambda: vision([image]))
-        out = vision.config.tokens_per_image
+        seconds = best_of(repeats, lambda: tokens.append(encode()))
         print(f"encode {name}: {seconds * 1000:10.1f} ms  ({n} thread{'s' if n > 1 else ''}, "
-              f"best of {repeats}; 1 image -> {out} soft tokens)", flush=True)  # fmt: skip
+              f"best of {repeats}; 1 {size}x{size} image -> {tokens[-1]} tokens)",
+              flush=True)  # fmt: skip
 
 
-def _vision_model(given: Path | None, work: Path) -> Path | str:
-    """The model the node serves, or why there is none."""
-    if given is not None:
-        return given
-    from exo.modelgen import FAMILIES
+def gemma_encode_times(name: str, vision: Gemma3Vision, threads: list[int], repeats: int) -> None:
+    size = vision.config.tower.image_size
+    image = photo(size)
 
-    if "gemma3-vision" not in FAMILIES:
-        return ("no Gemma 3 vision model to serve: give --model DIR (bench/make_model.py has no "
-                "gemma3-vision family on this branch)")  # fmt: skip
-    from exo.modelgen import Request, generate
+    def encode() -> int:
+        vision([image])
+        return vision.config.tokens_per_image
 
-    return generate(Request("gemma3-vision", "tiny", "F32", work / "gemma3-vision", None, True, 0))
+    encode_times(name, encode, threads, repeats, size)
+
+
+def qwen_encode_times(shape: str, threads: list[int], repeats: int) -> None:
+    start = time.perf_counter()
+    vision = random_qwen25(shape)
+    built = time.perf_counter() - start
+    if shape != "tiny":
+        print(f"(built the Qwen2.5-VL {shape} tower with random weights in {built:.1f} s)")
+    image = photo(448)
+    encode_times(label(shape, vision), lambda: int(vision.encode([image]).embeds.shape[0]),
+                 threads, repeats, 448)  # fmt: skip
+
+
+def tiny_model(family: str, work: Path) -> Path:
+    """`bench/make_model.py FAMILY --shape tiny --safetensors` under `work`."""
+    out = work / family
+    cmd = [sys.executable, str(BENCH / "make_model.py"), family, "--shape", "tiny",
+           "--safetensors", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return out
 
 
 def _chat_ttft(url: str, model: str, image: bytes) -> float:
@@ -135,29 +163,31 @@ def _chat_ttft(url: str, model: str, image: bytes) -> float:
 
 
 def node_ttft(given: Path | None, threads: list[int], repeats: int) -> None:
-    from exo.tests.node_process import running_node
-
     with tempfile.TemporaryDirectory(prefix="exo-bench-vision-") as tmp:
         work = Path(tmp)
-        model = _vision_model(given, work)
-        if isinstance(model, str):
-            print(f"skip node TTFT: {model}")
-            return
+        models = [given] if given is not None else [tiny_model(f, work) for f in TINY_FAMILIES]
         buf = io.BytesIO()
         Image.new("RGB", (640, 480), (200, 40, 40)).save(buf, format="PNG")
-        for n in threads:
-            try:
-                with running_node(work, "--model", str(model), "--threads", str(n),
-                                  timeout=600) as node:  # fmt: skip
-                    served = node.get("/v1/models").json()["data"][0]["id"]
-                    seconds = best_of(
-                        repeats, lambda url=node.url, m=served: _chat_ttft(url, m, buf.getvalue())
-                    )
-            except (RuntimeError, AssertionError) as e:
-                print(f"skip node TTFT: the node did not answer an image ({e})")
-                return
-            print(f"node TTFT, 1-image chat prompt ({model.name}): {seconds * 1000:10.1f} ms  "
-                  f"({n} thread{'s' if n > 1 else ''}, best of {repeats})", flush=True)  # fmt: skip
+        for model in models:
+            for n in threads:
+                model_ttft(model, n, repeats, buf.getvalue(), work)
+
+
+def model_ttft(model: Path, n: int, repeats: int, image: bytes, work: Path) -> None:
+    """One node serving `model` with `n` threads: the best TTFT of `repeats` requests."""
+    from exo.tests.node_process import running_node
+
+    try:
+        with running_node(work, "--model", str(model), "--threads", str(n),
+                          timeout=600) as node:  # fmt: skip
+            ids = [m["id"] for m in node.get("/v1/models").json()["data"]]
+            served = next((i for i in ids if model.name in i), ids[0])  # not the catalogue's
+            seconds = best_of(repeats, lambda: _chat_ttft(node.url, served, image))
+    except (RuntimeError, AssertionError) as e:
+        print(f"node TTFT ({model.name}, {n} thread(s)): the node did not answer an image ({e})")
+        return
+    print(f"node TTFT, 1-image chat prompt ({model.name}): {seconds * 1000:10.1f} ms  "
+          f"({n} thread{'s' if n > 1 else ''}, best of {repeats})", flush=True)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:
@@ -170,15 +200,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", type=Path, help="a Gemma 3 vision model for the node's TTFT")
     a = ap.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",") if t]
-    encode_times("tiny Gemma 3 tower (64 px, 2 layers)", random_vision(TINY, 64, 4), threads,
-                 a.repeats)  # fmt: skip
+    gemma_encode_times("tiny Gemma 3 tower (64 px, 2 layers)", random_vision(TINY, 64, 4),
+                       threads, a.repeats)  # fmt: skip
+    qwen_encode_times("tiny", threads, a.repeats)
     if not a.tiny_only:
         start = time.perf_counter()
         real = random_vision(GEMMA3_4B, a.text_hidden, 256)
         print(f"(built the 4B-shaped tower with random weights in {time.perf_counter() - start:.1f} s)")
-        encode_times(f"Gemma 3 4B-shaped tower (896 px, 27 layers, -> {a.text_hidden})", real,
-                     threads, a.repeats)  # fmt: skip
+        gemma_encode_times(f"Gemma 3 4B-shaped tower (896 px, 27 layers, -> {a.text_hidden})",
+                           real, threads, a.repeats)  # fmt: skip
         del real
+        qwen_encode_times("8b", threads, a.repeats)
     node_ttft(a.model, threads, a.repeats)
     return 0
 

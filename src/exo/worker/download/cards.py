@@ -8,7 +8,7 @@ the head of the file. The card pins the commit it was built from.
 
 import json
 import re
-from typing import Any
+from typing import Any, cast
 
 from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.utils import build_hf_headers, get_session
@@ -109,7 +109,7 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         raise DownloadError(f"{hub.repo_id} has no safetensors weights with a config.json", 404)
     raw: dict[str, Any] = json.loads(_fetch(hub, "config.json", settings).read_text())
     vision = config_takes_images(raw)
-    vision_fields = config_vision_fields(raw)
+    vision_fields = config_vision_fields(raw, _hub_preprocessor(hub, settings) if vision else None)
     raw = raw.get("text_config", raw) if "num_hidden_layers" not in raw else raw
     heads = int(raw["num_attention_heads"])
     weight_format = _DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype")), "")
@@ -142,6 +142,14 @@ def _safetensors_card(name: str, hub: HubSource, settings: HubSettings) -> Model
         vision=vision,
         **vision_fields,
     )
+
+
+def _hub_preprocessor(hub: HubSource, settings: HubSettings) -> dict[str, Any] | None:
+    """A vision repo's preprocessor_config.json (its processor's largest image), if listed."""
+    if not any(f.path == "preprocessor_config.json" for f in hub.files):
+        return None
+    raw = json.loads(_fetch(hub, "preprocessor_config.json", settings).read_text())
+    return cast(dict[str, Any], raw) if isinstance(raw, dict) else None
 
 
 def _expert_count(raw: dict[str, Any]) -> int:

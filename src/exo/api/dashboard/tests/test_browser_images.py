@@ -1,7 +1,8 @@
 """The chat's images in a real chromium against the scripted node's real HTTP API: an image
 pasted into the prompt or dropped on the composer shows as a thumbnail and goes out as an
 OpenAI image_url part (a data URL of the same bytes), which the API decodes into the task;
-a model whose card has no vision refuses the image with a clear message."""
+a model whose card has no vision refuses the image with a clear message; the Models view
+marks the models that take images."""
 
 import base64
 import re
@@ -139,4 +140,21 @@ def test_a_model_without_vision_says_so(
         "doc.pdf is not a PNG, JPEG, WebP or GIF image"
     )
     expect(page.locator("#attachments img")).to_have_count(0)
+    assert tab.errors == []
+
+
+def test_the_models_view_marks_vision_models(
+    served: tuple[ScriptedNode, ServedApp], browser: Browser, tmp_path: Path
+) -> None:
+    """The catalogue's entry of a card with vision carries a "vision" badge; a text-only
+    card's has none."""
+    _, app = served
+    tab = browser.open(app.url + "/#models")
+    page = tab.page
+    vision = page.locator(f'details.model[data-model-id="{VISION}"]')
+    text_only = page.locator(f'details.model[data-model-id="{TEXT_ONLY}"]')
+    expect(text_only).to_have_count(1)
+    expect(vision.locator("summary .badge.vision")).to_have_text("vision")
+    expect(text_only.locator(".badge.vision")).to_have_count(0)
+    tab.shot(tmp_path, "vision-badge")
     assert tab.errors == []

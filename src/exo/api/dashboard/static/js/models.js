@@ -159,6 +159,12 @@ async function showPreviews(card, target, summary) {
   }
 }
 
+// Models whose card says they take images (a vision tower, or an mmproj file beside a GGUF).
+function visionBadge(card) {
+  if (!card.vision) return null;
+  return h("span", { class: "badge vision", title: "takes images in chat requests" }, "vision");
+}
+
 // Previews are fetched at once for the first models, on opening for the rest.
 const EAGER_PREVIEWS = 12;
 
@@ -192,7 +198,7 @@ function catalogueEntry(card, index) {
   const details = h("details", { class: "card model", dataset: { modelId: card.model_id } },
     h("summary", {}, h("strong", {}, card.model_id), " ",
       h("span", { class: "muted" }, `${bytes(card.storage_size.in_bytes)} · ${card.n_layers} layers · ` +
-        `${card.context_length} context · ${card.architecture}`), " ", fit),
+        `${card.context_length} context · ${card.architecture}`), " ", visionBadge(card), fit),
     h("div", { class: "launch-form" },
       h("label", {}, "sharding ", sharding), h("label", {}, "nodes ", nodes), launch, message),
     previews);
