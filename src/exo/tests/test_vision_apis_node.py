@@ -12,6 +12,7 @@ node's 400 (fetching image URLs is off by default)."""
 import base64
 import io
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,16 @@ def _ollama(node: NodeProcess) -> ollama.Client:
     return ollama.Client(host=node.url, timeout=120)
 
 
-def chat(node: NodeProcess, picture: bytes, stream: bool) -> str:
+@dataclass(frozen=True)
+class Answer:
+    """An API's answer: its text and the prompt's token count (the same rendering, the same
+    count: the soft tokens and the prompt's text)."""
+
+    text: str
+    prompt_tokens: int
+
+
+def chat(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     parts: Any = [
         {"type": "text", "text": PROMPT},
         {"type": "image_url", "image_url": {"url": data_url(picture)}},
@@ -85,15 +95,19 @@ def chat(node: NodeProcess, picture: bytes, stream: bool) -> str:
     messages: Any = [{"role": "user", "content": parts}]
     client = _openai(node)
     if stream:
-        chunks = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0.0, stream=True
-        )
-        return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        chunks = list(client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0.0, stream=True,
+            stream_options={"include_usage": True},
+        ))
+        usage = chunks[-1].usage
+        assert usage is not None
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return Answer(text, usage.prompt_tokens)
     answer = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=TOKENS, temperature=0.0
     )
-    assert answer.usage is not None and answer.usage.prompt_tokens > 256  # the soft tokens
-    return answer.choices[0].message.content or ""
+    assert answer.usage is not None
+    return Answer(answer.choices[0].message.content or "", answer.usage.prompt_tokens)
 
 
 def _responses_input(picture: bytes) -> Any:
@@ -104,25 +118,28 @@ def _responses_input(picture: bytes) -> Any:
     return [{"role": "user", "content": content}]
 
 
-def responses(node: NodeProcess, picture: bytes, stream: bool) -> str:
+def responses(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     client = _openai(node)
     items = _responses_input(picture)
-    if stream:
-        events = client.responses.create(
-            model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0, stream=True
+    if not stream:
+        answer = client.responses.create(
+            model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0
         )
-        deltas: list[str] = []
-        for event in events:
-            if event.type == "response.output_text.delta":
-                deltas.append(event.delta)
-            if event.type == "response.completed":
-                assert event.response.output_text == "".join(deltas)
-        return "".join(deltas)
-    answer = client.responses.create(
-        model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0
+        assert answer.usage is not None
+        return Answer(answer.output_text, answer.usage.input_tokens)
+    events = client.responses.create(
+        model=MODEL, input=items, max_output_tokens=TOKENS, temperature=0.0, stream=True
     )
-    assert answer.usage is not None and answer.usage.input_tokens > 256
-    return answer.output_text
+    deltas: list[str] = []
+    completed = None
+    for event in events:
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type in ("response.completed", "response.incomplete"):  # (max tokens)
+            completed = event.response
+    assert completed is not None and completed.usage is not None
+    assert completed.output_text == "".join(deltas)
+    return Answer("".join(deltas), completed.usage.input_tokens)
 
 
 def _claude_messages(picture: bytes) -> Any:
@@ -131,7 +148,7 @@ def _claude_messages(picture: bytes) -> Any:
     return [{"role": "user", "content": content}]
 
 
-def claude(node: NodeProcess, picture: bytes, stream: bool) -> str:
+def claude(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     client = _anthropic(node)
     messages = _claude_messages(picture)
     if stream:
@@ -141,27 +158,29 @@ def claude(node: NodeProcess, picture: bytes, stream: bool) -> str:
             text = "".join(events.text_stream)
             final = events.get_final_message()
         assert final.stop_reason in ("end_turn", "max_tokens")
-        return text
+        return Answer(text, final.usage.input_tokens)
     answer = client.messages.create(
         model=MODEL, max_tokens=TOKENS, messages=messages, extra_body=GREEDY
     )
-    assert answer.usage.input_tokens > 256
-    return "".join(b.text for b in answer.content if b.type == "text")
+    text = "".join(b.text for b in answer.content if b.type == "text")
+    return Answer(text, answer.usage.input_tokens)
 
 
-def ollama_chat(node: NodeProcess, picture: bytes, stream: bool) -> str:
+def ollama_chat(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     client = _ollama(node)
     messages = [{"role": "user", "content": PROMPT, "images": [_b64(picture)]}]
     options = {"temperature": 0, "num_predict": TOKENS}
     if stream:
-        parts = client.chat(model=MODEL, messages=messages, options=options, stream=True)
-        return "".join(p.message.content or "" for p in parts)
+        parts = list(client.chat(model=MODEL, messages=messages, options=options, stream=True))
+        assert parts[-1].done
+        text = "".join(p.message.content or "" for p in parts)
+        return Answer(text, parts[-1].prompt_eval_count or 0)
     answer = client.chat(model=MODEL, messages=messages, options=options)
-    assert answer.done and (answer.prompt_eval_count or 0) > 256
-    return answer.message.content or ""
+    assert answer.done
+    return Answer(answer.message.content or "", answer.prompt_eval_count or 0)
 
 
-ASK: dict[str, Callable[[NodeProcess, bytes, bool], str]] = {
+ASK: dict[str, Callable[[NodeProcess, bytes, bool], Answer]] = {
     "openai-chat": chat,
     "openai-responses": responses,
     "claude-messages": claude,
@@ -170,26 +189,27 @@ ASK: dict[str, Callable[[NodeProcess, bytes, bool], str]] = {
 
 
 @pytest.fixture(scope="module")
-def reference(node: NodeProcess) -> dict[bytes, str]:
+def reference(node: NodeProcess) -> dict[bytes, Answer]:
     """The OpenAI chat answers for the two pictures (the answers every API must give)."""
     answers = {picture: chat(node, picture, stream=False) for picture in (RED, BLUE)}
-    assert all(a.strip() for a in answers.values())
-    assert answers[RED] != answers[BLUE]
+    assert all(a.text.strip() for a in answers.values())
+    assert all(a.prompt_tokens > 256 for a in answers.values())  # the image's soft tokens
+    assert answers[RED].text != answers[BLUE].text
     return answers
 
 
 @pytest.mark.parametrize("api", list(ASK))
 def test_each_api_answers_a_picture_as_openai_chat_does(
-    node: NodeProcess, reference: dict[bytes, str], api: str
+    node: NodeProcess, reference: dict[bytes, Answer], api: str
 ) -> None:
     ask = ASK[api]
-    answers: list[str] = []
+    answers: list[Answer] = []
     for picture in (RED, BLUE):
         whole = ask(node, picture, False)
         assert whole == reference[picture], f"{api}: a different answer from OpenAI chat's"
         assert ask(node, picture, True) == whole, f"{api}: the stream differs from the answer"
         answers.append(whole)
-    assert answers[0] != answers[1], f"{api}: two pictures, one answer"
+    assert answers[0].text != answers[1].text, f"{api}: two pictures, one answer"
 
 
 def _openai_error(error: openai.BadRequestError) -> dict[str, Any]:
