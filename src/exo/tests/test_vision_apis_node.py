@@ -135,8 +135,8 @@ def responses(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     for event in events:
         if event.type == "response.output_text.delta":
             deltas.append(event.delta)
-        if event.type in ("response.completed", "response.incomplete"):  # (max tokens)
-            completed = event.response
+        if event.type == "response.completed" or event.type == "response.incomplete":
+            completed = event.response  # incomplete: max_output_tokens reached
     assert completed is not None and completed.usage is not None
     assert completed.output_text == "".join(deltas)
     return Answer("".join(deltas), completed.usage.input_tokens)
