@@ -1,7 +1,7 @@
 """Every API's image shapes through one real node serving the generator's tiny Gemma 3 vision
 folder, with the official clients, streamed and not: OpenAI chat (``image_url`` data URL),
-OpenAI Responses (``input_image``), Claude messages (``image`` block, base64 source) and Ollama
-chat (``images``, base64).
+OpenAI Responses (``input_image``), Claude messages (``image`` block, base64 source), Ollama
+chat (``images``, base64) and Ollama generate (``images`` beside the prompt).
 
 For one picture and one prompt every API renders the same prompt (one user message: its text,
 then its image), so greedy decoding gives every API the OpenAI chat answer; a stream gives the
@@ -180,11 +180,27 @@ def ollama_chat(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
     return Answer(answer.message.content or "", answer.prompt_eval_count or 0)
 
 
+def ollama_generate(node: NodeProcess, picture: bytes, stream: bool) -> Answer:
+    client = _ollama(node)
+    options = {"temperature": 0, "num_predict": TOKENS}
+    if stream:
+        parts = list(client.generate(
+            model=MODEL, prompt=PROMPT, images=[picture], options=options, stream=True
+        ))
+        assert parts[-1].done
+        text = "".join(p.response or "" for p in parts)
+        return Answer(text, parts[-1].prompt_eval_count or 0)
+    answer = client.generate(model=MODEL, prompt=PROMPT, images=[picture], options=options)
+    assert answer.done
+    return Answer(answer.response or "", answer.prompt_eval_count or 0)
+
+
 ASK: dict[str, Callable[[NodeProcess, bytes, bool], Answer]] = {
     "openai-chat": chat,
     "openai-responses": responses,
     "claude-messages": claude,
     "ollama-chat": ollama_chat,
+    "ollama-generate": ollama_generate,
 }
 
 
