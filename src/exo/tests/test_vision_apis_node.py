@@ -235,7 +235,9 @@ def _openai_error(error: openai.BadRequestError) -> dict[str, Any]:
     return body["error"]
 
 
-def test_unreadable_images_are_each_apis_own_400(node: NodeProcess) -> None:
+def test_unreadable_images_are_each_apis_own_400(
+    node: NodeProcess, reference: dict[bytes, Answer]
+) -> None:
     bad = data_url(GARBAGE)
     parts: Any = [{"type": "text", "text": PROMPT}, {"type": "image_url", "image_url": {"url": bad}}]
     with pytest.raises(openai.BadRequestError) as chat_error:
@@ -271,6 +273,13 @@ def test_unreadable_images_are_each_apis_own_400(node: NodeProcess) -> None:
     assert ollama_error.value.status_code == 400
     expected = f"messages.0.images: image 1: {UNREADABLE}"
     assert ollama_error.value.error.startswith(expected), ollama_error.value.error
+
+    with pytest.raises(ollama.ResponseError) as generate_error:
+        _ollama(node).generate(model=MODEL, prompt=PROMPT, images=[GARBAGE])
+    assert generate_error.value.status_code == 400
+    assert generate_error.value.error.startswith(f"images: image 0: {UNREADABLE}")
+    # The refusals cost the node nothing: the picture still gets its answer.
+    assert chat(node, RED, stream=False) == reference[RED]
 
 
 def test_a_claude_url_source_is_refused_while_fetching_is_off(node: NodeProcess) -> None:
