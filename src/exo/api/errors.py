@@ -128,7 +128,7 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
     if loc and loc[0] == "body":
         loc = loc[1:]
     param = ".".join(loc) or None
-    message = str(first.get("msg", "invalid value"))
+    message = _without_pydantic_prefix(kind, str(first.get("msg", "invalid value")))
     if param is None:
         if kind == "missing":
             return ApiError(400, "a JSON request body is required")
@@ -138,6 +138,15 @@ def validation_error(errors: Sequence[Any]) -> ApiError:
     if kind == "missing":
         return ApiError(400, f"{param}: this parameter is required", param=param)
     return ApiError(400, f"{param}: {message}", param=param)
+
+
+def _without_pydantic_prefix(kind: str, message: str) -> str:
+    """A validator's own text: pydantic words a ``ValueError`` raised in a validator as
+    "Value error, <text>", which is pydantic's wording, not the client's problem."""
+    prefix = "Value error, "
+    if kind == "value_error" and message.startswith(prefix):
+        return message[len(prefix):]
+    return message
 
 
 # ---------------------------------------------------------------- handlers

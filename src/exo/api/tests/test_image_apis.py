@@ -197,3 +197,19 @@ def test_listings_say_which_models_take_images(vision_server: VisionServer) -> N
     shown = client.show("v1").capabilities or []
     assert "vision" in shown and "completion" in shown
     assert "vision" not in (client.show("m1").capabilities or [])
+
+
+def test_image_errors_read_as_the_validators_text(vision_server: VisionServer) -> None:
+    """The message is the parameter, then what is wrong with which part; pydantic's wording
+    ("Value error, ") is not the client's concern."""
+    with pytest.raises(openai.BadRequestError) as chat:
+        oa(vision_server).chat.completions.create(
+            model="v1", messages=chat_parts(data_url(b"garbage bytes"))
+        )
+    message = chat.value.response.json()["error"]["message"]
+    assert message.startswith("messages.0.content: part 1 (image_url): the image cannot be read")
+    with pytest.raises(ollama.ResponseError) as ol:
+        ollama.Client(host=vision_server.url).chat(
+            model="v1", messages=[{"role": "user", "content": "x", "images": [B64, "@@"]}]
+        )
+    assert ol.value.error == "messages.0.images: image 1: the image is not valid base64"
