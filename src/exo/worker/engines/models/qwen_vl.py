@@ -98,16 +98,18 @@ def hf_config(raw: JsonDict, folder: Path) -> QwenVLConfig:
     )
 
 
-# llama.cpp's text architecture of Qwen2-VL / Qwen2.5-VL (its image tower: the mmproj file)
-GGUF_ARCHITECTURES = ("qwen2vl",)
+# llama.cpp's text architectures of Qwen2-VL / Qwen2.5-VL and Qwen3-VL (the image tower: the
+# mmproj file beside it)
+GGUF_ARCHITECTURES = ("qwen2vl", "qwen3vl")
 _VISION_TOKENS = {"image_token_id": "<|image_pad|>", "vision_start_token_id": "<|vision_start|>",
                   "vision_end_token_id": "<|vision_end|>"}  # fmt: skip
 
 
 def gguf_config(f: GGUFFile) -> QwenVLConfig:
-    """A qwen2vl GGUF's shape: the dense family's plus the M-RoPE sections
-    (``rope.dimension_sections``, t h w and a fourth llama.cpp pads with 0) and the vision
-    tokens' ids from the vocabulary."""
+    """A qwen2vl / qwen3vl GGUF's shape: the dense family's plus the M-RoPE sections
+    (``rope.dimension_sections``, t h w and a fourth llama.cpp pads with 0; interleaved for
+    qwen3vl), Qwen3-VL's ``n_deepstack_layers`` and the vision tokens' ids from the
+    vocabulary."""
     arch = str(f.metadata.get("general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"architecture {arch!r} is not a Qwen VL text model")
@@ -121,7 +123,12 @@ def gguf_config(f: GGUFFile) -> QwenVLConfig:
     vocab: list[object] = list(cast(list[object], tokens)) if isinstance(tokens, list) else []
     ids = {k: vocab.index(t) for k, t in _VISION_TOKENS.items() if t in vocab}
     values: dict[str, Any] = {x.name: getattr(base, x.name) for x in fields(LlamaConfig)}
-    config = QwenVLConfig(**values, mrope_sections=(sections[0], sections[1], sections[2]))
+    config = QwenVLConfig(
+        **values,
+        mrope_sections=(sections[0], sections[1], sections[2]),
+        mrope_interleaved=arch == "qwen3vl",  # (llama.cpp's IMROPE)
+        deepstack_layers=int(cast(int, f.metadata.get(f"{arch}.n_deepstack_layers", 0))),
+    )
     return replace(config, **ids)
 
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL's vision tower from llama.cpp's ``mmproj`` GGUF, loaded into the same
+"""Qwen2.5-VL's and Qwen3-VL's vision tower from llama.cpp's ``mmproj`` GGUF, loaded into the same
 `qwen_vl_vision.QwenVisionTower` as a safetensors folder's.
 
 The mmproj layout (architecture ``clip``, projector type ``qwen2.5vl_merger``):
@@ -18,6 +18,7 @@ The vision tokens' ids come from the text GGUF's vocabulary (``<|image_pad|>`` .
 """
 
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -25,31 +26,50 @@ from torch import Tensor
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.models.qwen_vl_encoder import QwenVision, QwenVLEncoder
 from exo.worker.engines.models.qwen_vl_processor import QwenImageProcessing
-from exo.worker.engines.models.qwen_vl_vision import QwenVisionConfig, QwenVisionTower
+from exo.worker.engines.models.qwen_vl_vision import QwenVisionConfig, QwenVisionTower, VisionKind
 
 QWEN25_PROJECTOR = "qwen2.5vl_merger"
+QWEN3_PROJECTOR = "qwen3vl_merger"
+PROJECTORS: dict[str, VisionKind] = {QWEN25_PROJECTOR: "qwen2_5_vl", QWEN3_PROJECTOR: "qwen3_vl"}
 DEFAULT_WINDOW = 112  # pixels a window's side, when the file does not say
 # One block: llama.cpp's tensor name -> the tower's (safetensors) name under ``blocks.N.``.
-BLOCK_NAMES: dict[str, str] = {
-    "ln1": "norm1", "ln2": "norm2", "attn_out": "attn.proj", "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+BLOCK_NAMES: dict[VisionKind, dict[str, str]] = {
+    "qwen2_5_vl": {"ln1": "norm1", "ln2": "norm2", "attn_out": "attn.proj",
+                   "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                   "ffn_down": "mlp.down_proj"},
+    "qwen3_vl": {"ln1": "norm1", "ln2": "norm2", "attn_qkv": "attn.qkv", "attn_out": "attn.proj",
+                 "ffn_up": "mlp.linear_fc1", "ffn_down": "mlp.linear_fc2"},
 }  # fmt: skip
-MERGER_NAMES: dict[str, str] = {
-    "v.post_ln.weight": "merger.ln_q.weight", "mm.0.weight": "merger.mlp.0.weight",
-    "mm.0.bias": "merger.mlp.0.bias", "mm.2.weight": "merger.mlp.2.weight",
-    "mm.2.bias": "merger.mlp.2.bias",
+MERGER_NAMES: dict[VisionKind, dict[str, str]] = {
+    "qwen2_5_vl": {"v.post_ln": "merger.ln_q", "mm.0": "merger.mlp.0", "mm.2": "merger.mlp.2"},
+    "qwen3_vl": {"v.post_ln": "merger.norm", "mm.0": "merger.linear_fc1",
+                 "mm.2": "merger.linear_fc2"},
 }  # fmt: skip
+DEEPSTACK_NAMES = {"norm": "norm", "fc1": "linear_fc1", "fc2": "linear_fc2"}
 TOKEN_TEXTS = {"start": "<|vision_start|>", "end": "<|vision_end|>", "pad": "<|image_pad|>"}
 
 
-def block_names(depth: int) -> dict[str, str]:
-    """The per-block tensors (not q, k, v) by mmproj name -> the tower's name."""
-    out: dict[str, str] = {}
-    for i in range(depth):
-        for ours, theirs in BLOCK_NAMES.items():
-            kinds = ("weight",) if ours in ("ln1", "ln2") else ("weight", "bias")
-            for kind in kinds:
-                out[f"v.blk.{i}.{ours}.{kind}"] = f"blocks.{i}.{theirs}.{kind}"
+def _kinds(ours: str, kind: VisionKind) -> tuple[str, ...]:
+    """The suffixes a tensor has: Qwen2.5-VL's RMSNorm gains have no bias."""
+    rms = kind == "qwen2_5_vl" and (ours.endswith(("ln1", "ln2")) or ours == "v.post_ln")
+    return ("weight",) if rms else ("weight", "bias")
+
+
+def tensor_names(config: QwenVisionConfig) -> dict[str, str]:
+    """Every mmproj tensor but the patch frames (and Qwen2.5-VL's split q, k, v) -> the tower's
+    (safetensors) name: blocks, merger, Qwen3-VL's patch bias, positions and DeepStack mergers
+    (llama.cpp numbers those by the block they follow)."""
+    kind = config.kind
+    pairs: dict[str, str] = dict(MERGER_NAMES[kind])
+    for i in range(config.depth):
+        pairs |= {f"v.blk.{i}.{a}": f"blocks.{i}.{b}" for a, b in BLOCK_NAMES[kind].items()}
+    for j, block in enumerate(config.deepstack_blocks):
+        pairs |= {f"v.deepstack.{block}.{a}": f"deepstack_merger_list.{j}.{b}"
+                  for a, b in DEEPSTACK_NAMES.items()}  # fmt: skip
+    out = {f"{a}.{k}": f"{b}.{k}" for a, b in pairs.items() for k in _kinds(a, kind)}
+    if kind == "qwen3_vl":
+        out |= {"v.patch_embd.bias": "patch_embed.proj.bias",
+                "v.position_embd.weight": "pos_embed.weight"}  # fmt: skip
     return out
 
 
@@ -69,16 +89,22 @@ def _triple(meta: dict[str, object], key: str, default: tuple[float, float, floa
     return default
 
 
-def mmproj_config(meta: dict[str, object]) -> tuple[QwenVisionConfig, QwenImageProcessing]:
-    """The tower's shape and the image processor's settings from an mmproj file's metadata."""
-    kind = meta.get("clip.projector_type")
-    if kind != QWEN25_PROJECTOR:
-        raise ValueError(f"the mmproj file's projector is {kind!r}, not {QWEN25_PROJECTOR!r}")
+def mmproj_config(meta: dict[str, object], positions: int = 0
+                  ) -> tuple[QwenVisionConfig, QwenImageProcessing]:  # fmt: skip
+    """The tower's shape and the image processor's settings from an mmproj file's metadata
+    (``positions``: the rows of Qwen3-VL's learned position table)."""
+    projector = str(meta.get("clip.projector_type"))
+    if projector not in PROJECTORS:
+        raise ValueError(f"the mmproj file's projector is {projector!r}, not one of Qwen VL's "
+                         f"({', '.join(PROJECTORS)})")  # fmt: skip
+    kind = PROJECTORS[projector]
     depth = _int(meta, "clip.vision.block_count")
     pattern = _int(meta, "clip.vision.n_wa_pattern", 0)
     full = tuple(i for i in range(depth) if pattern > 0 and (i + 1) % pattern == 0)
+    flags = meta.get("clip.vision.is_deepstack_layers")
+    deepstack = [bool(v) for v in cast(list[object], flags)] if isinstance(flags, list) else []
     config = QwenVisionConfig(
-        kind="qwen2_5_vl",
+        kind=kind,
         depth=depth,
         hidden=_int(meta, "clip.vision.embedding_length"),
         intermediate=_int(meta, "clip.vision.feed_forward_length"),
@@ -87,7 +113,9 @@ def mmproj_config(meta: dict[str, object]) -> tuple[QwenVisionConfig, QwenImageP
         patch_size=_int(meta, "clip.vision.patch_size"),
         merge_size=_int(meta, "clip.vision.spatial_merge_size", 2),
         window_size=_int(meta, "clip.vision.window_size", DEFAULT_WINDOW),
-        full_attention_blocks=full,
+        full_attention_blocks=full if kind == "qwen2_5_vl" else (),
+        position_embeddings=positions,
+        deepstack_blocks=tuple(i for i, on in enumerate(deepstack) if on),
     )
     d = QwenImageProcessing()
     processing = QwenImageProcessing(
@@ -104,11 +132,11 @@ def mmproj_config(meta: dict[str, object]) -> tuple[QwenVisionConfig, QwenImageP
 
 def _tower_tensors(f: GGUFFile, config: QwenVisionConfig) -> dict[str, Tensor]:
     """The file's tensors under the tower's (safetensors) names: the two patch frames stacked
-    back into the temporal convolution, q, k, v fused back into qkv."""
-    wanted = ["v.patch_embd.weight", "v.patch_embd.weight.1", *MERGER_NAMES,
-              *block_names(config.depth)]  # fmt: skip
-    wanted += [f"v.blk.{i}.attn_{x}.{k}" for i in range(config.depth) for x in "qkv"
-               for k in ("weight", "bias")]  # fmt: skip
+    back into the temporal convolution, Qwen2.5-VL's q, k, v fused back into qkv."""
+    names = tensor_names(config)
+    split = [f"v.blk.{i}.attn_{x}.{k}" for i in range(config.depth) for x in "qkv"
+             for k in ("weight", "bias")] if config.kind == "qwen2_5_vl" else []  # fmt: skip
+    wanted = ["v.patch_embd.weight", "v.patch_embd.weight.1", *names, *split]
     missing = [name for name in wanted if name not in f.tensors]
     if missing:
         raise ValueError(f"the mmproj file is missing tensors {', '.join(missing[:4])}")
@@ -118,9 +146,8 @@ def _tower_tensors(f: GGUFFile, config: QwenVisionConfig) -> dict[str, Tensor]:
 
     out = {"patch_embed.proj.weight": torch.stack([get("v.patch_embd.weight"),
                                                    get("v.patch_embd.weight.1")], dim=2)}  # fmt: skip
-    out |= {theirs: get(ours) for ours, theirs in MERGER_NAMES.items()}
-    out |= {theirs: get(ours) for ours, theirs in block_names(config.depth).items()}
-    for i in range(config.depth):
+    out |= {theirs: get(ours) for ours, theirs in names.items()}
+    for i in range(config.depth if split else 0):
         for kind in ("weight", "bias"):
             parts = [get(f"v.blk.{i}.attn_{x}.{kind}") for x in "qkv"]
             out[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat(parts)
@@ -132,7 +159,8 @@ def load_qwen_vision(mmproj: Path, dtype: torch.dtype = torch.float32) -> QwenVi
     holds, dequantised)."""
     f = GGUFFile(mmproj)
     try:
-        config, processing = mmproj_config(dict(f.metadata))
+        table = f.model_shapes.get("v.position_embd.weight")
+        config, processing = mmproj_config(dict(f.metadata), table[0] if table else 0)
         tensors = _tower_tensors(f, config)
     finally:
         f.close()

@@ -1,16 +1,17 @@
-"""Qwen2.5-VL from a GGUF pair (a ``qwen2vl`` text GGUF and llama.cpp's mmproj beside it),
-both written from a tiny random transformers checkpoint: the mmproj loads to the same image
+"""Qwen2.5-VL and Qwen3-VL from a GGUF pair (a ``qwen2vl`` / ``qwen3vl`` text GGUF and
+llama.cpp's mmproj beside it), both written from a tiny random transformers checkpoint: the mmproj loads to the same image
 embeddings as the safetensors folder, and the pair gives the folder's first logits and 16
 greedy tokens for an image prompt through the engine."""
 
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import gguf
 import pytest
 import torch
 
-from exo.modelgen.qwen_vl_gguf_out import write_qwen25_mmproj, write_qwen25_text_gguf
+from exo.modelgen.qwen_vl_gguf_out import write_qwen_vl_mmproj, write_qwen_vl_text_gguf
 from exo.shared.types.text_generation import InputImage
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import load_model, load_vision
@@ -26,6 +27,7 @@ from exo.worker.engines.tests.qwen_vl_models import (
     START,
     VOCAB,
     png,
+    qwen3_config,
     qwen25_config,
     write_model,
 )
@@ -45,39 +47,50 @@ def _vocab(w: gguf.GGUFWriter) -> None:
     w.add_token_list(tokens)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(qwen25_config(), tmp_path_factory.mktemp("qwen25-st"))
+@pytest.fixture(scope="module", params=["qwen2_5_vl", "qwen3_vl"])
+def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = qwen25_config() if request.param == "qwen2_5_vl" else qwen3_config()
+    return write_model(config, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture(scope="module")
 def pair(folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The text GGUF's path, the mmproj beside it."""
-    out = tmp_path_factory.mktemp("qwen25-gguf")
-    write_qwen25_mmproj(folder, out / "mmproj-tiny-qwen25vl-F32.gguf")
-    return write_qwen25_text_gguf(folder, out / "tiny-qwen25vl-F32.gguf", _vocab)
+    out = tmp_path_factory.mktemp(f"{folder.name}-gguf")
+    write_qwen_vl_mmproj(folder, out / "mmproj-tiny-F32.gguf")
+    return write_qwen_vl_text_gguf(folder, out / "tiny-F32.gguf", _vocab)
+
+
+def _metadata(path: Path) -> tuple[dict[str, object], set[str]]:
+    f = GGUFFile(path)
+    try:
+        return dict(f.metadata), set(f.tensors)
+    finally:
+        f.close()
 
 
 def test_mmproj_has_llama_cpp_names_and_keys(pair: Path) -> None:
-    f = GGUFFile(pair.with_name("mmproj-tiny-qwen25vl-F32.gguf"))
-    try:
-        meta, tensors = dict(f.metadata), set(f.tensors)
-        assert f.load("v.patch_embd.weight").shape == (32, 3, 14, 14)
-    finally:
-        f.close()
+    meta, tensors = _metadata(pair.with_name("mmproj-tiny-F32.gguf"))
+    text, _ = _metadata(pair)
     assert meta["general.architecture"] == "clip"
-    assert meta["clip.projector_type"] == "qwen2.5vl_merger"
-    assert meta["clip.vision.n_wa_pattern"] == 2  # fullatt_block_indexes [1]
-    assert meta["clip.vision.window_size"] == 56
-    assert {"v.patch_embd.weight.1", "v.blk.2.attn_q.bias", "v.blk.0.ffn_gate.weight",
-            "v.post_ln.weight", "mm.0.weight", "mm.2.bias"} <= tensors  # fmt: skip
-    assert not any("qkv" in t for t in tensors)
-    text = GGUFFile(pair)
-    try:
-        assert text.metadata["general.architecture"] == "qwen2vl"
-        assert list(text.metadata["qwen2vl.rope.dimension_sections"]) == [2, 3, 3, 0]  # pyright: ignore[reportArgumentType]
-    finally:
-        text.close()
+    assert {"v.patch_embd.weight", "v.patch_embd.weight.1", "v.post_ln.weight", "mm.0.weight",
+            "mm.2.bias"} <= tensors  # fmt: skip
+    if meta["clip.projector_type"] == "qwen2.5vl_merger":
+        assert meta["clip.vision.n_wa_pattern"] == 2  # fullatt_block_indexes [1]
+        assert meta["clip.vision.window_size"] == 56
+        assert {"v.blk.2.attn_q.bias", "v.blk.0.ffn_gate.weight"} <= tensors
+        assert not any("qkv" in t for t in tensors)
+        assert text["general.architecture"] == "qwen2vl"
+        assert list(cast(list[int], text["qwen2vl.rope.dimension_sections"])) == [2, 3, 3, 0]
+        return
+    assert meta["clip.projector_type"] == "qwen3vl_merger"
+    assert meta["clip.vision.is_deepstack_layers"] == [True, False, True]
+    assert {"v.patch_embd.bias", "v.position_embd.weight", "v.blk.1.attn_qkv.weight",
+            "v.blk.0.ffn_up.bias", "v.post_ln.bias", "v.deepstack.0.fc1.weight",
+            "v.deepstack.2.norm.bias", "v.deepstack.2.fc2.bias"} <= tensors  # fmt: skip
+    assert text["general.architecture"] == "qwen3vl"
+    assert text["qwen3vl.n_deepstack_layers"] == 2
+    assert list(cast(list[int], text["qwen3vl.rope.dimension_sections"])) == [4, 2, 2, 0]
 
 
 def test_mmproj_gives_the_safetensors_embeddings(folder: Path, pair: Path) -> None:
@@ -91,15 +104,17 @@ def test_mmproj_gives_the_safetensors_embeddings(folder: Path, pair: Path) -> No
     assert a_p.std == pytest.approx(b_p.std, abs=1e-7)
     assert (ours.image_token, ours.marker) == (theirs.image_token, theirs.marker)
     a, b = ours.vision.encode(IMAGES), theirs.vision.encode(IMAGES)
-    assert a.grids == b.grids
+    assert a.grids == b.grids and len(a.deepstack) == len(b.deepstack)
     torch.testing.assert_close(a.embeds, b.embeds, atol=1e-5, rtol=0)
+    for x, y in zip(a.deepstack, b.deepstack, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
 
 
 def test_f16_mmproj_is_close(folder: Path, tmp_path: Path) -> None:
-    path = write_qwen25_mmproj(folder, tmp_path / "mmproj-f16.gguf", "F16")
+    path = write_qwen_vl_mmproj(folder, tmp_path / "mmproj-f16.gguf", "F16")
     ours = load_qwen_vision(path).encode(IMAGES[:1]).embeds
     theirs = (
-        load_qwen_vision(write_qwen25_mmproj(folder, tmp_path / "mmproj.gguf"))
+        load_qwen_vision(write_qwen_vl_mmproj(folder, tmp_path / "mmproj.gguf"))
         .encode(IMAGES[:1])
         .embeds
     )
@@ -133,9 +148,11 @@ def _generate(model: ShardModel, ids: list[int], encoder: QwenVLEncoder,
 
 def test_the_gguf_pair_answers_as_the_folder(folder: Path, pair: Path, tmp_path: Path) -> None:
     config, model = load_model(pair, cache_dir=tmp_path, weight_format="dense")
-    assert isinstance(config, QwenVLConfig)
-    assert (config.mrope_sections, config.image_token_id) == ((2, 3, 3), IMAGE)
-    _, reference = load_model(folder, cache_dir=tmp_path, weight_format="dense")
+    their_config, reference = load_model(folder, cache_dir=tmp_path, weight_format="dense")
+    assert isinstance(config, QwenVLConfig) and isinstance(their_config, QwenVLConfig)
+    for key in ("mrope_sections", "mrope_interleaved", "deepstack_layers", "image_token_id",
+                "qkv_bias", "qk_norm", "head_dim", "rope_theta", "tie_embeddings"):  # fmt: skip
+        assert getattr(config, key) == getattr(their_config, key), key
     encoder, their_encoder = load_vision(pair), load_vision(folder)
     assert isinstance(encoder, QwenVLEncoder) and isinstance(their_encoder, QwenVLEncoder)
     ids = _ids(encoder, IMAGES[:2])
@@ -146,7 +163,7 @@ def test_the_gguf_pair_answers_as_the_folder(folder: Path, pair: Path, tmp_path:
     assert tokens == their_tokens and len(tokens) == 16
 
 
-def test_clear_errors(folder: Path, pair: Path, tmp_path: Path) -> None:
+def test_clear_errors(tmp_path: Path) -> None:
     bad = tmp_path / "mmproj-bad.gguf"
     w = gguf.GGUFWriter(str(bad), "clip")
     w.add_clip_projector_type("qwen2.5vl_merger")
@@ -161,8 +178,8 @@ def test_clear_errors(folder: Path, pair: Path, tmp_path: Path) -> None:
     w.close()
     with pytest.raises(ValueError, match=r"missing tensors v\.patch_embd\.weight\.1"):
         load_qwen_vision(bad)
-    with pytest.raises(ValueError, match="model_type 'qwen3_vl' is not qwen2_5_vl"):
-        qwen3 = tmp_path / "q3"
-        qwen3.mkdir()
-        (qwen3 / "config.json").write_text('{"model_type": "qwen3_vl"}')
-        write_qwen25_mmproj(qwen3, tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="model_type 'qwen2' is not qwen2_5_vl or qwen3_vl"):
+        other = tmp_path / "q2"
+        other.mkdir()
+        (other / "config.json").write_text('{"model_type": "qwen2"}')
+        write_qwen_vl_mmproj(other, tmp_path / "x.gguf")
