@@ -11,6 +11,7 @@ from pathlib import Path
 from exo.modelgen.families import family
 from exo.modelgen.gemma3_pair import PAIR_QUANTS, pair_paths, write_gemma3_pair
 from exo.modelgen.gguf_out import Progress, write_gguf
+from exo.modelgen.qwen_vl_pair import write_qwen_vl_pair
 from exo.modelgen.recipes import FLOAT_RECIPES, recipe
 from exo.modelgen.safetensors_out import write_safetensors
 from exo.modelgen.values import CHUNK_VALUES
@@ -90,7 +91,8 @@ def generate(
     path = output_path(req)
     if fam.mmproj_pair and not req.safetensors:
         name = model_name(req.arch, req.shape, req.quant, req.layers)
-        return write_gemma3_pair(req.out, bp, r, vocab, name=name, seed=req.seed)
+        writer = write_qwen_vl_pair if fam.name in ("qwen2.5-vl", "qwen3-vl") else write_gemma3_pair
+        return writer(req.out, bp, r, vocab, name=name, seed=req.seed)
     if req.safetensors:
         write_safetensors(path, bp, r.base, vocab, seed=req.seed, chunk_values=chunk_values)
         fam.write_extra(path)

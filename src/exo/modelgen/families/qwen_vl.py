@@ -9,8 +9,8 @@ DeepStack layers, so a 2-stage split holds one on its second stage; tower: 4 blo
 64, Qwen2.5's windows of 2x2 merged tokens with blocks 1 and 3 full, at most 64 tokens an
 image) and `8b` (Qwen2.5-VL-7B / Qwen3-VL-8B). Weights as the dense families scale them (peaked
 next-token distributions); the tower's are scaled so its tokens sit at the embeddings' scale
-(different pictures, different answers). Roles beyond norms only choose a GGUF type: these
-families are safetensors only (a GGUF with an mmproj file is not written).
+(different pictures, different answers). Without --safetensors the same model is written as
+llama.cpp's GGUF and mmproj pair (`exo.modelgen.qwen_vl_pair`).
 """
 
 import json
@@ -212,7 +212,7 @@ def preprocessor(s: VLShape, qwen3: bool) -> str:
 
 class QwenVL(Family):
     chat = CHAT
-    safetensors_only = True
+    mmproj_pair = True  # without --safetensors: qwen_vl_pair writes the GGUF + mmproj pair
 
     def __init__(self, name: str, shapes: dict[str, VLShape]) -> None:
         self.name = name
@@ -230,7 +230,7 @@ class QwenVL(Family):
         tensors += tower_tensors(prefix, s.tower, s.text.hidden, qwen3)
         return Blueprint(
             arch=self.name,
-            gguf_arch="qwen2vl" if not qwen3 else "qwen3vl",  # (safetensors only)
+            gguf_arch="qwen2vl" if not qwen3 else "qwen3vl",
             shape_name=shape,
             n_layers=s.text.layers,
             tensors=tuple(tensors),

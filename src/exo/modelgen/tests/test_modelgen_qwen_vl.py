@@ -73,6 +73,6 @@ def test_our_engine_matches_transformers_and_the_picture_matters(folder: Path) -
     assert answers[0] != answers[1]
 
 
-def test_a_gguf_is_refused_with_the_way_out(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="--safetensors"):
-        validate(Request("qwen3-vl", "tiny", "F32", tmp_path / "x.gguf"))
+def test_a_quantised_pair_is_refused_with_the_float_types_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="written in F32 or F16, not Q8_0"):
+        validate(Request("qwen3-vl", "tiny", "Q8_0", tmp_path / "x.gguf"))

@@ -13,6 +13,7 @@ from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.images import VisionEncoder
 from exo.worker.engines.models.gemma3_mm import Gemma3Encoder
 from exo.worker.engines.models.gemma3_mmproj import find_mmproj, load_mmproj
+from exo.worker.engines.models.qwen_vl_mmproj import PROJECTORS, load_qwen_mmproj
 
 # (mmproj file, text GGUF file, dtype) -> the encoder
 MmprojLoader = Callable[[Path, Path, torch.dtype], VisionEncoder]
@@ -26,7 +27,9 @@ def _gemma3(mmproj: Path, text: Path, dtype: torch.dtype) -> VisionEncoder:
     return Gemma3Encoder(load_mmproj(mmproj, text, dtype), GEMMA3_MARKERS)
 
 
-MMPROJ_LOADERS: dict[str, MmprojLoader] = {"gemma3": _gemma3}
+MMPROJ_LOADERS: dict[str, MmprojLoader] = {"gemma3": _gemma3} | dict.fromkeys(
+    PROJECTORS, load_qwen_mmproj
+)
 
 
 def projector_type(mmproj: Path) -> str:

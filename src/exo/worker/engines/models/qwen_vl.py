@@ -98,6 +98,40 @@ def hf_config(raw: JsonDict, folder: Path) -> QwenVLConfig:
     )
 
 
+# llama.cpp's text architectures of Qwen2-VL / Qwen2.5-VL and Qwen3-VL (the image tower: the
+# mmproj file beside it)
+GGUF_ARCHITECTURES = ("qwen2vl", "qwen3vl")
+_VISION_TOKENS = {"image_token_id": "<|image_pad|>", "vision_start_token_id": "<|vision_start|>",
+                  "vision_end_token_id": "<|vision_end|>"}  # fmt: skip
+
+
+def gguf_config(f: GGUFFile) -> QwenVLConfig:
+    """A qwen2vl / qwen3vl GGUF's shape: the dense family's plus the M-RoPE sections
+    (``rope.dimension_sections``, t h w and a fourth llama.cpp pads with 0; interleaved for
+    qwen3vl), Qwen3-VL's ``n_deepstack_layers`` and the vision tokens' ids from the
+    vocabulary."""
+    arch = str(f.metadata.get("general.architecture", ""))
+    if arch not in GGUF_ARCHITECTURES:
+        raise ValueError(f"architecture {arch!r} is not a Qwen VL text model")
+    base = dense_files.gguf_config(f)
+    raw = f.metadata.get(f"{arch}.rope.dimension_sections")
+    sections = [int(v) for v in cast(list[int], raw)] if isinstance(raw, list) else []
+    if len(sections) < 3 or any(sections[3:]) or sum(sections[:3]) != base.head_dim // 2:
+        raise ValueError(f"{arch}.rope.dimension_sections {sections} must be 3 sections (and "
+                         f"zeros) of {base.head_dim // 2} pairs")  # fmt: skip
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+    vocab: list[object] = list(cast(list[object], tokens)) if isinstance(tokens, list) else []
+    ids = {k: vocab.index(t) for k, t in _VISION_TOKENS.items() if t in vocab}
+    values: dict[str, Any] = {x.name: getattr(base, x.name) for x in fields(LlamaConfig)}
+    config = QwenVLConfig(
+        **values,
+        mrope_sections=(sections[0], sections[1], sections[2]),
+        mrope_interleaved=arch == "qwen3vl",  # (llama.cpp's IMROPE)
+        deepstack_layers=int(cast(int, f.metadata.get(f"{arch}.n_deepstack_layers", 0))),
+    )
+    return replace(config, **ids)
+
+
 # --- the model ---------------------------------------------------------------------------------
 
 
@@ -155,17 +189,17 @@ class QwenVLFamily:
     """Qwen2.5-VL and Qwen3-VL's text model behind the model interface (`base.ModelFamily`)."""
 
     name = "qwen_vl"
-    gguf_architectures: tuple[str, ...] = ()
+    gguf_architectures: tuple[str, ...] = GGUF_ARCHITECTURES
     hf_model_types = HF_MODEL_TYPES
 
     def gguf_config(self, f: GGUFFile) -> LlamaConfig:
-        raise ValueError("Qwen VL models are read from safetensors folders only")
+        return gguf_config(f)
 
     def hf_config(self, raw: JsonDict, folder: Path) -> LlamaConfig:
         return hf_config(raw, folder)
 
     def gguf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
-        raise ValueError("Qwen VL models are read from safetensors folders only")
+        return dense_files.gguf_layer(src, config, i)
 
     def hf_layer(self, src: TensorSource, config: LlamaConfig, i: int) -> LayerWeights:
         return dense_files.hf_layer(src, config, i)
