@@ -262,8 +262,11 @@ class QuantLinear:
     @property
     def kernel(self) -> str:
         names = " + ".join(dict.fromkeys(layout_name(k) for k in self.kinds))
-        post = ", post-norm" if self._weights.post_gain is not None else ""
-        return f"{names} C kernel{post}"
+        return f"{names} C kernel{', post-norm' if self._weights.post_gain is not None else ''}"
+
+    @property
+    def native(self) -> tuple[QKernels, QuantWeights]:  # (calls that chain layers in C: MoE)
+        return self._kernels, self._weights
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         return self._kernels.linear(self._weights, x, residual)
@@ -344,9 +347,7 @@ class SplitLinear:
     """Parts of different formats (Q4_K q | k with Q6_K v): one prologue, then each part."""
 
     def __init__(self, parts: list[Linear], bias: Tensor | None, prologue: Prologue) -> None:
-        self.parts = parts
-        self.bias = bias
-        self.prologue = prologue
+        self.parts, self.bias, self.prologue = parts, bias, prologue
 
     @property
     def out_features(self) -> int:
@@ -450,9 +451,7 @@ def _kernel_kinds(
 ) -> list[Kind] | None:
     """Each part's kind, when every part is blocks of a kind the compiled kernels run
     (`kinds.KINDS`; kinds may differ between parts)."""
-    if kernels is None or device.type != "cpu" or dtype != torch.float32:
-        return None
-    if len(parts) > MAX_PARTS:
+    if kernels is None or device.type != "cpu" or dtype != torch.float32 or len(parts) > MAX_PARTS:
         return None
     kinds: list[Kind] = []
     for p in parts:
