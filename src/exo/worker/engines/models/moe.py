@@ -14,7 +14,9 @@ file's quant and each expert is a view of its F rows (no float copy, no byte cop
 safetensors give one matrix per expert. A step groups its tokens by expert: each expert chosen
 by any token runs once on the rows that chose it, an expert chosen by none is never read.
 Every token's outputs are kept apart by routing rank and summed in rank order, so a request's
-result does not depend on which other requests share its batch.
+result does not depend on which other requests share its batch. Where every expert runs in the
+compiled kernels, the chosen experts run in one C call (`moe_kernels.py`: the same kernel calls
+on the same rows, bit for bit); else (gpt-oss's clamp between the layers, no kernels) a loop.
 
 Tensor parallelism splits every expert like the dense MLP: rank r holds rows [r F/W, (r+1) F/W)
 of each expert's gate and up and those columns of its down (the router is replicated; a down
