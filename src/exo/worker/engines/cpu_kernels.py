@@ -217,6 +217,7 @@ class QKernels:
         self._unrepack = lib.exo_unrepack_rows
         self._unrepack.argtypes = [i, p, i, i, p, i, p]
         self._unrepack.restype = i
+        self.lib = lib  # (the entry points other modules bind: moe_kernels.py's exo_moe_experts)
 
     def set_activations(self, bits: int) -> None:
         """The activation format of the kinds with 8-bit dots (`Kind.act8`): 8 or 16 bits (the

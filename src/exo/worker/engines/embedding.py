@@ -41,7 +41,7 @@ class Embedding:
             self._file_blocks = table
             if (
                 isinstance(tied_head, QuantLinear)
-                and len(tied_head.parts) == 1
+                and len({k.name for k in tied_head.file_kinds}) == 1  # (a split head: 2 parts)
                 and tied_head.parts[0].data_ptr() == table.raw.data_ptr()
             ):
                 self._head = tied_head

@@ -197,11 +197,26 @@ class QuantLinear:
             kind = PROLOGUE_GEGLU
         flat = [p.reshape(p.shape[0], -1) for p in parts]
         if regroup != "no" and kernels.x86:
+            flat = self._split_tails(flat)
             self._regroup(flat, regroup)
         post_gain, post_eps = (None, 0.0) if post_norm is None else (post_norm.gain, post_norm.eps)
         self._weights = QuantWeights(
             self.kinds[0], kind, flat, gain, eps, bias, k, self.kinds, post_gain, post_eps
         )
+
+    def _split_tails(self, flat: list[Tensor]) -> list[Tensor]:
+        """A groupable part whose rows do not come in 8s (a 49156-row head) as its whole groups
+        and its rest, while MAX_PARTS allows, so that the groups run regrouped."""
+        out, kinds, start = list[Tensor](), list[Kind](), 0
+        for i, (p, kind) in enumerate(zip(flat, self.file_kinds, strict=True)):
+            whole = p.shape[0] // GROUP_ROWS * GROUP_ROWS
+            room = len(out) + (len(flat) - i) < MAX_PARTS
+            split = kind.grouped and room and 0 < whole < p.shape[0] and start % GROUP_ROWS == 0
+            out += [p[:whole], p[whole:]] if split else [p]
+            kinds += [kind] * (2 if split else 1)
+            start += p.shape[0]
+        self.file_kinds, self.kinds = kinds, [kind.kernel for kind in kinds]
+        return out
 
     def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
         """Parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
@@ -215,14 +230,25 @@ class QuantLinear:
             start += rows
 
     def block_rows(self, index: Tensor) -> Tensor:
-        """Rows `index` of a one-part layer's blocks in the file's layout, uint8 [n, row bytes]
-        (an embedding's lookups in its tied head)."""
-        part, (kind, grouped) = self._weights.parts[0], BY_KERNEL[self.kinds[0]]
-        if len(self.kinds) != 1:
-            raise ValueError("block_rows reads a layer of one part")
+        """Rows `index` of a one-kind layer's blocks, file layout: uint8 [n, row bytes]."""
+        if len({k.name for k in self.file_kinds}) != 1:
+            raise ValueError("block_rows reads a layer of one kind")
+        index, base = index.flatten().cpu(), 0
+        if len(self.kinds) == 1:
+            return self._part_rows(0, index)
+        out = torch.empty((len(index), self._weights.parts[0].shape[1]), dtype=torch.uint8)
+        for i, part in enumerate(self._weights.parts):  # a split head: its groups, its rest
+            sel = ((index >= base) & (index < base + part.shape[0])).nonzero().flatten()
+            if len(sel):
+                out[sel] = self._part_rows(i, index[sel] - base)
+            base += part.shape[0]
+        return out
+
+    def _part_rows(self, i: int, index: Tensor) -> Tensor:
+        part, (kind, grouped) = self._weights.parts[i], BY_KERNEL[self.kinds[i]]
         if grouped:
-            return self._kernels.unrepack_rows(kind.kernel, part, index.flatten())
-        return part[index.flatten().cpu()]
+            return self._kernels.unrepack_rows(kind.kernel, part, index)
+        return part[index]
 
     @property
     def out_features(self) -> int:
@@ -236,8 +262,11 @@ class QuantLinear:
     @property
     def kernel(self) -> str:
         names = " + ".join(dict.fromkeys(layout_name(k) for k in self.kinds))
-        post = ", post-norm" if self._weights.post_gain is not None else ""
-        return f"{names} C kernel{post}"
+        return f"{names} C kernel{', post-norm' if self._weights.post_gain is not None else ''}"
+
+    @property
+    def native(self) -> tuple[QKernels, QuantWeights]:  # (calls that chain layers in C: MoE)
+        return self._kernels, self._weights
 
     def __call__(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
         return self._kernels.linear(self._weights, x, residual)
@@ -318,9 +347,7 @@ class SplitLinear:
     """Parts of different formats (Q4_K q | k with Q6_K v): one prologue, then each part."""
 
     def __init__(self, parts: list[Linear], bias: Tensor | None, prologue: Prologue) -> None:
-        self.parts = parts
-        self.bias = bias
-        self.prologue = prologue
+        self.parts, self.bias, self.prologue = parts, bias, prologue
 
     @property
     def out_features(self) -> int:
@@ -424,9 +451,7 @@ def _kernel_kinds(
 ) -> list[Kind] | None:
     """Each part's kind, when every part is blocks of a kind the compiled kernels run
     (`kinds.KINDS`; kinds may differ between parts)."""
-    if kernels is None or device.type != "cpu" or dtype != torch.float32:
-        return None
-    if len(parts) > MAX_PARTS:
+    if kernels is None or device.type != "cpu" or dtype != torch.float32 or len(parts) > MAX_PARTS:
         return None
     kinds: list[Kind] = []
     for p in parts:

@@ -240,4 +240,9 @@ enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2, SCRATCH_POST
        SCRATCH_TILE = 5 };
 void* exo_scratch(int slot, size_t bytes);
 
+/* issue 23 moefast: the chosen experts of one MoE step in one call (moe.c) */
+int exo_moe_experts(const LinearSpec* const* gate_up, const LinearSpec* const* down, int n_experts,
+                    const int* chosen, const int* counts, int n_chosen, const int* picks, int k,
+                    const float* x, int n_tokens, int D, int O, float* out);
+
 #endif

@@ -14,7 +14,9 @@ file's quant and each expert is a view of its F rows (no float copy, no byte cop
 safetensors give one matrix per expert. A step groups its tokens by expert: each expert chosen
 by any token runs once on the rows that chose it, an expert chosen by none is never read.
 Every token's outputs are kept apart by routing rank and summed in rank order, so a request's
-result does not depend on which other requests share its batch.
+result does not depend on which other requests share its batch. Where every expert runs in the
+compiled kernels, the chosen experts run in one C call (`moe_kernels.py`: the same kernel calls
+on the same rows, bit for bit); else (gpt-oss's clamp between the layers, no kernels) a loop.
 
 Tensor parallelism splits every expert like the dense MLP: rank r holds rows [r F/W, (r+1) F/W)
 of each expert's gate and up and those columns of its down (the router is replicated; a down
@@ -27,12 +29,13 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import ExpertActivation as ExpertActivation
-from exo.worker.engines.linear import GeGLU, Linear, SwiGLU
+from exo.worker.engines.linear import GeGLU, Linear, QuantLinear, SwiGLU
 from exo.worker.engines.materialise import StoredTensor, TensorSource, materialise
 from exo.worker.engines.models.base import AllReduce
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.norms import rms_norm
 from exo.worker.engines.models.router import RouterSpec, route
+from exo.worker.engines.moe_kernels import MoeExperts
 from exo.worker.engines.qtensor import QuantTensor, Weight
 
 
@@ -219,6 +222,8 @@ class MoeFeedForward:
         self.experts = [
             _expert(make, weights.experts, e, activation) for e in range(spec.n_experts)
         ]
+        # the chosen experts in one C call where every expert runs in the kernels (else: a loop)
+        self.native: MoeExperts | None = _native_experts(self.experts)
         self.shared: _Expert | None = None
         if weights.shared is not None:
             s = weights.shared
@@ -246,22 +251,31 @@ class MoeFeedForward:
         the rows that chose it."""
         weights, experts = self.route(x)
         n, k = experts.shape
-        outs = x.new_zeros(n * k, x.shape[-1], dtype=torch.float32)  # by (token, rank)
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.spec.n_experts).tolist()
-        start = 0
-        for e, count in enumerate(counts):
-            if count == 0:
-                continue  # chosen by no token: its weights are not read
-            picks = order[start : start + count]  # flat (token * k + rank) indices
-            start += count
-            outs[picks] = self._run(self.experts[e], x[picks // k]).float()
+        outs = self.expert_outputs(x, experts)
         weighted = outs.view(n, k, -1) * weights.unsqueeze(-1)
         y = weighted[:, 0]
         for r in range(1, k):  # rank order, whatever the batch
             y = y + weighted[:, r]
         return y
+
+    def expert_outputs(self, x: Tensor, experts: Tensor) -> Tensor:
+        """x [N, D], experts [N, k] -> [N k, D]: row n k + r = expert_{experts[n, r]}(x_n)."""
+        n, k = experts.shape
+        flat = experts.flatten()
+        order = torch.argsort(flat, stable=True)  # flat (token * k + rank) indices by expert
+        counts = torch.bincount(flat, minlength=self.spec.n_experts)
+        if self.native is not None and x.dtype == torch.float32 and x.is_cpu:
+            chosen = counts.nonzero().flatten()  # an expert chosen by no token is not read
+            return self.native(x, chosen.int(), counts[chosen].int(), order.int(), k)
+        outs = x.new_zeros(n * k, x.shape[-1], dtype=torch.float32)  # by (token, rank)
+        start = 0
+        for e, count in enumerate(counts.tolist()):
+            if count == 0:
+                continue  # chosen by no token: its weights are not read
+            picks = order[start : start + count]
+            start += count
+            outs[picks] = self._run(self.experts[e], x[picks // k]).float()
+        return outs
 
     def _run(self, expert: _Expert, x: Tensor) -> Tensor:
         gate_up = expert.gate_up(x)
@@ -276,6 +290,20 @@ class MoeFeedForward:
         if self.shared is not None:
             named += [("shared gate_up", self.shared.gate_up), ("shared down", self.shared.down)]
         return named
+
+
+def _native_experts(experts: list[_Expert]) -> MoeExperts | None:
+    """One C call for the chosen experts (`moe_kernels.py`) when every expert's two layers run
+    in the same compiled kernels and no step runs between them in torch (gpt-oss's clamp)."""
+    layers = [(x.gate_up, x.down) for x in experts if not x.clamped]
+    quant = [(g, d) for g, d in layers if isinstance(g, QuantLinear) and isinstance(d, QuantLinear)]
+    if len(quant) != len(experts):
+        return None
+    gate_up, down = [g.native for g, _ in quant], [d.native for _, d in quant]
+    kernels = gate_up[0][0]
+    if any(k is not kernels for k, _ in gate_up + down):
+        return None
+    return MoeExperts(kernels, [w for _, w in gate_up], [w for _, w in down])
 
 
 def _opt(t: Tensor | None, device: torch.device) -> Tensor | None:

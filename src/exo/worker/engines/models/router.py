@@ -89,7 +89,8 @@ def route(
         chosen, experts = top_k_stable(logits, spec.top_k)
         weights = torch.softmax(chosen, dim=-1)
     else:
-        scores = torch.sigmoid(logits)
+        # row by row: torch's vectorised sigmoid rounds a row differently with other rows beside it
+        scores = torch.stack([torch.sigmoid(row) for row in logits]) if len(logits) else logits
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if spec.n_group > 1:
             choice = _group_mask(choice, spec, best=2)
