@@ -354,8 +354,10 @@ def test_a_next_turn_reuses_the_cached_latents(files: _Files) -> None:
     take = prefixes.take
     reused: list[int] = []
 
-    def recording_take(prompt: list[int]) -> tuple[int, list[int]] | None:
-        found = take(prompt)
+    def recording_take(
+        prompt: list[int], cuts: list[int] | None = None
+    ) -> tuple[int, list[int]] | None:
+        found = take(prompt, cuts)
         reused.append(0 if found is None else found[0])
         return found
 
