@@ -23,6 +23,9 @@ QWEN_VL_TYPES = ("qwen2_5_vl", "qwen3_vl")
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280  # the processor's own default (1280 tokens an image)
 
 
+MMPROJ_TYPES = ("qwen2.5vl_merger", "qwen3vl_merger")  # llama.cpp's projector types
+
+
 @dataclass(frozen=True)
 class QwenTowerShape:
     qwen3: bool
@@ -67,6 +70,34 @@ class QwenTowerShape:
             deepstack_mergers=len(deepstack) if qwen3 and isinstance(deepstack, list) else 0,  # pyright: ignore[reportUnknownArgumentType]
             max_pixels=_max_pixels(preprocessor or {}),
             channels=_int(v, "in_channels", 3),
+        )
+
+    @classmethod
+    def from_mmproj(
+        cls, meta: Mapping[str, object], position_rows: int = 0
+    ) -> "QwenTowerShape | None":
+        """From a llama.cpp mmproj GGUF's ``clip.*`` metadata (None for another projector);
+        `position_rows`: the rows of its ``v.position_embd.weight`` (Qwen3-VL), 0 if none."""
+        projector = meta.get("clip.projector_type")
+        if projector not in MMPROJ_TYPES:
+            return None
+        qwen3 = projector == "qwen3vl_merger"
+        flags = meta.get("clip.vision.is_deepstack_layers")
+        deepstack = sum(1 for f in flags if f) if isinstance(flags, list) else 0  # pyright: ignore[reportUnknownVariableType]
+        hidden = _int(meta, "clip.vision.embedding_length", 1280)
+        return cls(
+            qwen3=qwen3,
+            depth=_int(meta, "clip.vision.block_count", 32),
+            hidden=hidden,
+            intermediate=_int(meta, "clip.vision.feed_forward_length", 3420),
+            heads=_int(meta, "clip.vision.attention.head_count", 16),
+            out_hidden=_int(meta, "clip.vision.projection_dim", hidden),
+            patch_size=_int(meta, "clip.vision.patch_size", 14),
+            merge_size=_int(meta, "clip.vision.spatial_merge_size", 2),
+            temporal_patch_size=2,
+            position_embeddings=position_rows if qwen3 else 0,
+            deepstack_mergers=deepstack if qwen3 else 0,
+            max_pixels=_int(meta, "clip.vision.image_max_pixels", DEFAULT_MAX_PIXELS),
         )
 
     @property

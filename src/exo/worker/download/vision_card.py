@@ -53,8 +53,12 @@ def local_vision_fields(path: Path) -> VisionFields:
     f = GGUFFile(found[0])
     try:
         meta = dict(f.metadata)
+        positions = f.model_shapes.get("v.position_embd.weight", (0,))[0]
     finally:
         f.close()
+    qwen = QwenTowerShape.from_mmproj(meta, positions)
+    if qwen is not None:
+        return qwen_vision_fields(qwen)
     if meta.get("clip.projector_type") != "gemma3":
         return card_vision_fields(None)
     return card_vision_fields(VisionShape.from_mmproj(meta))

@@ -13,6 +13,7 @@ import torch
 
 from exo.modelgen.qwen_vl_gguf_out import write_qwen_vl_mmproj, write_qwen_vl_text_gguf
 from exo.shared.types.text_generation import InputImage
+from exo.worker.download.vision_card import local_vision_fields
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import load_model, load_vision
 from exo.worker.engines.gguf_reader import GGUFFile
@@ -183,3 +184,11 @@ def test_clear_errors(tmp_path: Path) -> None:
         other.mkdir()
         (other / "config.json").write_text('{"model_type": "qwen2"}')
         write_qwen_vl_mmproj(other, tmp_path / "x.gguf")
+
+
+def test_the_pairs_card_counts_the_tower_as_the_folders(folder: Path, pair: Path) -> None:
+    """A GGUF + mmproj pair's card reserves the tower's memory (weights and the largest image's
+    activations) as the safetensors folder's card does."""
+    from_pair, from_folder = local_vision_fields(pair), local_vision_fields(folder)
+    assert from_pair["vision_bytes"] == from_folder["vision_bytes"] > 0
+    assert from_pair["vision_activation_bytes"] == from_folder["vision_activation_bytes"] > 0
