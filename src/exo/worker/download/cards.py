@@ -29,8 +29,11 @@ from exo.shared.models.model_cards import (
     config_takes_images,
     is_mmproj,
 )
+from exo.shared.models.qwen_vision_memory import QwenTowerShape, qwen_vision_fields
+from exo.shared.models.vision_memory import VisionFields, card_vision_fields
 from exo.shared.types.memory import Memory
 from exo.worker.download.gguf_head import TruncatedHead, read_gguf_metadata
+from exo.worker.download.gguf_index import read_gguf_index
 from exo.worker.download.hub import DownloadError, HubSettings, _fetch, explain
 from exo.worker.download.hub_names import hub_source_problem, repo_id_problem
 from exo.worker.download.shard_gguf import keep_head
@@ -204,8 +207,25 @@ def _gguf_card(name: str, hub: HubSource, quant: str | None, settings: HubSettin
         experts_per_token=key("expert_used_count", 0),
         kv_bytes_per_token=kv_latent,
         vision=any(is_mmproj(f.path) for f in hub.files),
-        **hub_gguf_vision_fields(hub.files, arch, key("embedding_length")),
+        **_gguf_vision_fields(hub, mmproj, arch, key("embedding_length"), settings),
     )
+
+
+def _gguf_vision_fields(
+    hub: HubSource, mmproj: HubFile | None, arch: str, hidden: int, settings: HubSettings
+) -> VisionFields:
+    """The tower's memory: a Qwen-VL repo's from its mmproj's header (read as the model's),
+    Gemma 3's from its one tower shape."""
+    if mmproj is None or arch not in ("qwen2vl", "qwen3vl"):
+        return hub_gguf_vision_fields(hub.files, arch, hidden)
+    meta, head = _gguf_head(hub, mmproj.path, settings)
+    try:
+        table = {t.name: t.dims for t in read_gguf_index(head).tensors}
+    except (TruncatedHead, ValueError):  # a table past the bytes read: no position table
+        table = {}
+    positions = table.get("v.position_embd.weight", (0, 0))
+    shape = QwenTowerShape.from_mmproj(meta, positions[-1] if len(positions) > 1 else 0)
+    return card_vision_fields(None) if shape is None else qwen_vision_fields(shape)
 
 
 def _context(context_length: int, repo_id: str) -> int:
@@ -234,8 +254,13 @@ def _quant_name(files: list[HubFile]) -> str:
 
 
 def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str, Any]:
+    return _gguf_head(hub, path, settings)[0]
+
+
+def _gguf_head(hub: HubSource, path: str, settings: HubSettings) -> tuple[dict[str, Any], bytes]:
     """Read the header with growing Range requests (1 MB, then doubling up to 64 MB), each
-    continuing where the last ended; what was read is kept for a shard download to reuse."""
+    continuing where the last ended; what was read is kept for a shard download to reuse:
+    (its metadata, the bytes read)."""
     url = hf_hub_url(hub.repo_id, path, revision=hub.revision, endpoint=settings.endpoint)
     headers = build_hf_headers(token=settings.token or False)
     data = b""
@@ -259,4 +284,4 @@ def _gguf_metadata(hub: HubSource, path: str, settings: HubSettings) -> dict[str
         except ValueError as e:
             raise DownloadError(f"{hub.repo_id}: {path}: {e}", 404) from e
         keep_head(settings.cache_dir, hub, path, data[:size])
-        return meta
+        return meta, data[:size]

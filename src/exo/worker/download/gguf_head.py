@@ -1,8 +1,9 @@
 """GGUF metadata from the head of a file (bytes fetched with an HTTP Range request).
 
 Layout (little endian): "GGUF", u32 version, u64 tensor count, u64 kv count, then kv
-pairs (string key, u32 type, value). Only the kv pairs are read; arrays are skipped
-(token lists make most of a header) but must be complete in the bytes given.
+pairs (string key, u32 type, value). Only the kv pairs are read; arrays of strings and long
+arrays are skipped (token lists make most of a header) but must be complete in the bytes given;
+short arrays of numbers (a vision tower's per-layer flags) are read as lists.
 """
 
 import struct
@@ -13,6 +14,7 @@ _SCALARS: dict[int, tuple[str, int]] = {
     6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
 }
 _STRING, _ARRAY = 8, 9
+_SHORT_ARRAY = 256  # numeric arrays up to this long are read
 
 
 class TruncatedHead(Exception):
@@ -44,12 +46,14 @@ class _Reader:
             return self.string()
         if kind == _ARRAY:
             item_kind, count = self.unpack("<I", 4), self.unpack("<Q", 8)
+            if item_kind in _SCALARS and count <= _SHORT_ARRAY:
+                return [self.unpack(*_SCALARS[item_kind]) for _ in range(count)]
             if item_kind in _SCALARS:
                 self.take(_SCALARS[item_kind][1] * count)
             else:
                 for _ in range(count):
                     self.value(item_kind)
-            return None  # arrays are not needed for a card
+            return None  # long and string arrays are not needed for a card
         raise ValueError(f"unknown GGUF value type {kind}")
 
 

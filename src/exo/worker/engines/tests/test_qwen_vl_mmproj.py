@@ -13,6 +13,9 @@ import torch
 
 from exo.modelgen.qwen_vl_gguf_out import write_qwen_vl_mmproj, write_qwen_vl_text_gguf
 from exo.shared.types.text_generation import InputImage
+from exo.worker.download.cards import card_from_hub
+from exo.worker.download.hub import HubSettings
+from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.download.vision_card import local_vision_fields
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.engine import load_model, load_vision
@@ -192,3 +195,19 @@ def test_the_pairs_card_counts_the_tower_as_the_folders(folder: Path, pair: Path
     from_pair, from_folder = local_vision_fields(pair), local_vision_fields(folder)
     assert from_pair["vision_bytes"] == from_folder["vision_bytes"] > 0
     assert from_pair["vision_activation_bytes"] == from_folder["vision_activation_bytes"] > 0
+
+
+def test_a_hub_repos_card_reads_the_tower_from_the_mmproj_header(
+    folder: Path, pair: Path, tmp_path: Path
+) -> None:
+    """The same pair served by the stand-in hub: the card (built from headers, before any
+    download) reserves the tower as the local files' card does."""
+    fake = FakeHub()
+    fake.add_folder("vis-org/tiny-qwen-vl-gguf", pair.parent)
+    with serve_hub(fake):
+        card = card_from_hub(
+            "vis-org/tiny-qwen-vl-gguf", HubSettings(cache_dir=tmp_path, endpoint=fake.url)
+        )
+    local = local_vision_fields(folder)
+    assert card.vision and card.vision_bytes == local["vision_bytes"] > 0
+    assert card.vision_activation_bytes == local["vision_activation_bytes"] > 0
