@@ -6,7 +6,10 @@ in Gemma's turn format that writes <start_of_image> for each image part.
 
 Shape `tiny`: 4 text blocks of width 128 (3 sliding-window, 1 global, as Gemma alternates),
 2/1 heads of 64, an untied head; a 2-block SigLIP tower of width 64 over 64x64 images in
-4x4 patches (a 16x16 grid: 256 soft tokens, Gemma 3's count, unpooled).
+4x4 patches (a 16x16 grid: 256 soft tokens, Gemma 3's count, unpooled). Shape `real-layer`:
+Gemma 3 4B's per-layer shapes (text width 2560, ffn 10240, 8/4 heads of 256; 2 blocks unless
+--layers) and its whole SigLIP so400m tower (27 blocks of width 1152 over 896x896 images in
+14x14 patches, a 64x64 grid pooled 4x4 into 256 soft tokens): what `bench/vision.py` times.
 
 Scales: the text as the dense families (`dense.py`: peaked logits), the text embedding at
 1/sqrt(D) (Gemma multiplies it by sqrt(D)); the tower's projections at 1/sqrt(fan in) so a
@@ -54,6 +57,14 @@ CHAT = ChatFormat(
 TEXT = {"layers": 4, "hidden": 128, "ffn": 256, "heads": 2, "kv_heads": 1, "head_dim": 64,
         "window": 32}  # fmt: skip
 TOWER = {"hidden": 64, "ffn": 128, "layers": 2, "heads": 2, "image": 64, "patch": 4}
+SHAPES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
+    "tiny": (TEXT, TOWER),
+    "real-layer": (
+        {"layers": 2, "hidden": 2560, "ffn": 10240, "heads": 8, "kv_heads": 4, "head_dim": 256,
+         "window": 1024},
+        {"hidden": 1152, "ffn": 4304, "layers": 27, "heads": 16, "image": 896, "patch": 14},
+    ),
+}  # fmt: skip
 TOKENS_PER_IMAGE = 256
 IMAGE_SCALE = 4.0  # the projector's output RMS relative to the text embeddings'
 
@@ -63,8 +74,7 @@ def _spec(name: str, shape: tuple[int, ...], role: Role, std: float,
     return TensorSpec(name, name, shape, role, layer, std)
 
 
-def _text_tensors(layers: int, vocab: int) -> list[TensorSpec]:
-    t = TEXT
+def _text_tensors(t: dict[str, int], layers: int, vocab: int) -> list[TensorSpec]:
     h, hd = t["hidden"], t["head_dim"]
     q, kv, ffn = t["heads"] * hd, t["kv_heads"] * hd, t["ffn"]
     proj, residual = 1 / math.sqrt(h), 1 / math.sqrt(2 * layers)
@@ -95,8 +105,7 @@ def _text_tensors(layers: int, vocab: int) -> list[TensorSpec]:
     return out
 
 
-def _tower_tensors() -> list[TensorSpec]:
-    v = TOWER
+def _tower_tensors(v: dict[str, int], text_hidden: int) -> list[TensorSpec]:
     d, ffn, p = v["hidden"], v["ffn"], v["patch"]
     patches = (v["image"] // p) ** 2
     bias = 0.02
@@ -123,7 +132,7 @@ def _tower_tensors() -> list[TensorSpec]:
         _spec(base + "post_layernorm.bias", (d,), Role.ATTN_V, bias),
         _spec("multi_modal_projector.mm_soft_emb_norm.weight", (d,), Role.NORM, 0),
         # (the soft norm's gain is 2: each of a row's values comes out ~ IMAGE_SCALE)
-        _spec("multi_modal_projector.mm_input_projection_weight", (d, TEXT["hidden"]),
+        _spec("multi_modal_projector.mm_input_projection_weight", (d, text_hidden),
               Role.ATTN_Q, IMAGE_SCALE / 2 / math.sqrt(d)),
     ]  # fmt: skip
     return out
@@ -135,8 +144,8 @@ def _ids(vocab: int) -> dict[str, int]:
     return {token: first + i for i, token in enumerate(SPECIAL)}
 
 
-def _config(layers: int, vocab: int) -> dict[str, object]:
-    t, v, ids = TEXT, TOWER, _ids(vocab)
+def _config(t: dict[str, int], v: dict[str, int], layers: int, vocab: int) -> dict[str, object]:
+    ids = _ids(vocab)
     sliding = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(layers)]
     text = {
         "model_type": "gemma3_text", "vocab_size": vocab, "hidden_size": t["hidden"],
@@ -165,14 +174,15 @@ def _config(layers: int, vocab: int) -> dict[str, object]:
 
 class Gemma3Vision(Family):
     name = "gemma3-vision"
-    shapes = ("tiny",)
+    shapes = tuple(SHAPES)
     chat = CHAT
     mmproj_pair = True  # without --safetensors: gemma3_pair writes the GGUF + mmproj pair
 
     def blueprint(self, shape: str, layers: int | None, vocab: int) -> Blueprint:
         if shape not in self.shapes:
             raise ValueError(f"unknown shape {shape!r} (choose from {', '.join(self.shapes)})")
-        n = TEXT["layers"] if layers is None else layers
+        text, tower = SHAPES[shape]
+        n = text["layers"] if layers is None else layers
         if n < 1:
             raise ValueError(f"--layers must be at least 1, not {n}")
         return Blueprint(
@@ -180,15 +190,17 @@ class Gemma3Vision(Family):
             gguf_arch="gemma3",
             shape_name=shape,
             n_layers=n,
-            tensors=(*_text_tensors(n, vocab), *_tower_tensors()),
+            tensors=(*_text_tensors(text, n, vocab), *_tower_tensors(tower, text["hidden"])),
             metadata=(),
-            hf_config=_config(n, vocab),
+            hf_config=_config(text, tower, n, vocab),
         )
 
     def write_extra(self, folder: Path) -> None:
         """The processor's files: resize to the tower's square, scale by 1/255, normalise by
-        mean and std 0.5 (as Gemma 3's), and the image's soft token count."""
-        size = TOWER["image"]
+        mean and std 0.5 (as Gemma 3's), and the image's soft token count (the tower's image size
+        from the folder's config.json, written before these)."""
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        size = int(config["vision_config"]["image_size"])
         pre = {
             "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
             "do_convert_rgb": True, "do_resize": True, "size": {"height": size, "width": size},

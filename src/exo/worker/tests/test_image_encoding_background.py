@@ -168,7 +168,8 @@ def test_a_stream_runs_on_while_a_picture_encodes(engine: Engine) -> None:
     assert _status(after, "b") == TaskStatus.Complete
     # b's tokens are what it gets alone (with the plain encoder, no stream beside it)
     assert _text(after, "b") == _alone(engine, "b", RED, TOKENS)
-    rest = _step_until(gen, lambda ev: _status(ev, "a") is not None)
+    # (a may have ended before b: its status is then among `after`'s events)
+    rest = _step_until(gen, lambda ev: _status([*after, *ev], "a") is not None)
     stream = [*first, *during, *after, *rest]
     assert _status(stream, "a") == TaskStatus.Complete
     assert _text(stream, "a") == _alone(engine, "a", None, 3 * TOKENS)
