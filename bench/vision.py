@@ -11,7 +11,9 @@ a node per thread count) for the tiny `gemma3-vision` and `qwen2.5-vl` folders t
                            [--model DIR]
 
 --model: one vision model (folder, or GGUF with its mmproj) for the node's TTFT instead of the
-generated tiny ones. --tiny-only: no real-layer-shaped towers.
+generated tiny ones; for a real-layer Gemma 3 4B-shaped one (its whole tower, two text layers
+at 4B width, random weights): `python bench/make_model.py gemma3-vision --shape real-layer
+--safetensors --out DIR` (3.3 GB). --tiny-only: no real-layer-shaped towers.
 """
 
 import argparse
