@@ -51,6 +51,9 @@ from exo.worker.runner.settings import RunnerSettings
 
 # A follower told to shut down waits this long for rank 0's stop (its trace is written then).
 _FOLLOWER_STOP_GRACE_S = 2.0
+# Queued inputs a serving runner takes between two steps (the rest wait for the next one):
+# a flood of requests cannot hold up the running streams' tokens for long.
+_MAX_INPUTS_PER_STEP = 64
 MODEL_FILE_ERRORS = (ValueError, KeyError, IndexError, struct.error, NotImplementedError)
 """What a load raises for a model file it cannot use (a missing tensor, a bad header, an
 unsupported layout): deterministic, unlike a lost peer or a lack of memory."""
@@ -136,11 +139,21 @@ class Runner:
                 logger.info("rank 0 released the group")
             timeout = 0.5 if block else 0.0
         wakeup = None if self.generation is None else self.generation.images.wakeup
-        ready = mp_wait([self.tasks, self.cancels], timeout, () if wakeup is None else (wakeup,))
-        if 1 in ready:
-            self._handle_cancel(self.cancels.receive())
-        if 0 in ready:
-            self.handle_task(self.tasks.receive())
+        fds = () if wakeup is None else (wakeup,)
+        ready = mp_wait([self.tasks, self.cancels], timeout, fds)
+        # Serving, everything already queued is taken before the next step: requests that
+        # arrive together join one batch (one prefill turn, full decode steps) instead of
+        # one per step, and a cancel lands before its stream's next token.
+        taken = 0
+        while ready:
+            if 1 in ready:
+                self._handle_cancel(self.cancels.receive())
+            if 0 in ready:
+                self.handle_task(self.tasks.receive())
+            taken += 1
+            if self.generation is None or self.done or taken >= _MAX_INPUTS_PER_STEP:
+                return
+            ready = mp_wait([self.tasks, self.cancels], 0.0, fds)
 
     def _report_running(self) -> None:
         assert self.generation is not None

@@ -9,6 +9,7 @@ from exo.worker.engines.sampling import (
     SamplingParams,
     apply_penalties,
     argmax_rows,
+    finite_rows,
     sample_token,
 )
 
@@ -103,3 +104,17 @@ def test_argmax_rows_is_torch_argmax_ties_and_nan_included() -> None:
     assert argmax_rows(z, rows) == want
     assert argmax_rows(z.double(), rows) == want  # the torch path for other dtypes
     assert argmax_rows(z, []) == []
+
+
+def test_finite_rows_finds_every_broken_row_and_only_those() -> None:
+    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
+    logits[1, 17] = float("nan")
+    logits[2, 999] = float("inf")
+    logits[3, 0] = float("-inf")
+    logits[4, 5], logits[4, 6] = float("inf"), float("-inf")  # their sum is NaN
+    # finite, yet their sum overflows float32: a finite row all the same
+    logits[5, :] = 3e38
+    assert finite_rows(logits) == [True, False, False, False, False, True]
+    assert finite_rows(logits[:1]) == [True]
+    with pytest.raises(ValueError, match="logits must be"):
+        finite_rows(logits[0])
