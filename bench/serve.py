@@ -299,6 +299,11 @@ def report(name: str, threads: int, streams: int, ours: Figures, theirs: Figures
             continue
         ratio = a / b if higher else b / a
         print(f"{head}, llama-server {b * scale:.1f}: ours/llama-server {ratio:.2f}x", flush=True)
+    # the batching target (issue 22): N streams' aggregate against one stream, same server
+    scaling = f"ours {ours.aggregate_tps / ours.single_tps:.2f}x"
+    if theirs is not None:
+        scaling += f", llama-server {theirs.aggregate_tps / theirs.single_tps:.2f}x"
+    print(f"{name} t={threads} {streams} streams aggregate / single-stream decode: {scaling}")
 
 
 def run(name: str, path: Path, threads: int, args: argparse.Namespace, binary: str | None) -> None:
