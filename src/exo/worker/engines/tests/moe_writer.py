@@ -42,6 +42,20 @@ LAYER_NAMES = {
 }
 
 
+# The tiny DeepSeek V3's and GLM-4.5's experts (config.json keys): 8 routed in 4 groups, 2 of
+# them chosen from 2 groups, a shared expert, routed scaling, a dense first layer.
+GROUPED_ROUTER: dict[str, Any] = {
+    "n_shared_experts": 1,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_group": 4,
+    "topk_group": 2,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "first_k_dense_replace": 1,
+}
+
+
 def peak(model: Any, *, bias: float = 0.1, router: float | None = None, half: bool = False) -> None:
     """Make transformers' init matter: norm gains around 1, biases and sinks of scale `bias`,
     routers of scale `router` (routing by clear margins; None: as initialised), the expert-score
