@@ -117,12 +117,11 @@ class GptOss(MoeGenFamily[GptOssShape]):
         return SHAPES
 
     def tensors(self, s: GptOssShape, vocab: int) -> list[TensorSpec]:
-        out = mc.embedding(vocab, s.hidden)
-        for i in range(s.layers):
-            out += mc.attention(s.gqa(), i)
-            out.append(mc.norm(i, "post_attention_norm", "post_attention_layernorm", s.hidden))
-            out += [_as_checkpoint(t, i) for t in mc.experts(s.moe(), i)]
-        return out + mc.head(vocab, s.hidden)
+        def ffn(i: int) -> list[TensorSpec]:
+            return [_as_checkpoint(t, i) for t in mc.experts(s.moe(), i)]
+
+        return mc.model_tensors(vocab, s.hidden, s.layers, "post_attention_norm",
+                                lambda i: mc.attention(s.gqa(), i), ffn)  # fmt: skip
 
     def metadata(self, s: GptOssShape, vocab: int) -> list[MetaItem]:
         arch = self.gguf_arch
