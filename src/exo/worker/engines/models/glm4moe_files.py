@@ -12,7 +12,9 @@ blk.i.ffn_gate_inp, exp_probs_b.bias    mlp.gate.weight, e_score_correction_bias
 blk.i.ffn_{gate,up,down}_exps           mlp.experts.e.{gate,up,down}_proj                moe.experts
 
 q, k (and their biases and norm gains) hold each head's rotary part half-split in both formats:
-the first rotary_dim rows of every head are permuted to interleaved pairs on load.
+the first rotary_dim rows of every head are permuted to interleaved pairs on load. The layers
+are read by `moe_reader` with these names (`GGUF_NAMES`: its GGUF names, the MLP's pre-norm
+`post_attention_norm`; Hugging Face's are its defaults).
 """
 
 from dataclasses import dataclass, replace

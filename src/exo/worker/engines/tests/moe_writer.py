@@ -9,29 +9,20 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .arch_models import LAYER_NAMES as DENSE_NAMES
+
 # MXFP4: experts in MXFP4, other matrices Q8_0; Q2_K / Q3_K (issue 23): rows of a multiple of
 # 256 values in that type, others Q8_0
 GgufType = Literal["F32", "Q8_0", "MXFP4", "Q2_K", "Q3_K"]
 Arrays = dict[str, np.ndarray[Any, Any]]
 
-# A layer's tensors (after `model.layers.i.`) under llama.cpp's names; the MLP's pre-norm is the
-# family's own (`ffn_norm` or `post_attention_norm`), the experts are merged (`merged_experts`).
+# A layer's tensors (after `model.layers.i.`) under llama.cpp's names (the dense families' and
+# the MoE ones'); the MLP's pre-norm is the family's own (`ffn_norm` or `post_attention_norm`),
+# the experts are merged (`merged_experts`).
 LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias",
+    **DENSE_NAMES,
     "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
     "self_attn.sinks": "attn_sinks.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
     "mlp.gate.weight": "ffn_gate_inp.weight",
     "mlp.router.weight": "ffn_gate_inp.weight",
     "mlp.router.bias": "ffn_gate_inp.bias",
