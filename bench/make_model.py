@@ -14,7 +14,9 @@ MXFP4 on an MoE family: experts in MXFP4, the rest Q8_0, as gpt-oss ships; rows 
 whole blocks of a K-quant take llama.cpp's fallback types). --out is
 the .gguf file to write, or an existing folder to write `exo-gen-ARCH-SHAPE-QUANT.gguf` into (a
 node serving `--model PATH` names the model after the file); with --safetensors, the Hugging
-Face folder to create (float quants only). The weights are random, scaled so next-token
+Face folder to create (float quants only; of the MoE families qwen3moe, glm4moe and gpt-oss,
+whose experts are written as its checkpoints hold them: MXFP4 `_blocks` / `_scales`, gate and
+up fused; deepseek2 is GGUF only, and says so). The weights are random, scaled so next-token
 distributions are peaked; the vocabulary is SmolLM2's plus the family's special tokens.
 Prints the wall time and the process's peak RSS at the end.
 """

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 
 class Role(Enum):
@@ -39,7 +39,11 @@ class TensorSpec:
     quantised axis), role, layer (None outside the blocks), random scale (std of N(0, std)).
     `rope_head_dim`: rows of heads of this size are in llama.cpp's interleaved rotary order in
     a GGUF and in Hugging Face's half-split order in safetensors (q and k of llama-like
-    families), so both files of one seed hold the same model."""
+    families), so both files of one seed hold the same model. `grid`: the values are snapped to
+    that block type's grid (gpt-oss's experts: MXFP4, as its checkpoints hold them), and a
+    safetensors folder stores them in that type (`safetensors_out`). Tensors sharing one
+    `hf_name` (gpt-oss's gate and up) are one Hugging Face tensor, fused along axis 1,
+    alternating."""
 
     gguf_name: str
     hf_name: str
@@ -48,6 +52,7 @@ class TensorSpec:
     layer: int | None
     std: float
     rope_head_dim: int = 0
+    grid: GGMLQuantizationType | None = None
 
     @property
     def rows(self) -> int:

@@ -243,6 +243,27 @@ def quantize_rows(x: Array, qtype: GGMLQuantizationType) -> Array:
     return quantiser(x)
 
 
+_E2M1 = np.array([0, 1, 2, 3, 4, 6, 8, 12], dtype=np.float32)  # doubled, as ggml holds them
+_E2M1_MIDPOINTS = (_E2M1[1:] + _E2M1[:-1]) / 2
+
+
+def mxfp4_round(x: Array) -> Array:
+    """float32 [rows, K] rounded to the values MXFP4 blocks hold, as ggml's quantiser rounds
+    them (a block's scale 2^(floor(log2 max|x|) - 3); nearest code, ties to the smaller; the
+    largest codes clipped), in float arithmetic: many times faster than quantising and
+    dequantising, and the same values (quantising them again is exact)."""
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        scale = np.exp2(np.floor(np.log2(np.where(amax > 0, amax, 1.0))) - 3).astype(np.float32)
+    magnitudes = np.abs(blocks) / scale  # [0, 16)
+    index = np.zeros(blocks.shape, dtype=np.uint8)
+    for midpoint in _E2M1_MIDPOINTS:  # a tie stays below
+        index += magnitudes > midpoint
+    codes = _E2M1[index]
+    return (np.copysign(codes, blocks) * scale).reshape(x.shape).astype(np.float32)
+
+
 # --- random valid blocks (kernel tests of the types we do not quantise) ------------------------
 
 # Byte offsets of the float16 scale fields (d, and dmin / m) inside one block of each type.

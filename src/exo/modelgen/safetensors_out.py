@@ -5,6 +5,9 @@ tensors' sizes first, then their bytes are streamed in row chunks."""
 
 import json
 import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import groupby
 from pathlib import Path
 
 import numpy as np
@@ -20,30 +23,56 @@ DTYPES = {T.F32: "F32", T.F16: "F16", T.BF16: "BF16"}
 SHARD_BYTES = 4 << 30
 
 
-def _shards(tensors: tuple[TensorSpec, ...], itemsize: int, limit: int) -> list[list[TensorSpec]]:
-    shards: list[list[TensorSpec]] = [[]]
+@dataclass(frozen=True)
+class Part:
+    """Bytes written as one run of a shard: the tensors `entries` (name, shape) of `dtype`,
+    each `nbytes` long, whose bytes `chunks()` yields in order."""
+
+    entries: list[tuple[str, tuple[int, ...]]]
+    dtype: str
+    nbytes: int
+    chunks: Callable[[], Iterator[Array]]
+
+    @property
+    def total(self) -> int:
+        return self.nbytes * len(self.entries)
+
+
+def _shards(parts: list[Part], limit: int) -> list[list[Part]]:
+    shards: list[list[Part]] = [[]]
     size = 0
-    for t in tensors:
-        n = t.rows * t.k * itemsize
-        if shards[-1] and size + n > limit:
+    for part in parts:
+        if shards[-1] and size + part.total > limit:
             shards.append([])
             size = 0
-        shards[-1].append(t)
-        size += n
+        shards[-1].append(part)
+        size += part.total
     return shards
 
 
-def _header(tensors: list[TensorSpec], qtype: GGMLQuantizationType) -> bytes:
+def _header(parts: list[Part]) -> bytes:
     entries: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for t in tensors:
-        for name, shape in hf_parts(t):
-            n = math.prod(shape[:-1]) * row_bytes(qtype, t.k)
-            entries[name] = {"dtype": DTYPES[qtype], "shape": list(shape),
-                             "data_offsets": [offset, offset + n]}  # fmt: skip
-            offset += n
+    for part in parts:
+        for name, shape in part.entries:
+            entries[name] = {"dtype": part.dtype, "shape": list(shape),
+                             "data_offsets": [offset, offset + part.nbytes]}  # fmt: skip
+            offset += part.nbytes
     raw = json.dumps(entries, separators=(",", ":")).encode()
     return raw + b" " * (-len(raw) % 8)
+
+
+def _write_shard(path: Path, parts: list[Part]) -> None:
+    header = _header(parts)
+    with path.open("wb") as f:
+        f.write(len(header).to_bytes(8, "little"))
+        f.write(header)
+        for part in parts:
+            for chunk in part.chunks():
+                f.write(np.ascontiguousarray(chunk).data)
+
+
+# --- a blueprint's tensors as parts ------------------------------------------------------------
 
 
 def hf_parts(t: TensorSpec) -> list[tuple[str, tuple[int, ...]]]:
@@ -54,15 +83,82 @@ def hf_parts(t: TensorSpec) -> list[tuple[str, tuple[int, ...]]]:
     return [(t.hf_name.format(e=e), t.shape[1:]) for e in range(t.shape[0])]
 
 
-def _write_shard(path: Path, tensors: list[TensorSpec], qtype: GGMLQuantizationType,
-                 seed: int, chunk_values: int) -> None:  # fmt: skip
-    header = _header(tensors, qtype)
-    with path.open("wb") as f:
-        f.write(len(header).to_bytes(8, "little"))
-        f.write(header)
-        for t in tensors:
-            for chunk in value_chunks(t, seed, chunk_values):
-                f.write(np.ascontiguousarray(quantize_rows(half_split(chunk, t), qtype)).data)
+def _float_part(t: TensorSpec, qtype: GGMLQuantizationType, seed: int, chunk_values: int) -> Part:
+    entries = hf_parts(t)
+
+    def chunks() -> Iterator[Array]:
+        for chunk in value_chunks(t, seed, chunk_values):
+            yield quantize_rows(half_split(chunk, t), qtype)
+
+    return Part(entries, DTYPES[qtype], t.rows * row_bytes(qtype, t.k) // len(entries), chunks)
+
+
+def _fused(ts: list[TensorSpec], seed: int, chunk_values: int) -> Iterator[Array]:
+    """Float32 rows of two tensors of one shape fused along axis 1, alternating: [n, K] chunks
+    of 3-D tensors [E, R, K] give [2n, K] rows; of 2-D ones [E, K], [n, 2K]."""
+    streams = [value_chunks(t, seed, chunk_values) for t in ts]
+    matrices = len(ts[0].shape) > 2
+    for a, b in zip(*streams, strict=True):
+        pairs = np.stack([a, b], axis=1 if matrices else 2)
+        yield pairs.reshape(-1, a.shape[-1]) if matrices else pairs.reshape(a.shape[0], -1)
+
+
+def _fused_float_part(ts: list[TensorSpec], qtype: GGMLQuantizationType, seed: int,
+                      chunk_values: int) -> Part:  # fmt: skip
+    t = ts[0]
+    shape = (t.shape[0], 2 * t.shape[1], *t.shape[2:])
+
+    def chunks() -> Iterator[Array]:
+        for rows in _fused(ts, seed, chunk_values):
+            yield quantize_rows(rows, qtype)
+
+    return Part([(t.hf_name, shape)], DTYPES[qtype], 2 * t.rows * row_bytes(qtype, t.k), chunks)
+
+
+def mxfp4_split(rows: Array) -> tuple[Array, Array]:
+    """GGUF MXFP4 rows uint8 [n, G * 17] (a scale byte, then byte j: value j low, j + 16 high)
+    -> Hugging Face's blocks [n, G, 16] (byte j: value 2j low, 2j + 1 high), scales [n, G]."""
+    blocks = rows.reshape(rows.shape[0], -1, 17)
+    qs = blocks[..., 1:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # [n, G, 32]: values in order
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), blocks[..., 0]
+
+
+def _mxfp4_parts(ts: list[TensorSpec], seed: int, chunk_values: int) -> list[Part]:
+    """`{hf_name}_blocks` and `_scales`, as gpt-oss's checkpoints hold MXFP4 experts."""
+    t, fused = ts[0], len(ts) > 1
+    rows = t.shape[:-1] if not fused else (t.shape[0], 2 * t.shape[1], *t.shape[2:-1])
+    groups = t.k // 32
+
+    def stream(which: int) -> Callable[[], Iterator[Array]]:
+        def chunks() -> Iterator[Array]:
+            every = _fused(ts, seed, chunk_values) if fused else value_chunks(t, seed, chunk_values)
+            for chunk in every:
+                yield mxfp4_split(quantize_rows(chunk, T.MXFP4))[which]
+
+        return chunks
+
+    n = math.prod(rows) * groups
+    return [
+        Part([(t.hf_name + "_blocks", (*rows, groups, 16))], "U8", n * 16, stream(0)),
+        Part([(t.hf_name + "_scales", (*rows, groups))], "U8", n, stream(1)),
+    ]
+
+
+def blueprint_parts(bp: Blueprint, qtype: GGMLQuantizationType, seed: int,
+                    chunk_values: int) -> list[Part]:  # fmt: skip
+    """Every tensor of `bp` in float type `qtype` (those with an MXFP4 `grid` in MXFP4);
+    tensors sharing an hf_name fused."""
+    parts: list[Part] = []
+    for _, group in groupby(bp.tensors, key=lambda t: t.hf_name):
+        ts = list(group)
+        if ts[0].grid is T.MXFP4:
+            parts += _mxfp4_parts(ts, seed, chunk_values)
+        elif len(ts) > 1:
+            parts.append(_fused_float_part(ts, qtype, seed, chunk_values))
+        else:
+            parts.append(_float_part(ts[0], qtype, seed, chunk_values))
+    return parts
 
 
 def half_split(chunk: Array, t: TensorSpec) -> Array:
@@ -97,16 +193,17 @@ def write_safetensors(
     else:
         config |= {"bos_token_id": 1, "eos_token_id": 2}
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    shards = _shards(bp.tensors, row_bytes(qtype, 256) // 256, shard_bytes)
+    parts = blueprint_parts(bp, qtype, seed, chunk_values)
+    shards = _shards(parts, shard_bytes)
     if len(shards) == 1:
-        _write_shard(folder / "model.safetensors", shards[0], qtype, seed, chunk_values)
+        _write_shard(folder / "model.safetensors", shards[0])
         return folder
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        _write_shard(folder / name, shard, qtype, seed, chunk_values)
-        weight_map |= {part: name for t in shard for part, _ in hf_parts(t)}
-    total = sum(t.rows * row_bytes(qtype, t.k) for t in bp.tensors)
+        _write_shard(folder / name, shard)
+        weight_map |= {entry: name for part in shard for entry, _ in part.entries}
+    total = sum(part.total for part in parts)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n",
                                                          encoding="utf-8")  # fmt: skip

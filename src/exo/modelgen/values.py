@@ -4,7 +4,7 @@ Each tensor draws from its own generator, seeded by the model's seed and the ten
 a tensor's values do not depend on which other tensors the file holds or their order. Values
 are standard normal through a table of 65536 quantiles indexed by random 16-bit words (five
 times faster than numpy's normal sampler, which would dominate writing a 5 GB file), scaled by
-the tensor's std.
+the tensor's std; a tensor with a `grid` has them rounded to that block type's values.
 """
 
 import functools
@@ -14,8 +14,10 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from exo.modelgen.blueprint import Role, TensorSpec
+from exo.modelgen.quants import mxfp4_round
 
 Array = np.ndarray[Any, Any]
 
@@ -50,4 +52,12 @@ def value_chunks(t: TensorSpec, seed: int, chunk_values: int = CHUNK_VALUES) -> 
     for start in range(0, t.rows, step):
         n = min(step, t.rows - start)
         words = np.frombuffer(rng.bytes(2 * n * t.k), dtype=np.uint16)
-        yield table[words].reshape(n, t.k)
+        values = table[words].reshape(n, t.k)
+        yield values if t.grid is None else on_grid(values, t.grid)
+
+
+def on_grid(values: Array, qtype: GGMLQuantizationType) -> Array:
+    """`values` [n, K] rounded to what block type `qtype` holds (MXFP4 only, so far)."""
+    if qtype != GGMLQuantizationType.MXFP4:
+        raise ValueError(f"values on the grid of {qtype.name} are not offered (MXFP4 only)")
+    return mxfp4_round(values)

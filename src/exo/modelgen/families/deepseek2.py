@@ -47,14 +47,7 @@ class DeepseekShape:
     routed_scale: float = 2.5
 
     def moe(self) -> Experts:
-        return Experts(
-            self.hidden,
-            self.experts,
-            self.expert_ffn,
-            self.layers,
-            correction=True,
-            router_logit_std=1.0,
-        )
+        return mc.grouped_experts(self.hidden, self.experts, self.expert_ffn, self.layers)
 
 
 SHAPES = {
@@ -144,17 +137,11 @@ class Deepseek2(MoeGenFamily[DeepseekShape]):
         return SHAPES
 
     def tensors(self, s: DeepseekShape, vocab: int) -> list[TensorSpec]:
-        out = mc.embedding(vocab, s.hidden)
-        for i in range(s.layers):
-            out += mla(s, i)
-            out.append(mc.norm(i, "ffn_norm", "post_attention_layernorm", s.hidden))
-            if i < s.dense_layers:
-                out += mc.dense_ffn(i, s.hidden, s.dense_ffn, s.layers)
-                continue
-            out += mc.experts(s.moe(), i)
-            out += mc.dense_ffn(i, s.hidden, s.shared * s.expert_ffn, s.layers, "_shexp",
-                                "mlp.shared_experts.")  # fmt: skip
-        return out + mc.head(vocab, s.hidden)
+        shared = s.shared * s.expert_ffn
+        return mc.model_tensors(
+            vocab, s.hidden, s.layers, "ffn_norm", lambda i: mla(s, i),
+            lambda i: mc.grouped_ffn(s.moe(), i, s.dense_layers, s.dense_ffn, shared),
+        )  # fmt: skip
 
     def metadata(self, s: DeepseekShape, vocab: int) -> list[MetaItem]:
         arch = self.gguf_arch

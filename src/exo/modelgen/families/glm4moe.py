@@ -43,14 +43,7 @@ class GlmShape:
                    qk_norm=True)  # fmt: skip
 
     def moe(self) -> Experts:
-        return Experts(
-            self.hidden,
-            self.experts,
-            self.expert_ffn,
-            self.layers,
-            correction=True,
-            router_logit_std=1.0,
-        )
+        return mc.grouped_experts(self.hidden, self.experts, self.expert_ffn, self.layers)
 
 
 SHAPES = {
@@ -112,17 +105,10 @@ class Glm4Moe(MoeGenFamily[GlmShape]):
         return SHAPES
 
     def tensors(self, s: GlmShape, vocab: int) -> list[TensorSpec]:
-        out = mc.embedding(vocab, s.hidden)
-        for i in range(s.layers):
-            out += mc.attention(s.gqa(), i)
-            out.append(mc.norm(i, "post_attention_norm", "post_attention_layernorm", s.hidden))
-            if i < s.dense_layers:
-                out += mc.dense_ffn(i, s.hidden, s.dense_ffn, s.layers)
-                continue
-            out += mc.experts(s.moe(), i)
-            out += mc.dense_ffn(i, s.hidden, s.expert_ffn, s.layers, "_shexp",
-                                "mlp.shared_experts.")  # fmt: skip
-        return out + mc.head(vocab, s.hidden)
+        return mc.model_tensors(
+            vocab, s.hidden, s.layers, "post_attention_norm", lambda i: mc.attention(s.gqa(), i),
+            lambda i: mc.grouped_ffn(s.moe(), i, s.dense_layers, s.dense_ffn, s.expert_ffn),
+        )  # fmt: skip
 
     def metadata(self, s: GlmShape, vocab: int) -> list[MetaItem]:
         arch = self.gguf_arch

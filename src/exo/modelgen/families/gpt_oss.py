@@ -7,11 +7,16 @@ window 8: shorter than the test prompts, YaRN x4 of 1024 positions) and `real-la
 (gpt-oss-20b's block: width 2880, 32 experts of width 2880, 4 active, 64/8 heads of 64, window
 128, YaRN x32 of 4096 positions; 4 blocks unless --layers says). gpt-oss ships its experts in
 MXFP4 and the rest in 8 bits: `--quant MXFP4` writes that mix (a K-quant recipe stores the
-2880-wide rows, not whole 256-value blocks, as llama.cpp's fallback types do). The vocabulary
-is SmolLM2's plus harmony's tokens (o200k's 201k in the real model).
+2880-wide rows, not whole 256-value blocks, as llama.cpp's fallback types do). The experts'
+values lie on MXFP4's grid whatever the file type, as gpt-oss's own do: `--safetensors` writes
+its checkpoint layout (experts as MXFP4 `_blocks` / `_scales`, gate and up fused with rows
+alternating, the rest in the float type asked for), the same model as the GGUF of its seed.
+The vocabulary is SmolLM2's plus harmony's tokens (o200k's 201k in the real model).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from gguf import GGMLQuantizationType
 
 from exo.modelgen.blueprint import ChatFormat, MetaItem, TensorSpec, register
 from exo.modelgen.families import moe_common as mc
@@ -107,21 +112,16 @@ class GptOss(MoeGenFamily[GptOssShape]):
     gguf_arch = "gpt-oss"
     shapes = tuple(SHAPES)
     chat = CHAT
-    safetensors = (
-        "gpt-oss's checkpoints hold experts as MXFP4 blocks or fused, input-major gate_up "
-        "tensors, which the generator does not write: use a GGUF file"
-    )
 
     def shape_table(self) -> dict[str, GptOssShape]:
         return SHAPES
 
     def tensors(self, s: GptOssShape, vocab: int) -> list[TensorSpec]:
-        out = mc.embedding(vocab, s.hidden)
-        for i in range(s.layers):
-            out += mc.attention(s.gqa(), i)
-            out.append(mc.norm(i, "post_attention_norm", "post_attention_layernorm", s.hidden))
-            out += mc.experts(s.moe(), i)
-        return out + mc.head(vocab, s.hidden)
+        def ffn(i: int) -> list[TensorSpec]:
+            return [_as_checkpoint(t, i) for t in mc.experts(s.moe(), i)]
+
+        return mc.model_tensors(vocab, s.hidden, s.layers, "post_attention_norm",
+                                lambda i: mc.attention(s.gqa(), i), ffn)  # fmt: skip
 
     def metadata(self, s: GptOssShape, vocab: int) -> list[MetaItem]:
         arch = self.gguf_arch
@@ -134,6 +134,49 @@ class GptOss(MoeGenFamily[GptOssShape]):
             *mc.meta(arch, attention__sliding_window=(s.window, U32)),
             *mc.yarn_meta(arch, s.yarn_factor, s.yarn_original),
         ]
+
+    def hf_config(self, s: GptOssShape, vocab: int) -> dict[str, object]:
+        return {
+            "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+            "vocab_size": vocab, "hidden_size": s.hidden, "intermediate_size": s.expert_ffn,
+            "num_hidden_layers": s.layers, "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "rms_norm_eps": 1e-5,
+            "rope_theta": s.theta, "max_position_embeddings": s.context,
+            "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True,
+            "num_local_experts": s.experts, "num_experts_per_tok": s.active,
+            "sliding_window": s.window, "swiglu_limit": 7.0,
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention"
+                            for i in range(s.layers)],
+            "rope_scaling": {
+                "rope_type": "yarn", "factor": s.yarn_factor, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": s.yarn_original,
+            },
+            "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+                "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                "lm_head",
+            ]},
+        }  # fmt: skip
+
+
+# Hugging Face's names of the experts' tensors: the router `mlp.router`; gate and up fused into
+# one tensor (`gate_up_proj`, rows alternating) as `down_proj`, both in MXFP4 (`_blocks`,
+# `_scales`; values on MXFP4's grid in a GGUF too); gate_up_proj_bias and down_proj_bias.
+_CHECKPOINT_NAMES = {
+    "ffn_gate_inp.weight": "router.weight",
+    "ffn_gate_inp.bias": "router.bias",
+    "ffn_gate_exps.weight": "experts.gate_up_proj",
+    "ffn_up_exps.weight": "experts.gate_up_proj",
+    "ffn_down_exps.weight": "experts.down_proj",
+    "ffn_gate_exps.bias": "experts.gate_up_proj_bias",
+    "ffn_up_exps.bias": "experts.gate_up_proj_bias",
+    "ffn_down_exps.bias": "experts.down_proj_bias",
+}
+
+
+def _as_checkpoint(t: TensorSpec, i: int) -> TensorSpec:
+    hf = f"model.layers.{i}.mlp." + _CHECKPOINT_NAMES[t.gguf_name.removeprefix(f"blk.{i}.")]
+    grid = GGMLQuantizationType.MXFP4 if t.gguf_name.endswith("_exps.weight") else None
+    return replace(t, hf_name=hf, grid=grid)
 
 
 register(GptOss())

@@ -16,6 +16,7 @@ Hugging Face name holds `{e}`: a safetensors folder stores one matrix per expert
 import dataclasses
 import math
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
 from gguf import GGUFValueType
@@ -175,6 +176,35 @@ def experts(x: Experts, i: int) -> list[TensorSpec]:
         out.append(spec(g + "exp_probs_b.bias", m + "gate.e_score_correction_bias", (e,),
                         Role.VECTOR, i, CORRECTION_STD))  # fmt: skip
     return out
+
+
+def grouped_experts(hidden: int, n: int, ffn: int, layers: int) -> Experts:
+    """DeepSeek V3's and GLM-4.5's routed experts: sigmoid scores with the expert-bias
+    correction, router logits of unit scale."""
+    return Experts(hidden, n, ffn, layers, correction=True, router_logit_std=1.0)
+
+
+def grouped_ffn(x: Experts, i: int, dense_layers: int, dense_width: int,
+                shared_width: int) -> list[TensorSpec]:  # fmt: skip
+    """Block i's feed-forward in DeepSeek V3 and GLM-4.5: a dense MLP in the first
+    `dense_layers` blocks, then routed experts and a shared expert of `shared_width`."""
+    if i < dense_layers:
+        return dense_ffn(i, x.hidden, dense_width, x.layers)
+    return experts(x, i) + dense_ffn(i, x.hidden, shared_width, x.layers, "_shexp",
+                                     "mlp.shared_experts.")  # fmt: skip
+
+
+def model_tensors(vocab: int, hidden: int, layers: int, ffn_norm: str,
+                  attention_of: Callable[[int], list[TensorSpec]],
+                  ffn_of: Callable[[int], list[TensorSpec]]) -> list[TensorSpec]:  # fmt: skip
+    """The embedding; each block's attention, its MLP's pre-norm (GGUF `blk.i.{ffn_norm}`,
+    Hugging Face `post_attention_layernorm`) and feed-forward; the final norm and the head."""
+    out = embedding(vocab, hidden)
+    for i in range(layers):
+        out += attention_of(i)
+        out.append(norm(i, ffn_norm, "post_attention_layernorm", hidden))
+        out += ffn_of(i)
+    return out + head(vocab, hidden)
 
 
 # --- GGUF metadata -------------------------------------------------------------------------------

@@ -105,12 +105,9 @@ class Qwen3Moe(MoeGenFamily[Qwen3MoeShape]):
         return SHAPES
 
     def tensors(self, s: Qwen3MoeShape, vocab: int) -> list[TensorSpec]:
-        out = mc.embedding(vocab, s.hidden)
-        for i in range(s.layers):
-            out += mc.attention(s.gqa(), i)
-            out.append(mc.norm(i, "ffn_norm", "post_attention_layernorm", s.hidden))
-            out += mc.experts(s.moe(), i)
-        return out + mc.head(vocab, s.hidden)
+        return mc.model_tensors(vocab, s.hidden, s.layers, "ffn_norm",
+                                lambda i: mc.attention(s.gqa(), i),
+                                lambda i: mc.experts(s.moe(), i))  # fmt: skip
 
     def metadata(self, s: Qwen3MoeShape, vocab: int) -> list[MetaItem]:
         arch = self.gguf_arch

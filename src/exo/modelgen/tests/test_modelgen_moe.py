@@ -265,7 +265,7 @@ def test_a_safetensors_folder_is_the_same_model_as_the_gguf_of_its_seed(
     torch.testing.assert_close(logits[0], logits[1], atol=1e-3, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["gpt-oss", "deepseek2"])
+@pytest.mark.parametrize("arch", ["deepseek2"])  # gpt-oss: test_modelgen_gpt_oss_safetensors
 def test_safetensors_is_refused_with_the_reason_where_not_offered(folder: Path, arch: str) -> None:
     with pytest.raises(ValueError, match=f"--safetensors is not offered for {arch}: .*GGUF"):
         generate(Request(arch, "tiny", "BF16", folder / f"{arch}-refused", safetensors=True))

@@ -7,7 +7,7 @@ from gguf.quants import dequantize
 
 from exo.modelgen.blueprint import Role
 from exo.modelgen.families import family
-from exo.modelgen.quants import QUANTISERS, check_width, quantize_rows, row_bytes
+from exo.modelgen.quants import QUANTISERS, check_width, mxfp4_round, quantize_rows, row_bytes
 from exo.modelgen.recipes import more_bits, recipe, tensor_type
 from exo.modelgen.values import value_chunks
 
@@ -121,3 +121,22 @@ def test_qwen3_shapes_have_per_head_norms_and_a_wider_q() -> None:
     assert tiny["blk.0.attn_q.weight"].rope_head_dim == 0  # Hugging Face's order in a GGUF
     meta = {m.key: m.value for m in family("qwen3").blueprint("tiny", None, 1000).metadata}
     assert meta["qwen3.attention.key_length"] == 128
+
+
+def test_mxfp4_round_is_ggmls_quantiser_read_back_and_a_fixed_point() -> None:
+    """gpt-oss's experts are drawn on MXFP4's grid (`TensorSpec.grid`): the float rounding
+    gives what quantising and dequantising gives, ties and clipped values included, and
+    quantising its result again changes nothing (so MXFP4 files of it hold it exactly)."""
+    x = np.random.default_rng(4).standard_normal((16, 256), dtype=np.float32) * 0.05
+    x[0, :32] = 0.0
+    # the block's scale is 1/16 (its largest is 10/16): each of these lies midway between codes
+    x[1, :10] = np.array([2.5, -2.5, 0.5, -0.5, 1.5, 10.0, -10.0, 5.0, 7.0, 3.5]) / 16
+    x[2, :3] = [15.9, -15.0, 11.0]  # codes past 12 clip
+    want = dequantize(quantize_rows(x, T.MXFP4), T.MXFP4).reshape(x.shape)
+    got = mxfp4_round(x)
+    assert np.array_equal(got, want)
+    again = dequantize(quantize_rows(got, T.MXFP4), T.MXFP4).reshape(x.shape)
+    assert np.array_equal(again, got)
+    spec = next(t for t in family("gpt-oss").blueprint("tiny", 1, 300).tensors if t.grid)
+    chunk = next(value_chunks(spec, seed=1))
+    assert spec.gguf_name.endswith("_exps.weight") and np.array_equal(mxfp4_round(chunk), chunk)

@@ -33,6 +33,7 @@ from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.linear import Linear, Regroup, RmsNorm, WeightFormat, make_linear
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import deepseek2_files as files
+from exo.worker.engines.models import moe_reader as reader
 from exo.worker.engines.models.attention import check_step, step_tensors
 from exo.worker.engines.models.base import (
     BuildOptions,
@@ -55,12 +56,9 @@ from exo.worker.engines.models.mla import (
 )
 from exo.worker.engines.models.mlp import DenseMlp, build_dense_mlp
 from exo.worker.engines.models.moe import (
-    ExpertWeights,
     MoeFeedForward,
     MoeWeights,
-    SharedExpert,
     slice_moe,
-    stacked_experts,
 )
 from exo.worker.engines.models.norms import residual, rms_norm
 from exo.worker.engines.models.rotary import RotaryTables, yarn_attention_factor
@@ -107,33 +105,10 @@ def router_spec(c: DeepseekConfig) -> RouterSpec:
 # --- the files' tensors --------------------------------------------------------------------------
 
 
-_GATE_UP_DOWN = ("gate", "up", "down")
-
-
-def _gguf_moe(src: TensorSource, c: DeepseekConfig, p: str) -> MoeWeights:
-    gate, up, down = (
-        stacked_experts(src, f"{p}ffn_{x}_exps.weight", c.n_experts) for x in _GATE_UP_DOWN
-    )
-    shared = None
-    if src.has(p + "ffn_gate_shexp.weight"):
-        s_gate, s_up, s_down = (src.get(f"{p}ffn_{x}_shexp.weight") for x in _GATE_UP_DOWN)
-        shared = SharedExpert(s_gate, s_up, s_down)
-    return MoeWeights(
-        router=_dense(src.get(p + "ffn_gate_inp.weight")),
-        experts=ExpertWeights(gate, up, down),
-        correction_bias=src.maybe_vector(p + "exp_probs_b.bias"),
-        shared=shared,
-    )
-
-
 def gguf_layer(src: TensorSource, config: LlamaConfig, i: int) -> DeepseekLayer:
     c, p = _config(config), f"blk.{i}."
-    ffn: DenseFfn | MoeWeights
-    if c.is_moe(i):
-        ffn = _gguf_moe(src, c, p)
-    else:
-        gate, up, down = (src.get(f"{p}ffn_{x}.weight") for x in _GATE_UP_DOWN)
-        ffn = DenseFfn(gate, up, down)
+    moe = c.is_moe(i)
+    ffn = reader.moe(src, reader.GGUF, c, i) if moe else DenseFfn(*reader.mlp(src, reader.GGUF, i))
     return DeepseekLayer(
         attn_norm=src.vector(p + "attn_norm.weight"),
         attention=files.gguf_attention(src, c, i),
@@ -142,27 +117,10 @@ def gguf_layer(src: TensorSource, config: LlamaConfig, i: int) -> DeepseekLayer:
     )
 
 
-def _hf_mlp(src: TensorSource, prefix: str) -> tuple[Weight, Weight, Weight]:
-    gate, up, down = (src.get(f"{prefix}{x}_proj.weight") for x in _GATE_UP_DOWN)
-    return gate, up, down
-
-
-def _hf_moe(src: TensorSource, c: DeepseekConfig, m: str) -> MoeWeights:
-    experts = [_hf_mlp(src, f"{m}experts.{e}.") for e in range(c.n_experts)]
-    shared = SharedExpert(*_hf_mlp(src, m + "shared_experts.")) if c.n_shared_experts else None
-    return MoeWeights(
-        router=_dense(src.get(m + "gate.weight")),
-        experts=ExpertWeights(
-            [e[0] for e in experts], [e[1] for e in experts], [e[2] for e in experts]
-        ),
-        correction_bias=src.maybe_vector(m + "gate.e_score_correction_bias"),
-        shared=shared,
-    )
-
-
 def hf_layer(src: TensorSource, config: LlamaConfig, i: int) -> DeepseekLayer:
     c, p = _config(config), f"model.layers.{i}."
-    ffn = _hf_moe(src, c, p + "mlp.") if c.is_moe(i) else DenseFfn(*_hf_mlp(src, p + "mlp."))
+    moe = c.is_moe(i)
+    ffn = reader.moe(src, reader.HF, c, i) if moe else DenseFfn(*reader.mlp(src, reader.HF, i))
     return DeepseekLayer(
         attn_norm=src.vector(p + "input_layernorm.weight"),
         attention=files.hf_attention(src, c, i, c.rope_interleave),

@@ -31,7 +31,7 @@ from torch import Tensor
 from exo.worker.engines.config import MoeConfig, RopeScaling
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.materialise import TensorSource
-from exo.worker.engines.models import hf_meta
+from exo.worker.engines.models import hf_meta, moe_files
 from exo.worker.engines.models.gguf_meta import Meta, base_fields, meta_float, meta_int, moe_fields
 from exo.worker.engines.models.mla import MlaDims, MlaWeights, split_kv_b
 from exo.worker.engines.qtensor import QuantTensor, Weight
@@ -191,47 +191,23 @@ def hf_config(raw: hf_meta.JsonDict, folder: Path) -> DeepseekConfig:
     refuse_unsupported(raw, folder)
     if raw.get("attention_bias"):
         raise ValueError("deepseek attention biases (attention_bias: true) are not supported")
-    heads, rope = int(raw["num_attention_heads"]), int(raw["qk_rope_head_dim"])
-    bos, eos_ids = hf_meta.special_tokens(raw)
+    base = moe_files.hf_base_fields(raw, folder, rms_eps=1e-6)
+    base["kv_heads"], base["head_dim"] = base["heads"], int(raw["qk_rope_head_dim"])  # MLA
     scaling, mscale_all_dim = _yarn(raw)
     q_lora = raw.get("q_lora_rank")
     topk = str(raw.get("topk_method", "noaux_tc"))
     scoring = str(raw.get("scoring_func", "sigmoid" if topk == "noaux_tc" else "softmax"))
     return DeepseekConfig(
-        architecture=str(raw.get("model_type")),
-        n_layers=int(raw["num_hidden_layers"]),
-        hidden=int(raw["hidden_size"]),
-        ffn=int(raw["intermediate_size"]),
-        heads=heads,
-        kv_heads=heads,
-        head_dim=rope,
-        rope_theta=hf_meta.rope_theta(raw) or 10000.0,
-        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        vocab=int(raw["vocab_size"]),
-        context_length=int(raw.get("max_position_embeddings", 4096)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        bos_token_id=bos,
-        eos_token_ids=eos_ids,
-        chat_template=hf_meta.read_chat_template(folder),
+        **base,
+        **moe_files.hf_moe_fields(raw, norm_topk_prob=False),
         rope_scaling=scaling,
-        activation=hf_meta.activation(raw),
         q_lora_rank=int(q_lora) if isinstance(q_lora, int) and q_lora > 0 else None,
         kv_lora_rank=int(raw["kv_lora_rank"]),
         qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
         v_head_dim=int(raw["v_head_dim"]),
         mscale_all_dim=mscale_all_dim,
         first_k_dense_replace=int(raw.get("first_k_dense_replace") or 0),
-        n_experts=int(raw.get("n_routed_experts") or 0),
-        experts_per_token=int(raw.get("num_experts_per_tok") or 0),
-        n_shared_experts=int(raw.get("n_shared_experts") or 0),
-        expert_ffn=int(raw.get("moe_intermediate_size") or 0),
-        n_group=int(raw.get("n_group") or 1),
-        topk_group=int(raw.get("topk_group") or 1),
-        routed_scaling=float(raw.get("routed_scaling_factor") or 1.0),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
         router="sigmoid" if scoring == "sigmoid" else "softmax",
-        shared_ffn=int(raw.get("n_shared_experts") or 0)
-        * int(raw.get("moe_intermediate_size") or 0),
         rope_interleave=bool(raw.get("rope_interleave", True)),
     )
 

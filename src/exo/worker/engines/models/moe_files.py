@@ -1,44 +1,24 @@
-"""Tensor names the MoE families share: attention, experts and dense MLPs, in both file formats.
-
-GGUF (llama.cpp's names)                 Hugging Face                          canonical
-blk.i.attn_norm                          model.layers.i.input_layernorm         attention.norm
-blk.i.attn_{q,k,v,output}(.bias)         self_attn.{q,k,v,o}_proj(.bias)        wq.. wo, bq.. bo
-blk.i.attn_{q,k}_norm                    self_attn.{q,k}_norm                   q_norm, k_norm
-blk.i.attn_sinks                         self_attn.sinks                        sinks
-blk.i.ffn_gate_inp(.bias)                mlp.gate | mlp.router (.bias)          router(_bias)
-blk.i.exp_probs_b.bias                   mlp.gate.e_score_correction_bias       correction_bias
-blk.i.ffn_{gate,up,down}_exps(.bias)     mlp.experts.{e}.{gate,up,down}_proj    experts
-blk.i.ffn_{gate,up,down}_shexp           mlp.shared_experts.{gate,up,down}_proj shared
-blk.i.ffn_{gate,up,down}                 mlp.{gate,up,down}_proj                dense layers
-
-q and k rows are permuted from the half-split rotary layout (these families' files, GGUF and
-Hugging Face alike) to the interleaved one the engine rotates (`weights.halves_to_pairs`).
-Routers, expert biases and sinks are read as float32 tensors whatever the plan keeps matrices
-in: they are small, and routing decides which weights are read at all.
+"""What the MoE families' files share besides their layers' tensors (`moe_reader` reads those
+by name): YaRN rotary scaling in both formats, the config fields config.json files spell alike,
+and `moe_config`. The per-format readers below are `moe_reader`'s with its GGUF or Hugging Face
+names, kept under the names the family modules call.
 """
 
 from dataclasses import fields
-
-import torch
-from torch import Tensor
+from pathlib import Path
+from typing import Any
 
 from exo.worker.engines.config import LlamaConfig, MoeConfig, RopeScaling
-from exo.worker.engines.materialise import StoragePlan, TensorSource, materialise
+from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import hf_meta
+from exo.worker.engines.models import moe_reader as reader
 from exo.worker.engines.models.base import JsonDict
 from exo.worker.engines.models.gguf_meta import Meta, meta_float, meta_int
-from exo.worker.engines.models.moe import (
-    ExpertWeights,
-    MoeWeights,
-    SharedExpert,
-    split_experts,
-    stacked_experts,
-)
+from exo.worker.engines.models.moe import MoeWeights
 from exo.worker.engines.models.moe_model import AttentionWeights, DenseFfn
-from exo.worker.engines.qtensor import Weight
-from exo.worker.engines.weights import halves_to_pairs
+from exo.worker.engines.models.moe_reader import FLOAT32, float_tensor, hf_experts, maybe_float
 
-FLOAT32 = StoragePlan(dtype=torch.float32)
+__all__ = ["FLOAT32", "float_tensor", "hf_experts", "maybe_float"]
 
 
 def hf_yarn(raw: JsonDict) -> RopeScaling | None:
@@ -80,107 +60,70 @@ def moe_config(base: LlamaConfig, **extra: object) -> MoeConfig:
     return MoeConfig(**{**values, **extra})  # type: ignore[arg-type]
 
 
-def float_tensor(src: TensorSource, name: str) -> Tensor:
-    """A tensor as plain float32, whatever the plan does with matrices."""
-    w = materialise(src.stored(name), FLOAT32)
-    assert isinstance(w, Tensor)
-    return w
-
-
-def maybe_float(src: TensorSource, name: str) -> Tensor | None:
-    return float_tensor(src, name) if src.has(name) else None
-
-
-def _qk(w: Tensor | None, n_heads: int) -> Tensor | None:
-    return None if w is None else halves_to_pairs(w, n_heads)
-
-
 def gguf_attention(src: TensorSource, config: LlamaConfig, i: int) -> AttentionWeights:
-    p = f"blk.{i}."
-    wq, wk = src.get(p + "attn_q.weight"), src.get(p + "attn_k.weight")
-    return AttentionWeights(
-        norm=src.vector(p + "attn_norm.weight"),
-        wq=halves_to_pairs(wq, config.heads),
-        wk=halves_to_pairs(wk, config.kv_heads),
-        wv=src.get(p + "attn_v.weight"),
-        wo=src.get(p + "attn_output.weight"),
-        bq=_qk(src.maybe_vector(p + "attn_q.bias"), config.heads),
-        bk=_qk(src.maybe_vector(p + "attn_k.bias"), config.kv_heads),
-        bv=src.maybe_vector(p + "attn_v.bias"),
-        bo=src.maybe_vector(p + "attn_output.bias"),
-        q_norm=_qk(src.maybe_vector(p + "attn_q_norm.weight"), 1),
-        k_norm=_qk(src.maybe_vector(p + "attn_k_norm.weight"), 1),
-        sinks=maybe_float(src, p + "attn_sinks.weight"),
-    )
+    return reader.attention(src, reader.GGUF, config, i)
 
 
 def hf_attention(src: TensorSource, config: LlamaConfig, i: int) -> AttentionWeights:
-    p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
-    wq, wk = src.get(a + "q_proj.weight"), src.get(a + "k_proj.weight")
-    return AttentionWeights(
-        norm=src.vector(p + "input_layernorm.weight"),
-        wq=halves_to_pairs(wq, config.heads),
-        wk=halves_to_pairs(wk, config.kv_heads),
-        wv=src.get(a + "v_proj.weight"),
-        wo=src.get(a + "o_proj.weight"),
-        bq=_qk(src.maybe_vector(a + "q_proj.bias"), config.heads),
-        bk=_qk(src.maybe_vector(a + "k_proj.bias"), config.kv_heads),
-        bv=src.maybe_vector(a + "v_proj.bias"),
-        bo=src.maybe_vector(a + "o_proj.bias"),
-        q_norm=_qk(src.maybe_vector(a + "q_norm.weight"), 1),
-        k_norm=_qk(src.maybe_vector(a + "k_norm.weight"), 1),
-        sinks=maybe_float(src, a + "sinks"),
-    )
+    return reader.attention(src, reader.HF, config, i)
 
 
 def gguf_moe(src: TensorSource, config: MoeConfig, i: int) -> MoeWeights:
     """Layer i's router and experts from llama.cpp's merged 3-D tensors (views per expert)."""
-    p, e = f"blk.{i}.", config.n_experts
-    shared = None
-    if src.has(p + "ffn_gate_shexp.weight"):
-        shared = SharedExpert(
-            *(src.get(p + f"ffn_{x}_shexp.weight") for x in ("gate", "up", "down"))
-        )
-    experts = ExpertWeights(
-        gate=stacked_experts(src, p + "ffn_gate_exps.weight", e),
-        up=stacked_experts(src, p + "ffn_up_exps.weight", e),
-        down=stacked_experts(src, p + "ffn_down_exps.weight", e),
-        gate_bias=maybe_float(src, p + "ffn_gate_exps.bias"),
-        up_bias=maybe_float(src, p + "ffn_up_exps.bias"),
-        down_bias=maybe_float(src, p + "ffn_down_exps.bias"),
-    )
-    return MoeWeights(
-        router=float_tensor(src, p + "ffn_gate_inp.weight"),
-        experts=experts,
-        router_bias=maybe_float(src, p + "ffn_gate_inp.bias"),
-        correction_bias=maybe_float(src, p + "exp_probs_b.bias"),
-        shared=shared,
-    )
+    return reader.moe(src, reader.GGUF, config, i)
 
 
 def gguf_dense_ffn(src: TensorSource, i: int) -> DenseFfn:
-    p = f"blk.{i}."
-    return DenseFfn(*(src.get(p + f"ffn_{x}.weight") for x in ("gate", "up", "down")))
-
-
-def hf_experts(src: TensorSource, prefix: str, n_experts: int) -> ExpertWeights:
-    """Experts stored one matrix each (`experts.{e}.gate_proj.weight`), or fused 3-D as
-    transformers 5 holds them (`experts.gate_up_proj` [E, 2F, D], `experts.down_proj` [E, D, F])."""
-    if src.has(prefix + "gate_up_proj"):
-        gate_up = stacked_experts(src, prefix + "gate_up_proj", n_experts)
-        halves = [split_experts(g, 2) for g in gate_up]
-        return ExpertWeights(
-            gate=[h[0] for h in halves],
-            up=[h[1] for h in halves],
-            down=stacked_experts(src, prefix + "down_proj", n_experts),
-        )
-
-    def each(name: str) -> list[Weight]:
-        return [src.get(f"{prefix}{x}.{name}_proj.weight") for x in range(n_experts)]
-
-    return ExpertWeights(gate=each("gate"), up=each("up"), down=each("down"))
+    return reader.dense_ffn(src, reader.GGUF, i)
 
 
 def hf_dense_ffn(src: TensorSource, i: int) -> DenseFfn:
-    p = f"model.layers.{i}.mlp."
-    return DenseFfn(*(src.get(p + f"{x}_proj.weight") for x in ("gate", "up", "down")))
+    return reader.dense_ffn(src, reader.HF, i)
+
+
+# --- config.json ---------------------------------------------------------------------------------
+
+
+def hf_base_fields(raw: JsonDict, folder: Path, rms_eps: float) -> dict[str, Any]:
+    """LlamaConfig's fields every MoE family's config.json spells alike (`rms_eps`: the
+    family's default); the family adds the rest."""
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    bos, eos_ids = hf_meta.special_tokens(raw)
+    return {
+        "architecture": str(raw.get("model_type")),
+        "n_layers": int(raw["num_hidden_layers"]),
+        "hidden": hidden,
+        "ffn": int(raw["intermediate_size"]),
+        "heads": heads,
+        "kv_heads": int(raw.get("num_key_value_heads") or heads),
+        "head_dim": int(raw.get("head_dim") or hidden // heads),
+        "rope_theta": hf_meta.rope_theta(raw) or 10000.0,
+        "rms_eps": float(raw.get("rms_norm_eps", rms_eps)),
+        "vocab": int(raw["vocab_size"]),
+        "context_length": int(raw.get("max_position_embeddings", 4096)),
+        "tie_embeddings": bool(raw.get("tie_word_embeddings", False)),
+        "bos_token_id": bos,
+        "eos_token_ids": eos_ids,
+        "chat_template": hf_meta.read_chat_template(folder),
+        "activation": hf_meta.activation(raw),
+    }
+
+
+def hf_moe_fields(raw: JsonDict, norm_topk_prob: bool) -> dict[str, Any]:
+    """MoeConfig's expert fields as DeepSeek-style config.json files name them (DeepSeek,
+    GLM): routed and shared experts, group-limited routing, the routed scaling factor."""
+    shared, width = (
+        int(raw.get("n_shared_experts") or 0),
+        int(raw.get("moe_intermediate_size") or 0),
+    )
+    return {
+        "n_experts": int(raw.get("n_routed_experts") or 0),
+        "experts_per_token": int(raw.get("num_experts_per_tok") or 0),
+        "n_shared_experts": shared,
+        "expert_ffn": width,
+        "n_group": int(raw.get("n_group") or 1),
+        "topk_group": int(raw.get("topk_group") or 1),
+        "routed_scaling": float(raw.get("routed_scaling_factor") or 1.0),
+        "norm_topk_prob": bool(raw.get("norm_topk_prob", norm_topk_prob)),
+        "shared_ffn": shared * width,
+    }

@@ -133,7 +133,7 @@ def build_hf_model(case: ArchCase, folder: Path, seed: int = 0) -> Any:
 
 # --- GGUF, the way llama.cpp's converter writes it --------------------------------------------
 
-_LAYER_NAMES = {
+LAYER_NAMES = {  # (the MoE test writers add theirs: moe_writer)
     "input_layernorm.weight": "attn_norm.weight",
     "self_attn.q_proj.weight": "attn_q.weight",
     "self_attn.k_proj.weight": "attn_k.weight",
@@ -166,7 +166,7 @@ def _gguf_name(hf_name: str, gemma: bool) -> str | None:
     if hf_name == "lm_head.weight":
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
-    names = {**_LAYER_NAMES, **(_GEMMA_NORMS if gemma else _LLAMA_NORMS)}
+    names = {**LAYER_NAMES, **(_GEMMA_NORMS if gemma else _LLAMA_NORMS)}
     return f"blk.{layer}.{names[rest]}" if rest in names else None
 
 

@@ -13,8 +13,9 @@ blocks (llama.cpp keeps the router and the norms in F32 too).
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+
+from . import moe_writer as mw
 
 CONFIG: dict[str, Any] = {
     "vocab_size": 160,
@@ -24,14 +25,7 @@ CONFIG: dict[str, Any] = {
     "num_hidden_layers": 3,
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
-    "n_shared_experts": 1,
-    "n_routed_experts": 8,
-    "num_experts_per_tok": 2,
-    "n_group": 4,
-    "topk_group": 2,
-    "routed_scaling_factor": 2.5,
-    "norm_topk_prob": True,
-    "first_k_dense_replace": 1,
+    **mw.GROUPED_ROUTER,
     "q_lora_rank": 32,
     "kv_lora_rank": 32,
     "qk_nope_head_dim": 16,
@@ -56,6 +50,18 @@ CONFIG: dict[str, Any] = {
 }
 
 
+_NAMES = {
+    **mw.LAYER_NAMES,
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_a_proj.weight": "attn_q_a.weight",
+    "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
+    "self_attn.q_b_proj.weight": "attn_q_b.weight",
+    "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
+    "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
+    "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
+}
+
+
 def build_deepseek(folder: Path, seed: int = 0, v2: bool = False, **overrides: Any) -> Any:
     """A random tiny DeepSeek V3 (`v2`: V2, softmax routing) saved to `folder` (safetensors),
     in eval mode."""
@@ -68,55 +74,18 @@ def build_deepseek(folder: Path, seed: int = 0, v2: bool = False, **overrides: A
     )
     torch.manual_seed(seed)
     model = classes[1](classes[0](**{**CONFIG, **overrides})).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:  # ones at init: make them matter
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # zeros at init: make it matter
-                b.copy_(0.5 * torch.randn_like(b))
+    mw.peak(model)
     model.save_pretrained(folder, safe_serialization=True)
     return model
 
 
-def _layer_names(rest: str) -> str | None:
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "self_attn.q_a_proj.weight": "attn_q_a.weight",
-        "self_attn.q_a_layernorm.weight": "attn_q_a_norm.weight",
-        "self_attn.q_b_proj.weight": "attn_q_b.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa.weight",
-        "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm.weight",
-        "self_attn.kv_b_proj.weight": "attn_kv_b.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-        "mlp.gate.weight": "ffn_gate_inp.weight",
-        "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
-        "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp.weight",
-        "mlp.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
-        "mlp.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
-    }
-    return names.get(rest)
-
-
-def _tensors(model: Any, split_kv_b: bool) -> dict[str, np.ndarray[Any, Any]]:
+def _tensors(model: Any, split_kv_b: bool) -> mw.Arrays:
     """The model's tensors under llama.cpp's names (experts merged into 3-D tensors)."""
     c = model.config
-    state = {k: v.float() for k, v in model.state_dict().items()}
-    out: dict[str, np.ndarray[Any, Any]] = {
-        "token_embd.weight": state["model.embed_tokens.weight"].numpy(),
-        "output_norm.weight": state["model.norm.weight"].numpy(),
-        "output.weight": state["lm_head.weight"].numpy(),
-    }
+    state = model.state_dict()
+    out = mw.head_tensors(state)
     for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        for name, t in state.items():
-            if name.startswith(p) and (gguf := _layer_names(name[len(p) :])) is not None:
-                out[f"blk.{i}.{gguf}"] = t.numpy()
+        out |= mw.layer_tensors(state, i, _NAMES)
         kv_b = out.pop(f"blk.{i}.attn_kv_b.weight")
         if split_kv_b:  # llama.cpp's newer layout: Wuk transposed and Wuv per head
             w = torch.from_numpy(kv_b).unflatten(0, (c.num_attention_heads, -1))
@@ -126,34 +95,15 @@ def _tensors(model: Any, split_kv_b: bool) -> dict[str, np.ndarray[Any, Any]]:
             out[f"blk.{i}.attn_v_b.weight"] = w[:, c.qk_nope_head_dim :].contiguous().numpy()
         else:
             out[f"blk.{i}.attn_kv_b.weight"] = kv_b
-        if i >= c.first_k_dense_replace:
-            gate_up = state[p + "mlp.experts.gate_up_proj"]  # [E, 2F, D] (transformers' layout)
-            f = gate_up.shape[1] // 2
-            out[f"blk.{i}.ffn_gate_exps.weight"] = gate_up[:, :f].contiguous().numpy()
-            out[f"blk.{i}.ffn_up_exps.weight"] = gate_up[:, f:].contiguous().numpy()
-            out[f"blk.{i}.ffn_down_exps.weight"] = state[p + "mlp.experts.down_proj"].numpy()
+        out |= mw.merged_experts(state, i)
     return out
 
 
 def _metadata(w: Any, c: Any, split_kv_b: bool, tokenizer: Path | None) -> None:
     import gguf
 
-    from .gguf_tokens import copy_tokenizer
-
     rope = c.rope_parameters
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(rope["rope_theta"])
-    if tokenizer is not None:  # its tokens, special ids and chat template
-        assert copy_tokenizer(w, tokenizer) == c.vocab_size
-    else:
-        w.add_bos_token_id(c.bos_token_id)
-        w.add_eos_token_id(c.eos_token_id)
-    w.add_leading_dense_block_count(c.first_k_dense_replace)
+    mw.add_base_meta(w, c, c.num_hidden_layers, tokenizer)
     w.add_q_lora_rank(c.q_lora_rank)
     w.add_kv_lora_rank(c.kv_lora_rank)
     w.add_rope_dimension_count(c.qk_rope_head_dim)
@@ -167,15 +117,7 @@ def _metadata(w: Any, c: Any, split_kv_b: bool, tokenizer: Path | None) -> None:
         w.add_head_count_kv(c.num_attention_heads)
         w.add_key_length(c.qk_nope_head_dim + c.qk_rope_head_dim)
         w.add_value_length(c.v_head_dim)
-    w.add_expert_count(c.n_routed_experts)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_shared_count(c.n_shared_experts)
-    w.add_expert_feed_forward_length(c.moe_intermediate_size)
-    w.add_expert_weights_scale(c.routed_scaling_factor)
-    w.add_expert_weights_norm(c.norm_topk_prob)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_group_count(c.n_group)
-    w.add_expert_group_used_count(c.topk_group)
+    mw.add_grouped_router_meta(w, c)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(rope["factor"])
     w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
@@ -185,7 +127,7 @@ def _metadata(w: Any, c: Any, split_kv_b: bool, tokenizer: Path | None) -> None:
 def write_deepseek_gguf(
     model: Any,
     path: Path,
-    dtype: str = "F32",
+    dtype: mw.GgufType = "F32",
     *,
     split_kv_b: bool = True,
     tokenizer: Path | None = None,
@@ -197,16 +139,5 @@ def write_deepseek_gguf(
 
     w = gguf.GGUFWriter(str(path), "deepseek2")
     _metadata(w, model.config, split_kv_b, tokenizer)
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    for name, data in _tensors(model, split_kv_b).items():
-        data = np.ascontiguousarray(data, dtype=np.float32)
-        blocks = data.ndim >= 2 and data.shape[-1] % 32 == 0 and "ffn_gate_inp" not in name
-        if dtype == "Q8_0" and blocks:
-            w.add_tensor(name, gguf.quants.quantize(data, q8), raw_dtype=q8)
-        else:
-            w.add_tensor(name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    mw.write_tensors(w, _tensors(model, split_kv_b), dtype)
     return path
