@@ -178,3 +178,32 @@ class MoeFfn:
 
 def _addr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+class HeadLinears:
+    """One quantised linear per head (MLA's absorbed Wuk_h, Wuv_h): x [.., H, K] -> y [.., H, N],
+    y[.., h] = x[.., h] W_h^T, in one C call (`exo_head_linears`)."""
+
+    def __init__(self, kernels: QKernels, heads: Sequence[QuantWeights]) -> None:
+        if not heads or any(w.k != heads[0].k or w.n != heads[0].n for w in heads):
+            raise KernelArgumentError("every head's layer must have the same shape")
+        self._held = list(heads)
+        self._table = torch.tensor([w.spec_address for w in heads], dtype=torch.int64)
+        self.h, self.k, self.n = len(heads), heads[0].k, heads[0].n
+        self._fn = kernels.lib.exo_head_linears
+        i = ctypes.c_int
+        self._fn.argtypes = [_P, i, _P, i, i, i, _P]
+        self._fn.restype = i
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32 or not x.is_cpu or tuple(x.shape[-2:]) != (self.h, self.k):
+            raise KernelArgumentError(f"x must be float32 [.., {self.h}, {self.k}] on the CPU")
+        x_c = x.contiguous()
+        m = x_c.numel() // (self.h * self.k)
+        y = torch.empty(*x.shape[:-1], self.n, dtype=torch.float32)
+        rc = self._fn(self._table.data_ptr(), self.h, x_c.data_ptr(), m, self.k, self.n,
+                      y.data_ptr())  # fmt: skip
+        del x_c  # alive until here: the kernel has returned
+        if rc != 0:
+            raise RuntimeError(f"exo_head_linears failed with code {rc}")
+        return y

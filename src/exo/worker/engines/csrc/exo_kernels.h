@@ -268,4 +268,6 @@ typedef struct {
 int exo_moe_ffn(const MoeSpec* m, const float* h, int n, int add_residual, float* out, int* experts_out,
                 float* weights_out);
 
+int exo_head_linears(const LinearSpec* const* specs, int H, const float* x, int M, int K, int N, float* y);
+
 #endif

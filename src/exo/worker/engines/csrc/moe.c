@@ -323,3 +323,26 @@ int exo_moe_ffn(const MoeSpec* m, const float* h, int n, int add_residual, float
     free(taken);
     return rc;
 }
+
+/* ---- issue 23 moedecode: one linear per head (MLA's absorbed Wuk and Wuv) ----
+ * y [M, H, N]: y[m, h] = specs[h](x[m, h]) for x [M, H, K]; every head's layer K -> N. 0, -1 out
+ * of memory, -2 a layer that does not fit. */
+int exo_head_linears(const LinearSpec* const* specs, int H, const float* x, int M, int K, int N, float* y) {
+    if (H <= 0 || M < 0 || K <= 0 || N <= 0) return -2;
+    for (int h = 0; h < H; h++)
+        if (specs[h] == NULL || in_width(specs[h]) != K || specs[h]->N != N) return -2;
+    if (M == 0) return 0;
+    float* xs = malloc((size_t)M * K * sizeof(float));
+    float* ys = malloc((size_t)M * N * sizeof(float));
+    int rc = xs && ys ? 0 : -1;
+    for (int h = 0; h < H && rc == 0; h++) {
+        for (int m = 0; m < M; m++)
+            memcpy(xs + (size_t)m * K, x + ((size_t)m * H + h) * K, (size_t)K * sizeof(float));
+        rc = exo_qlinear(specs[h], xs, M, NULL, ys);
+        for (int m = 0; m < M && rc == 0; m++)
+            memcpy(y + ((size_t)m * H + h) * N, ys + (size_t)m * N, (size_t)N * sizeof(float));
+    }
+    free(xs);
+    free(ys);
+    return rc;
+}
