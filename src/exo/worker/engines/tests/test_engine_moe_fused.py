@@ -4,7 +4,8 @@ generated tiny quantised file (softmax with renormalisation, DeepSeek's group-li
 with its correction bias, scaling and shared expert, GLM's, gpt-oss's softmax over the chosen
 logits with router biases and its clamped SwiGLU) it chooses the experts and weights that
 `router.route` chooses, its output is the torch path's within rounding, a token's row is the
-same bits alone or in a batch of 64, ties go to the lower expert, and bad input is refused."""
+same bits alone or in a batch of 64, ties go to the lower expert, and bad input is refused.
+MLA's per-head absorbed matrices as Q8_0 linears in one call (`HeadLinears`) are the einsums."""
 
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from exo.worker.engines.engine import load_family, load_shard_weights
 from exo.worker.engines.kernel_build import X86_ISAS, Isa, cpu_runs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.models.base import BuildOptions, ShardModel
+from exo.worker.engines.models.mla import MlaAttention
 from exo.worker.engines.models.moe import MoeFeedForward
 from exo.worker.engines.models.norms import rms_norm
 
@@ -147,3 +149,46 @@ def test_bad_input_is_refused(files: dict[str, Path]) -> None:
     with pytest.raises(KernelArgumentError, match="float32"):
         fused(torch.randn(2, d + 1))
     assert fused(torch.randn(0, d)).out.shape == (0, d)
+
+
+def _mla_layers(obj: Any, seen: set[int]) -> list[MlaAttention]:
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, MlaAttention):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        items = list(obj)  # pyright: ignore[reportUnknownArgumentType]
+    elif type(obj).__module__.startswith("exo.") and hasattr(obj, "__dict__"):
+        items = list(vars(obj).values())
+    else:
+        return []
+    return [m for item in items for m in _mla_layers(item, seen)]
+
+
+@pytest.mark.parametrize("isa", X86_ISAS)
+def test_mla_per_head_linears_are_the_einsums_in_q8_0(files: dict[str, Path], isa: Isa) -> None:
+    """MLA's absorbed Wuk_h / Wuv_h as Q8_0 linears per head in one call: the float einsum's
+    result within Q8_0 and 8-bit activation rounding; a row's bits alone or in a batch."""
+    layers = _mla_layers(_model(files["deepseek2"], _kernels(isa)), set())
+    assert layers and all(a.k_heads is not None and a.v_heads is not None for a in layers)
+    assert all(a.wk_b is None and a.wv_b is None for a in layers)  # the float copies are gone
+    family, config = load_family(files["deepseek2"])
+    float_model = family.build(
+        load_shard_weights(files["deepseek2"], 0, config.n_layers), BuildOptions()
+    )
+    torch.manual_seed(0)
+    for a, f in zip(layers, _mla_layers(float_model, set()), strict=True):
+        assert f.wk_b is not None and f.wv_b is not None and f.k_heads is None
+        for heads, w, eq in ((a.k_heads, f.wk_b, "bthn,hrn->bthr"),
+                             (a.v_heads, f.wv_b, "bthr,hvr->bthv")):  # fmt: skip
+            assert heads is not None
+            x = torch.randn(2, 5, heads.h, heads.k)
+            want, got = torch.einsum(eq, x, w), heads(x)
+            assert float((got - want).abs().max()) <= 2e-2 * float(want.abs().max())
+            alone = torch.stack([torch.stack([heads(x[b, t]) for t in range(5)]) for b in range(2)])
+            assert torch.equal(got, alone)
+    with pytest.raises(KernelArgumentError, match="float32"):
+        k_heads = layers[0].k_heads
+        assert k_heads is not None
+        k_heads(torch.randn(3, k_heads.h, k_heads.k + 1))
