@@ -4,6 +4,12 @@ The Python loop of `models/moe.py` calls, for each expert chosen by any token, i
 layer on the rows that chose it and its down layer, then scatters the rows to their (token,
 rank) slots. `MoeExperts` runs the same two `exo_qlinear` calls per expert on the same rows
 from C: the results are the loop's bit for bit, without the per-expert Python work.
+
+`MoeFfn` runs a whole MoE feed-forward in one call (`exo_moe_ffn`): the pre-norm, the router's
+logits (a fixed-order dot per token and expert), the routing of `models/router.py` (ties to the
+lower expert), the experts as `MoeExperts` runs them, the rank-ordered weighted sum, the shared
+expert and the residual. `HeadLinears` runs one quantised linear per head (MLA's absorbed
+matrices) in one call (`exo_head_linears`).
 """
 
 import ctypes

@@ -19,7 +19,9 @@ Wuv applied after the weighted sum (both exact by associativity):
 
 so a step reads each cached position once for all heads and never expands the cache (the
 expansion would cost H (dn + dv) R multiply-adds per cached position per step; absorption costs
-H (dn + dv) R per new token). Prefill absorbs too: one code path for every step shape.
+H (dn + dv) R per new token). Prefill absorbs too: one code path for every step shape. Where the
+compiled kernels run, Wuk_h and Wuv_h are held as Q8_0 linears, one per head, run in one C call
+(`moe_kernels.HeadLinears`): a quarter of the float32 bytes each step would read.
 
 The latent is stored in the paged `KVCache` as one kv head of (R + dr) / 2 values in the key
 half and the rest in the value half of a page, so a page holds exactly the latent, nothing else.

@@ -15,8 +15,12 @@ safetensors give one matrix per expert. A step groups its tokens by expert: each
 by any token runs once on the rows that chose it, an expert chosen by none is never read.
 Every token's outputs are kept apart by routing rank and summed in rank order, so a request's
 result does not depend on which other requests share its batch. Where every expert runs in the
-compiled kernels, the chosen experts run in one C call (`moe_kernels.py`: the same kernel calls
-on the same rows, bit for bit); else (gpt-oss's clamp between the layers, no kernels) a loop.
+compiled kernels (on the CPU, float32 activations), the whole feed-forward is one C call
+(`moe_kernels.MoeFfn`: norm, router logits, routing, the chosen experts, gpt-oss's clamp, the
+rank-ordered sum and the residual, each row by itself: no torch work and no Python per layer);
+`route` / `routed` below are the torch path (other devices and formats, and the reference the
+C call is tested against), whose chosen experts also run in one C call (`MoeExperts`: the same
+kernel calls on the same rows, bit for bit) except gpt-oss's (its clamp runs in torch).
 
 Tensor parallelism splits every expert like the dense MLP: rank r holds rows [r F/W, (r+1) F/W)
 of each expert's gate and up and those columns of its down (the router is replicated; a down
