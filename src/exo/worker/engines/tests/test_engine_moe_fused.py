@@ -192,3 +192,22 @@ def test_mla_per_head_linears_are_the_einsums_in_q8_0(files: dict[str, Path], is
         k_heads = layers[0].k_heads
         assert k_heads is not None
         k_heads(torch.randn(3, k_heads.h, k_heads.k + 1))
+
+
+def test_threads_split_the_work_not_the_results(files: dict[str, Path]) -> None:
+    """The router's logits are split over threads by expert, the experts' rows by output row:
+    two threads give one thread's bits (decode and a prefill-sized step)."""
+    kernels = _kernels("avx2")
+    ffn = _moe_layers(_model(files["deepseek2"], kernels), set())[0]
+    fused = ffn.fused
+    assert fused is not None
+    h = torch.randn(33, ffn.norm.shape[0]) * 2
+    was = int(kernels.lib.exo_get_threads())
+    kernels.set_threads(1)
+    try:
+        one = [fused(h[:1]).out, fused(h).out]
+        kernels.set_threads(2)
+        two = [fused(h[:1]).out, fused(h).out]
+    finally:
+        kernels.set_threads(was)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
