@@ -245,4 +245,29 @@ int exo_moe_experts(const LinearSpec* const* gate_up, const LinearSpec* const* d
                     const int* chosen, const int* counts, int n_chosen, const int* picks, int k,
                     const float* x, int n_tokens, int D, int O, float* out);
 
+/* issue 23 moedecode: a whole MoE feed-forward in one call (moe.c): norm, router, experts, sum */
+enum { MOE_ROUTE_SOFTMAX = 0, MOE_ROUTE_SOFTMAX_SELECTED = 1, MOE_ROUTE_SIGMOID = 2 };
+typedef struct { float alpha, limit; } MoeClamp;
+typedef struct {
+    int D, E, k;                /* width, experts, experts per token */
+    float eps;
+    const float* norm;          /* [D] the pre-norm's gain */
+    const float* router;        /* [E, D] float32 */
+    const float* router_bias;   /* [E] or NULL: added to the logits (gpt-oss) */
+    const float* correction;    /* [E] or NULL: added to the sigmoid scores for choosing */
+    int route_kind;             /* MOE_ROUTE_* (models/router.py's kinds) */
+    int normalize, n_group, topk_group;
+    float scaling;
+    int clamped;                /* gpt-oss's clamped SwiGLU between gate|up and down */
+    float alpha, limit;
+    const LinearSpec* const* gate_up; /* [E] */
+    const LinearSpec* const* down;    /* [E] */
+    const LinearSpec* shared_gate_up; /* or NULL (with shared_down) */
+    const LinearSpec* shared_down;
+} MoeSpec;
+int exo_moe_ffn(const MoeSpec* m, const float* h, int n, int add_residual, float* out, int* experts_out,
+                float* weights_out);
+
+int exo_head_linears(const LinearSpec* const* specs, int H, const float* x, int M, int K, int N, float* y);
+
 #endif

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
+import torch
 from torch import Tensor
 
 from exo.worker.engines.config import LlamaConfig
@@ -107,8 +108,12 @@ class GlmModel(DenseModel):
             return super()._block(b, h, t, layer_cache)
         attn = self._attention(b, h, t, layer_cache)
         h = residual(h, b.o, attn, b.post_attn_norm, self.all_reduce, self.eps)
-        x = rms_norm(h, b.ffn_norm, self.eps).reshape(-1, h.shape[-1])
-        routed = self.all_reduce(b.moe.routed(x).reshape(h.shape).to(h.dtype))
+        flat = h.reshape(-1, h.shape[-1])
+        if b.moe.fused is not None and h.dtype == torch.float32 and h.is_cpu:  # one C call
+            y = b.moe.fused(flat, residual=False).out  # (its norm is ffn_norm)
+        else:
+            y = b.moe.routed(rms_norm(flat, b.ffn_norm, self.eps))
+        routed = self.all_reduce(y.reshape(h.shape).to(h.dtype))
         return residual(h, b.mlp.down, b.mlp.gate_up(h), None, self.all_reduce, self.eps) + routed
 
     def kernels_used(self) -> dict[str, int]:

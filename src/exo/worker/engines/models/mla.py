@@ -19,7 +19,9 @@ Wuv applied after the weighted sum (both exact by associativity):
 
 so a step reads each cached position once for all heads and never expands the cache (the
 expansion would cost H (dn + dv) R multiply-adds per cached position per step; absorption costs
-H (dn + dv) R per new token). Prefill absorbs too: one code path for every step shape.
+H (dn + dv) R per new token). Prefill absorbs too: one code path for every step shape. Where the
+compiled kernels run, Wuk_h and Wuv_h are held as Q8_0 linears, one per head, run in one C call
+(`moe_kernels.HeadLinears`): a quarter of the float32 bytes each step would read.
 
 The latent is stored in the paged `KVCache` as one kv head of (R + dr) / 2 values in the key
 half and the rest in the value half of a page, so a page holds exactly the latent, nothing else.
@@ -31,14 +33,17 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import quantize
 from torch import Tensor
 
 from exo.worker.engines.config import RopeScaling
 from exo.worker.engines.kv_cache import LayerCache
-from exo.worker.engines.linear import Linear, RmsNorm
+from exo.worker.engines.linear import Linear, QuantLinear, RmsNorm
 from exo.worker.engines.models.attention import StepTensors
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.norms import rms_norm
+from exo.worker.engines.moe_kernels import HeadLinears
 from exo.worker.engines.qtensor import QuantTensor, Weight
 from exo.worker.engines.rope import apply_rope
 
@@ -135,12 +140,30 @@ class MlaAttention:
     down: Linear  # h -> rmsnorm(h) g_attn [Wqa | Wkva]^T  ([Wq | Wkva] without q LoRA)
     q_up: Linear | None  # c_q -> rmsnorm(c_q) g_qa Wqb^T
     kv_a_norm: Tensor  # [R]
-    wk_b: Tensor  # [H, R, dn]
-    wv_b: Tensor  # [H, dv, R]
+    wk_b: Tensor | None  # [H, R, dn]  (None: k_heads holds it, quantised)
+    wv_b: Tensor | None  # [H, dv, R]
     o: Linear  # [.., H * dv] -> [.., D]
     dims: MlaDims
     scale: float
     eps: float
+    k_heads: HeadLinears | None = None  # Wuk_h, Wuv_h as Q8_0 per-head linears (the kernels)
+    v_heads: HeadLinears | None = None
+
+
+def _head_linears(w: Tensor, make: LinearMaker) -> HeadLinears | None:
+    """w [H, rows, K] float -> one Q8_0 linear per head in one C call, where the kernels run
+    (a quarter of the float bytes a step reads; activations are 8-bit blocks as elsewhere)."""
+    heads, rows, k = w.shape
+    cpu = make.device.type == "cpu" and make.dtype == torch.float32
+    if make.kernels is None or make.fmt not in ("q4", "q8") or not cpu or k % 32 or rows % 8:
+        return None
+    raw = quantize(w.reshape(heads * rows, k).float().numpy(), GGMLQuantizationType.Q8_0)
+    q8 = QuantTensor(GGMLQuantizationType.Q8_0, torch.from_numpy(raw), k)
+    linears = [make(q8.rows(h * rows, (h + 1) * rows)) for h in range(heads)]
+    native = [x.native for x in linears if isinstance(x, QuantLinear)]
+    if len(native) != heads or any(kern is not make.kernels for kern, _ in native):
+        return None
+    return HeadLinears(make.kernels, [q for _, q in native])
 
 
 def build_mla(
@@ -158,16 +181,20 @@ def build_mla(
     def to(t: Tensor) -> Tensor:
         return t.to(device=make.device, dtype=make.dtype)
 
+    k_heads, v_heads = _head_linears(w.wk_b, make), _head_linears(w.wv_b, make)
+    quantised = k_heads is not None and v_heads is not None
     return MlaAttention(
         down=down,
         q_up=q_up,
         kv_a_norm=to(w.kv_a_norm),
-        wk_b=to(w.wk_b),
-        wv_b=to(w.wv_b),
+        wk_b=None if quantised else to(w.wk_b),
+        wv_b=None if quantised else to(w.wv_b),
         o=make(w.wo),
         dims=dims,
         scale=scale,
         eps=make.eps,
+        k_heads=k_heads if quantised else None,
+        v_heads=v_heads if quantised else None,
     )
 
 
@@ -184,11 +211,19 @@ def mla_attend(a: MlaAttention, h: Tensor, t: StepTensors, layer_cache: LayerCac
     k_rope = apply_rope(x[..., q_part + r :].unsqueeze(2).contiguous(), t.rotation)
     latent = rms_norm(x[..., q_part : q_part + r], a.kv_a_norm, a.eps).unsqueeze(2)
     cached = _write_and_read(torch.cat([latent, k_rope], -1), d, layer_cache, t.kv_len)
-    q_latent = torch.einsum("bthn,hrn->bthr", q[..., :dn], a.wk_b)  # Wuk absorbed
+    q_latent = _per_head(q[..., :dn], a.k_heads, a.wk_b, "bthn,hrn->bthr")  # Wuk absorbed
     query = torch.cat([q_latent, q_rope], -1)  # [B, T, H, R + dr]
     out = _attend_latent(query, cached, r, t, a.scale)  # [B, T, H, R]
-    out = torch.einsum("bthr,hvr->bthv", out, a.wv_b)  # Wuv applied after the sum
+    out = _per_head(out, a.v_heads, a.wv_b, "bthr,hvr->bthv")  # Wuv applied after the sum
     return out.flatten(2)
+
+
+def _per_head(x: Tensor, heads: HeadLinears | None, w: Tensor | None, equation: str) -> Tensor:
+    """x [B, T, H, K] -> [B, T, H, N] through each head's matrix (kernels, else an einsum)."""
+    if heads is not None and x.dtype == torch.float32 and x.is_cpu:
+        return heads(x)
+    assert w is not None  # (kept in float where the kernels do not run)
+    return torch.einsum(equation, x, w)
 
 
 def _write_and_read(latent: Tensor, d: MlaDims, cache: LayerCache, kv_len: int) -> Tensor:

@@ -15,8 +15,12 @@ safetensors give one matrix per expert. A step groups its tokens by expert: each
 by any token runs once on the rows that chose it, an expert chosen by none is never read.
 Every token's outputs are kept apart by routing rank and summed in rank order, so a request's
 result does not depend on which other requests share its batch. Where every expert runs in the
-compiled kernels, the chosen experts run in one C call (`moe_kernels.py`: the same kernel calls
-on the same rows, bit for bit); else (gpt-oss's clamp between the layers, no kernels) a loop.
+compiled kernels (on the CPU, float32 activations), the whole feed-forward is one C call
+(`moe_kernels.MoeFfn`: norm, router logits, routing, the chosen experts, gpt-oss's clamp, the
+rank-ordered sum and the residual, each row by itself: no torch work and no Python per layer);
+`route` / `routed` below are the torch path (other devices and formats, and the reference the
+C call is tested against), whose chosen experts also run in one C call (`MoeExperts`: the same
+kernel calls on the same rows, bit for bit) except gpt-oss's (its clamp runs in torch).
 
 Tensor parallelism splits every expert like the dense MLP: rank r holds rows [r F/W, (r+1) F/W)
 of each expert's gate and up and those columns of its down (the router is replicated; a down
@@ -29,13 +33,14 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.config import ExpertActivation as ExpertActivation
+from exo.worker.engines.cpu_kernels import QKernels, QuantWeights
 from exo.worker.engines.linear import GeGLU, Linear, QuantLinear, SwiGLU
 from exo.worker.engines.materialise import StoredTensor, TensorSource, materialise
-from exo.worker.engines.models.base import AllReduce
+from exo.worker.engines.models.base import AllReduce, no_all_reduce
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.norms import rms_norm
 from exo.worker.engines.models.router import RouterSpec, route
-from exo.worker.engines.moe_kernels import MoeExperts
+from exo.worker.engines.moe_kernels import FfnRouting, MoeExperts, MoeFfn
 from exo.worker.engines.qtensor import QuantTensor, Weight
 
 
@@ -229,8 +234,15 @@ class MoeFeedForward:
             s = weights.shared
             self.shared = _Expert(make([s.gate, s.up]), make(s.down, None, SwiGLU()))
         self.all_reduce = all_reduce
+        # the whole feed-forward in one C call where it all runs in the kernels (`moe_kernels.py`)
+        self.fused: MoeFfn | None = _fused(self, on_cpu=dev.type == "cpu")
 
     def __call__(self, h: Tensor) -> Tensor:
+        if self.fused is not None and h.dtype == torch.float32 and h.is_cpu:
+            flat = h.reshape(-1, h.shape[-1])
+            if self.all_reduce is no_all_reduce:
+                return self.fused(flat).out.reshape(h.shape)
+            return h + self.all_reduce(self.fused(flat, residual=False).out.reshape(h.shape))
         x = rms_norm(h, self.norm, self.eps).reshape(-1, h.shape[-1])  # [N, D]
         y = self.routed(x)
         if self.shared is not None:
@@ -304,6 +316,36 @@ def _native_experts(experts: list[_Expert]) -> MoeExperts | None:
     if any(k is not kernels for k, _ in gate_up + down):
         return None
     return MoeExperts(kernels, [w for _, w in gate_up], [w for _, w in down])
+
+
+def _quant_pair(x: _Expert | None) -> tuple[QKernels, QuantWeights, QuantWeights] | None:
+    """An expert's two layers as (kernels, gate|up, down) when both run in compiled kernels."""
+    if x is None or not isinstance(x.gate_up, QuantLinear) or not isinstance(x.down, QuantLinear):
+        return None
+    (kg, g), (kd, d) = x.gate_up.native, x.down.native
+    return (kg, g, d) if kg is kd else None
+
+
+def _fused(ffn: MoeFeedForward, on_cpu: bool) -> MoeFfn | None:
+    """The feed-forward in one C call (`MoeFfn`) when every expert (and the shared one) runs in
+    the same compiled kernels on the CPU; None otherwise (the torch path runs it)."""
+    pairs = [_quant_pair(x) for x in ffn.experts]
+    shared = _quant_pair(ffn.shared)
+    quant = [p for p in pairs if p is not None]
+    if not on_cpu or len(quant) != len(pairs) or (ffn.shared is not None and shared is None):
+        return None
+    kernels = quant[0][0]
+    if any(k is not kernels for k, _, _ in quant) or (shared and shared[0] is not kernels):
+        return None
+    clamped = ffn.activation == "swiglu_oai"
+    experts = MoeExperts(kernels, [g for _, g, _ in quant], [d for _, _, d in quant], clamped)
+    s = ffn.spec
+    routing = FfnRouting(
+        s.kind, s.top_k, s.normalize, s.n_group, s.topk_group, s.scaling, ffn.norm, ffn.eps,
+        ffn.router, ffn.router_bias, ffn.correction_bias,
+        (ffn.clamp.alpha, ffn.clamp.limit) if clamped else None,
+    )  # fmt: skip
+    return MoeFfn(experts, routing, None if shared is None else (shared[1], shared[2]))
 
 
 def _opt(t: Tensor | None, device: torch.device) -> Tensor | None:
