@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "act8.h"
+#include "arch/x86/grouped8_k1.h"
 #include "arch/x86/x86.h"
 
 /* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
@@ -375,6 +376,7 @@ int exo_x86_grouped8_q4_k(const Run* r) {
 }
 int exo_x86_grouped8_q6_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q6k);
+    if (exo_x86_grouped8_q6_k_one(r) == 0) return 0;
     run_groups8(r, k);
     return 0;
 }
