@@ -1,4 +1,4 @@
-/* One activation row (a decode step) against repacked Q6_K groups (KIND_Q6_K_G8) at 8-bit
+/* One activation row (a decode step) against repacked Q6_K and Q4_K groups (KIND_*_G8) at 8-bit
  * activations on x86, in act8.h's order: the same floats as grouped8.c's batched kernels and the
  * per-row dots, faster at one row.
  *
@@ -112,6 +112,117 @@ int exo_x86_grouped8_q6_k_one(const Run* r) {
     float o[8];
     for (int n = r->lo; n < r->hi; n += 8) {
         _mm256_storeu_ps(o, k1_q6k_group(run_row(r, n), r->nb, x, sx));
+        for (int c = 0; c < 8; c++) run_store(r, r->m0, n + c, o[c]);
+    }
+    return 0;
+}
+/* The 8 rows' scales (sc[8 j + c]) and offsets (mn[8 j + c]) of sub-blocks j = 0..7 of a Q4_K group's
+ * super-block, from its 12 x 8 packed bytes (q4k_scale_min's fields), all at once. */
+static inline __attribute__((always_inline)) void k1_q4k_unpack(const uint8_t* blk, uint8_t sc[64], uint8_t mn[64]) {
+    const uint8_t* p = blk + offsetof(BlockQ4Kx8, scales);
+    const __m256i a = _mm256_loadu_si256((const __m256i*)p), b = _mm256_loadu_si256((const __m256i*)(p + 32));
+    const __m256i c = _mm256_loadu_si256((const __m256i*)(p + 64));
+    const __m256i six = _mm256_set1_epi8(63), four = _mm256_set1_epi8(15), top = _mm256_set1_epi8(48);
+    _mm256_storeu_si256((__m256i*)sc, _mm256_and_si256(a, six));
+    _mm256_storeu_si256((__m256i*)mn, _mm256_and_si256(b, six));
+    _mm256_storeu_si256((__m256i*)(sc + 32),
+                        _mm256_or_si256(_mm256_and_si256(c, four), _mm256_and_si256(_mm256_srli_epi16(a, 2), top)));
+    _mm256_storeu_si256((__m256i*)(mn + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), four),
+                                                              _mm256_and_si256(_mm256_srli_epi16(b, 2), top)));
+}
+
+/* acc + (d sc) xd isum - (dmin mn) xs: sub-block j's step (act8.h; minus dm s is plus -(dm) s). */
+static inline __attribute__((always_inline)) __m256 k1_q4k_step(__m256 acc, __m256 d, __m256 dmin, const uint8_t* sc,
+                                                                const uint8_t* mn, const BlockX8* xb, __m256i isum) {
+    const __m256 dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)sc))));
+    const __m256 dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)mn))));
+    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
+}
+
+#if EXO_AVX512VNNI
+/* Quads 2k, 2k + 1 of a repacked chunk, 64 bytes: row c's bytes 8k .. 8k + 3 in int32 lane 2c, its
+ * bytes 8k + 4 .. 8k + 7 in lane 2c + 1 (vpermd gathers row pair c / 2's four 2-byte pieces into
+ * one 128-bit lane, vpshufb orders them), so one broadcast of the activation's 8 bytes serves. */
+static inline __attribute__((always_inline)) __m512i k1_pair(const uint8_t* chunk, int k) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m512i v = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void*)(chunk + 64 * k)));
+    return _mm512_shuffle_epi8(v, order);
+}
+
+static inline __attribute__((always_inline)) __m512i k1_bcast8(const int8_t* x) {
+    int64_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm512_set1_epi64(v);
+}
+
+/* Lanes 2c + 2c + 1 of s added: row c's sum in lane c. */
+static inline __attribute__((always_inline)) __m256i k1_fold(__m512i s) {
+    return _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64(s, 32)));
+}
+
+/* Sub-blocks 2p and 2p + 1's integer dots of one Q4_K chunk (k1_q4k_group's, 64 bytes a step). */
+static inline __attribute__((always_inline)) void k1_q4k_chunk(const uint8_t* qs, const BlockX8* xb, __m256i* i0,
+                                                               __m256i* i1) {
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, t0 = s0, t1 = s0;
+    for (int k = 0; k < 4; k += 2) {
+        const __m512i q = k1_pair(qs, k), r = k1_pair(qs, k + 1);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, low), k1_bcast8(xb[0].qs + 8 * k));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low), k1_bcast8(xb[1].qs + 8 * k));
+        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(r, low), k1_bcast8(xb[0].qs + 8 * k + 8));
+        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(r, 4), low), k1_bcast8(xb[1].qs + 8 * k + 8));
+    }
+    *i0 = k1_fold(_mm512_add_epi32(s0, t0));
+    *i1 = k1_fold(_mm512_add_epi32(s1, t1));
+}
+#else
+/* The same, 32 bytes a step. */
+static inline __attribute__((always_inline)) void k1_q4k_chunk(const uint8_t* qs, const BlockX8* xb, __m256i* i0,
+                                                               __m256i* i1) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i s0[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, s1[2] = {s0[0], s0[0]};
+    for (int quad = 0; quad < 8; quad++) {
+        const __m256i q = k1_quad(qs, quad);
+        const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        s0[quad & 1] = k1_dot(s0[quad & 1], lo, k1_bcast(xb[0].qs + 4 * quad));
+        s1[quad & 1] = k1_dot(s1[quad & 1], hi, k1_bcast(xb[1].qs + 4 * quad));
+    }
+    *i0 = _mm256_add_epi32(s0[0], s0[1]);
+    *i1 = _mm256_add_epi32(s1[0], s1[1]);
+}
+#endif
+
+/* Lane c = row c of the Q4_K group at `grp` dotted with the activation row x: sub-blocks 2p (low
+ * nibbles of chunk p) and 2p + 1 (high ones) share each quad's load. */
+static __attribute__((noinline)) __m256 k1_q4k_group(const uint8_t* grp, int nb, const BlockX8* x) {
+    __m256 acc = _mm256_setzero_ps();
+    uint8_t sc[64], mn[64];
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        k1_q4k_unpack(blk, sc, mn);
+        for (int p = 0; p < 4; p++) {
+            const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
+            const BlockX8* xb = x + b0 + 2 * p;
+            __m256i i0, i1;
+            k1_q4k_chunk(qs, xb, &i0, &i1);
+            acc = k1_q4k_step(acc, d, dmin, sc + 16 * p, mn + 16 * p, xb, i0);
+            acc = k1_q4k_step(acc, d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, xb + 1, i1);
+        }
+    }
+    return acc;
+}
+
+int exo_x86_grouped8_q4_k_one(const Run* r) {
+    if (r->m1 - r->m0 != 1) return -1;
+    const BlockX8* x = r->x8 + (size_t)r->m0 * r->nb;
+    float o[8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        _mm256_storeu_ps(o, k1_q4k_group(run_row(r, n), r->nb, x));
         for (int c = 0; c < 8; c++) run_store(r, r->m0, n + c, o[c]);
     }
     return 0;

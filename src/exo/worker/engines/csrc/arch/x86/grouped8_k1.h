@@ -11,4 +11,7 @@
  * several rows or more than K1_MAX_NB blocks. */
 int exo_x86_grouped8_q6_k_one(const Run* r);
 
+/* The same over repacked Q4_K groups; -1 (nothing done) if the pass has several rows. */
+int exo_x86_grouped8_q4_k_one(const Run* r);
+
 #endif
