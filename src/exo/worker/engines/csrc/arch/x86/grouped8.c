@@ -372,12 +372,14 @@ int exo_x86_grouped8_q4_1(const Run* r) {
 int exo_x86_grouped8_q4_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q4k);
     if (exo_x86_grouped8_q4_k_one(r) == 0) return 0;
+    if (exo_x86_grouped8_q4_k_rows(r) == 0) return 0;
     run_groups8(r, k);
     return 0;
 }
 int exo_x86_grouped8_q6_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q6k);
     if (exo_x86_grouped8_q6_k_one(r) == 0) return 0;
+    if (exo_x86_grouped8_q6_k_rows(r) == 0) return 0;
     run_groups8(r, k);
     return 0;
 }

@@ -14,4 +14,12 @@ int exo_x86_grouped8_q6_k_one(const Run* r);
 /* The same over repacked Q4_K groups; -1 (nothing done) if the pass has several rows. */
 int exo_x86_grouped8_q4_k_one(const Run* r);
 
+/* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 build; -1, nothing
+ * done, in the others). */
+int exo_x86_grouped8_q4_k_rows(const Run* r);
+
+/* A pass of any number of activation rows over repacked Q6_K groups; -1 (nothing done) out of
+ * memory (the rows' sums are on the heap). */
+int exo_x86_grouped8_q6_k_rows(const Run* r);
+
 #endif
