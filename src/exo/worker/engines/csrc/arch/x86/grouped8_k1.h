@@ -1,4 +1,4 @@
-/* The single-row (decode) grouped 8-bit kernels on x86 (grouped8_k1.c). */
+/* The Q6_K (grouped8_k1.c) and AVX-512 Q4_K (grouped8_q4k.c) grouped 8-bit kernels on x86. */
 #ifndef EXO_X86_GROUPED8_K1_H
 #define EXO_X86_GROUPED8_K1_H
 
@@ -11,11 +11,7 @@
  * several rows or more than K1_MAX_NB blocks. */
 int exo_x86_grouped8_q6_k_one(const Run* r);
 
-/* The same over repacked Q4_K groups; -1 (nothing done) if the pass has several rows. */
-int exo_x86_grouped8_q4_k_one(const Run* r);
-
-/* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 build; -1, nothing
- * done, in the others). */
+/* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 VNNI build only). */
 int exo_x86_grouped8_q4_k_rows(const Run* r);
 
 /* A pass of any number of activation rows over repacked Q6_K groups; -1 (nothing done) out of
