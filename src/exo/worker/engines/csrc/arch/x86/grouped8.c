@@ -8,12 +8,16 @@
  * 19 + 4k, so one vpdpbusd (VNNI builds) or vpmaddubsw (AVX2) per half against a broadcast of the
  * activation's 4 matching bytes adds them to the 8 rows' sums. AVX2 keeps a block's sums in int16
  * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
+ *
+ * Q6_K groups run grouped8_k1.c's kernels (their batched copies here are the fallback when its rows'
+ * sums find no memory); Q4_K groups on the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step).
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include <stddef.h>
 
 #include "act8.h"
+#include "arch/x86/grouped8_k1.h"
 #include "arch/x86/x86.h"
 
 /* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
@@ -370,11 +374,16 @@ int exo_x86_grouped8_q4_1(const Run* r) {
 }
 int exo_x86_grouped8_q4_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q4k);
+#if EXO_AVX512VNNI
+    if (exo_x86_grouped8_q4_k_rows(r) == 0) return 0; /* grouped8_q4k.c */
+#endif
     run_groups8(r, k);
     return 0;
 }
 int exo_x86_grouped8_q6_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q6k);
+    if (exo_x86_grouped8_q6_k_one(r) == 0) return 0;
+    if (exo_x86_grouped8_q6_k_rows(r) == 0) return 0;
     run_groups8(r, k);
     return 0;
 }

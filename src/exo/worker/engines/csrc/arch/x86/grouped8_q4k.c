@@ -1,0 +1,182 @@
+/* Repacked Q4_K groups (KIND_Q4_K_G8) against 8-bit activation rows on the AVX-512 VNNI build, in
+ * act8.h's order: the same floats as grouped8.c's kernels (which the other x86 builds run) and the
+ * per-row dots, faster at every row count.
+ *
+ * A super-block's 8 x 12 packed scale bytes are unpacked at once (k1_q4k_unpack). Each 64 bytes of a
+ * chunk (quads 2k, 2k + 1: row c's nibble bytes 8k .. 8k + 7) are re-laid by one vpermd + vpshufb so
+ * that int32 lanes 2c, 2c + 1 hold row c's bytes 8k .. 8k + 3 and 8k + 4 .. 8k + 7: one broadcast of
+ * the activation's 8 matching bytes then serves a vpdpbusd of 64 products a row, and each row's two
+ * lanes are added at the end of the sub-block (exact integers).
+ */
+#include "exo_kernels.h"
+#if EXO_AVX512VNNI
+#include <stddef.h>
+
+#include "act8.h"
+#include "arch/x86/grouped8_k1.h"
+#include "arch/x86/x86.h"
+
+/* The 8 rows' scales (sc[8 j + c]) and offsets (mn[8 j + c]) of sub-blocks j = 0..7 of a Q4_K group's
+ * super-block, from its 12 x 8 packed bytes (q4k_scale_min's fields), all at once. */
+static inline __attribute__((always_inline)) void k1_q4k_unpack(const uint8_t* blk, uint8_t sc[64], uint8_t mn[64]) {
+    const uint8_t* p = blk + offsetof(BlockQ4Kx8, scales);
+    const __m256i a = _mm256_loadu_si256((const __m256i*)p), b = _mm256_loadu_si256((const __m256i*)(p + 32));
+    const __m256i c = _mm256_loadu_si256((const __m256i*)(p + 64));
+    const __m256i six = _mm256_set1_epi8(63), four = _mm256_set1_epi8(15), top = _mm256_set1_epi8(48);
+    _mm256_storeu_si256((__m256i*)sc, _mm256_and_si256(a, six));
+    _mm256_storeu_si256((__m256i*)mn, _mm256_and_si256(b, six));
+    _mm256_storeu_si256((__m256i*)(sc + 32),
+                        _mm256_or_si256(_mm256_and_si256(c, four), _mm256_and_si256(_mm256_srli_epi16(a, 2), top)));
+    _mm256_storeu_si256((__m256i*)(mn + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), four),
+                                                              _mm256_and_si256(_mm256_srli_epi16(b, 2), top)));
+}
+
+/* Sub-block j's d sc and dmin mn (q4k_sub's floats; sc, mn: its 8 rows' bytes). */
+static inline __attribute__((always_inline)) void k1_q4k_scale(__m256 d, __m256 dmin, const uint8_t* sc,
+                                                               const uint8_t* mn, __m256* dsc, __m256* dm) {
+    *dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)sc))));
+    *dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)mn))));
+}
+
+/* acc + (d sc) xd isum - (dmin mn) xs: a sub-block's step (act8.h; minus dm s is plus -(dm) s). */
+static inline __attribute__((always_inline)) __m256 k1_q4k_step(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* xb,
+                                                                __m256i isum) {
+    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
+    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
+    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
+}
+
+/* Quads 2k, 2k + 1 of a repacked chunk, 64 bytes: row c's bytes 8k .. 8k + 3 in int32 lane 2c, its
+ * bytes 8k + 4 .. 8k + 7 in lane 2c + 1 (vpermd gathers row pair c / 2's four 2-byte pieces into
+ * one 128-bit lane, vpshufb orders them), so one broadcast of the activation's 8 bytes serves. */
+static inline __attribute__((always_inline)) __m512i k1_pair(const uint8_t* chunk, int k) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    const __m512i v = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void*)(chunk + 64 * k)));
+    return _mm512_shuffle_epi8(v, order);
+}
+
+static inline __attribute__((always_inline)) __m512i k1_bcast8(const int8_t* x) {
+    int64_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm512_set1_epi64(v);
+}
+
+/* Lanes 2c + 2c + 1 of s added: row c's sum in lane c. */
+static inline __attribute__((always_inline)) __m256i k1_fold(__m512i s) {
+    return _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64(s, 32)));
+}
+
+/* Sub-blocks 2p and 2p + 1's integer dots of one Q4_K chunk (k1_q4k_group's, 64 bytes a step). */
+static inline __attribute__((always_inline)) void k1_q4k_chunk(const uint8_t* qs, const BlockX8* xb, __m256i* i0,
+                                                               __m256i* i1) {
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, t0 = s0, t1 = s0;
+    for (int k = 0; k < 4; k += 2) {
+        const __m512i q = k1_pair(qs, k), r = k1_pair(qs, k + 1);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, low), k1_bcast8(xb[0].qs + 8 * k));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low), k1_bcast8(xb[1].qs + 8 * k));
+        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(r, low), k1_bcast8(xb[0].qs + 8 * k + 8));
+        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(r, 4), low), k1_bcast8(xb[1].qs + 8 * k + 8));
+    }
+    *i0 = k1_fold(_mm512_add_epi32(s0, t0));
+    *i1 = k1_fold(_mm512_add_epi32(s1, t1));
+}
+
+/* Lane c = row c of the Q4_K group at `grp` dotted with the activation row x: sub-blocks 2p (low
+ * nibbles of chunk p) and 2p + 1 (high ones) share each quad's load. */
+static __attribute__((noinline)) __m256 k1_q4k_group(const uint8_t* grp, int nb, const BlockX8* x) {
+    __m256 acc = _mm256_setzero_ps();
+    uint8_t sc[64], mn[64];
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        k1_q4k_unpack(blk, sc, mn);
+        for (int p = 0; p < 4; p++) {
+            const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
+            const BlockX8* xb = x + b0 + 2 * p;
+            __m256i i0, i1;
+            k1_q4k_chunk(qs, xb, &i0, &i1);
+            __m256 dsc0, dm0, dsc1, dm1;
+            k1_q4k_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+            k1_q4k_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+            acc = k1_q4k_step(k1_q4k_step(acc, dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+        }
+    }
+    return acc;
+}
+
+/* out[r] lane c = row c of the Q4_K group at `grp` dotted with activation row r (x + r nb), r < R:
+ * k1_q4k_group's steps, each 64-byte re-laid pair of quads serving the R rows. */
+static inline __attribute__((always_inline)) void k1_q4k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                              __m256* out) {
+    const __m512i low = _mm512_set1_epi8(15);
+    __m256 acc[8];
+    uint8_t sc[64], mn[64];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        k1_q4k_unpack(blk, sc, mn);
+        for (int p = 0; p < 4; p++) {
+            const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
+            __m512i s0[8], s1[8];
+            for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                const __m512i q = k1_pair(qs, k);
+                const __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+                for (int r = 0; r < R; r++) {
+                    const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], lo, k1_bcast8(xb[0].qs + 8 * k));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, k1_bcast8(xb[1].qs + 8 * k));
+                }
+            }
+            __m256 dsc0, dm0, dsc1, dm1;
+            k1_q4k_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+            k1_q4k_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+            for (int r = 0; r < R; r++) {
+                const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
+                acc[r] = k1_q4k_step(acc[r], dsc0, dm0, xb, k1_fold(s0[r]));
+                acc[r] = k1_q4k_step(acc[r], dsc1, dm1, xb + 1, k1_fold(s1[r]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+typedef void (*K1Q4KRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
+#define K1_Q4K_COPY(R)                                                                                 \
+    static __attribute__((noinline)) void k1_q4k_##R(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) { \
+        k1_q4k_rows(grp, nb, x, R, out);                                                               \
+    }
+static __attribute__((noinline)) void k1_q4k_1(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) {
+    out[0] = k1_q4k_group(grp, nb, x);
+}
+K1_Q4K_COPY(2)
+K1_Q4K_COPY(3)
+K1_Q4K_COPY(4)
+K1_Q4K_COPY(5)
+K1_Q4K_COPY(6)
+K1_Q4K_COPY(7)
+K1_Q4K_COPY(8)
+
+int exo_x86_grouped8_q4_k_rows(const Run* r) {
+    static const K1Q4KRows k[8] = {k1_q4k_1, k1_q4k_2, k1_q4k_3, k1_q4k_4, k1_q4k_5, k1_q4k_6, k1_q4k_7, k1_q4k_8};
+    __m256 acc[8];
+    float o[8 * 8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        const uint8_t* grp = run_row(r, n);
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= 8 ? 8 : r->m1 - m;
+            k[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            for (int i = 0; i < R; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+            for (int i = 0; i < R; i++)
+                for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[8 * i + c]);
+            m += R;
+        }
+    }
+    return 0;
+}
+#endif
