@@ -35,6 +35,8 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
     PROLOGUE_NONE,
@@ -47,17 +49,14 @@ from exo.worker.engines.cpu_kernels import (
 from exo.worker.engines.kinds import BY_KERNEL, kind_named
 
 KIND_Q4_0 = kind_named("Q4_0").kernel
-KIND_Q5_1, KIND_Q5_K = kind_named("Q5_1").kernel, kind_named("Q5_K").kernel  # issue 22 q5dots
 
 BLOCK = {KIND_Q4_0: (18, 32), KIND_Q4: (20, 32), KIND_Q8: (34, 32), KIND_Q5_0: (22, 32), KIND_Q4_K: (144, 256),
-         KIND_Q6_K: (210, 256)}  # fmt: skip
+         KIND_Q6_K: (210, 256), KIND_Q5_1: (24, 32), KIND_Q5_K: (176, 256)}  # fmt: skip
 # (offset, f16 scale) fields per layout: set to sane values, the rest of each block is random
-SCALES = {KIND_Q4_0: (0,), KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,)}
-NAMES = {KIND_Q4_0: "Q4_0", KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
-# issue 22 q5dots: Q5_1, Q5_K
-BLOCK |= {KIND_Q5_1: (24, 32), KIND_Q5_K: (176, 256)}
-SCALES |= {KIND_Q5_1: (0, 2), KIND_Q5_K: (0, 2)}
-NAMES |= {KIND_Q5_1: "Q5_1", KIND_Q5_K: "Q5_K"}
+SCALES = {KIND_Q4_0: (0,), KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,),
+          KIND_Q5_1: (0, 2), KIND_Q5_K: (0, 2)}  # fmt: skip
+NAMES = {KIND_Q4_0: "Q4_0", KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K",
+         KIND_Q5_1: "Q5_1", KIND_Q5_K: "Q5_K"}  # fmt: skip
 # name, layout, prologue, k, n
 MODELS = {
     "smollm2": [
