@@ -104,6 +104,23 @@ def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+def test_rows_not_in_eights_are_the_same_alone_or_batched(isa: Isa, kind: Kind, eight_bit: None) -> None:
+    """43 file rows: the x86 dots that take 8 rows at once (Q5_0 / Q5_1 / Q5_K) leave the last 3
+    to the per-row kernel; every row's floats are still the portable build's, alone or batched."""
+    _, w = _weights(kind, 43, 512)
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    torch.manual_seed(4)
+    x = torch.randn(9, 512)
+    alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(9)])
+    assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    for m in (2, 4, 5, 8, 9):
+        assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize(("kind", "layout"), KIND_LAYOUTS)
 def test_the_result_is_the_dequantised_dot(
     isa: Isa, kind: Kind, layout: str, eight_bit: None
