@@ -1,5 +1,6 @@
 /* issue 22 q5dots: AVX2 / AVX-VNNI / AVX-512 VNNI dots of Q5_0, Q5_1 and Q5_K weights with 8-bit
- * activations, per row (1 or 4 activation rows a pass), in act8_q5.h's order. A block's values
+ * activations, 8 file rows at a time (below) and the rows left per row (1 or 4 activation rows a
+ * pass), in act8_q5.h's order. A block's values
  * 0..31 (nibble | fifth bit << 4) times the int8 activations by vpmaddubsw + vpmaddwd (AVX2) or
  * vpdpbusd (VNNI builds): an exact integer sum, then the scalar float steps. Q5_0's repacked
  * groups: arch/x86/grouped8_q5.c. */
