@@ -5,10 +5,11 @@
 Each row of the table is one layer of SmolLM2-135M (Q4_1, its head Q8_0; "g8": the same layer
 re-laid in groups of 8 rows, as the engine runs Q4_1 and Q8_0 on AVX2) or of Gemma 3 270M's
 Q4_K_M file (its layouts: q | k | v and gate | up Q5_0, o Q4_K, down Q6_K) or of a
-Llama-3.2-1B-shaped Q4_K_M file (`llama1b`, with its gate | up also in Q4_0 and Q4_1), with random weights
+Llama-3.2-1B-shaped Q4_K_M file (`llama1b`, with its gate | up also in Q4_0 and Q4_1; `llama1b_q5`:
+the same shape in Q5_K, and its gate | up in Q5_0 and Q5_1), with random weights
 of that layout, called through the checked wrapper an engine uses (`QKernels.linear`). A column
 per number of activation rows: 1 is a decode step of one stream, 8 a step of 8 streams batched,
-60 a prefill. A layout with 8-bit-activation dots (Q4_0, Q4_1) gets rows "x8" and "g8 x8" more: its
+60 a prefill. A layout with 8-bit-activation dots (`Kind.act8`) gets rows "x8" and "g8 x8" more: its
 file rows and its groups against activations quantised to int8 blocks (EXO_ACTIVATIONS=8; the
 other rows: 16-bit). Figures are microseconds per call of the process's CPU time (the machine may be
 shared: wall-clock figures move with its load, CPU time does not; at more threads CPU time is a
@@ -34,6 +35,8 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q4,
     KIND_Q4_K,
     KIND_Q5_0,
+    KIND_Q5_1,
+    KIND_Q5_K,
     KIND_Q6_K,
     KIND_Q8,
     PROLOGUE_NONE,
@@ -48,10 +51,12 @@ from exo.worker.engines.kinds import BY_KERNEL, kind_named
 KIND_Q4_0 = kind_named("Q4_0").kernel
 
 BLOCK = {KIND_Q4_0: (18, 32), KIND_Q4: (20, 32), KIND_Q8: (34, 32), KIND_Q5_0: (22, 32), KIND_Q4_K: (144, 256),
-         KIND_Q6_K: (210, 256)}  # fmt: skip
+         KIND_Q6_K: (210, 256), KIND_Q5_1: (24, 32), KIND_Q5_K: (176, 256)}  # fmt: skip
 # (offset, f16 scale) fields per layout: set to sane values, the rest of each block is random
-SCALES = {KIND_Q4_0: (0,), KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,)}
-NAMES = {KIND_Q4_0: "Q4_0", KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K"}
+SCALES = {KIND_Q4_0: (0,), KIND_Q4: (0, 2), KIND_Q8: (0,), KIND_Q5_0: (0,), KIND_Q4_K: (0, 2), KIND_Q6_K: (208,),
+          KIND_Q5_1: (0, 2), KIND_Q5_K: (0, 2)}  # fmt: skip
+NAMES = {KIND_Q4_0: "Q4_0", KIND_Q4: "Q4_1", KIND_Q8: "Q8_0", KIND_Q5_0: "Q5_0", KIND_Q4_K: "Q4_K", KIND_Q6_K: "Q6_K",
+         KIND_Q5_1: "Q5_1", KIND_Q5_K: "Q5_K"}  # fmt: skip
 # name, layout, prologue, k, n
 MODELS = {
     "smollm2": [
@@ -82,6 +87,16 @@ MODELS = {
         ("o", KIND_Q4_0, PROLOGUE_NONE, 2048, 2048),
         ("up", KIND_Q4_0, PROLOGUE_RMS_NORM, 2048, 8192),
         ("down", KIND_Q4_0, PROLOGUE_SWIGLU, 8192, 2048),
+    ],
+    # issue 22 q5dots: a Llama-3.2-1B-shaped Q5_K_M layer (its down in Q5_K here), and its gate | up
+    # in Q5_0 and Q5_1 (Q5_K_M's fallback for rows that do not fill 256-value blocks)
+    "llama1b_q5": [
+        ("qkv", KIND_Q5_K, PROLOGUE_RMS_NORM, 2048, 3072),
+        ("o", KIND_Q5_K, PROLOGUE_NONE, 2048, 2048),
+        ("gate_up", KIND_Q5_K, PROLOGUE_RMS_NORM, 2048, 16384),
+        ("down", KIND_Q5_K, PROLOGUE_SWIGLU, 8192, 2048),
+        ("gate_up", KIND_Q5_0, PROLOGUE_RMS_NORM, 2048, 16384),
+        ("gate_up", KIND_Q5_1, PROLOGUE_RMS_NORM, 2048, 16384),
     ],
 }
 LAST_LEVEL_CACHE = 64 << 20  # bytes of weights cycled through with --cold: above any L3 here

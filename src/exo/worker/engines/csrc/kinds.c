@@ -26,6 +26,8 @@
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 /* issue 22: the repacked Q4 groups' 8-bit strategy */
 #define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
+/* issue 22 q5dots: Q5_0's groups' 8-bit strategy */
+#define GROUPED8_Q5_0 {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5_0, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_q5_0)}
 #define exo_generic_none NULL
 /* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS, Q2_K, Q3_K) */
 #define DOT_OPS(k)                                                                                 \
@@ -53,6 +55,10 @@
 #define exo_arm_dot8_q8_0 NULL
 #define exo_arm_dot8_q4_k NULL
 #define exo_arm_dot8_q6_k NULL
+/* issue 22 q5dots: Q5_0 / Q5_1 / Q5_K have no NEON 8-bit dot of their own either */
+#define exo_arm_dot8_q5_0 NULL
+#define exo_arm_dot8_q5_1 NULL
+#define exo_arm_dot8_q5_k NULL
 #else
 #define NEON_OPS(dot, pair)
 #define NEON_DOT8(k)
@@ -70,16 +76,16 @@ static const KindTraits KINDS[] = {
      .pair_below = 4, .ops = FILE_OPS(dot_q8_0, pair_q8_0, 1), .act8 = ACT_X8, .dot8 = DOT8(q8_0)},
     {.kind = KIND_Q5_0, .name = "Q5_0", .file_kind = KIND_Q5_0, .grouped = KIND_Q5_0_G8, .block_values = 32,
      .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 4,
-     .ops = FILE_OPS(dot_q5_0, pair_q5_0, 1)},
+     .ops = FILE_OPS(dot_q5_0, pair_q5_0, 1), .act8 = ACT_X8, .dot8 = DOT8(q5_0)},
     {.kind = KIND_Q5_1, .name = "Q5_1", .file_kind = KIND_Q5_1, .grouped = 0, .block_values = 32, .block_bytes = 24,
      .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
-     .ops = FILE_OPS(dot_q5_1, none, 1)},
+     .ops = FILE_OPS(dot_q5_1, none, 1), .act8 = ACT_X8, .dot8 = DOT8(q5_1)},
     {.kind = KIND_Q4_K, .name = "Q4_K", .file_kind = KIND_Q4_K, .grouped = KIND_Q4_K_G8, .block_values = 256,
      .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = FILE_OPS(dot_q4_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q4_k)},
     {.kind = KIND_Q5_K, .name = "Q5_K", .file_kind = KIND_Q5_K, .grouped = 0, .block_values = 256,
      .block_bytes = 176, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
-     .ops = FILE_OPS(dot_q5_k, none, 0)},
+     .ops = FILE_OPS(dot_q5_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q5_k)},
     {.kind = KIND_Q6_K, .name = "Q6_K", .file_kind = KIND_Q6_K, .grouped = KIND_Q6_K_G8, .block_values = 256,
      .block_bytes = 210, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 0, .pair_below = 0,
      .ops = FILE_OPS(dot_q6_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q6_k)},
@@ -94,7 +100,7 @@ static const KindTraits KINDS[] = {
      .ops = GROUPED_OPS(grouped_q8_0), .act8 = ACT_X8, .dot8 = GROUPED8(q8_0)},
     {.kind = KIND_Q5_0_G8, .name = "Q5_0_G8", .file_kind = KIND_Q5_0, .grouped = 0, .block_values = 32,
      .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(4), .unpack_from = 0, .pair_below = 0,
-     .ops = GROUPED_OPS(grouped_q5_0)},
+     .ops = GROUPED_OPS(grouped_q5_0), .act8 = ACT_X8, .dot8 = GROUPED8_Q5_0},
     {.kind = KIND_Q4_K_G8, .name = "Q4_K_G8", .file_kind = KIND_Q4_K, .grouped = 0, .block_values = 256,
      .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS_FROM(16), .unpack_from = 0, .pair_below = 0,
      .ops = GROUPED_OPS(grouped_q4_k), .act8 = ACT_X8, .dot8 = GROUPED8(q4_k)},

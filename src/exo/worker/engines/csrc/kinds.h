@@ -153,6 +153,15 @@ int exo_x86_grouped8_q4_k(const Run* r);
 int exo_generic_dot8_q6_k(const Run* r);
 int exo_x86_dot8_q6_k(const Run* r);
 int exo_x86_grouped8_q6_k(const Run* r);
+/* issue 22 q5dots: Q5_0 / Q5_1 / Q5_K 8-bit dots, Q5_0's groups (act8_q5.c, arch/x86/dot8_q5.c, grouped8_q5.c) */
+int exo_generic_dot8_q5_0(const Run* r);
+int exo_generic_dot8_q5_1(const Run* r);
+int exo_generic_dot8_q5_k(const Run* r);
+int exo_generic_grouped8_q5_0(const Run* r);
+int exo_x86_dot8_q5_0(const Run* r);
+int exo_x86_dot8_q5_1(const Run* r);
+int exo_x86_dot8_q5_k(const Run* r);
+int exo_x86_grouped8_q5_0(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

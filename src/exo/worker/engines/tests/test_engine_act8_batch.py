@@ -1,6 +1,7 @@
 """8-bit activations (the default, EXO_ACTIVATIONS=8) through the runner's load of a generated
 quantised file: requests batched together give the tokens each gives alone, the layers running
-the repacked groups' 8-bit dots (the head, 49159 rows, the file rows' per-row ones)."""
+the repacked groups' 8-bit dots (the head, 49159 rows, the file rows' per-row ones; Q5_1 and Q5_K,
+which have no repacked layout, the per-row ones everywhere)."""
 
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ def _greedy(model: ShardModel, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("quant", ["Q4_0", "Q4_K_M"])
+@pytest.mark.parametrize("quant", ["Q4_0", "Q4_K_M", "Q5_K_M", "Q5_0", "Q5_1"])  # issue 22 q5dots: Q5_*
 def test_batched_equals_alone_at_8_bits(
     quant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -60,7 +61,9 @@ def test_batched_equals_alone_at_8_bits(
     assert layers and all(q._kernels.activations == 8 for q in layers)  # pyright: ignore[reportPrivateUsage]
     for q in layers:  # groups where the rows come in 8s (the head's 49159 rows: the file's rows)
         grouped = [BY_KERNEL[k][1] for k in q.kinds]
-        assert grouped == [p.shape[0] % 8 == 0 for p in q.parts], q.kernel
+        has = [BY_KERNEL[k][0].grouped is not None for k in q.kinds]  # Q5_1, Q5_K: rows alone
+        assert grouped == [h and p.shape[0] % 8 == 0 for h, p in zip(has, q.parts, strict=True)], q.kernel
+        assert all(BY_KERNEL[k][0].act8 for k in q.kinds), q.kinds  # every layer's 8-bit dots run
     alone = [_greedy(model, p, 8) for p in PROMPTS]
     gen = BatchGenerator(model, len(PROMPTS), 32, prefill_chunk=4)
     for i, p in enumerate(PROMPTS):

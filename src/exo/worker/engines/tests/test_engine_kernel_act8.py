@@ -1,6 +1,8 @@
 """8-bit activations (`csrc/act8.c`, `csrc/arch/x86/dot8.c`, `csrc/grouped8.c`,
-`csrc/arch/x86/grouped8.c`): Q4_0 / Q4_1 rows, as the file lays them or repacked in groups of 8,
-against activation rows quantised to int8 blocks. A row's result is the same alone or in any
+`csrc/arch/x86/grouped8.c`; Q5_0 / Q5_1 / Q5_K: `csrc/act8_q5.c`, `csrc/arch/x86/dot8_q5.c`,
+`csrc/arch/x86/grouped8_q5.c`): every kind with 8-bit dots (`Kind.act8`), its rows as the file
+lays them or repacked in groups of 8 (where it has a repacked layout), against activation rows
+quantised to int8 blocks. A row's result is the same alone or in any
 batch, in either layout, and every build gives the portable build's floats bit for bit; the result
 is the dot of the dequantised weights with the dequantised 8-bit activations; EXO_ACTIVATIONS /
 `set_activations` switch between the formats."""
@@ -25,8 +27,15 @@ from exo.worker.engines.kinds import KINDS, Kind
 from exo.worker.engines.linear import QuantLinear
 
 ACT8 = [k for k in KINDS if k.act8]
+ACT8_GROUPED = [k for k in ACT8 if k.grouped is not None]  # Q5_1, Q5_K: the file's rows alone
 ROWS = (1, 2, 4, 8, 9, 64)
 LAYOUTS = ("rows", "groups")  # the file's rows (dot8), repacked groups of 8 (grouped8)
+# every 8-bit kind in its file rows, and in its groups where it has a repacked layout
+KIND_LAYOUTS = [
+    pytest.param(k, layout, id=f"{k.name}-{layout}")
+    for layout in LAYOUTS
+    for k in (ACT8 if layout == "rows" else ACT8_GROUPED)
+]
 
 
 def _kernels(isa: Isa) -> QKernels:
@@ -74,8 +83,7 @@ def _quantise8(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("kind", "layout"), KIND_LAYOUTS)
 @pytest.mark.parametrize("odd", [False, True])  # 576 (768 for K-quants): not a power of two
 def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
     isa: Isa, kind: Kind, layout: str, odd: bool, eight_bit: None
@@ -97,7 +105,23 @@ def test_a_row_is_the_same_alone_or_batched_and_on_every_build(
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
-@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_not_in_eights_are_the_same_alone_or_batched(isa: Isa, kind: Kind, eight_bit: None) -> None:
+    """43 file rows: the x86 dots that take 8 rows at once (Q5_0 / Q5_1 / Q5_K) leave the last 3
+    to the per-row kernel; every row's floats are still the portable build's, alone or batched."""
+    _, w = _weights(kind, 43, 512)
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    torch.manual_seed(4)
+    x = torch.randn(9, 512)
+    alone = torch.cat([ours.linear(w, x[i : i + 1]) for i in range(9)])
+    assert torch.equal(alone, portable.linear(w, x)), "differs from the portable build"
+    for m in (2, 4, 5, 8, 9):
+        assert torch.equal(ours.linear(w, x[:m]), alone[:m]), (isa, kind.name, m)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize(("kind", "layout"), KIND_LAYOUTS)
 def test_the_result_is_the_dequantised_dot(
     isa: Isa, kind: Kind, layout: str, eight_bit: None
 ) -> None:
@@ -134,7 +158,7 @@ def test_the_setting_takes_8_or_16_bits(eight_bit: None, monkeypatch: pytest.Mon
     assert _kernels("portable").activations == 8
 
 
-@pytest.mark.parametrize("kind", ACT8, ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", ACT8_GROUPED, ids=lambda k: k.name)
 def test_a_layer_built_at_8_bits_runs_its_groups(kind: Kind, eight_bit: None) -> None:
     """A layer is repacked in groups of 8 on x86 at either setting, and its groups' 8-bit dots
     give the file rows' 8-bit results bit for bit, at any number of rows."""
