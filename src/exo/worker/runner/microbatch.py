@@ -306,7 +306,7 @@ class PipelinedBatcher:
 
 
 LANES_ENV = "EXO_PIPELINE_LANES"
-LANES_PER_STAGE = 2
+LANES_PER_STAGE = 1
 
 
 def lane_count(stages: int) -> int:
