@@ -56,6 +56,9 @@ MODEL_FILE_ERRORS = (ValueError, KeyError, IndexError, struct.error, NotImplemen
 unsupported layout): deterministic, unlike a lost peer or a lack of memory."""
 
 
+_INPUTS_PER_TURN = 64  # queued tasks and cancels taken between two steps, at most
+
+
 class ModelFileError(Exception):
     """A load that failed on the model's files: retrying cannot help."""
 
@@ -137,10 +140,16 @@ class Runner:
             timeout = 0.5 if block else 0.0
         wakeup = None if self.generation is None else self.generation.images.wakeup
         ready = mp_wait([self.tasks, self.cancels], timeout, () if wakeup is None else (wakeup,))
-        if 1 in ready:
-            self._handle_cancel(self.cancels.receive())
-        if 0 in ready:
-            self.handle_task(self.tasks.receive())
+        # Take every input already queued, not one per step: requests that arrive together
+        # start together (a pipeline's step waits for a trip through every stage).
+        for _ in range(_INPUTS_PER_TURN):
+            if 1 in ready:
+                self._handle_cancel(self.cancels.receive())
+            if 0 in ready:
+                self.handle_task(self.tasks.receive())
+            if not ready or self.done:
+                return
+            ready = mp_wait([self.tasks, self.cancels], 0.0)
 
     def _report_running(self) -> None:
         assert self.generation is not None
