@@ -1,7 +1,8 @@
 """Pipelined stages: rank 0 keeps one micro-batch in flight per stage.
 
 A pipeline of k stages that runs one step at a time leaves k-1 stages idle. Here rank 0's
-requests are split into k *lanes* (micro-batches), each its own continuous batcher over its
+requests are split into k *lanes* (micro-batches; ``EXO_PIPELINE_LANES`` sets another
+count), each its own continuous batcher over its
 own range of cache slots (lane m holds slots ``offset_m .. offset_m + size_m - 1`` on every
 stage). A lane's step runs as usual until it calls the model; the forward computes stage 0,
 sends the activations on and *parks* the lane; rank 0 then steps another lane while the
@@ -212,7 +213,7 @@ def lane_sizes(max_batch: int, lanes: int) -> list[int]:
 
 class PipelinedBatcher:
     """The batcher rank 0 of a pipeline runs: ``add``, ``cancel`` and ``step`` as a
-    ``BatchGenerator``'s, over one lane per stage."""
+    ``BatchGenerator``'s, over ``lanes`` lanes (``lane_count``: one per stage by default)."""
 
     def __init__(self, head: PipelineHead, lanes: int, max_batch: int,
                  make: BatcherFactory) -> None:
