@@ -285,13 +285,15 @@ async def row_nodes(args: argparse.Namespace, tmp: Path, model: Model, label: st
                 j.figures = Figures(0.0, aggregate(many), statistics.median(s.ttft for s in many),
                                     len(many))
                 if trace is not None:
-                    await _collect_trace(cluster, trace, count, min(s.started for s in many))
+                    await _collect_trace(cluster, trace, count, min(s.started for s in many),
+                                         args.keep_trace)
             j.host_peak = sampler.host_peak
         print_journey(label, j, sampler)
         return j
 
 
-async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: float) -> None:
+async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: float,
+                         keep: Path | None) -> None:
     """Delete the instance (its runners write their traces as they stop); print them."""
     state = await cluster.procs[0].state()
     [iid] = state["instances"]
@@ -301,6 +303,9 @@ async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: floa
     except AssertionError as e:
         print(f"  trace: {e}")
     traces = load_traces(trace)
+    if keep is not None:
+        shutil.copytree(trace, keep, dirs_exist_ok=True)
+        print(f"  traces kept in {keep}")
     wall_since = time.time() - (time.perf_counter() - since)
     print(format_traces(traces, wall_since))
     busy = busy_fractions(traces, wall_since)
@@ -398,6 +403,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--pipelined-streams", type=int, default=16)
+    ap.add_argument("--keep-trace", type=Path, help="copy the stages' traces to this folder")
     ap.add_argument("--lanes", type=int,
                     help="micro-batches of the pipelined row (default: the runner's)")
     ap.add_argument("--limit-share", type=float, default=0.95,
