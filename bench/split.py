@@ -1,14 +1,14 @@
 """A model too big for one node, the whole journey at real size, over loopback nodes.
 
     python bench/split.py [--arch llama|qwen3moe] [--shape S] [--layers N] [--quant Q4_K_M]
-                          [--rows ROWS] [--tokens N] [--lanes N]
+                          [--rows ROWS] [--tokens N] [--lanes N] [--keep-trace DIR]
 
 It generates a GGUF with random weights (``bench/make_model.py``) under a temp dir (removed
 after; 15 GB of free disk is checked first): Llama-shaped by default (8b: 32 layers at width
 4096, about 4.5 GB), or with ``--arch qwen3moe`` Qwen3-30B-A3B-shaped (its real blocks: 128
-experts of width 768, 8 active; 8 of them unless ``--layers`` says, about 3 GB). It serves it from the local hub stand-in (one per node, from disk, so each
-counts what its node downloads), and runs its rows one after another, never two sets of
-big processes at once:
+experts of width 768, 8 active; 8 of them unless ``--layers`` says, about 3 GB). It serves
+it from the local hub stand-in (one per node, from disk, so each counts what its node
+downloads), and runs its rows one after another, never two sets of big processes at once:
 
 * ``baseline``: one node without a limit: cold first token (from the placement to the
   first token of the first request), download, load time and peak RSS, decode tok/s of 1
