@@ -1,7 +1,13 @@
-"""The runner's main loop takes every task and cancel already queued before its next step
-(one per step held a pipeline's requests back by a trip through every stage each)."""
+"""Requests that arrive together reach a busy runner together: the supervisor does not wait
+for each request's acknowledgement, and the runner's main loop takes every task and cancel
+already queued before its next step (one per step held a pipeline's requests back by a trip
+through every stage each)."""
 
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import cast
+
+import anyio
 
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.types.common import CommandId, NodeId
@@ -10,8 +16,9 @@ from exo.shared.types.tasks import Task, TaskId, TextGeneration
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.runners import RunnerId
-from exo.utils.channels import mp_channel
+from exo.utils.channels import channel, mp_channel
 from exo.worker.runner.runner import Runner
+from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 from exo.worker.tests.test_distributed_runners import make_instance
 
@@ -54,3 +61,40 @@ def test_every_queued_task_and_cancel_is_taken_before_the_next_step(tmp_path: Pa
     assert sorted(runner.seen) == ["cancel task-0", *(f"task-{i}" for i in range(5))]
     runner._take_inputs(block=False)  # nothing queued: returns at once  # pyright: ignore[reportPrivateUsage]
     assert len(runner.seen) == 6
+
+
+class _LiveProcess:
+    exitcode = None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+def test_a_request_is_sent_without_waiting_for_the_runner_to_take_it(tmp_path: Path) -> None:
+    """The worker forwards one task at a time; waiting for each request's acknowledgement
+    let a busy runner (a pipeline acknowledges once per trip through its stages) receive
+    one request per step however many were queued."""
+    instance = make_instance("pipeline", 1)
+    [rid] = instance.shard_assignments.runner_to_shard
+    bound = BoundInstance(instance=instance, bound_runner_id=RunnerId(rid),
+                          bound_node_id=NodeId("node-0"))  # fmt: skip
+    task_send, task_recv = mp_channel[Task]()
+    cancel_send, _ = mp_channel[TaskId]()
+    _, ev_recv = mp_channel[Event]()
+
+    async def send_all() -> set[TaskId]:
+        events, _ = channel[Event]()
+        supervisor = RunnerSupervisor(
+            shard_metadata=bound.bound_shard, bound_instance=bound,
+            runner_process=cast("BaseProcess", cast(object, _LiveProcess())),
+            initialize_timeout=60, _ev_recv=ev_recv, _task_sender=task_send,
+            _event_sender=events, _cancel_sender=cancel_send,
+        )  # fmt: skip
+        with anyio.fail_after(10):  # the runner never acknowledges: waiting would hang
+            for i in range(4):
+                await supervisor.start_task(_task(i))
+        return set(supervisor.in_progress)
+
+    in_progress = anyio.run(send_all)
+    assert [str(task_recv.receive().task_id) for _ in range(4)] == [f"task-{i}" for i in range(4)]
+    assert in_progress == {TaskId(f"task-{i}") for i in range(4)}
