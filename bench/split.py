@@ -1,12 +1,14 @@
 """A model too big for one node, the whole journey at real size, over loopback nodes.
 
-    python bench/split.py [--shape 8b|1b|tiny] [--quant Q4_K_M] [--rows ROWS] [--tokens N]
+    python bench/split.py [--arch llama|qwen3moe] [--shape S] [--layers N] [--quant Q4_K_M]
+                          [--rows ROWS] [--tokens N] [--lanes N] [--keep-trace DIR]
 
-It generates a Llama-shaped GGUF with random weights (``bench/make_model.py``; 8b: 32
-layers at width 4096, about 4.5 GB) under a temp dir (removed after; 15 GB of free disk is
-checked first), serves it from the local hub stand-in (one per node, from disk, so each
-counts what its node downloads), and runs its rows one after another, never two sets of
-big processes at once:
+It generates a GGUF with random weights (``bench/make_model.py``) under a temp dir (removed
+after; 15 GB of free disk is checked first): Llama-shaped by default (8b: 32 layers at width
+4096, about 4.5 GB), or with ``--arch qwen3moe`` Qwen3-30B-A3B-shaped (its real blocks: 128
+experts of width 768, 8 active; 8 of them unless ``--layers`` says, about 3 GB). It serves
+it from the local hub stand-in (one per node, from disk, so each counts what its node
+downloads), and runs its rows one after another, never two sets of big processes at once:
 
 * ``baseline``: one node without a limit: cold first token (from the placement to the
   first token of the first request), download, load time and peak RSS, decode tok/s of 1
@@ -20,7 +22,8 @@ big processes at once:
   note when absent); ours against it for 1 and ``--streams`` streams;
 * ``pipelined``: 16 concurrent streams on 1 node pinned to one core (the whole model)
   against 2 nodes pinned to a core each (a 2-stage pipeline with micro-batches in flight),
-  with each stage's busy/idle trace.
+  with each stage's busy/idle trace (``--lanes``: the pipeline's micro-batches, else the
+  runner's default).
 
 Ours: one runner thread per node, greedy, the end tokens biased away (``logit_bias``) so
 every stream runs its ``--tokens``. Ends with one line:
@@ -65,7 +68,9 @@ from exo.worker.download.tests.hub_server import FakeHub, serve_hub
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.runner.stage_trace import TRACE_DIR_ENV, busy_fractions, format_traces, load_traces
 
-REPO = "bench-org/Split-GGUF"
+REPOS = {"llama": "bench-org/Split-GGUF", "qwen3moe": "bench-org/Split-Qwen3-30B-A3B-GGUF"}
+SHAPES = {"llama": "8b", "qwen3moe": "real-layer"}  # each architecture's default shape
+LANES_ENV = "EXO_PIPELINE_LANES"  # microbatch.LANES_ENV (importing it would load torch here)
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 ROWS = ("baseline", "split", "rpc", "pipelined")
 MiB = 1 << 20
@@ -73,6 +78,7 @@ MiB = 1 << 20
 
 @dataclass
 class Model:
+    repo: str
     path: Path
     quant: str
     n_layers: int
@@ -81,7 +87,7 @@ class Model:
 
     @property
     def model_id(self) -> str:
-        return f"{REPO}:{self.quant}"
+        return f"{self.repo}:{self.quant}"
 
 
 @dataclass
@@ -112,19 +118,19 @@ def generate(args: argparse.Namespace, folder: Path) -> Model:
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"Split-{args.quant}.gguf"
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(Path(__file__).parent / "make_model.py"), "llama",
+    subprocess.run([sys.executable, str(Path(__file__).parent / "make_model.py"), args.arch,
                     "--shape", args.shape, "--quant", args.quant, "--out", str(out),
                     *(["--layers", str(args.layers)] if args.layers else [])], check=True)
     gguf = GGUFFile(out)
     try:
-        n_layers = int(str(gguf.metadata["llama.block_count"]))
+        n_layers = int(str(gguf.metadata[f"{gguf.metadata['general.architecture']}.block_count"]))
         header = min(t.offset for t in gguf.tensors.values())
         eos = eos_token_ids(gguf.metadata)
     finally:
         gguf.close()
     print(f"generated {out.name}: {out.stat().st_size / MiB:.0f} MiB, {n_layers} layers, "
           f"in {time.perf_counter() - started:.0f} s")
-    return Model(out, args.quant, n_layers, header, eos)
+    return Model(REPOS[args.arch], out, args.quant, n_layers, header, eos)
 
 
 def body(model: Model, tokens: int) -> dict[str, Any]:
@@ -145,7 +151,7 @@ class Cluster:
     def start(self, name: str, extra: list[str], core: int | None,
               env: dict[str, str]) -> NodeProc:
         hub = FakeHub()
-        hub.add_folder(REPO, self.model.path.parent, from_disk=True)
+        hub.add_folder(self.model.repo, self.model.path.parent, from_disk=True)
         self.stack.enter_context(serve_hub(hub))
         cache = self.tmp / f"hf-{name}"
         os.environ.update({"HF_HUB_CACHE": str(cache), "HF_ENDPOINT": hub.url, **env})
@@ -208,7 +214,7 @@ async def journey(cluster: Cluster, min_nodes: int, sampler: RssSampler,
         i = [p.name for p in cluster.procs].index(name)
         shard = assignments["runner_to_shard"][rid]
         result.nodes.append(NodeFigures(
-            name, node_id, cluster.hubs[i].bytes_sent(REPO),
+            name, node_id, cluster.hubs[i].bytes_sent(model.repo),
             share_bytes(model.path, shard["start_layer"], shard["end_layer"], model.n_layers)
             + model.header,
             loaded.get(rid, float("nan")) - loading.get(rid, float("nan")),
@@ -256,13 +262,15 @@ def print_journey(name: str, j: Journey, sampler: RssSampler) -> None:
 
 async def row_nodes(args: argparse.Namespace, tmp: Path, model: Model, label: str, count: int,
                     extra: list[str], cores: list[int] | None = None,
-                    trace: Path | None = None) -> Journey:
+                    trace: Path | None = None, lanes: int | None = None) -> Journey:
     """``count`` nodes, the model placed over all of them; their figures."""
     async with AsyncExitStack() as astack:
         stack = astack.enter_context(ExitStack())
         group = await astack.enter_async_context(node_group(tmp / label))
         cluster = Cluster(group, tmp, model, stack)
         env = {TRACE_DIR_ENV: str(trace)} if trace is not None else {}
+        if lanes is not None:
+            env[LANES_ENV] = str(lanes)
         for i in range(count):
             cluster.start(f"{label}{i}", extra, cores[i] if cores else None, env)
         await cluster.up()
@@ -277,13 +285,15 @@ async def row_nodes(args: argparse.Namespace, tmp: Path, model: Model, label: st
                 j.figures = Figures(0.0, aggregate(many), statistics.median(s.ttft for s in many),
                                     len(many))
                 if trace is not None:
-                    await _collect_trace(cluster, trace, count, min(s.started for s in many))
+                    await _collect_trace(cluster, trace, count, min(s.started for s in many),
+                                         args.keep_trace)
             j.host_peak = sampler.host_peak
         print_journey(label, j, sampler)
         return j
 
 
-async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: float) -> None:
+async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: float,
+                         keep: Path | None) -> None:
     """Delete the instance (its runners write their traces as they stop); print them."""
     state = await cluster.procs[0].state()
     [iid] = state["instances"]
@@ -293,6 +303,9 @@ async def _collect_trace(cluster: Cluster, trace: Path, stages: int, since: floa
     except AssertionError as e:
         print(f"  trace: {e}")
     traces = load_traces(trace)
+    if keep is not None:
+        shutil.copytree(trace, keep, dirs_exist_ok=True)
+        print(f"  traces kept in {keep}")
     wall_since = time.time() - (time.perf_counter() - since)
     print(format_traces(traces, wall_since))
     busy = busy_fractions(traces, wall_since)
@@ -369,7 +382,7 @@ async def row_pipelined(args: argparse.Namespace, tmp: Path, model: Model) -> fl
         return None
     one = await row_nodes(args, tmp, model, "pinned-one", 1, [], cores=cores[:1])
     two = await row_nodes(args, tmp, model, "pinned-two", 2, [], cores=cores[:2],
-                          trace=tmp / "stage-trace")
+                          trace=tmp / "stage-trace", lanes=args.lanes)
     assert one.figures is not None and two.figures is not None
     gain = two.figures.decode_n / one.figures.decode_n if one.figures.decode_n else 0.0
     print(f"pipelined: {args.pipelined_streams} streams, 2 nodes on a core each "
@@ -380,18 +393,25 @@ async def row_pipelined(args: argparse.Namespace, tmp: Path, model: Model) -> fl
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
-    ap.add_argument("--shape", default="8b", help="make_model.py's shape: 8b, 1b, tiny")
+    ap.add_argument("--arch", default="llama", choices=sorted(REPOS),
+                    help="llama (Llama-3.1-8B-shaped) or qwen3moe (Qwen3-30B-A3B-shaped)")
+    ap.add_argument("--shape", help="make_model.py's shape (llama: 8b, 1b, tiny; qwen3moe: "
+                    "real-layer, tiny); default 8b for llama, real-layer for qwen3moe")
     ap.add_argument("--layers", type=int, help="blocks (default: the shape's)")
     ap.add_argument("--quant", default="Q4_K_M")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per stream")
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--pipelined-streams", type=int, default=16)
+    ap.add_argument("--keep-trace", type=Path, help="copy the stages' traces to this folder")
+    ap.add_argument("--lanes", type=int,
+                    help="micro-batches of the pipelined row (default: the runner's)")
     ap.add_argument("--limit-share", type=float, default=0.95,
                     help="each split node's --memory-limit, as a share of one node's need")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--min-free-gb", type=float, default=15.0)
     args = ap.parse_args()
+    args.shape = args.shape or SHAPES[args.arch]
     unknown = set(args.rows.split(",")) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows: {', '.join(sorted(unknown))}")

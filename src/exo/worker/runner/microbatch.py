@@ -1,7 +1,8 @@
 """Pipelined stages: rank 0 keeps one micro-batch in flight per stage.
 
 A pipeline of k stages that runs one step at a time leaves k-1 stages idle. Here rank 0's
-requests are split into k *lanes* (micro-batches), each its own continuous batcher over its
+requests are split into k *lanes* (micro-batches; ``EXO_PIPELINE_LANES`` sets another
+count), each its own continuous batcher over its
 own range of cache slots (lane m holds slots ``offset_m .. offset_m + size_m - 1`` on every
 stage). A lane's step runs as usual until it calls the model; the forward computes stage 0,
 sends the activations on and *parks* the lane; rank 0 then steps another lane while the
@@ -22,6 +23,7 @@ through the pipeline. The step's outputs for the lane's other requests are kept 
 next ``step``; the cancelled request's slot is free on every stage when ``cancel`` returns.
 """
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -211,13 +213,13 @@ def lane_sizes(max_batch: int, lanes: int) -> list[int]:
 
 class PipelinedBatcher:
     """The batcher rank 0 of a pipeline runs: ``add``, ``cancel`` and ``step`` as a
-    ``BatchGenerator``'s, over one lane per stage."""
+    ``BatchGenerator``'s, over ``lanes`` lanes (``lane_count``: one per stage by default)."""
 
-    def __init__(self, head: PipelineHead, stages: int, max_batch: int,
+    def __init__(self, head: PipelineHead, lanes: int, max_batch: int,
                  make: BatcherFactory) -> None:
         self.lanes: list[Lane] = []
         offset = 0
-        for i, size in enumerate(lane_sizes(max_batch, stages)):
+        for i, size in enumerate(lane_sizes(max_batch, lanes)):
             self.lanes.append(Lane(i, offset, size, head, make))
             offset += size
         self._in_flight: deque[Lane] = deque()
@@ -304,11 +306,26 @@ class PipelinedBatcher:
         return held
 
 
+LANES_ENV = "EXO_PIPELINE_LANES"
+LANES_PER_STAGE = 1
+
+
+def lane_count(stages: int) -> int:
+    """How many micro-batches a pipeline of ``stages`` keeps: ``EXO_PIPELINE_LANES`` when
+    set, else ``LANES_PER_STAGE`` per stage."""
+    raw = os.environ.get(LANES_ENV, "")
+    if not raw:
+        return LANES_PER_STAGE * stages
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{LANES_ENV} must be a whole number >= 1, not {raw!r}")
+    return int(raw)
+
+
 def pipelined_batcher(head: PipelineHead, stages: int, max_batch: int, max_seq: int,
                       eos_token_ids: Sequence[int]) -> PipelinedBatcher:
-    """Rank 0's batcher for a pipeline of ``stages``: one micro-batch in flight per stage."""
+    """Rank 0's batcher for a pipeline of ``stages`` (``lane_count`` micro-batches)."""
 
     def make(model: LaneModel, slots: int) -> BatchGenerator:
         return BatchGenerator(model, slots, max_seq, eos_token_ids=eos_token_ids)
 
-    return PipelinedBatcher(head, stages, max_batch, make)
+    return PipelinedBatcher(head, lane_count(stages), max_batch, make)

@@ -209,7 +209,8 @@ class RunnerSupervisor:
         await self._event_sender.send(event)
 
     async def start_task(self, task: Task) -> None:
-        """Send a task and wait until the runner has taken it (or has died)."""
+        """Send a task and wait until the runner has taken it (or has died); a request is
+        not waited for (a pipeline's runner takes inputs once per trip through its stages)."""
         if task.task_id in self.completed or task.task_id in self.in_progress:
             return
         logger.debug(f"runner {self.runner_id}: starting {type(task).__name__} {task.task_id}")
@@ -225,6 +226,8 @@ class RunnerSupervisor:
             if not isinstance(task, Shutdown):
                 logger.warning(f"Task {task} dropped, runner closed communication.")
             return
+        if isinstance(task, TextGeneration):
+            return  # requests queue in the pipe: the runner takes them all between two steps
         await waiter.wait()
 
     async def cancel_task(self, task_id: TaskId) -> None:

@@ -19,9 +19,11 @@ from exo.worker.engines.models.base import ShardModel, StepInputs
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tests.tiny_models import write_tiny_model
 from exo.worker.runner.microbatch import (
+    LANES_ENV,
     BatcherFactory,
     LaneModel,
     PipelinedBatcher,
+    lane_count,
     lane_sizes,
     pipelined_batcher,
 )
@@ -183,6 +185,31 @@ def test_a_cancel_mid_step_finishes_the_step_frees_the_slot_everywhere_keeps_the
     with pytest.raises(ValueError, match="already active"):
         batcher.add("x0", [1], SamplingParams(max_tokens=1))
         batcher.add("x0", [1], SamplingParams(max_tokens=1))
+
+
+def test_more_micro_batches_than_stages_keep_the_tokens_and_both_stages_busy() -> None:
+    stages = VirtualStages()
+    batcher = PipelinedBatcher(stages, 4, 8, _make(32))
+    assert [lane.size for lane in batcher.lanes] == [2, 2, 2, 2]
+    greedy = range(0, 16, 2)  # (an odd id samples)
+    out = _run(batcher, {f"r{i}": [i, i + 1] for i in greedy}, max_tokens=6)
+    assert out == {f"r{i}": [(i + 2 + k) % VOCAB for k in range(6)] for i in greedy}
+    assert min(busy_fractions(stages.traces).values()) >= 0.8
+    assert {b.lane for b in stages.traces[1].intervals} == {0, 1, 2, 3}
+    assert batcher.held_slots() == 0
+
+
+def test_lane_count_is_one_per_stage_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(LANES_ENV, raising=False)
+    assert lane_count(3) == 3
+    monkeypatch.setenv(LANES_ENV, "4")
+    assert lane_count(2) == 4
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(LANES_ENV, bad)
+        with pytest.raises(ValueError, match=LANES_ENV):
+            lane_count(2)
 
 
 def test_lane_sizes_cover_every_slot() -> None:
