@@ -3,6 +3,8 @@
 and the same bits for a row alone or in any batch."""
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from torch import Tensor
 from exo.worker.engines.cpu_kernels import KernelArgumentError, QKernels, load_kernels
 from exo.worker.engines.decode_attention import sink_attention
 from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.models import attention
 from exo.worker.engines.models.attention import (
     AttentionShape,
     attend,
@@ -137,3 +140,32 @@ def test_bad_arguments_are_refused_before_c() -> None:
         attn(qkv[..., 1:], (4, 2, HD), case.rope, None, 1e-5, paged, pos, case.sinks, 8)
     with pytest.raises(KernelArgumentError, match="position"):
         attn(qkv, (4, 2, HD), case.rope, None, 1e-5, paged, torch.tensor([64]), None, 8)
+
+
+def test_gpt_oss_decodes_on_the_compiled_attention(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gpt-oss model on the kernels (tiny, window 6, prompt of 12) runs its decode steps'
+    sink attention compiled: the torch path sees prefill only, and the tokens are the same as
+    with the torch path's decode."""
+    pytest.importorskip("transformers")
+    from .moe_models import CASES, build_hf_model, write_gguf
+    from .test_engine_moe_families import PROMPT, greedy, load
+
+    skip_without_kernels("q8")
+    path = tmp_path / "gpt-oss-Q8_0.gguf"
+    write_gguf(build_hf_model(CASES["gpt-oss"], tmp_path / "hf"), CASES["gpt-oss"], path, "Q8_0")
+    model = load(path, "q8")
+    torch_steps: list[int] = []
+
+    def counted(qkv: Tensor, *args: Any) -> Tensor:
+        torch_steps.append(qkv.shape[1])
+        return attend_with_sinks(qkv, *args)
+
+    monkeypatch.setattr(attention, "attend_with_sinks", counted)
+    compiled, _ = greedy(model, PROMPT, 12)
+    assert torch_steps and all(n == len(PROMPT) for n in torch_steps)  # prefill only
+    monkeypatch.setattr(model, "_kernels", None)  # the torch decode
+    torch_steps.clear()
+    assert greedy(model, PROMPT, 12)[0] == compiled
+    assert 1 in torch_steps
