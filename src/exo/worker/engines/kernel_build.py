@@ -37,6 +37,7 @@ HARNESS_SOURCES = (
     "harness/act8_check.c",
     "harness/digest.c",  # arm: the digest mode (builds compared bit for bit)
     "harness/iq4_reference.c",  # MXFP4, IQ4_NL, IQ4_XS
+    "harness/attend_sinks_check.c",  # issue 23 sinks: gpt-oss's sinks and sliding window
 )
 HARNESS_HEADERS = ("harness/reference.h",)
 WARNINGS = ("-Wall", "-Wextra", "-Werror")

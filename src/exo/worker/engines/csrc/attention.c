@@ -1,5 +1,7 @@
 /* One decode step of attention on the paged KV cache (exo_attend_decode): rotate q and k,
- * append k and v to the cache, attend over positions 0..pos. */
+ * append k and v to the cache, attend over positions 0..pos. exo_attend_decode_sinks adds
+ * gpt-oss's attention: a sink logit per head in the softmax's denominator and a sliding window
+ * (the last `window` positions only). */
 #include <math.h>
 
 #include "exo_kernels.h"
@@ -94,6 +96,8 @@ typedef struct {
     int max_pages, P;
     long layer_off;       /* floats from a page's start to this layer's keys */
     const int64_t* pos;
+    const float* sinks;   /* [H] sink logits, or NULL */
+    int window;           /* > 0: positions pos - window + 1 .. pos only; 0: every position */
     float* out;
     int failed;           /* set by any thread that found no memory (under no lock: only 0 -> 1) */
 } AttendJob;
@@ -125,11 +129,24 @@ static void prefetch_span(const AttendJob* a, int b, int j, int t0, int t1) {
     }
 }
 
+/* The first position row b's query attends to. */
+static inline int first_key(const AttendJob* a, int b) {
+    const int p = (int)a->pos[b];
+    return a->window > 0 && p >= a->window ? p - a->window + 1 : 0;
+}
+
 /* Slice `i` of `n` of the prefetch of task `next` (-1: none). */
 static inline void prefetch_slice(const AttendJob* a, int next, int i, int n) {
     if (next < 0) return;
-    const int b = next / a->KV, j = next % a->KV, L = (int)a->pos[b] + 1;
-    prefetch_span(a, b, j, (int)((long)L * i / n), (int)((long)L * (i + 1) / n));
+    const int b = next / a->KV, j = next % a->KV, t0 = first_key(a, b);
+    const int L = (int)a->pos[b] + 1 - t0;
+    prefetch_span(a, b, j, t0 + (int)((long)L * i / n), t0 + (int)((long)L * (i + 1) / n));
+}
+
+/* Positions [t0, t1) of kv head j of row b are contiguous within a page: the next run's end. */
+static inline int run_end(const AttendJob* a, int t, int t1) {
+    const int page_end = t - t % a->P + a->P;
+    return page_end < t1 ? page_end : t1;
 }
 
 /* Task (b, j): row b's kv head j and the G query heads that share it; the keys and values of
@@ -137,9 +154,9 @@ static inline void prefetch_slice(const AttendJob* a, int next, int i, int n) {
 static void attend_task(const AttendJob* a, int b, int j, int next, float* scratch) {
     const int G = a->H / a->KV, hd = a->hd;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
-    const int p = (int)a->pos[b], P = a->P;
+    const int p = (int)a->pos[b], t0 = first_key(a, b);
     const float* rot = a->rope + (size_t)p * hd;
-    const int L = p + 1;
+    const int L = p + 1 - t0; /* keys attended: positions t0 .. p */
     float* q = scratch;                        /* [G, hd] */
     float* scores = scratch + (size_t)G * hd;  /* [L] */
     float* kp = cached(a, b, 0, j, p);
@@ -159,11 +176,14 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
         prefetch_slice(a, next, 2 * g, 2 * G);
-        for (int t0 = 0; t0 < L; t0 += P) /* a page's keys are contiguous */
-            scores_f32(qg, cached(a, b, 0, j, t0), L - t0 < P ? L - t0 : P, hd, scale, scores + t0);
-        float mx = -INFINITY;
+        for (int t = t0, e; t <= p; t = e) { /* a page's keys are contiguous */
+            e = run_end(a, t, p + 1);
+            scores_f32(qg, cached(a, b, 0, j, t), e - t, hd, scale, scores + (t - t0));
+        }
+        const float sink = a->sinks ? a->sinks[h] : -INFINITY;
+        float mx = sink;
         for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
-        float total = 0.0f;
+        float total = a->sinks ? exo_expf(sink - mx) : 0.0f;
         int t = 0;
 #if EXO_AVX2
         const __m256 vmx = _mm256_set1_ps(mx);
@@ -173,7 +193,7 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
             _mm256_storeu_ps(scores + t, e);
             vtot = _mm256_add_ps(vtot, e);
         }
-        total = exo_hsum8(vtot);
+        total += exo_hsum8(vtot);
 #endif
         for (; t < L; t++) {
             scores[t] = exo_expf(scores[t] - mx);
@@ -184,8 +204,10 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
         float* o = a->out + ((size_t)b * a->H + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
         prefetch_slice(a, next, 2 * g + 1, 2 * G);
-        for (int t0 = 0; t0 < L; t0 += P)
-            weighted_sum_f32(scores + t0, cached(a, b, 1, j, t0), L - t0 < P ? L - t0 : P, hd, o);
+        for (int t = t0, e; t <= p; t = e) {
+            e = run_end(a, t, p + 1);
+            weighted_sum_f32(scores + (t - t0), cached(a, b, 1, j, t), e - t, hd, o);
+        }
     }
 }
 
@@ -215,18 +237,32 @@ static void attend_part(void* ctx, int part, int parts) {
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
                       const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
                       long layer_off, const int64_t* pos, float* out) {
+    return exo_attend_decode_sinks(qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P,
+                                   layer_off, pos, NULL, 0, out);
+}
+
+/* exo_attend_decode with gpt-oss's sinks and sliding window:
+ *   out = p V,  p = softmax([q K^T / sqrt(hd), sinks[h]])[:L]  over positions lo..pos,
+ * lo = max(0, pos - window + 1) (window 0: lo = 0); sinks [H] or NULL (no sink). Only the
+ * pages of positions lo..pos are read (those before may be absent). Returns as
+ * exo_attend_decode; -2 also for a negative window. */
+int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                            const float* qk_norm, float eps, const int64_t* pages, int max_pages,
+                            int P, long layer_off, const int64_t* pos, const float* sinks,
+                            int window, float* out) {
     if (B < 0 || H <= 0 || KV <= 0 || H % KV != 0 || hd <= 0 || hd % 2 != 0 || P <= 0 ||
-        max_pages <= 0 || layer_off < 0)
+        max_pages <= 0 || layer_off < 0 || window < 0)
         return -2;
+    AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
+                     pos, sinks, window, out, 0};
     long work = 0; /* multiply-adds, to decide whether threads pay off */
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
-        for (int t0 = 0; t0 <= pos[b]; t0 += P)
+        const int lo = first_key(&job, b);
+        for (int t0 = lo - lo % P; t0 <= pos[b]; t0 += P)
             if (pages[(size_t)b * max_pages + t0 / P] == 0) return -4;
-        work += 2 * (pos[b] + 1) * (long)H * hd;
+        work += 2 * (pos[b] + 1 - lo) * (long)H * hd;
     }
-    AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
-                     pos, out, 0};
     const int tasks = B * KV;
     const int parts = work >= (1L << 17) ? (tasks < MAX_THREADS ? tasks : MAX_THREADS) : 1;
     exo_run_parallel(attend_part, &job, parts);

@@ -270,4 +270,11 @@ int exo_moe_ffn(const MoeSpec* m, const float* h, int n, int add_residual, float
 
 int exo_head_linears(const LinearSpec* const* specs, int H, const float* x, int M, int K, int N, float* y);
 
+/* issue 23 sinks: gpt-oss attention (sinks, sliding window): exo_attend_decode with sinks [H] (or NULL) in the
+ * softmax's denominator and only the last `window` positions (0: all); see attention.c. */
+int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                            const float* qk_norm, float eps, const int64_t* pages, int max_pages,
+                            int P, long layer_off, const int64_t* pos, const float* sinks,
+                            int window, float* out);
+
 #endif

@@ -5,9 +5,8 @@
 
 A step's tensors (rotations, mask, lengths) are built once per step and per kind of layer
 (global or sliding, `step_tensors`) and shared by every layer of that kind. With the compiled
-CPU kernels a decode step's rotation, cache write and attention are one call per layer; a
-sliding layer whose window no longer holds every cached position runs the torch path with a
-mask instead.
+CPU kernels a decode step's rotation, cache write and attention are one call per layer,
+sliding windows and gpt-oss's sinks included (`decode_attention.py`); prefill runs in torch.
 """
 
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import QKernels
+from exo.worker.engines.decode_attention import sink_attention
 from exo.worker.engines.images import block_mask
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.models.base import StepInputs
@@ -34,6 +34,7 @@ class StepTensors:
     mask: Tensor | None  # [B, 1, T, L] bool (True = attend); None = all L (decode) / causal
     is_causal: bool  # prefill of one row from position 0: plain causal attention
     pos_index: Tensor  # [B] long: position of the new token (used when n_new == 1)
+    window: int | None = None  # compiled decode: the keys a query sees, when not all of them
 
 
 def step_tensors(
@@ -53,8 +54,10 @@ def step_tensors(
         raise ValueError(f"position {kv_len - 1} is beyond the rotary table")
     sees_all = window is None or kv_len <= window  # no key has left the window yet
     starts = torch.tensor(step.starts, device=device)
-    if n_new == 1 and compiled and sees_all and not blocks:  # the compiled decode
-        return StepTensors(True, rope, None, kv_len, None, False, starts)
+    if n_new == 1 and compiled and not blocks:  # the compiled decode (it applies the window)
+        return StepTensors(
+            True, rope, None, kv_len, None, False, starts, None if sees_all else window
+        )
     positions = starts[:, None] + torch.arange(n_new, device=device)  # [B, T]
     rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
     is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all and not blocks
@@ -95,14 +98,23 @@ def attend(
     t: StepTensors,
     layer_cache: LayerCache,
     kernels: QKernels | None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
-    """qkv [B, T, (H + 2KV) * hd] -> attention output [B, T, H*hd]; the new k, v are stored."""
+    """qkv [B, T, (H + 2KV) * hd] -> attention output [B, T, H*hd]; the new k, v are stored.
+    sinks [H] float32: gpt-oss's sink logits (`attend_with_sinks`)."""
     bsz, n_new, _ = qkv.shape
     hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
     if t.use_kernel and kernels is not None:  # rotate, cache, attend: one compiled call
-        return kernels.attend_decode(
-            qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
-        )
+        if sinks is None and t.window is None:
+            return kernels.attend_decode(
+                qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
+            )
+        return sink_attention(kernels)(
+            qkv, (heads, kvh, hd), t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index,
+            sinks, t.window,
+        )  # fmt: skip
+    if sinks is not None:
+        return attend_with_sinks(qkv, s, t, layer_cache, sinks)
     q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)
     if n_new == 1:
         # One query per row: fold the query heads of each kv group into the query axis.
@@ -146,7 +158,7 @@ def attend_with_sinks(
         p = softmax([q K^T / sqrt(hd) + mask, sink_h])[:L];  a = p V
 
     qkv [B, T, (H + 2KV) * hd], sinks [H] -> [B, T, H*hd]; the new k, v are stored. (`t` is
-    built without the compiled decode: it has no sinks.)"""
+    built for the torch path: `attend` runs the compiled decode.)"""
     bsz, n_new, _ = qkv.shape
     heads, group = s.heads, s.heads // s.kv_heads
     q, keys, values = _rotate_and_cache(qkv, s, t, layer_cache)

@@ -37,7 +37,6 @@ from exo.worker.engines.models.attention import (
     AttentionShape,
     StepTensors,
     attend,
-    attend_with_sinks,
     check_step,
     step_tensors,
 )
@@ -244,8 +243,7 @@ class MoeModel:
         if options.weight_format in ("q4", "q8") and kernels is None:
             kernels = load_kernels()
         on_cpu = self.dtype == torch.float32 and self.device.type == "cpu"
-        # the compiled decode attention has no sinks: models with sinks attend in torch
-        self._kernels = kernels if on_cpu and not c.attention_sinks else None
+        self._kernels = kernels if on_cpu else None  # the compiled decode attention
         regroup: Regroup = "in_place" if options.own_weights else "copy"
         make = LinearMaker(options.weight_format, self.dtype, self.device, kernels, c.rms_eps,
                            regroup=regroup)  # fmt: skip
@@ -324,10 +322,7 @@ class MoeModel:
         qkv = b.qkv(h)
         if b.q_scale != 1.0:
             qkv[..., : b.attention.heads * b.attention.head_dim] *= b.q_scale
-        if b.sinks is not None:
-            attn = attend_with_sinks(qkv, b.attention, t, layer_cache, b.sinks)
-        else:
-            attn = attend(qkv, b.attention, t, layer_cache, self._kernels)
+        attn = attend(qkv, b.attention, t, layer_cache, self._kernels, b.sinks)
         h = residual(h, b.o, attn, None, self.all_reduce, self.eps)
         return b.ffn(h)
 

@@ -50,6 +50,7 @@ static int random_kind(Rng* r, int K) {
 
 /* One random linear call against the reference. Returns 0 if it matched. */
 int check_act8(Rng* r, int quiet); /* act8_check.c */
+int check_attend_sinks(Rng* r); /* attend_sinks_check.c (issue 23 sinks) */
 
 static int check_linear(Rng* r, int quiet) {
     char msg[256];
@@ -455,6 +456,7 @@ int main(int argc, char** argv) {
         check_linear(&r, 0);
         check_attention(&r);
         failures += check_act8(&r, 0);
+        failures += check_attend_sinks(&r); /* issue 23 sinks */
     }
     exo_set_threads(1);
     printf("%s: %d failures\n", failures ? "FAILED" : "passed", failures);
