@@ -18,6 +18,7 @@
 
 #include "act8.h"
 #include "arch/x86/grouped8_k1.h"
+#include "arch/x86/grouped8_q4.h"
 #include "arch/x86/x86.h"
 
 /* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
@@ -364,11 +365,17 @@ static inline __attribute__((always_inline)) void run_groups8(const Run* r, cons
 
 int exo_x86_grouped8_q4_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q40);
+#if EXO_AVX512VNNI
+    if (exo_x86_grouped8_q4_pairs(r, 0) == 0) return 0; /* grouped8_q4.c */
+#endif
     run_groups8(r, k);
     return 0;
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
+#if EXO_AVX512VNNI
+    if (exo_x86_grouped8_q4_pairs(r, 1) == 0) return 0; /* grouped8_q4.c */
+#endif
     run_groups8(r, k);
     return 0;
 }
