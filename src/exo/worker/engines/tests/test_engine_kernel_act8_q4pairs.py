@@ -13,7 +13,7 @@ from exo.worker.engines.tests.test_engine_kernel_act8 import _kernels, _weights,
 __all__ = ["eight_bit"]  # the fixture, used by name
 
 K = 2048  # 64 blocks of 32
-BATCHES = (2, 3, 7, 8, 9, 17, 60, 64)  # every pass size, a single row left over, the server's sizes
+BATCHES = (2, 3, 4, 7, 8, 9, 17, 60, 64)  # every pass size and threshold, a row left over, 60 and 64
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "portable"])

@@ -1,13 +1,14 @@
-/* Repacked Q4_0 / Q4_1 groups (KIND_Q4_0_G8, KIND_Q4_1_G8) against 8-bit activation rows on the
- * AVX-512 VNNI build, in act8.h's order: the same floats as grouped8.c's kernels (which the other x86
- * builds run) and the per-row dots, with two groups (16 weight rows) a pass.
+/* Repacked Q4_0 / Q4_1 / Q8_0 groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8) against 8-bit
+ * activation rows on the AVX-512 VNNI build, in act8.h's order: the same floats as grouped8.c's kernels
+ * (which the other x86 builds run) and the per-row dots, with two groups (16 weight rows) a pass.
  *
  * A block's 128 nibble bytes are re-laid as two 64-byte halves (grouped8_q4k.c's k1 pair: int32 lanes
  * 2c, 2c + 1 hold row c's bytes 8k .. 8k + 3 and 8k + 4 .. 8k + 7), once per block for all the pass's
  * activation rows; each row then takes 4 vpdpbusd of 64 products a group (low and high nibbles of
  * both halves against broadcasts of its 8 matching bytes). The two groups' sums are folded into one
  * vector (lane 2c: the first group's row c, 2c + 1: the second's), so each row's float step runs
- * once for 16 weight rows. An odd group left over runs as its own pair (its lanes dropped).
+ * once for 16 weight rows. An odd group left over runs as its own pair (its lanes dropped). Q8_0's
+ * blocks are re-laid by vpermt2w into the same lanes (4 vectors a block), as unsigned w + 128.
  */
 #include "exo_kernels.h"
 #if EXO_AVX512VNNI
@@ -55,6 +56,12 @@ static inline __attribute__((always_inline)) __m512i q4p_isum(const __m512i w[4]
     return _mm512_dpbusd_epi32(s, w[3], xb[3]);
 }
 
+/* Row c's two lanes of s0 added in lane 2c, of s1 in lane 2c + 1 (exact integers). */
+static inline __attribute__((always_inline)) __m512i q4p_fold2(__m512i s0, __m512i s1) {
+    return _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_add_epi32(s0, _mm512_srli_epi64(s0, 32)),
+                                   _mm512_add_epi32(s1, _mm512_slli_epi64(s1, 32)));
+}
+
 /* out[r] lane 2c (2c + 1) = row c of the group at g0 (g1) dotted with activation row r (x + r nb). */
 static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, const uint8_t* g1, int nb,
                                                            const BlockX8* x, int R, int has_m, __m512* out) {
@@ -80,8 +87,7 @@ static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, co
             const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
                                    q4p_bcast8(xb->qs + 24)};
             const __m512i s0 = q4p_isum(w0, xv), s1 = q4p_isum(w1, xv);
-            const __m512i isum = _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_add_epi32(s0, _mm512_srli_epi64(s0, 32)),
-                                                         _mm512_add_epi32(s1, _mm512_slli_epi64(s1, 32)));
+            const __m512i isum = q4p_fold2(s0, s1);
             const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m, _mm512_set1_ps(xb->s)));
@@ -90,23 +96,81 @@ static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, co
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* Vector L (0..3) of a Q8_0 group's block, values as unsigned bytes (w + 128): row c's values 8L ..
+ * 8L + 3 in int32 lane 2c, 8L + 4 .. 8L + 7 in lane 2c + 1 (word 4c + p: row c's pair 4L + p, found
+ * at word 16 (j % 8) + 8 (j / 8) + c of the block for pair j; vpermt2w over two 64-byte loads). */
+static inline __attribute__((always_inline)) void q8p_block(const uint8_t* qs, __m512i w[4]) {
+    const __m512i idx = _mm512_set_epi16(55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3,
+                                         50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
+    const __m512i eight = _mm512_set1_epi16(8), sign = _mm512_set1_epi8((char)0x80);
+    const __m512i a = _mm512_loadu_si512((const void*)qs), b = _mm512_loadu_si512((const void*)(qs + 64));
+    const __m512i c = _mm512_loadu_si512((const void*)(qs + 128)), d = _mm512_loadu_si512((const void*)(qs + 192));
+    w[0] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, idx, b), sign);
+    w[1] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, idx, d), sign);
+    w[2] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, _mm512_add_epi16(idx, eight), b), sign);
+    w[3] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, _mm512_add_epi16(idx, eight), d), sign);
+}
+
+/* out[r] lane 2c (2c + 1) = row c of the Q8_0 group at g0 (g1) dotted with activation row r: the
+ * unsigned sums less 128 times the activation block's sum (exact integers), then act8_step0. */
+static inline __attribute__((always_inline)) void q8p_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                           const BlockX8* x, int R, __m512* out) {
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    __m512 acc[Q4P_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *b0 = g0 + (size_t)b * sizeof(BlockQ8_0x8), *b1 = g1 + (size_t)b * sizeof(BlockQ8_0x8);
+        __m512i w0[4], w1[4];
+        q8p_block(b0 + offsetof(BlockQ8_0x8, qs), w0);
+        q8p_block(b1 + offsetof(BlockQ8_0x8, qs), w1);
+        const __m512 d = q4p_zip(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b0)),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b1)));
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
+                                   q4p_bcast8(xb->qs + 24)};
+            const __m512i sx[4] = {sign, sign, sign, sign};
+            const __m512i corr = q4p_isum(sx, xv);
+            const __m512i s0 = _mm512_sub_epi32(q4p_isum(w0, xv), corr);
+            const __m512i s1 = _mm512_sub_epi32(q4p_isum(w1, xv), corr);
+            const __m512i isum = q4p_fold2(s0, s1);
+            const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* the layouts' kernels, by name */
+static inline __attribute__((always_inline)) void q4p_q40_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                               const BlockX8* x, int R, __m512* out) {
+    q4p_rows(g0, g1, nb, x, R, 0, out);
+}
+static inline __attribute__((always_inline)) void q4p_q41_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                               const BlockX8* x, int R, __m512* out) {
+    q4p_rows(g0, g1, nb, x, R, 1, out);
+}
+#define q4p_q80_rows q8p_rows
+
+/* one copy per layout and R (not inlined into the caller's loop) */
 typedef void (*Q4PRows)(const uint8_t* g0, const uint8_t* g1, int nb, const BlockX8* x, __m512* out);
-#define Q4P_COPY(name, R, has_m)                                                                       \
+#define Q4P_COPY(name, R)                                                                              \
     static __attribute__((noinline)) void name##_##R(const uint8_t* g0, const uint8_t* g1, int nb,      \
                                                      const BlockX8* x, __m512* out) {                 \
-        q4p_rows(g0, g1, nb, x, R, has_m, out);                                                        \
+        name##_rows(g0, g1, nb, x, R, out);                                                            \
     }
-#define Q4P_COPIES(name, has_m)                                                                        \
-    Q4P_COPY(name, 1, has_m)                                                                           \
-    Q4P_COPY(name, 2, has_m)                                                                           \
-    Q4P_COPY(name, 3, has_m)                                                                           \
-    Q4P_COPY(name, 4, has_m)                                                                           \
-    Q4P_COPY(name, 5, has_m)                                                                           \
-    Q4P_COPY(name, 6, has_m)                                                                           \
-    Q4P_COPY(name, 7, has_m)                                                                           \
-    Q4P_COPY(name, 8, has_m)
-Q4P_COPIES(q4p_q40, 0)
-Q4P_COPIES(q4p_q41, 1)
+#define Q4P_COPIES(name)                                                                               \
+    Q4P_COPY(name, 1)                                                                                  \
+    Q4P_COPY(name, 2)                                                                                  \
+    Q4P_COPY(name, 3)                                                                                  \
+    Q4P_COPY(name, 4)                                                                                  \
+    Q4P_COPY(name, 5)                                                                                  \
+    Q4P_COPY(name, 6)                                                                                  \
+    Q4P_COPY(name, 7)                                                                                  \
+    Q4P_COPY(name, 8)
+Q4P_COPIES(q4p_q40)
+Q4P_COPIES(q4p_q41)
+Q4P_COPIES(q4p_q80)
 #define Q4P_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
 /* Rows m .. m + R - 1 of outputs n .. n + 7 (and n + 8 .. n + 15 if both) from the pass's lanes. */
@@ -120,9 +184,9 @@ static void q4p_store(const Run* r, int m, int R, int n, int both, const __m512*
         }
 }
 
-int exo_x86_grouped8_q4_pairs(const Run* r, int has_m) {
-    static const Q4PRows k40[] = Q4P_BY_R(q4p_q40), k41[] = Q4P_BY_R(q4p_q41);
-    const Q4PRows* k = has_m ? k41 : k40;
+int exo_x86_grouped8_q4_pairs(const Run* r, int layout) {
+    static const Q4PRows k40[] = Q4P_BY_R(q4p_q40), k41[] = Q4P_BY_R(q4p_q41), k80[] = Q4P_BY_R(q4p_q80);
+    const Q4PRows* k = layout == Q4P_Q8_0 ? k80 : layout == Q4P_Q4_1 ? k41 : k40;
     __m512 acc[Q4P_MAX_R];
     for (int n = r->lo; n < r->hi; n += 16) {
         const int both = n + 8 < r->hi;
