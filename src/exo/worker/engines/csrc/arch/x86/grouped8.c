@@ -366,7 +366,7 @@ static inline __attribute__((always_inline)) void run_groups8(const Run* r, cons
 int exo_x86_grouped8_q4_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q40);
 #if EXO_AVX512VNNI
-    if (exo_x86_grouped8_q4_pairs(r, Q4P_Q4_0) == 0) return 0; /* grouped8_q4.c */
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_0) == 0) return 0; /* grouped8_q4.c */
 #endif
     run_groups8(r, k);
     return 0;
@@ -374,7 +374,7 @@ int exo_x86_grouped8_q4_0(const Run* r) {
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
 #if EXO_AVX512VNNI
-    if (exo_x86_grouped8_q4_pairs(r, Q4P_Q4_1) == 0) return 0; /* grouped8_q4.c */
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_1) == 0) return 0; /* grouped8_q4.c */
 #endif
     run_groups8(r, k);
     return 0;
@@ -397,8 +397,7 @@ int exo_x86_grouped8_q6_k(const Run* r) {
 int exo_x86_grouped8_q8_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q80);
 #if EXO_AVX512VNNI
-    /* grouped8_q4.c's from 4 rows (its re-lay of a block costs more than a row or two saves) */
-    if (r->m1 - r->m0 >= 4 && exo_x86_grouped8_q4_pairs(r, Q4P_Q8_0) == 0) return 0;
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q8_0) == 0) return 0; /* grouped8_q4.c */
 #endif
     run_groups8(r, k);
     return 0;
