@@ -10,7 +10,8 @@
  * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
  *
  * Q6_K groups run grouped8_k1.c's kernels (their batched copies here are the fallback when its rows'
- * sums find no memory); Q4_K groups on the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step).
+ * sums find no memory); Q4_K groups on the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step),
+ * and its passes of Q4P_FROM_ROWS or more rows over Q4_0 / Q4_1 / Q8_0 groups grouped8_q4.c's.
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
@@ -18,6 +19,7 @@
 
 #include "act8.h"
 #include "arch/x86/grouped8_k1.h"
+#include "arch/x86/grouped8_q4.h"
 #include "arch/x86/x86.h"
 
 /* activation rows a pass over a group (the AVX-512 builds have 32 vector registers) */
@@ -364,11 +366,17 @@ static inline __attribute__((always_inline)) void run_groups8(const Run* r, cons
 
 int exo_x86_grouped8_q4_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q40);
+#if EXO_AVX512VNNI
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_0) == 0) return 0; /* grouped8_q4.c */
+#endif
     run_groups8(r, k);
     return 0;
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
+#if EXO_AVX512VNNI
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_1) == 0) return 0; /* grouped8_q4.c */
+#endif
     run_groups8(r, k);
     return 0;
 }
@@ -389,6 +397,9 @@ int exo_x86_grouped8_q6_k(const Run* r) {
 }
 int exo_x86_grouped8_q8_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q80);
+#if EXO_AVX512VNNI
+    if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q8_0) == 0) return 0; /* grouped8_q4.c */
+#endif
     run_groups8(r, k);
     return 0;
 }

@@ -1,0 +1,215 @@
+/* Repacked Q4_0 / Q4_1 / Q8_0 groups (KIND_Q4_0_G8, KIND_Q4_1_G8, KIND_Q8_0_G8) against 8-bit
+ * activation rows on the AVX-512 VNNI build, in act8.h's order: the same floats as grouped8.c's kernels
+ * (which the other x86 builds run) and the per-row dots, with two groups (16 weight rows) a pass.
+ *
+ * A block's 128 nibble bytes are re-laid as two 64-byte halves (grouped8_q4k.c's k1 pair: int32 lanes
+ * 2c, 2c + 1 hold row c's bytes 8k .. 8k + 3 and 8k + 4 .. 8k + 7), once per block for all the pass's
+ * activation rows; each row then takes 4 vpdpbusd of 64 products a group (low and high nibbles of
+ * both halves against broadcasts of its 8 matching bytes). The two groups' sums are folded into one
+ * vector (lane 2c: the first group's row c, 2c + 1: the second's), so each row's float step runs
+ * once for 16 weight rows. An odd group left over runs as its own pair (its lanes dropped). Q8_0's
+ * blocks are re-laid by vpermt2w into the same lanes (4 vectors a block), as unsigned w + 128.
+ */
+#include "exo_kernels.h"
+#if EXO_AVX512VNNI
+#include <stddef.h>
+
+#include "act8.h"
+#include "arch/x86/grouped8_q4.h"
+#include "arch/x86/x86.h"
+
+/* activation rows a pass over a pair of groups */
+#define Q4P_MAX_R 8
+
+/* Bytes 64 k .. 64 k + 63 of a block's nibbles, re-laid: row c's bytes 8k .. 8k + 3 in int32 lane
+ * 2c, bytes 8k + 4 .. 8k + 7 in lane 2c + 1. */
+static inline __attribute__((always_inline)) __m512i q4p_half(const uint8_t* qs, int k) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
+    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void*)(qs + 64 * k))), order);
+}
+
+static inline __attribute__((always_inline)) __m512i q4p_bcast8(const int8_t* x) {
+    int64_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm512_set1_epi64(v);
+}
+
+/* A block's 8 rows' scales (a) interleaved with the other group's (b): lane 2c = a[c], 2c + 1 = b[c]. */
+static inline __attribute__((always_inline)) __m512 q4p_zip(__m256 a, __m256 b) {
+    const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    return _mm512_permutex2var_ps(_mm512_castps256_ps512(a), idx, _mm512_castps256_ps512(b));
+}
+
+/* The block's d and offset m (Q4_1: its m; Q4_0: -8 d) of the 8 rows of a group. */
+static inline __attribute__((always_inline)) void q4p_scales(const uint8_t* blk, int has_m, __m256* d, __m256* m) {
+    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+    *m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))))
+               : _mm256_mul_ps(_mm256_set1_ps(-8.0f), *d);
+}
+
+/* The integer dot of one group's block (w: its 4 re-laid nibble vectors) with 32 activation bytes. */
+static inline __attribute__((always_inline)) __m512i q4p_isum(const __m512i w[4], const __m512i xb[4]) {
+    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], xb[0]);
+    s = _mm512_dpbusd_epi32(s, w[1], xb[1]);
+    s = _mm512_dpbusd_epi32(s, w[2], xb[2]);
+    return _mm512_dpbusd_epi32(s, w[3], xb[3]);
+}
+
+/* Bytes `ahead` on of both groups' block (a block's bytes, up to 3 lines each): the two groups
+ * are two streams the hardware prefetcher follows less well than one. */
+static inline __attribute__((always_inline)) void q4p_prefetch(const uint8_t* b0, const uint8_t* b1, size_t bytes) {
+    const size_t ahead = 8 * bytes;
+    for (size_t at = 0; at < bytes; at += 64) {
+        _mm_prefetch((const char*)(b0 + ahead + at), _MM_HINT_T0);
+        _mm_prefetch((const char*)(b1 + ahead + at), _MM_HINT_T0);
+    }
+}
+
+/* Row c's two lanes of s0 added in lane 2c, of s1 in lane 2c + 1 (exact integers). */
+static inline __attribute__((always_inline)) __m512i q4p_fold2(__m512i s0, __m512i s1) {
+    return _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_add_epi32(s0, _mm512_srli_epi64(s0, 32)),
+                                   _mm512_add_epi32(s1, _mm512_slli_epi64(s1, 32)));
+}
+
+/* out[r] lane 2c (2c + 1) = row c of the group at g0 (g1) dotted with activation row r (x + r nb). */
+static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                           const BlockX8* x, int R, int has_m, __m512* out) {
+    const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[Q4P_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *b0 = g0 + (size_t)b * bytes, *b1 = g1 + (size_t)b * bytes;
+        q4p_prefetch(b0, b1, bytes);
+        __m512i w0[4], w1[4]; /* per group: low nibbles of half 0, of half 1, high of half 0, of half 1 */
+        for (int k = 0; k < 2; k++) {
+            const __m512i h0 = q4p_half(b0 + qs_at, k), h1 = q4p_half(b1 + qs_at, k);
+            w0[k] = _mm512_and_si512(h0, low), w0[2 + k] = _mm512_and_si512(_mm512_srli_epi16(h0, 4), low);
+            w1[k] = _mm512_and_si512(h1, low), w1[2 + k] = _mm512_and_si512(_mm512_srli_epi16(h1, 4), low);
+        }
+        __m256 d0, m0, d1, m1;
+        q4p_scales(b0, has_m, &d0, &m0);
+        q4p_scales(b1, has_m, &d1, &m1);
+        const __m512 d = q4p_zip(d0, d1), m = q4p_zip(m0, m1);
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
+                                   q4p_bcast8(xb->qs + 24)};
+            const __m512i s0 = q4p_isum(w0, xv), s1 = q4p_isum(w1, xv);
+            const __m512i isum = q4p_fold2(s0, s1);
+            const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(m, _mm512_set1_ps(xb->s)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* Vector L (0..3) of a Q8_0 group's block, values as unsigned bytes (w + 128): row c's values 8L ..
+ * 8L + 3 in int32 lane 2c, 8L + 4 .. 8L + 7 in lane 2c + 1 (word 4c + p: row c's pair 4L + p, found
+ * at word 16 (j % 8) + 8 (j / 8) + c of the block for pair j; vpermt2w over two 64-byte loads). */
+static inline __attribute__((always_inline)) void q8p_block(const uint8_t* qs, __m512i w[4]) {
+    const __m512i idx = _mm512_set_epi16(55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3,
+                                         50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
+    const __m512i eight = _mm512_set1_epi16(8), sign = _mm512_set1_epi8((char)0x80);
+    const __m512i a = _mm512_loadu_si512((const void*)qs), b = _mm512_loadu_si512((const void*)(qs + 64));
+    const __m512i c = _mm512_loadu_si512((const void*)(qs + 128)), d = _mm512_loadu_si512((const void*)(qs + 192));
+    w[0] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, idx, b), sign);
+    w[1] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, idx, d), sign);
+    w[2] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, _mm512_add_epi16(idx, eight), b), sign);
+    w[3] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, _mm512_add_epi16(idx, eight), d), sign);
+}
+
+/* out[r] lane 2c (2c + 1) = row c of the Q8_0 group at g0 (g1) dotted with activation row r: the
+ * unsigned sums less 128 times the activation block's sum (exact integers), then act8_step0. */
+static inline __attribute__((always_inline)) void q8p_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                           const BlockX8* x, int R, __m512* out) {
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    __m512 acc[Q4P_MAX_R];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *b0 = g0 + (size_t)b * sizeof(BlockQ8_0x8), *b1 = g1 + (size_t)b * sizeof(BlockQ8_0x8);
+        q4p_prefetch(b0, b1, sizeof(BlockQ8_0x8));
+        __m512i w0[4], w1[4];
+        q8p_block(b0 + offsetof(BlockQ8_0x8, qs), w0);
+        q8p_block(b1 + offsetof(BlockQ8_0x8, qs), w1);
+        const __m512 d = q4p_zip(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b0)),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b1)));
+        for (int r = 0; r < R; r++) {
+            const BlockX8* xb = x + (size_t)r * nb + b;
+            const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
+                                   q4p_bcast8(xb->qs + 24)};
+            const __m512i sx[4] = {sign, sign, sign, sign};
+            const __m512i corr = q4p_isum(sx, xv);
+            const __m512i s0 = _mm512_sub_epi32(q4p_isum(w0, xv), corr);
+            const __m512i s1 = _mm512_sub_epi32(q4p_isum(w1, xv), corr);
+            const __m512i isum = q4p_fold2(s0, s1);
+            const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+/* the layouts' kernels, by name */
+static inline __attribute__((always_inline)) void q4p_q40_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                               const BlockX8* x, int R, __m512* out) {
+    q4p_rows(g0, g1, nb, x, R, 0, out);
+}
+static inline __attribute__((always_inline)) void q4p_q41_rows(const uint8_t* g0, const uint8_t* g1, int nb,
+                                                               const BlockX8* x, int R, __m512* out) {
+    q4p_rows(g0, g1, nb, x, R, 1, out);
+}
+#define q4p_q80_rows q8p_rows
+
+/* one copy per layout and R (not inlined into the caller's loop) */
+typedef void (*Q4PRows)(const uint8_t* g0, const uint8_t* g1, int nb, const BlockX8* x, __m512* out);
+#define Q4P_COPY(name, R)                                                                              \
+    static __attribute__((noinline)) void name##_##R(const uint8_t* g0, const uint8_t* g1, int nb,      \
+                                                     const BlockX8* x, __m512* out) {                 \
+        name##_rows(g0, g1, nb, x, R, out);                                                            \
+    }
+#define Q4P_COPIES(name)                                                                               \
+    Q4P_COPY(name, 1)                                                                                  \
+    Q4P_COPY(name, 2)                                                                                  \
+    Q4P_COPY(name, 3)                                                                                  \
+    Q4P_COPY(name, 4)                                                                                  \
+    Q4P_COPY(name, 5)                                                                                  \
+    Q4P_COPY(name, 6)                                                                                  \
+    Q4P_COPY(name, 7)                                                                                  \
+    Q4P_COPY(name, 8)
+Q4P_COPIES(q4p_q40)
+Q4P_COPIES(q4p_q41)
+Q4P_COPIES(q4p_q80)
+#define Q4P_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
+
+/* Rows m .. m + R - 1 of outputs n .. n + 7 (and n + 8 .. n + 15 if both) from the pass's lanes. */
+static void q4p_store(const Run* r, int m, int R, int n, int both, const __m512* acc) {
+    float o[16 * Q4P_MAX_R];
+    for (int i = 0; i < R; i++) _mm512_storeu_ps(o + 16 * i, acc[i]);
+    for (int i = 0; i < R; i++)
+        for (int c = 0; c < 8; c++) {
+            run_store(r, m + i, n + c, o[16 * i + 2 * c]);
+            if (both) run_store(r, m + i, n + 8 + c, o[16 * i + 2 * c + 1]);
+        }
+}
+
+int exo_x86_grouped8_q4_pairs(const Run* r, int layout) {
+    static const Q4PRows k40[] = Q4P_BY_R(q4p_q40), k41[] = Q4P_BY_R(q4p_q41), k80[] = Q4P_BY_R(q4p_q80);
+    const Q4PRows* k = layout == Q4P_Q8_0 ? k80 : layout == Q4P_Q4_1 ? k41 : k40;
+    __m512 acc[Q4P_MAX_R];
+    for (int n = r->lo; n < r->hi; n += 16) {
+        const int both = n + 8 < r->hi;
+        const uint8_t *g0 = run_row(r, n), *g1 = both ? run_row(r, n + 8) : g0;
+        for (int m = r->m0; m < r->m1;) {
+            const int R = r->m1 - m >= Q4P_MAX_R ? Q4P_MAX_R : r->m1 - m;
+            k[R - 1](g0, g1, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            q4p_store(r, m, R, n, both, acc);
+            m += R;
+        }
+    }
+    return 0;
+}
+#endif
