@@ -142,7 +142,7 @@ static void top_k(const float* v, int n, int k, unsigned char* taken, int* idx) 
  * of its `best` highest choices, highest first). */
 static void group_mask(const MoeSpec* m, float* choice, unsigned char* taken, int* idx, int best) {
     const int G = m->n_group, per = m->E / G, b = best < per ? best : per;
-    float scores[256];
+    float scores[256] = {0}; /* G <= 256 (check_spec); zeroed: some compilers cannot see it */
     for (int g = 0; g < G; g++) {
         top_k(choice + g * per, per, b, taken, idx);
         float s = choice[g * per + idx[0]];
