@@ -8,63 +8,30 @@ same bits alone or in a batch of 64, ties go to the lower expert, and bad input 
 MLA's per-head absorbed matrices as Q8_0 linears in one call (`HeadLinears`) are the einsums."""
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from exo.modelgen import Request, generate
-from exo.worker.engines.cpu_kernels import KernelArgumentError, QKernels, load_kernels_for
+from exo.worker.engines.cpu_kernels import KernelArgumentError
 from exo.worker.engines.engine import load_family, load_shard_weights
-from exo.worker.engines.kernel_build import X86_ISAS, Isa, cpu_runs
-from exo.worker.engines.load_report import load_plan
-from exo.worker.engines.models.base import BuildOptions, ShardModel
+from exo.worker.engines.kernel_build import X86_ISAS, Isa
+from exo.worker.engines.models.base import BuildOptions
 from exo.worker.engines.models.mla import MlaAttention
 from exo.worker.engines.models.moe import MoeFeedForward
 from exo.worker.engines.models.norms import rms_norm
-
-FAMILIES = {"qwen3moe": "Q4_K_M", "deepseek2": "Q4_K_M", "glm4moe": "Q8_0", "gpt-oss": "MXFP4"}
-CPU = torch.device("cpu")
+from exo.worker.engines.tests.moe_kernel_models import (
+    FAMILIES,
+    built_model,
+    kernels_of,
+    moe_layers,
+    parts_of,
+    tiny_files,
+)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("moe-fused")
-    return {
-        arch: generate(Request(arch, "tiny", quant, folder / f"{arch}-{quant}.gguf"))
-        for arch, quant in FAMILIES.items()
-    }
-
-
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(f"no {isa} kernels here")
-    return k
-
-
-def _model(path: Path, kernels: QKernels) -> ShardModel:
-    family, config = load_family(path)
-    plan = load_plan(CPU, torch.float32, kernels, None)
-    weights = load_shard_weights(path, 0, config.n_layers, plan=plan)
-    return family.build(weights, BuildOptions("q8", torch.float32, CPU, kernels=kernels))
-
-
-def _moe_layers(obj: Any, seen: set[int]) -> list[MoeFeedForward]:
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, MoeFeedForward):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        items = list(obj)  # pyright: ignore[reportUnknownArgumentType]
-    elif type(obj).__module__.startswith("exo.") and hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
-    else:
-        return []
-    return [m for item in items for m in _moe_layers(item, seen)]
+    return tiny_files(tmp_path_factory.mktemp("moe-fused"))
 
 
 def _torch_path(ffn: MoeFeedForward, h: torch.Tensor) -> torch.Tensor:
@@ -80,7 +47,7 @@ def _torch_path(ffn: MoeFeedForward, h: torch.Tensor) -> torch.Tensor:
 def test_fused_feed_forward_routes_and_sums_as_the_torch_path(
     files: dict[str, Path], isa: Isa, arch: str
 ) -> None:
-    layers = _moe_layers(_model(files[arch], _kernels(isa)), set())
+    layers = moe_layers(built_model(files[arch], kernels_of(isa)))
     assert layers and all(f.fused is not None for f in layers)
     torch.manual_seed(0)
     for ffn in layers:
@@ -106,11 +73,11 @@ def test_fused_feed_forward_routes_and_sums_as_the_torch_path(
 def test_a_token_gives_the_same_bits_alone_or_in_a_batch_of_64(
     files: dict[str, Path], arch: str
 ) -> None:
-    kernels = _kernels("avx2")
+    kernels = kernels_of("avx2")
     was = kernels.activations
     kernels.set_activations(8)  # (16-bit: a row's strategy depends on the rows an expert takes)
     try:
-        for ffn in _moe_layers(_model(files[arch], kernels), set()):
+        for ffn in moe_layers(built_model(files[arch], kernels)):
             fused = ffn.fused
             assert fused is not None
             h = torch.randn(64, ffn.norm.shape[0]) * 2
@@ -122,7 +89,7 @@ def test_a_token_gives_the_same_bits_alone_or_in_a_batch_of_64(
 
 
 def test_ties_go_to_the_lower_expert(files: dict[str, Path]) -> None:
-    ffn = _moe_layers(_model(files["qwen3moe"], _kernels("avx2")), set())[0]
+    ffn = moe_layers(built_model(files["qwen3moe"], kernels_of("avx2")))[0]
     fused = ffn.fused
     assert fused is not None
     router = fused.router  # the weights the C call reads: every expert the same logit
@@ -140,7 +107,7 @@ def test_ties_go_to_the_lower_expert(files: dict[str, Path]) -> None:
 
 
 def test_bad_input_is_refused(files: dict[str, Path]) -> None:
-    ffn = _moe_layers(_model(files["qwen3moe"], _kernels("avx2")), set())[0]
+    ffn = moe_layers(built_model(files["qwen3moe"], kernels_of("avx2")))[0]
     fused = ffn.fused
     assert fused is not None
     d = ffn.norm.shape[0]
@@ -151,26 +118,11 @@ def test_bad_input_is_refused(files: dict[str, Path]) -> None:
     assert fused(torch.randn(0, d)).out.shape == (0, d)
 
 
-def _mla_layers(obj: Any, seen: set[int]) -> list[MlaAttention]:
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, MlaAttention):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        items = list(obj)  # pyright: ignore[reportUnknownArgumentType]
-    elif type(obj).__module__.startswith("exo.") and hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
-    else:
-        return []
-    return [m for item in items for m in _mla_layers(item, seen)]
-
-
 @pytest.mark.parametrize("isa", X86_ISAS)
 def test_mla_per_head_linears_are_the_einsums_in_q8_0(files: dict[str, Path], isa: Isa) -> None:
     """MLA's absorbed Wuk_h / Wuv_h as Q8_0 linears per head in one call: the float einsum's
     result within Q8_0 and 8-bit activation rounding; a row's bits alone or in a batch."""
-    layers = _mla_layers(_model(files["deepseek2"], _kernels(isa)), set())
+    layers = parts_of(built_model(files["deepseek2"], kernels_of(isa)), MlaAttention)
     assert layers and all(a.k_heads is not None and a.v_heads is not None for a in layers)
     assert all(a.wk_b is None and a.wv_b is None for a in layers)  # the float copies are gone
     family, config = load_family(files["deepseek2"])
@@ -178,7 +130,7 @@ def test_mla_per_head_linears_are_the_einsums_in_q8_0(files: dict[str, Path], is
         load_shard_weights(files["deepseek2"], 0, config.n_layers), BuildOptions()
     )
     torch.manual_seed(0)
-    for a, f in zip(layers, _mla_layers(float_model, set()), strict=True):
+    for a, f in zip(layers, parts_of(float_model, MlaAttention), strict=True):
         assert f.wk_b is not None and f.wv_b is not None and f.k_heads is None
         for heads, w, eq in ((a.k_heads, f.wk_b, "bthn,hrn->bthr"),
                              (a.v_heads, f.wv_b, "bthr,hvr->bthv")):  # fmt: skip
@@ -197,8 +149,8 @@ def test_mla_per_head_linears_are_the_einsums_in_q8_0(files: dict[str, Path], is
 def test_threads_split_the_work_not_the_results(files: dict[str, Path]) -> None:
     """The router's logits are split over threads by expert, the experts' rows by output row:
     two threads give one thread's bits (decode and a prefill-sized step)."""
-    kernels = _kernels("avx2")
-    ffn = _moe_layers(_model(files["deepseek2"], kernels), set())[0]
+    kernels = kernels_of("avx2")
+    ffn = moe_layers(built_model(files["deepseek2"], kernels))[0]
     fused = ffn.fused
     assert fused is not None
     h = torch.randn(33, ffn.norm.shape[0]) * 2

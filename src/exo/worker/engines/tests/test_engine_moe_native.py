@@ -4,61 +4,24 @@ quantised file, at 1, 2, 9 and 64 tokens, 16- and 8-bit activations, on every x8
 (its clamp runs in torch between the layers) keeps the loop; bad arguments are refused."""
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from exo.modelgen import Request, generate
-from exo.worker.engines.cpu_kernels import KernelArgumentError, QKernels, load_kernels_for
-from exo.worker.engines.engine import load_family, load_shard_weights
-from exo.worker.engines.kernel_build import X86_ISAS, Isa, cpu_runs
-from exo.worker.engines.load_report import load_plan
-from exo.worker.engines.models.base import BuildOptions, ShardModel
+from exo.worker.engines.cpu_kernels import KernelArgumentError
+from exo.worker.engines.kernel_build import X86_ISAS, Isa
 from exo.worker.engines.models.moe import MoeFeedForward
-
-FAMILIES = {"qwen3moe": "Q4_K_M", "deepseek2": "Q4_K_M", "glm4moe": "Q8_0", "gpt-oss": "MXFP4"}
-CPU = torch.device("cpu")
+from exo.worker.engines.tests.moe_kernel_models import (
+    built_model,
+    kernels_of,
+    moe_layers,
+    tiny_files,
+)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("moe-native")
-    return {
-        arch: generate(Request(arch, "tiny", quant, folder / f"{arch}-{quant}.gguf"))
-        for arch, quant in FAMILIES.items()
-    }
-
-
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(f"no {isa} kernels here")
-    return k
-
-
-def _model(path: Path, kernels: QKernels) -> ShardModel:
-    family, config = load_family(path)
-    plan = load_plan(CPU, torch.float32, kernels, None)
-    weights = load_shard_weights(path, 0, config.n_layers, plan=plan)
-    return family.build(weights, BuildOptions("q8", torch.float32, CPU, kernels=kernels))
-
-
-def _moe_layers(obj: Any, seen: set[int]) -> list[MoeFeedForward]:
-    if id(obj) in seen:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, MoeFeedForward):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        items = list(obj)  # pyright: ignore[reportUnknownArgumentType]
-    elif type(obj).__module__.startswith("exo.") and hasattr(obj, "__dict__"):
-        items = list(vars(obj).values())
-    else:
-        return []
-    return [m for item in items for m in _moe_layers(item, seen)]
+    return tiny_files(tmp_path_factory.mktemp("moe-native"))
 
 
 def _loop_outputs(ffn: MoeFeedForward, x: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -75,11 +38,11 @@ def _loop_outputs(ffn: MoeFeedForward, x: torch.Tensor, experts: torch.Tensor) -
 def test_native_experts_equal_the_loop(
     files: dict[str, Path], isa: Isa, arch: str, bits: int
 ) -> None:
-    kernels = _kernels(isa)
+    kernels = kernels_of(isa)
     was = kernels.activations
     kernels.set_activations(bits)
     try:
-        layers = _moe_layers(_model(files[arch], kernels), set())
+        layers = moe_layers(built_model(files[arch], kernels))
         assert layers and all(f.native is not None for f in layers)
         torch.manual_seed(bits)
         for ffn in layers:
@@ -100,12 +63,12 @@ def test_native_experts_equal_the_loop(
 
 
 def test_gpt_oss_keeps_the_loop(files: dict[str, Path]) -> None:
-    layers = _moe_layers(_model(files["gpt-oss"], _kernels("avx2")), set())
+    layers = moe_layers(built_model(files["gpt-oss"], kernels_of("avx2")))
     assert layers and all(f.native is None for f in layers)
 
 
 def test_bad_arguments_are_refused(files: dict[str, Path]) -> None:
-    ffn = _moe_layers(_model(files["qwen3moe"], _kernels("avx2")), set())[0]
+    ffn = moe_layers(built_model(files["qwen3moe"], kernels_of("avx2")))[0]
     native = ffn.native
     assert native is not None
     d, i32 = ffn.norm.shape[0], torch.int32
