@@ -1,0 +1,45 @@
+"""The groups' batched and single-row 8-bit kernels, at every pass size: the Q4_0 / Q4_1 / Q8_0
+pairs of groups (`csrc/arch/x86/grouped8_q4.c`, AVX-512 VNNI: two groups a pass, an odd group
+left over on its own) and the Q4_K / Q6_K kernels at a real layer's width
+(`csrc/arch/x86/grouped8_k1.c`, `grouped8_q4k.c`: 32 super-blocks, the single-row decode
+kernels and the batched ones). Every build gives the portable build's file-row floats bit for
+bit, and a row's result is the same alone or in a batch."""
+
+import pytest
+import torch
+
+from exo.worker.engines.kernel_build import ISAS, Isa
+from exo.worker.engines.kinds import kind_named
+from exo.worker.engines.tests.test_engine_kernel_act8 import _kernels, _weights, eight_bit
+
+__all__ = ["eight_bit"]  # the fixture, used by name
+
+PAIRS = (2, 3, 4, 7, 8, 9, 17, 60, 64)  # every pass size and threshold, a row left over, 60, 64
+WIDE = (2, 3, 7, 8, 9, 17)  # every pass size of the batched K-quant kernels, a row left over
+CASES = [
+    # (kind, weight rows, K, batches, seed)
+    *((name, n, 2048, PAIRS, 6) for name in ("Q4_0", "Q4_1", "Q8_0") for n in (16, 24)),
+    # 16 rows: one pair of groups; 24: a pair and one left over. K 2048: 64 blocks of 32.
+    *((name, 16, 8192, WIDE, 4) for name in ("Q4_K", "Q6_K")),
+    # K 8192: a 1B-shaped down projection's width, 32 super-blocks.
+]
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "portable"])
+@pytest.mark.parametrize(("name", "n", "k", "batches", "seed"), CASES)
+def test_group_passes_give_the_file_rows_floats(
+    isa: Isa, name: str, n: int, k: int, batches: tuple[int, ...], seed: int, eight_bit: None
+) -> None:
+    kind = kind_named(name)
+    _, groups = _weights(kind, n, k, "groups")
+    _, file_rows = _weights(kind, n, k)
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    torch.manual_seed(seed)
+    x = torch.randn(max(batches), k) * torch.rand(max(batches), k) * 4  # uneven blocks
+    want = portable.linear(file_rows, x)
+    alone = torch.cat([ours.linear(groups, x[i : i + 1]) for i in range(x.shape[0])])
+    assert torch.equal(alone, want), "a single row differs from the file rows' dots"
+    for m in batches:
+        assert torch.equal(ours.linear(groups, x[:m]), want[:m]), m
