@@ -6,17 +6,6 @@
 #if EXO_AVX2
 #include "x86.h"
 
-/* 8 int32 lanes summing to sum_j w_j x_j (w unsigned <= 128, x signed in [-127, 127]: no saturation) */
-static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i w, __m256i x) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-#elif EXO_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-#endif
-}
-
 /* a Q4 block's 32 nibbles as bytes, in value order */
 static inline __m256i unpack_nibbles(const uint8_t* qs) {
     const __m128i b = _mm_loadu_si128((const __m128i*)qs);
@@ -48,7 +37,7 @@ static inline __attribute__((always_inline)) void row_dot(const uint8_t* w, cons
         }
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const int32_t isum = hsum_epi32(dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs)));
+            const int32_t isum = hsum_epi32(x86_dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs)));
             acc[r] = act8_step(acc[r], d, m, xb, isum);
         }
     }
@@ -81,7 +70,7 @@ static inline __attribute__((always_inline)) void row_dot_q8_0(const uint8_t* w,
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
             const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->qs), wv);
-            acc[r] = act8_step0(acc[r], d, xb, hsum_epi32(dot_u8s8(u, sx)));
+            acc[r] = act8_step0(acc[r], d, xb, hsum_epi32(x86_dot_u8s8(u, sx)));
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -117,8 +106,8 @@ static inline __attribute__((always_inline)) void row_dot_q4_k(const uint8_t* w,
         const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const int32_t i0 = hsum_epi32(dot_u8s8(lo, _mm256_loadu_si256((const __m256i*)xb[0].qs)));
-            const int32_t i1 = hsum_epi32(dot_u8s8(hi, _mm256_loadu_si256((const __m256i*)xb[1].qs)));
+            const int32_t i0 = hsum_epi32(x86_dot_u8s8(lo, _mm256_loadu_si256((const __m256i*)xb[0].qs)));
+            const int32_t i1 = hsum_epi32(x86_dot_u8s8(hi, _mm256_loadu_si256((const __m256i*)xb[1].qs)));
             acc[r] = act8_step(act8_step(acc[r], d0, m0, xb, i0), d1, m1, xb + 1, i1);
         }
     }
@@ -157,7 +146,7 @@ static inline __attribute__((always_inline)) void row_dot_q6_k(const uint8_t* w,
         const float d = exo_h2f(wb->d), d0 = d * (float)wb->scales[2 * g], d1 = d * (float)wb->scales[2 * g + 1];
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const __m256i p = dot_u8s8(u, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->qs), q));
+            const __m256i p = x86_dot_u8s8(u, _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->qs), q));
             __m128i h0 = _mm256_castsi256_si128(p), h1 = _mm256_extracti128_si256(p, 1);
             h0 = _mm_add_epi32(h0, _mm_shuffle_epi32(h0, 0x4E));
             h1 = _mm_add_epi32(h1, _mm_shuffle_epi32(h1, 0x4E));

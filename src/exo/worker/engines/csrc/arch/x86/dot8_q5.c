@@ -9,17 +9,6 @@
 #if EXO_AVX2
 #include "arch/x86/x86.h"
 
-/* 8 int32 lanes summing to sum_j w_j x_j (w unsigned <= 31, x in [-127, 127]: no saturation) */
-static inline __attribute__((always_inline)) __m256i q5_dot(__m256i w, __m256i x) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
-#elif EXO_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, x);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
-#endif
-}
-
 static inline int32_t q5_hsum(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -56,7 +45,7 @@ static inline __attribute__((always_inline)) void row_q5(const uint8_t* w, const
         }
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            acc[r] = act8_step(acc[r], d, m, xb, q5_hsum(q5_dot(wv, _mm256_loadu_si256((const __m256i*)xb->qs))));
+            acc[r] = act8_step(acc[r], d, m, xb, q5_hsum(x86_dot_u8s8(wv, _mm256_loadu_si256((const __m256i*)xb->qs))));
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -82,8 +71,8 @@ static inline __attribute__((always_inline)) void row_q5k(const uint8_t* w, cons
         const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), h1);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const int32_t i0 = q5_hsum(q5_dot(lo, _mm256_loadu_si256((const __m256i*)xb[0].qs)));
-            const int32_t i1 = q5_hsum(q5_dot(hi, _mm256_loadu_si256((const __m256i*)xb[1].qs)));
+            const int32_t i0 = q5_hsum(x86_dot_u8s8(lo, _mm256_loadu_si256((const __m256i*)xb[0].qs)));
+            const int32_t i1 = q5_hsum(x86_dot_u8s8(hi, _mm256_loadu_si256((const __m256i*)xb[1].qs)));
             acc[r] = act8_step(act8_step(acc[r], d0, m0, xb, i0), d1, m1, xb + 1, i1);
         }
     }
@@ -166,7 +155,7 @@ static inline __m256 q5_step8(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* 
 static inline __attribute__((always_inline)) __m256i q5_octet_isum(const __m256i* w, const int8_t* xq) {
     const __m256i x = _mm256_loadu_si256((const __m256i*)xq);
     __m256i p[8];
-    for (int c = 0; c < 8; c++) p[c] = q5_dot(w[c], x);
+    for (int c = 0; c < 8; c++) p[c] = x86_dot_u8s8(w[c], x);
     return q5_reduce8(p);
 }
 

@@ -43,20 +43,6 @@ static inline __attribute__((always_inline)) __m256i g8x_dp2(__m256i a1, __m256i
 }
 #endif
 
-/* Row c's nibble bytes 4k .. 4k + 3 in lane c, from the block's qs[2k], qs[2k + 1]. */
-static inline __attribute__((always_inline)) __m256i g8x_quad(const uint8_t* qs, int k) {
-    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(qs + 32 * k)), 0xD8);
-    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
-                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    return _mm256_shuffle_epi8(v, order);
-}
-
-static inline __attribute__((always_inline)) __m256i g8x_bcast(const int8_t* x) {
-    int32_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
 /* out[r] lane c = row c of the group at `grp` (Q4_1 if has_m, else Q4_0) dotted with activation
  * row r (x + r nb), r < R. */
 static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
@@ -76,16 +62,16 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #endif
         for (int k = 0; k < 4; k++) {
-            const __m256i q = g8x_quad(blk + qs_at, k);
+            const __m256i q = x86_row_quad(blk + qs_at, k);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             for (int r = 0; r < R; r++) {
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
 #if EXO_AVX512VNNI || EXO_AVXVNNI
-                s[r] = _mm256_add_epi32(s[r], g8x_dp2(lo, g8x_bcast(xq + 4 * k), hi, g8x_bcast(xq + 16 + 4 * k)));
+                s[r] = _mm256_add_epi32(s[r], g8x_dp2(lo, x86_bcast4(xq + 4 * k), hi, x86_bcast4(xq + 16 + 4 * k)));
                 G8X_KEEP(s[r]);
 #else
-                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(xq + 4 * k)),
-                                                   _mm256_maddubs_epi16(hi, g8x_bcast(xq + 16 + 4 * k)));
+                const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x86_bcast4(xq + 4 * k)),
+                                                   _mm256_maddubs_epi16(hi, x86_bcast4(xq + 16 + 4 * k)));
                 s16[r] = _mm256_add_epi16(s16[r], p);
                 G8X_KEEP(s16[r]);
 #endif
@@ -130,8 +116,8 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
             const __m256i up = _mm256_abs_epi8(p), uq = _mm256_abs_epi8(q);
             for (int r = 0; r < R; r++) {
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
-                const __m256i xp = _mm256_sign_epi8(g8x_bcast(xq + 4 * k), p);
-                const __m256i xq2 = _mm256_sign_epi8(g8x_bcast(xq + 16 + 4 * k), q);
+                const __m256i xp = _mm256_sign_epi8(x86_bcast4(xq + 4 * k), p);
+                const __m256i xq2 = _mm256_sign_epi8(x86_bcast4(xq + 16 + 4 * k), q);
 #if EXO_AVX512VNNI || EXO_AVXVNNI
                 s[r] = _mm256_add_epi32(s[r], g8x_dp2(up, xp, uq, xq2));
 #else
@@ -198,20 +184,20 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
 #endif
         for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
-            const __m256i q = g8x_quad(qs, k), q2 = g8x_quad(qs, k + 1);
+            const __m256i q = x86_row_quad(qs, k), q2 = x86_row_quad(qs, k + 1);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             const __m256i lo2 = _mm256_and_si256(q2, low), hi2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), low);
             for (int r = 0; r < R; r++) {
                 const BlockX8* xb = x + (size_t)r * nb + b;
                 const int8_t *x0 = xb[0].qs + 4 * k, *x1 = xb[1].qs + 4 * k;
 #if EXO_AVX512VNNI || EXO_AVXVNNI
-                s0[r] = _mm256_add_epi32(s0[r], g8x_dp2(lo, g8x_bcast(x0), lo2, g8x_bcast(x0 + 4)));
-                s1[r] = _mm256_add_epi32(s1[r], g8x_dp2(hi, g8x_bcast(x1), hi2, g8x_bcast(x1 + 4)));
+                s0[r] = _mm256_add_epi32(s0[r], g8x_dp2(lo, x86_bcast4(x0), lo2, x86_bcast4(x0 + 4)));
+                s1[r] = _mm256_add_epi32(s1[r], g8x_dp2(hi, x86_bcast4(x1), hi2, x86_bcast4(x1 + 4)));
 #else
-                s0[r] = _mm256_add_epi16(s0[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, g8x_bcast(x0)),
-                                                                 _mm256_maddubs_epi16(lo2, g8x_bcast(x0 + 4))));
-                s1[r] = _mm256_add_epi16(s1[r], _mm256_add_epi16(_mm256_maddubs_epi16(hi, g8x_bcast(x1)),
-                                                                 _mm256_maddubs_epi16(hi2, g8x_bcast(x1 + 4))));
+                s0[r] = _mm256_add_epi16(s0[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, x86_bcast4(x0)),
+                                                                 _mm256_maddubs_epi16(lo2, x86_bcast4(x0 + 4))));
+                s1[r] = _mm256_add_epi16(s1[r], _mm256_add_epi16(_mm256_maddubs_epi16(hi, x86_bcast4(x1)),
+                                                                 _mm256_maddubs_epi16(hi2, x86_bcast4(x1 + 4))));
 #endif
                 G8X_KEEP(s0[r]);
                 G8X_KEEP(s1[r]);
@@ -255,7 +241,7 @@ static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* gr
             for (int quad = 4 * h; quad < 4 * h + 4; quad += 2) { /* quads quad, quad + 1 */
                 __m256i q[2], u[2];
                 for (int i = 0; i < 2; i++) {
-                    const __m256i l4 = g8x_quad(ql, quad + i), h2 = g8x_quad(qh, quad + i);
+                    const __m256i l4 = x86_row_quad(ql, quad + i), h2 = x86_row_quad(qh, quad + i);
                     const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
                     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
                     q[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), m32);
@@ -263,8 +249,8 @@ static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* gr
                 }
                 for (int r = 0; r < R; r++) {
                     const int8_t* xq = x[(size_t)r * nb + b].qs + 4 * quad;
-                    const __m256i xs0 = _mm256_sign_epi8(g8x_bcast(xq), q[0]);
-                    const __m256i xs1 = _mm256_sign_epi8(g8x_bcast(xq + 4), q[1]);
+                    const __m256i xs0 = _mm256_sign_epi8(x86_bcast4(xq), q[0]);
+                    const __m256i xs1 = _mm256_sign_epi8(x86_bcast4(xq + 4), q[1]);
 #if EXO_AVX512VNNI || EXO_AVXVNNI
                     s[r] = _mm256_add_epi32(s[r], g8x_dp2(u[0], xs0, u[1], xs1));
 #else

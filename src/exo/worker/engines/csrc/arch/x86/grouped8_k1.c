@@ -18,32 +18,6 @@
 #include "arch/x86/grouped8_k1.h"
 #include "arch/x86/x86.h"
 
-/* Row c's bytes 4k .. 4k + 3 of a repacked chunk (16 x 16 bytes) in int32 lane c. */
-static inline __attribute__((always_inline)) __m256i k1_quad(const uint8_t* chunk, int k) {
-    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(chunk + 32 * k)), 0xD8);
-    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
-                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    return _mm256_shuffle_epi8(v, order);
-}
-
-static inline __attribute__((always_inline)) __m256i k1_bcast(const int8_t* x) {
-    int32_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
-/* acc + the products of unsigned q (< 64) and signed x, 4 a lane (AVX2: vpmaddubsw's int16 pairs,
- * at most 2 x 63 x 127, widened by vpmaddwd at once). */
-static inline __attribute__((always_inline)) __m256i k1_dot(__m256i acc, __m256i q, __m256i x) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(acc, q, x);
-#elif EXO_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(acc, q, x);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(q, x), _mm256_set1_epi16(1)));
-#endif
-}
-
 /* sx[2b + h] = 32 x the sum of values 16h .. 16h + 15 of activation block b. */
 static void k1_sums(const BlockX8* x, int nb, int32_t* sx) {
     for (int b = 0; b < nb; b++)
@@ -65,17 +39,17 @@ static inline __attribute__((always_inline)) void k1_half(const uint8_t* blk, in
     const __m256i b45 = _mm256_set1_epi8(48);
     for (int k = 0; k < 4; k++) s[k] = _mm256_setzero_si256();
     for (int quad = 4 * h; quad < 4 * h + 4; quad++) {
-        const __m256i a = k1_quad(ql0, quad), b = k1_quad(ql1, quad), hb = k1_quad(qh, quad);
+        const __m256i a = x86_row_quad(ql0, quad), b = x86_row_quad(ql1, quad), hb = x86_row_quad(qh, quad);
         /* groups 4n + k: low nibbles of ql0 / ql1 (k = 0, 1), high ones (k = 2, 3); qh bits 2k, 2k + 1 */
         const __m256i q0 = _mm256_or_si256(_mm256_and_si256(a, low), _mm256_slli_epi16(_mm256_and_si256(hb, b01), 4));
         const __m256i q1 = _mm256_or_si256(_mm256_and_si256(b, low), _mm256_slli_epi16(_mm256_and_si256(hb, b23), 2));
         const __m256i q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(hb, b45));
         const __m256i q3 =
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), low), _mm256_and_si256(_mm256_srli_epi16(hb, 2), b45));
-        s[0] = k1_dot(s[0], q0, k1_bcast(xs[4 * n + 0].qs + 4 * quad));
-        s[1] = k1_dot(s[1], q1, k1_bcast(xs[4 * n + 1].qs + 4 * quad));
-        s[2] = k1_dot(s[2], q2, k1_bcast(xs[4 * n + 2].qs + 4 * quad));
-        s[3] = k1_dot(s[3], q3, k1_bcast(xs[4 * n + 3].qs + 4 * quad));
+        s[0] = x86_dpbusd(s[0], q0, x86_bcast4(xs[4 * n + 0].qs + 4 * quad));
+        s[1] = x86_dpbusd(s[1], q1, x86_bcast4(xs[4 * n + 1].qs + 4 * quad));
+        s[2] = x86_dpbusd(s[2], q2, x86_bcast4(xs[4 * n + 2].qs + 4 * quad));
+        s[3] = x86_dpbusd(s[3], q3, x86_bcast4(xs[4 * n + 3].qs + 4 * quad));
     }
 }
 
@@ -142,11 +116,11 @@ static inline __attribute__((always_inline)) void k1_q6k_rows(const uint8_t* grp
             __m256i s[K1_MAX_R];
             for (int r = 0; r < R; r++) s[r] = _mm256_set1_epi32(-sx[2 * ((size_t)r * nb + b) + h]);
             for (int quad = 4 * h; quad < 4 * h + 4; quad++) {
-                const __m256i l4 = k1_quad(ql, quad), h2 = k1_quad(qh, quad);
+                const __m256i l4 = x86_row_quad(ql, quad), h2 = x86_row_quad(qh, quad);
                 const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
                 const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                for (int r = 0; r < R; r++) s[r] = k1_dot(s[r], q, k1_bcast(x[(size_t)r * nb + b].qs + 4 * quad));
+                for (int r = 0; r < R; r++) s[r] = x86_dpbusd(s[r], q, x86_bcast4(x[(size_t)r * nb + b].qs + 4 * quad));
             }
             const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                 _mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + h)))));

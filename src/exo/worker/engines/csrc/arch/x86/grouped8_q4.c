@@ -21,20 +21,6 @@
 /* activation rows a pass over a pair of groups */
 #define Q4P_MAX_R 8
 
-/* Bytes 64 k .. 64 k + 63 of a block's nibbles, re-laid: row c's bytes 8k .. 8k + 3 in int32 lane
- * 2c, bytes 8k + 4 .. 8k + 7 in lane 2c + 1. */
-static inline __attribute__((always_inline)) __m512i q4p_half(const uint8_t* qs, int k) {
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-    return _mm512_shuffle_epi8(_mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void*)(qs + 64 * k))), order);
-}
-
-static inline __attribute__((always_inline)) __m512i q4p_bcast8(const int8_t* x) {
-    int64_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm512_set1_epi64(v);
-}
-
 /* A block's 8 rows' scales (a) interleaved with the other group's (b): lane 2c = a[c], 2c + 1 = b[c]. */
 static inline __attribute__((always_inline)) __m512 q4p_zip(__m256 a, __m256 b) {
     const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -85,7 +71,7 @@ static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, co
         q4p_prefetch(b0, b1, bytes);
         __m512i w0[4], w1[4]; /* per group: low nibbles of half 0, of half 1, high of half 0, of half 1 */
         for (int k = 0; k < 2; k++) {
-            const __m512i h0 = q4p_half(b0 + qs_at, k), h1 = q4p_half(b1 + qs_at, k);
+            const __m512i h0 = x86_row_pair512(b0 + qs_at, k), h1 = x86_row_pair512(b1 + qs_at, k);
             w0[k] = _mm512_and_si512(h0, low), w0[2 + k] = _mm512_and_si512(_mm512_srli_epi16(h0, 4), low);
             w1[k] = _mm512_and_si512(h1, low), w1[2 + k] = _mm512_and_si512(_mm512_srli_epi16(h1, 4), low);
         }
@@ -95,8 +81,8 @@ static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, co
         const __m512 d = q4p_zip(d0, d1), m = q4p_zip(m0, m1);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
-                                   q4p_bcast8(xb->qs + 24)};
+            const __m512i xv[4] = {x86_bcast8_512(xb->qs), x86_bcast8_512(xb->qs + 8), x86_bcast8_512(xb->qs + 16),
+                                   x86_bcast8_512(xb->qs + 24)};
             const __m512i s0 = q4p_isum(w0, xv), s1 = q4p_isum(w1, xv);
             const __m512i isum = q4p_fold2(s0, s1);
             const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
@@ -139,8 +125,8 @@ static inline __attribute__((always_inline)) void q8p_rows(const uint8_t* g0, co
                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b1)));
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const __m512i xv[4] = {q4p_bcast8(xb->qs), q4p_bcast8(xb->qs + 8), q4p_bcast8(xb->qs + 16),
-                                   q4p_bcast8(xb->qs + 24)};
+            const __m512i xv[4] = {x86_bcast8_512(xb->qs), x86_bcast8_512(xb->qs + 8), x86_bcast8_512(xb->qs + 16),
+                                   x86_bcast8_512(xb->qs + 24)};
             const __m512i sx[4] = {sign, sign, sign, sign};
             const __m512i corr = q4p_isum(sx, xv);
             const __m512i s0 = _mm512_sub_epi32(q4p_isum(w0, xv), corr);

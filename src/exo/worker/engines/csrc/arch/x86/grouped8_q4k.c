@@ -46,22 +46,6 @@ static inline __attribute__((always_inline)) __m256 k1_q4k_step(__m256 acc, __m2
     return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
 }
 
-/* Quads 2k, 2k + 1 of a repacked chunk, 64 bytes: row c's bytes 8k .. 8k + 3 in int32 lane 2c, its
- * bytes 8k + 4 .. 8k + 7 in lane 2c + 1 (vpermd gathers row pair c / 2's four 2-byte pieces into
- * one 128-bit lane, vpshufb orders them), so one broadcast of the activation's 8 bytes serves. */
-static inline __attribute__((always_inline)) __m512i k1_pair(const uint8_t* chunk, int k) {
-    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-    const __m512i order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15));
-    const __m512i v = _mm512_permutexvar_epi32(idx, _mm512_loadu_si512((const void*)(chunk + 64 * k)));
-    return _mm512_shuffle_epi8(v, order);
-}
-
-static inline __attribute__((always_inline)) __m512i k1_bcast8(const int8_t* x) {
-    int64_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm512_set1_epi64(v);
-}
-
 /* Lanes 2c + 2c + 1 of s added: row c's sum in lane c. */
 static inline __attribute__((always_inline)) __m256i k1_fold(__m512i s) {
     return _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64(s, 32)));
@@ -73,11 +57,11 @@ static inline __attribute__((always_inline)) void k1_q4k_chunk(const uint8_t* qs
     const __m512i low = _mm512_set1_epi8(15);
     __m512i s0 = _mm512_setzero_si512(), s1 = s0, t0 = s0, t1 = s0;
     for (int k = 0; k < 4; k += 2) {
-        const __m512i q = k1_pair(qs, k), r = k1_pair(qs, k + 1);
-        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, low), k1_bcast8(xb[0].qs + 8 * k));
-        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low), k1_bcast8(xb[1].qs + 8 * k));
-        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(r, low), k1_bcast8(xb[0].qs + 8 * k + 8));
-        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(r, 4), low), k1_bcast8(xb[1].qs + 8 * k + 8));
+        const __m512i q = x86_row_pair512(qs, k), r = x86_row_pair512(qs, k + 1);
+        s0 = _mm512_dpbusd_epi32(s0, _mm512_and_si512(q, low), x86_bcast8_512(xb[0].qs + 8 * k));
+        s1 = _mm512_dpbusd_epi32(s1, _mm512_and_si512(_mm512_srli_epi16(q, 4), low), x86_bcast8_512(xb[1].qs + 8 * k));
+        t0 = _mm512_dpbusd_epi32(t0, _mm512_and_si512(r, low), x86_bcast8_512(xb[0].qs + 8 * k + 8));
+        t1 = _mm512_dpbusd_epi32(t1, _mm512_and_si512(_mm512_srli_epi16(r, 4), low), x86_bcast8_512(xb[1].qs + 8 * k + 8));
     }
     *i0 = k1_fold(_mm512_add_epi32(s0, t0));
     *i1 = k1_fold(_mm512_add_epi32(s1, t1));
@@ -125,12 +109,12 @@ static inline __attribute__((always_inline)) void k1_q4k_rows(const uint8_t* grp
             __m512i s0[8], s1[8];
             for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_si512();
             for (int k = 0; k < 4; k++) {
-                const __m512i q = k1_pair(qs, k);
+                const __m512i q = x86_row_pair512(qs, k);
                 const __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
                 for (int r = 0; r < R; r++) {
                     const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
-                    s0[r] = _mm512_dpbusd_epi32(s0[r], lo, k1_bcast8(xb[0].qs + 8 * k));
-                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, k1_bcast8(xb[1].qs + 8 * k));
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], lo, x86_bcast8_512(xb[0].qs + 8 * k));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, x86_bcast8_512(xb[1].qs + 8 * k));
                 }
             }
             __m256 dsc0, dm0, dsc1, dm1;

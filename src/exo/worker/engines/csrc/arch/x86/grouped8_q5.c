@@ -24,20 +24,6 @@
 
 #define Q5G_KEEP(v) __asm__("" : "+x"(v))
 
-/* Row c's nibble bytes 4k .. 4k + 3 in lane c, from the block's qs[2k], qs[2k + 1]. */
-static inline __attribute__((always_inline)) __m256i q5g_quad(const uint8_t* qs, int k) {
-    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(qs + 32 * k)), 0xD8);
-    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
-                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    return _mm256_shuffle_epi8(v, order);
-}
-
-static inline __attribute__((always_inline)) __m256i q5g_bcast(const int8_t* x) {
-    int32_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
 /* bits 0 and 1 of lo16 and of hi16 (each lane's) at bit 4 of bytes 0, 1 and 2, 3 */
 static inline __attribute__((always_inline)) __m256i q5g_fifth(__m256i lo16, __m256i hi16) {
     const __m256i t = _mm256_or_si256(_mm256_and_si256(lo16, _mm256_set1_epi32(3)),
@@ -66,7 +52,7 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
                 memcpy(&w1, words + 8 * (k + i) + 4, sizeof w1);
                 const __m256i a = _mm256_srlv_epi32(_mm256_set1_epi32(w0), lanes2);
                 const __m256i c = _mm256_srlv_epi32(_mm256_set1_epi32(w1), lanes2);
-                const __m256i q = q5g_quad(qs, k + i);
+                const __m256i q = x86_row_quad(qs, k + i);
                 lo[i] = _mm256_or_si256(_mm256_and_si256(q, low), q5g_fifth(a, c));
                 hi[i] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
                                         q5g_fifth(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(c, 16)));
@@ -80,17 +66,17 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
 #else
 #define Q5G_DP _mm256_dpbusd_avx_epi32
 #endif
-                t = Q5G_DP(t, lo[0], q5g_bcast(xq));
-                t = Q5G_DP(t, hi[0], q5g_bcast(xq + 16));
-                t = Q5G_DP(t, lo[1], q5g_bcast(xq + 4));
-                t = Q5G_DP(t, hi[1], q5g_bcast(xq + 20));
+                t = Q5G_DP(t, lo[0], x86_bcast4(xq));
+                t = Q5G_DP(t, hi[0], x86_bcast4(xq + 16));
+                t = Q5G_DP(t, lo[1], x86_bcast4(xq + 4));
+                t = Q5G_DP(t, hi[1], x86_bcast4(xq + 20));
 #undef Q5G_DP
                 s[r] = t;
 #else
-                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], q5g_bcast(xq)),
-                                                    _mm256_maddubs_epi16(hi[0], q5g_bcast(xq + 16)));
-                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], q5g_bcast(xq + 4)),
-                                                    _mm256_maddubs_epi16(hi[1], q5g_bcast(xq + 20)));
+                const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], x86_bcast4(xq)),
+                                                    _mm256_maddubs_epi16(hi[0], x86_bcast4(xq + 16)));
+                const __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[1], x86_bcast4(xq + 4)),
+                                                    _mm256_maddubs_epi16(hi[1], x86_bcast4(xq + 20)));
                 s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1)));
 #endif
                 Q5G_KEEP(s[r]);
