@@ -145,7 +145,7 @@ class Runner:
         # arrive together join one batch (one prefill turn, full decode steps) instead of
         # one per step, and a cancel lands before its stream's next token.
         taken = 0
-        while ready:
+        while 0 in ready or 1 in ready:  # (the images' wakeup alone is the step's to read)
             if 1 in ready:
                 self._handle_cancel(self.cancels.receive())
             if 0 in ready:
