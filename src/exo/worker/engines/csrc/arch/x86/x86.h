@@ -16,40 +16,6 @@ static inline __attribute__((always_inline)) __m256i dp16(__m256i acc, __m256i a
     return _mm256_dpwssd_avx_epi32(acc, a, b);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
-/* acc + the 4 products of unsigned bytes a and signed bytes b per int32 lane: one vpdpbusd on the
- * VNNI builds, else vpmaddubsw (its int16 pair sums must not saturate: the caller's bound) and
- * vpmaddwd. The same integers on every build. */
-static inline __attribute__((always_inline)) __m256i x86_dpbusd(__m256i acc, __m256i a, __m256i b) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(acc, a, b);
-#elif EXO_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(acc, a, b);
-#else
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
-#endif
-}
-
-/* 8 int32 lanes summing to sum_j w_j x_j (unsigned w, signed x), from zero */
-static inline __attribute__((always_inline)) __m256i x86_dot_u8s8(__m256i w, __m256i x) {
-    return x86_dpbusd(_mm256_setzero_si256(), w, x);
-}
-
-/* Row c's bytes 4k .. 4k + 3 of a repacked 8-row chunk (row c's pairs of bytes at 2c of each 16)
- * in int32 lane c: the 32 bytes at 32 k, by vpermq + vpshufb. */
-static inline __attribute__((always_inline)) __m256i x86_row_quad(const uint8_t* chunk, int k) {
-    const __m256i v = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i*)(chunk + 32 * k)), 0xD8);
-    const __m256i order = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3,
-                                           10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
-    return _mm256_shuffle_epi8(v, order);
-}
-
-/* The 4 activation bytes at x in every int32 lane. */
-static inline __attribute__((always_inline)) __m256i x86_bcast4(const int8_t* x) {
-    int32_t v;
-    memcpy(&v, x, sizeof v);
-    return _mm256_set1_epi32(v);
-}
-
 #endif
 }
 
