@@ -224,6 +224,7 @@ class Node:
             events.append(NodeGatheredInfo(node_id=self._node_id, info=self._last_info))
         if not full:
             return events
+        events.extend(self.worker.download_truth(state))
         for instance in state.instances.values():
             runner_id = instance.shard_assignments.node_to_runner.get(self._node_id)
             if runner_id is None:

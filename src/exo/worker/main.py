@@ -18,6 +18,7 @@ from exo.shared.types.events import (
     ChunkGenerated,
     DownloadActionRequested,
     Event,
+    NodeDownloadProgress,
     RunnerStatusUpdated,
     TaskAcknowledged,
     TaskStatusUpdated,
@@ -36,6 +37,7 @@ from exo.shared.types.tasks import (
     Task,
     TextGeneration,
 )
+from exo.shared.types.worker.downloads import DownloadProgress
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.runners import (
     RunnerFailed,
@@ -87,6 +89,20 @@ class Worker:
     # Every runner we started whose process may still live: reaped on the way out.
     _spawned: list[RunnerSupervisor] = field(default_factory=list[RunnerSupervisor])
     _runner_threads: dict[RunnerId, int] = field(default_factory=dict[RunnerId, int])
+    reported_downloads: dict[ModelId, DownloadProgress] = field(
+        default_factory=dict[ModelId, DownloadProgress]
+    )
+    """The last download progress this node reported per model (its coordinator's)."""
+
+    def download_truth(self, state: State) -> list[Event]:
+        """This node's download progress that ``state`` lacks or holds otherwise (a
+        merge dropped the event that reported it): to report again."""
+        held = state.downloads.get(self.node_id, {})
+        return [
+            NodeDownloadProgress(node_id=self.node_id, model_id=model_id, progress=progress)
+            for model_id, progress in self.reported_downloads.items()
+            if held.get(model_id) != progress
+        ]
 
     def update_state(self, state: State) -> None:
         self.state = state
@@ -109,7 +125,7 @@ class Worker:
                 self.downloads = DownloadCoordinator(
                     self.node_id, self.runner_settings, self.local_events.send,
                     self.commands.send, self.download_backoff, lambda: self.state,
-                    self._wakeup.set, tg,
+                    self._wakeup.set, tg, reported=self.reported_downloads,
                 )
                 tg.start_soon(self._forward_runner_events)
                 await self._plan_loop()

@@ -51,6 +51,11 @@ class DownloadCoordinator:
     wakeup: Callable[[], None]
     task_group: TaskGroup
     running: dict[ModelId, ShardDownload] = field(default_factory=dict[ModelId, ShardDownload])
+    reported: dict[ModelId, DownloadProgress] = field(
+        default_factory=dict[ModelId, DownloadProgress]
+    )
+    """The last progress this node reported for each model: what it reports again when
+    the cluster's state lacks it (a merge dropped the event)."""
 
     async def download(self, task: DownloadModel) -> None:
         """Make this node hold the files of the task's shard: a hub model's missing
@@ -175,6 +180,7 @@ class DownloadCoordinator:
             )
 
     async def _report(self, card: ModelCard, progress: DownloadProgress) -> None:
+        self.reported[card.model_id] = progress
         await self.send_event(
             NodeDownloadProgress(node_id=self.node_id, model_id=card.model_id, progress=progress)
         )
