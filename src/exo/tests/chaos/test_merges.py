@@ -42,6 +42,11 @@ def two_nodes(tmp_path: Path, extra: dict[int, list[str]],
         for node in cluster.nodes:
             if node.starts:
                 print(f"===== node {node.index}\n{node.log()[-6000:]}")
+                state = node.state() or {}
+                facts = {k: state.get(k) for k in ("last_event_applied_idx", "topology",
+                                                   "downloads", "runners")}
+                facts["nodes"] = list(state.get("nodes") or {})
+                print(f"===== node {node.index} state\n{json.dumps(facts, default=str)[:6000]}")
         raise
     finally:
         cluster.close()
