@@ -37,6 +37,7 @@ class ClusterHost(Protocol):
 
     def local_truth(self, full: bool) -> list[Event]:
         """Events that make the state agree with this node as it is: its info when the
-        state lacks it; with ``full``, its runners' statuses where the state differs
-        (sent to a new master, which may have missed some)."""
+        state lacks it; with ``full``, its runners' statuses and its downloads' progress
+        where the state differs (sent to a new master, which may have missed some, or after
+        a merge dropped them)."""
         ...

@@ -96,6 +96,7 @@ class DownloadCoordinator:
                 self.cancel(card.model_id)
             case "delete":
                 self.cancel(card.model_id)
+                self.reported.pop(card.model_id, None)  # the state forgets it too (apply)
                 cache = self.settings.hub_cache_dir
                 if cache is not None:
 

@@ -65,3 +65,6 @@ async def test_a_download_the_state_lacks_is_reported_again(tmp_path: Path) -> N
     # The state holds an older progress of it: the latest again.
     older = make_state(downloads={NODE_A: {card.model_id: DownloadFailed(error_message="x")}})
     assert worker.download_truth(older) == [sent]
+    # A user deleted it (the state forgets it as the deletion applies): nothing to restore.
+    worker.downloads.action("delete", card)
+    assert worker.download_truth(make_state()) == []
