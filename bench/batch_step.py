@@ -39,7 +39,7 @@ from torch import Tensor
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.batch import BatchGenerator
 from exo.worker.engines.cpu_kernels import QKernels, QuantWeights
-from exo.worker.engines.engine import Engine, load_engine
+from exo.worker.engines.engine import Engine, load_engine, rows_apart
 from exo.worker.engines.sampling import SamplingParams
 
 
@@ -68,7 +68,7 @@ def serve_shaped(engine: Engine, rows: int, tokens: int) -> tuple[float, float]:
     """CPU seconds of `rows` serve.py-like streams of `tokens` tokens: (prefill and first
     tokens, the remaining decode steps)."""
     topic = "how a lighthouse keeper spends a long winter night, and what the light means to ships"
-    gen = BatchGenerator(engine.model, 8, 2048, eos_token_ids=())
+    gen = BatchGenerator(engine.model, 8, 2048, pack_prefill=rows_apart(engine.model))
     for i in range(rows):
         text = f"Request {i}. In a few paragraphs, describe {topic}."
         prompt = engine.tokenizer.encode_chat([{"role": "user", "content": text}])

@@ -118,13 +118,17 @@ class BatchGenerator:
         eos_token_ids: Sequence[int] = (),
         prefill_chunk: int = 512,
         prefix_cache: bool = True,
+        pack_prefill: bool = False,
     ) -> None:
+        """`pack_prefill`: prompt chunks at the same positions share one forward (`_packs`);
+        only for a model whose rows compute apart, bit for bit as alone (`engine.rows_apart`)."""
         if max_batch < 1 or max_seq < 2 or prefill_chunk < 1:
             raise ValueError("need max_batch >= 1, max_seq >= 2 and prefill_chunk >= 1")
         self.model = model
         self.max_batch = max_batch
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
+        self.pack_prefill = pack_prefill
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cache = model.new_cache(max_batch, max_seq)
         # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
@@ -209,7 +213,8 @@ class BatchGenerator:
         if self.prefixes is not None:
             self.prefixes.trim(sum(self._pages_needed(r) for r in self._running))
         with torch.inference_mode():
-            for group in _packs(self._prefill_turn(), self._chunk_len):
+            turn = self._prefill_turn()
+            for group in _packs(turn, self._chunk_len) if self.pack_prefill else [[r] for r in turn]:
                 outputs.extend(self._prefill_pack(group))
             if decoding:
                 outputs.extend(self._decode(decoding))

@@ -6,13 +6,28 @@ import pytest
 import torch
 
 from exo.worker.engines.batch import BatchGenerator, StepOutput
+from exo.worker.engines.engine import Engine, rows_apart
 from exo.worker.engines.kv_cache import KVCache
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.sampling import SamplingParams
+from exo.worker.engines.tests.kernel_skip import skip_without_kernels
 from exo.worker.engines.tests.test_engine_batch_interleave import CountingModel
 from exo.worker.engines.tokenizer import EngineTokenizer
 
 LENGTH = 12  # the packed prompts' length
+
+
+class CountingEngineModel(CountingModel):
+    """CountingModel with what an `Engine` reads of its model."""
+
+    start_layer = 0
+
+    @property
+    def end_layer(self) -> int:
+        return self.model.config.n_layers
+
+    def kernels_used(self) -> dict[str, int]:
+        return self.model.kernels_used()
 
 
 def _prompts(tokenizer: EngineTokenizer) -> list[list[int]]:
@@ -57,7 +72,7 @@ def test_equal_chunks_prefill_in_one_forward_and_keep_their_tokens(
 ) -> None:
     prompts = _prompts(tokenizer)
     counting = CountingModel(fast_model)
-    gen = BatchGenerator(counting, 4, 256, eos_token_ids=[], prefill_chunk=64)
+    gen = BatchGenerator(counting, 4, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
     for i, (prompt, params) in enumerate(zip(prompts, PARAMS, strict=True)):
         gen.add(f"r{i}", prompt, params)
     first = gen.step()
@@ -85,7 +100,7 @@ def test_a_packed_forward_that_raises_fails_only_the_culprit(
         return real_forward(tokens, step, cache, every_position)
 
     monkeypatch.setattr(fast_model, "forward", forward)
-    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64)
+    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
     for i, prompt in enumerate(prompts):
         gen.add(f"r{i}", prompt, PARAMS[0])
     got = _run(gen)
@@ -111,7 +126,7 @@ def test_non_finite_logits_of_one_packed_row_fail_that_request_only(
         return logits
 
     monkeypatch.setattr(fast_model, "forward", forward)
-    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64)
+    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
     for i, prompt in enumerate(prompts):
         gen.add(f"r{i}", prompt, PARAMS[0])
     got = _run(gen)
@@ -120,3 +135,21 @@ def test_non_finite_logits_of_one_packed_row_fail_that_request_only(
     monkeypatch.undo()
     for i in (0, 1):
         assert _tokens(got[f"r{i}"]) == _alone(fast_model, prompts[i], PARAMS[0]), i
+
+
+def test_only_a_model_whose_rows_compute_apart_packs_its_prefill(
+    fast_model: LlamaModel, dense_model: LlamaModel, tokenizer: EngineTokenizer
+) -> None:
+    """F.linear's results move with the row count (the dense format): its batcher does not
+    pack; the C kernels' do not, so the engine's batcher for them does."""
+    skip_without_kernels("q4")
+    assert rows_apart(fast_model) and not rows_apart(dense_model)
+    for model, packs in ((fast_model, True), (dense_model, False)):
+        counting = CountingEngineModel(model)
+        engine = Engine(config=model.config, model=counting, tokenizer=tokenizer)  # type: ignore[arg-type]
+        gen = engine.batch_generator(4, 256)
+        assert gen.pack_prefill is packs
+        for i, prompt in enumerate(_prompts(tokenizer)[:3]):
+            gen.add(f"r{i}", prompt, PARAMS[0])
+        gen.step()
+        assert counting.calls == ([(3, LENGTH)] if packs else [(1, LENGTH)] * 3)
