@@ -7,7 +7,10 @@ first, of at most `prefill_chunk` tokens in all (at least one chunk): several sh
 a step, a long one takes a chunk per step, and the running requests' decode steps go on between
 its chunks instead of waiting for its whole prompt. The step returns one `StepOutput` per request
 that produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
-do not depend on what it is batched with.
+do not depend on what it is batched with. With `pack_prefill` (a model whose rows compute apart,
+`engine.rows_apart`), a turn's chunks at the same positions (same start and length: requests that
+arrive together with prompts of one length, the whole chunks of long prompts) run in one forward,
+so the weights stream once for all of them: the same shapes per row as alone, the same bits.
 
 Slots stay compact: running requests always occupy cache slots 0..n-1, so a decode step attends
 over a plain slice of the cache. When a request leaves, the request in the highest slot moves
