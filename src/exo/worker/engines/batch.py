@@ -7,7 +7,10 @@ first, of at most `prefill_chunk` tokens in all (at least one chunk): several sh
 a step, a long one takes a chunk per step, and the running requests' decode steps go on between
 its chunks instead of waiting for its whole prompt. The step returns one `StepOutput` per request
 that produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
-do not depend on what it is batched with.
+do not depend on what it is batched with. With `pack_prefill` (a model whose rows compute apart,
+`engine.rows_apart`), a turn's chunks at the same positions (same start and length: requests that
+arrive together with prompts of one length, the whole chunks of long prompts) run in one forward,
+so the weights stream once for all of them: the same shapes per row as alone, the same bits.
 
 Slots stay compact: running requests always occupy cache slots 0..n-1, so a decode step attends
 over a plain slice of the cache. When a request leaves, the request in the highest slot moves
@@ -23,7 +26,7 @@ reused positions would have none), and with `max_tokens` 0 it ends after the pre
 token (finish_reason "length").
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,16 +45,6 @@ from exo.worker.engines.sampling import (
 )
 
 FinishReason = Literal["stop", "length", "error"]
-
-
-class NonFiniteLogits(ArithmeticError):
-    """The model's logits for a request hold NaN or infinities."""
-
-    def __init__(self) -> None:
-        super().__init__(
-            "the model produced non-finite logits (NaN or infinity): its weights or "
-            "activations are broken, so no token can be chosen"
-        )
 
 
 @dataclass(frozen=True)
@@ -90,6 +83,34 @@ class _Request:
         return self.sampler.params.prompt_logprob_sink is not None
 
 
+def _packs(turn: list[_Request], chunk_len: Callable[[_Request], int]) -> list[list[_Request]]:
+    """A prefill turn's chunks in forwards, oldest first: chunks at the same positions (same
+    start, same length) go in one forward, which computes each row as it would alone; a chunk
+    with images or whose prompt is scored goes alone (those take a one-row forward)."""
+    packs: dict[tuple[int, int], list[_Request]] = {}
+    out: list[list[_Request]] = []
+    for r in turn:
+        if r.images is not None or r.scores_prompt:
+            out.append([r])
+            continue
+        key = (r.cached, chunk_len(r))
+        if key not in packs:
+            packs[key] = []
+            out.append(packs[key])
+        packs[key].append(r)
+    return out
+
+
+class NonFiniteLogits(ArithmeticError):
+    """The model's logits for a request hold NaN or infinities."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the model produced non-finite logits (NaN or infinity): its weights or "
+            "activations are broken, so no token can be chosen"
+        )
+
+
 class BatchGenerator:
     def __init__(
         self,
@@ -100,13 +121,17 @@ class BatchGenerator:
         eos_token_ids: Sequence[int] = (),
         prefill_chunk: int = 512,
         prefix_cache: bool = True,
+        pack_prefill: bool = False,
     ) -> None:
+        """`pack_prefill`: prompt chunks at the same positions share one forward (`_packs`);
+        only for a model whose rows compute apart, bit for bit as alone (`engine.rows_apart`)."""
         if max_batch < 1 or max_seq < 2 or prefill_chunk < 1:
             raise ValueError("need max_batch >= 1, max_seq >= 2 and prefill_chunk >= 1")
         self.model = model
         self.max_batch = max_batch
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
+        self.pack_prefill = pack_prefill
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cache = model.new_cache(max_batch, max_seq)
         # Finished prompts' keys/values for the next turn; a plain cache only (the ranks of a
@@ -191,10 +216,9 @@ class BatchGenerator:
         if self.prefixes is not None:
             self.prefixes.trim(sum(self._pages_needed(r) for r in self._running))
         with torch.inference_mode():
-            for r in self._prefill_turn():
-                out = self._prefill_chunk(r)
-                if out is not None:
-                    outputs.append(out)
+            turn = self._prefill_turn()
+            for group in _packs(turn, self._chunk_len) if self.pack_prefill else [[r] for r in turn]:
+                outputs.extend(self._prefill_pack(group))
             if decoding:
                 outputs.extend(self._decode(decoding))
         return outputs
@@ -228,6 +252,33 @@ class BatchGenerator:
             return list[KeyItem](r.prompt), None
         return r.images.cache_key(r.prompt), r.images.cuts(self.prefill_chunk, len(r.prompt))
 
+    def _prefill_pack(self, rows: list[_Request]) -> list[StepOutput]:
+        """The next chunks of `rows` (all at the same positions, `_packs`) in one forward: the
+        weights stream once for all of them. If it raises, one request at a time, so only the
+        culprits fail. Each row computes as it would alone (the kernels are row by row)."""
+        if len(rows) == 1:
+            out = self._prefill_chunk(rows[0])
+            return [] if out is None else [out]
+        n, start = self._chunk_len(rows[0]), rows[0].cached
+        try:
+            tokens = torch.tensor([r.prompt[start : start + n] for r in rows],
+                                  device=self.model.device)  # fmt: skip
+            step = StepInputs(tuple(r.slot for r in rows), (start,) * len(rows), n)
+            logits = self.model.forward(tokens, step, self.cache)  # [B, V]
+        except Exception:
+            return [o for r in rows for o in self._prefill_pack([r])]
+        finite = finite_rows(logits)
+        outputs: list[StepOutput] = []
+        for i, r in enumerate(rows):
+            r.cached += n
+            try:
+                out = self._after_prefill(r, logits[i], finite[i])
+            except Exception as e:  # confined to this request
+                out = self._fail(r, e)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
     def _prefill_chunk(self, r: _Request) -> StepOutput | None:
         """The next chunk of r's prompt; its first token once the prompt is all cached."""
         try:
@@ -243,16 +294,21 @@ class BatchGenerator:
             else:
                 last = self.model.forward(tokens, step, self.cache)[0]
             r.cached += n
-            if r.prefilling:
-                return None
-            if not finite_rows(last[None])[0]:
-                raise NonFiniteLogits()
-            if r.sampler.params.max_tokens == 0:  # the prompt's scores were all it wanted
-                self._release(r)
-                return StepOutput(r.request_id, None, "length")
-            return self._emit(r, r.sampler(last))
+            return None if r.prefilling else self._after_prefill(r, last, finite_rows(last[None])[0])
         except Exception as e:  # confined to this request
             return self._fail(r, e)
+
+    def _after_prefill(self, r: _Request, last: torch.Tensor, finite: bool) -> StepOutput | None:
+        """After a chunk of r's prompt (`last`: its last position's logits [V]): nothing while
+        the prompt goes on, else its first token (or the end, for a prompt scored alone)."""
+        if r.prefilling:
+            return None
+        if not finite:
+            raise NonFiniteLogits()
+        if r.sampler.params.max_tokens == 0:  # the prompt's scores were all it wanted
+            self._release(r)
+            return StepOutput(r.request_id, None, "length")
+        return self._emit(r, r.sampler(last))
 
     def _score_chunk(self, r: _Request, logits: torch.Tensor) -> torch.Tensor:
         """Record the log-probabilities of the prompt tokens that a chunk's logits [n, V]

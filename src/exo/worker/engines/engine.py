@@ -4,6 +4,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -41,6 +42,22 @@ from exo.worker.engines.weights import ProgressCallback, ShardWeights, TensorPar
 # 94 MB for a full 2048-position slot. The API advertises the same figure (served model cards),
 # so both come from one constant.
 DEFAULT_MAX_SEQ = EXO_MAX_CONTEXT_TOKENS
+
+
+def rows_apart(model: object) -> bool:
+    """Whether each row of a forward computes as it would alone, bit for bit, at any row count:
+    every linear of the model runs a C kernel (one accumulation order per row in every
+    strategy); `F.linear`'s results move with the number of rows. Such a model's batcher packs
+    prompt chunks at the same positions into one forward (`batch.py`)."""
+    used: object = getattr(model, "kernels_used", None)  # a pipeline or tensor leader: none
+    if not callable(used):
+        return False
+    names = cast(dict[str, int], used())
+    return bool(names) and all(
+        "C kernel" in part and "dequantised" not in part
+        for name in names
+        for part in name.split(" + ")
+    )
 
 
 def load_config(path: Path) -> LlamaConfig:
@@ -111,8 +128,9 @@ class Engine:
         seq = max_seq if max_seq is not None else min(self.config.context_length, DEFAULT_MAX_SEQ)
         eos = set(self.config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         return BatchGenerator(
-            self.model, max_batch, seq, eos_token_ids=sorted(eos), prefill_chunk=prefill_chunk
-        )
+            self.model, max_batch, seq, eos_token_ids=sorted(eos), prefill_chunk=prefill_chunk,
+            pack_prefill=rows_apart(self.model),
+        )  # fmt: skip
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:
         """Tokens of one request (stop token excluded); a convenience over `batch_generator`."""
