@@ -39,9 +39,9 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q4_0", _T.Q4_0, 40, 240, act8=True),
     Kind("Q8_0", _T.Q8_0, 8, 208, act8=True),
     Kind("Q5_0", _T.Q5_0, 50, 250, act8=True),  # issue 22 q5dots: act8
-    Kind("Q5_1", _T.Q5_1, 51, None, act8=True),  # issue 22 q5dots: act8
+    Kind("Q5_1", _T.Q5_1, 51, 251, act8=True),  # issue 22 q5dots: act8; q5g: groups
     Kind("Q4_K", _T.Q4_K, 104, 304, act8=True),
-    Kind("Q5_K", _T.Q5_K, 105, None, act8=True),  # issue 22 q5dots: act8
+    Kind("Q5_K", _T.Q5_K, 105, 305, act8=True),  # issue 22 q5dots: act8; q5g: groups
     Kind("Q6_K", _T.Q6_K, 106, 306, act8=True),
     # MXFP4, IQ4_NL, IQ4_XS (csrc/iq4.h): per-row dots, no repacked layout
     Kind("MXFP4", _T.MXFP4, 70, None),

@@ -27,7 +27,7 @@ from exo.worker.engines.kinds import KINDS, Kind
 from exo.worker.engines.linear import QuantLinear
 
 ACT8 = [k for k in KINDS if k.act8]
-ACT8_GROUPED = [k for k in ACT8 if k.grouped is not None]  # Q5_1, Q5_K: the file's rows alone
+ACT8_GROUPED = [k for k in ACT8 if k.grouped is not None]  # every 8-bit kind (issue 22 q5g: Q5_1, Q5_K too)
 ROWS = (1, 2, 4, 8, 9, 64)
 LAYOUTS = ("rows", "groups")  # the file's rows (dot8), repacked groups of 8 (grouped8)
 # every 8-bit kind in its file rows, and in its groups where it has a repacked layout
