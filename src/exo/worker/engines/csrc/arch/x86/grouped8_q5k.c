@@ -111,7 +111,8 @@ static inline __attribute__((always_inline)) void q5kg_rows(const uint8_t* grp, 
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-/* one copy per R (not inlined into the caller's loop) */
+/* one copy per R (not inlined into the caller's loop; the AVX-512 VNNI build runs q5kz's below) */
+#if !EXO_AVX512VNNI
 #define Q5KG_COPY(R)                                                                              \
     static __attribute__((noinline)) void q5kg_##R(const uint8_t* grp, int nb, const BlockX8* x, \
                                                    __m256* out) {                                \
@@ -125,11 +126,81 @@ Q5KG_COPY(5)
 Q5KG_COPY(6)
 Q5KG_COPY(7)
 Q5KG_COPY(8)
+#endif
 
 typedef void (*Q5KGRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 
+#if EXO_AVX512VNNI
+/* The AVX-512 VNNI build: 64 bytes a step, as grouped8_q4k.c's Q4_K groups. x86_row_pair512 puts
+ * row c's nibble bytes 8k .. 8k + 7 of a chunk in int32 lanes 2c, 2c + 1, and the same of its qh
+ * bytes (the 4 such vectors of a super-block serve its 4 chunks); one broadcast of the activation's
+ * 8 matching bytes serves a vpdpbusd of 64 products a row; each row's two lanes are added at the end
+ * of the sub-block (exact integers), then the same float steps as above. */
+
+/* lanes 2c and 2c + 1 of s added: row c's sum in lane c */
+static inline __attribute__((always_inline)) __m256i q5kz_fold(__m512i s) {
+    return _mm512_cvtepi64_epi32(_mm512_add_epi32(s, _mm512_srli_epi64(s, 32)));
+}
+
+static inline __attribute__((always_inline)) void q5kz_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
+                                                            __m256* out) {
+    const __m512i low = _mm512_set1_epi8(15), bit4 = _mm512_set1_epi8(16);
+    __m256 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ5Kx8);
+        __m512i h[4];
+        for (int k = 0; k < 4; k++) h[k] = x86_row_pair512(blk + offsetof(BlockQ5Kx8, qh), k);
+        for (int p = 0; p < 4; p++) { /* chunk p: sub-blocks 2p (low nibbles), 2p + 1 (high) */
+            const uint8_t* qs = blk + offsetof(BlockQ5Kx8, qs) + 256 * p;
+            const __m128i shift = _mm_cvtsi32_si128(2 * p);
+            __m512i s0[8], s1[8];
+            for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                const __m512i q = x86_row_pair512(qs, k), hs = _mm512_srl_epi16(h[k], shift);
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(q, low), _mm512_and_si512(_mm512_slli_epi16(hs, 4), bit4));
+                const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(q, 4), low),
+                                                   _mm512_and_si512(_mm512_slli_epi16(hs, 3), bit4));
+                for (int r = 0; r < R; r++) {
+                    const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
+                    s0[r] = _mm512_dpbusd_epi32(s0[r], lo, x86_bcast8_512(xb[0].qs + 8 * k));
+                    s1[r] = _mm512_dpbusd_epi32(s1[r], hi, x86_bcast8_512(xb[1].qs + 8 * k));
+                }
+            }
+            __m256 dsc0, dm0, dsc1, dm1;
+            q5kg_scales(blk, 2 * p, &dsc0, &dm0);
+            q5kg_scales(blk, 2 * p + 1, &dsc1, &dm1);
+            for (int r = 0; r < R; r++) {
+                const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
+                acc[r] = q5kg_step(acc[r], dsc0, dm0, xb, q5kz_fold(s0[r]));
+                acc[r] = q5kg_step(acc[r], dsc1, dm1, xb + 1, q5kz_fold(s1[r]));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
+}
+
+#define Q5KZ_COPY(R)                                                                              \
+    static __attribute__((noinline)) void q5kz_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                   __m256* out) {                                \
+        q5kz_rows(grp, nb, x, R, out);                                                           \
+    }
+Q5KZ_COPY(1)
+Q5KZ_COPY(2)
+Q5KZ_COPY(3)
+Q5KZ_COPY(4)
+Q5KZ_COPY(5)
+Q5KZ_COPY(6)
+Q5KZ_COPY(7)
+Q5KZ_COPY(8)
+#endif
+
 int exo_x86_grouped8_q5_k(const Run* r) {
+#if EXO_AVX512VNNI
+    static const Q5KGRows k[] = {q5kz_1, q5kz_2, q5kz_3, q5kz_4, q5kz_5, q5kz_6, q5kz_7, q5kz_8};
+#else
     static const Q5KGRows k[] = {q5kg_1, q5kg_2, q5kg_3, q5kg_4, q5kg_5, q5kg_6, q5kg_7, q5kg_8};
+#endif
     __m256 acc[8];
     float o[8 * 8];
     for (int n = r->lo; n < r->hi; n += 8) {
