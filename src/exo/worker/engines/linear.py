@@ -157,7 +157,7 @@ class PackedFp16Linear:
 
 
 Regroup = Literal["in_place", "copy", "no"]
-"""What a layer may do with the blocks it is given (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
+"""What a layer may do with the blocks it is given (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; Q5_1, Q5_K at 8-bit activations) to re-lay them in
 groups of 8 rows for the x86 kernels (`csrc/repack.c`): overwrite them (the caller hands them
 over: a model built by its loader), copy them (the caller may still read them), or leave them."""
 

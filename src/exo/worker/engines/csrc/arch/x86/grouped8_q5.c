@@ -1,5 +1,5 @@
 /* issue 22 q5dots: the grouped strategy at 8-bit activations for Q5_0's repacked groups
- * (KIND_Q5_0_G8; exo_kernels.h) on x86: 1 to Q5G_MAX_R activation rows a pass, a vector lane per
+ * (KIND_Q5_0_G8; issue 22 q5g: and Q5_1's, KIND_Q5_1_G8, the same with m; exo_kernels.h) on x86: 1 to Q5G_MAX_R activation rows a pass, a vector lane per
  * weight row, in act8_q5.h's order (bit for bit the per-row dots' floats).
  *
  * Two of a block's nibble vectors (i = 2k, 2k + 1), vpermq + vpshufb, give lane c row c's nibble
