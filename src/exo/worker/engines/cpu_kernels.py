@@ -10,8 +10,8 @@ layer's parts may differ in type) times activations quantised per block to 16 bi
 multiply-adds (see `csrc/kinds.h`; with several rows, batched decode or prefill, 8 weight rows at
 a time share each activation load: `csrc/arch/x86/tile.c`); a layer may end with Gemma's norm of
 its output before the residual add. On AVX2, a model's Q4_1, Q5_0, Q8_0, Q4_K and Q6_K weights
-are repacked at load in groups of 8 rows (`QKernels.repack_rows`, `csrc/repack.c`), so that
-decode too shares each block's float work among 8 rows. A second kernel runs a whole decode step of attention (rotate q and k, append to
+(Q5_1 and Q5_K too at 8-bit activations: `Kind.grouped_at`) are repacked at load in groups of 8
+rows (`QKernels.repack_rows`, `csrc/repack.c`), so that decode too shares each block's float work among 8 rows. A second kernel runs a whole decode step of attention (rotate q and k, append to
 the paged cache, attend) in one call.
 
 The C sources (`csrc/`) are compiled once per machine (`kernel_build.py`: AVX2 where the CPU

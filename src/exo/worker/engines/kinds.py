@@ -20,6 +20,9 @@ class Kind:
     kernel: int  # KIND_<name>
     grouped: int | None  # KIND_<name>_G8: its rows repacked in groups of 8 rows, if it has one
     act8: bool = False  # has 8-bit-activation dots (kinds.c's act8 = ACT_X8), its groups too
+    # issue 22 q5g: its groups pay at 16-bit activations too (else only a layer built at 8 bits
+    # takes them: Q5_1's and Q5_K's 16-bit groups, the tile, are slower than the rows at decode)
+    groups16: bool = True
 
     @property
     def block_values(self) -> int:
@@ -28,6 +31,10 @@ class Kind:
     @property
     def block_bytes(self) -> int:
         return GGML_QUANT_SIZES[self.ggml][1]
+
+    def grouped_at(self, bits: int) -> int | None:
+        """The groups a layer built at `bits`-bit activations re-lays its rows in, if any."""
+        return self.grouped if self.groups16 or bits == 8 else None
 
     def row_bytes(self, k: int) -> int:
         return k // self.block_values * self.block_bytes
@@ -39,9 +46,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("Q4_0", _T.Q4_0, 40, 240, act8=True),
     Kind("Q8_0", _T.Q8_0, 8, 208, act8=True),
     Kind("Q5_0", _T.Q5_0, 50, 250, act8=True),  # issue 22 q5dots: act8
-    Kind("Q5_1", _T.Q5_1, 51, None, act8=True),  # issue 22 q5dots: act8
+    # issue 22 q5dots: act8; q5g: groups, at 8-bit activations only
+    Kind("Q5_1", _T.Q5_1, 51, 251, act8=True, groups16=False),
     Kind("Q4_K", _T.Q4_K, 104, 304, act8=True),
-    Kind("Q5_K", _T.Q5_K, 105, None, act8=True),  # issue 22 q5dots: act8
+    Kind("Q5_K", _T.Q5_K, 105, 305, act8=True, groups16=False),  # (as Q5_1)
     Kind("Q6_K", _T.Q6_K, 106, 306, act8=True),
     # MXFP4, IQ4_NL, IQ4_XS (csrc/iq4.h): per-row dots, no repacked layout
     Kind("MXFP4", _T.MXFP4, 70, None),

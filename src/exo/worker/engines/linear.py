@@ -157,7 +157,7 @@ class PackedFp16Linear:
 
 
 Regroup = Literal["in_place", "copy", "no"]
-"""What a layer may do with the blocks it is given (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K) to re-lay them in
+"""What a layer may do with the blocks it is given (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K; Q5_1, Q5_K at 8-bit activations) to re-lay them in
 groups of 8 rows for the x86 kernels (`csrc/repack.c`): overwrite them (the caller hands them
 over: a model built by its loader), copy them (the caller may still read them), or leave them."""
 
@@ -207,11 +207,11 @@ class QuantLinear:
     def _split_tails(self, flat: list[Tensor]) -> list[Tensor]:
         """A groupable part whose rows do not come in 8s (a 49156-row head) as its whole groups
         and its rest, while MAX_PARTS allows, so that the groups run regrouped."""
-        out, kinds, start = list[Tensor](), list[Kind](), 0
+        out, kinds, start, bits = list[Tensor](), list[Kind](), 0, self._kernels.activations
         for i, (p, kind) in enumerate(zip(flat, self.file_kinds, strict=True)):
             whole = p.shape[0] // GROUP_ROWS * GROUP_ROWS
-            room = len(out) + (len(flat) - i) < MAX_PARTS
-            split = kind.grouped and room and 0 < whole < p.shape[0] and start % GROUP_ROWS == 0
+            room = len(out) + (len(flat) - i) < MAX_PARTS and start % GROUP_ROWS == 0
+            split = kind.grouped_at(bits) and room and 0 < whole < p.shape[0]
             out += [p[:whole], p[whole:]] if split else [p]
             kinds += [kind] * (2 if split else 1)
             start += p.shape[0]
@@ -220,13 +220,14 @@ class QuantLinear:
 
     def _regroup(self, flat: list[Tensor], regroup: Regroup) -> None:
         """Parts of whole groups that start on a group boundary, re-laid (`flat`, kinds)."""
-        start = 0
+        start, bits = 0, self._kernels.activations  # (Q5_1 / Q5_K: groups at 8 bits only)
         for i, (p, kind) in enumerate(zip(flat, self.file_kinds, strict=True)):
             rows = p.shape[0]
-            if kind.grouped and rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0:
+            whole = rows and rows % GROUP_ROWS == 0 and start % GROUP_ROWS == 0
+            if (g := kind.grouped_at(bits)) and whole:
                 out = p if regroup == "in_place" and p.is_contiguous() else weight_buffer(*p.shape)
                 self._kernels.repack_rows(kind.kernel, p, out)
-                flat[i], self.kinds[i] = out, kind.grouped
+                flat[i], self.kinds[i] = out, g
             start += rows
 
     def block_rows(self, index: Tensor) -> Tensor:

@@ -6,8 +6,8 @@
  *     Q5_1: acc = acc + (d d_x) i;  acc = acc + m s_x
  *     Q5_K: sub-block j of a super-block as Q4_K's: d_w = d sc_j, m_w = -(dmin m_j) (floats).
  * The generic dots (act8_q5.c) and the x86 ones (arch/x86/dot8_q5.c: the file's rows 8 at a
- * time, a lane per row, the rows left one by one; arch/x86/grouped8_q5.c: Q5_0's repacked
- * groups, a lane per row) compute exactly this, so a row's result is the same in every build,
+ * time, a lane per row, the rows left one by one; arch/x86/grouped8_q5.c: Q5_0's and Q5_1's repacked
+ * groups, a lane per row; arch/x86/grouped8_q5k.c: Q5_K's; act8_q5.c's generic groups: issue 22 q5g) compute exactly this, so a row's result is the same in every build,
  * strategy and row count.
  */
 #ifndef EXO_ACT8_Q5_H

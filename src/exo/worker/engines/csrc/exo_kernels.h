@@ -156,6 +156,10 @@ typedef struct { uint16_t d[8], dmin[8]; uint8_t scales[12][8]; uint8_t qs[4][16
 /* Q6_K, per super-block (d first here, last in the file's): scales[k][c] = scale k of row c;
  * ql[q][i][2c + e] = byte 2i + e of row c's ql chunk q (32 bytes), qh[h][i][2c + e] the same of qh. */
 typedef struct { uint16_t d[8]; int8_t scales[16][8]; uint8_t ql[4][16][16]; uint8_t qh[2][16][16]; } BlockQ6Kx8; /* 1680 B */
+/* issue 22 q5g: Q5_1 as Q5_0's with m[8] after d[8]; Q5_K as Q4_K's with qh[i][2c + e] = byte 2i + e
+ * of row c's 32 qh bytes (bit j of byte l: the fifth bit of sub-block j's value l) before qs. */
+typedef struct { uint16_t d[8], m[8]; uint8_t qh[8][4]; uint8_t qs[8][16]; } BlockQ5_1x8; /* 192 B */
+typedef struct { uint16_t d[8], dmin[8]; uint8_t scales[12][8]; uint8_t qh[16][16]; uint8_t qs[4][16][16]; } BlockQ5Kx8; /* 1408 B */
 
 /* The weight kinds (kinds.c holds each one's traits; the Python table, engines/kinds.py, mirrors
  * this enum and tests/test_engine_kind_table.py checks that it does). KIND_<name>_G8: the rows of
@@ -182,6 +186,9 @@ enum {
     /* issue 23: Q2_K, Q3_K (kquant23.h) */
     KIND_Q2_K = 102,
     KIND_Q3_K = 103,
+    /* issue 22 q5g: Q5_1 and Q5_K in groups of 8 rows */
+    KIND_Q5_1_G8 = 251,
+    KIND_Q5_K_G8 = 305,
 };
 enum { PROLOGUE_NONE = 0, PROLOGUE_RMS_NORM = 1, PROLOGUE_SWIGLU = 2, PROLOGUE_GEGLU = 3 };
 

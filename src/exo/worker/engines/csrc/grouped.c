@@ -55,6 +55,19 @@ static inline int32_t g8_value(int kind, const uint8_t* grp, int b, int c, int l
             memcpy(&h, blk->qh[i], sizeof h);
             return (high ? byte >> 4 : byte & 15) - (((h >> (16 * high + 2 * c + e)) & 1) ? 0 : 16);
         }
+        case KIND_Q5_1_G8: { /* issue 22 q5g: q, 0..31 */
+            const BlockQ5_1x8* blk = (const BlockQ5_1x8*)grp + b;
+            const uint8_t byte = blk->qs[i][2 * c + e];
+            uint32_t h;
+            memcpy(&h, blk->qh[i], sizeof h);
+            return (high ? byte >> 4 : byte & 15) | (int32_t)(((h >> (16 * high + 2 * c + e)) & 1u) << 4);
+        }
+        case KIND_Q5_K_G8: { /* issue 22 q5g: Q4_K's nibble | bit j of the value's qh byte << 4 */
+            const BlockQ5Kx8* blk = (const BlockQ5Kx8*)grp + b / 8;
+            const int j = b % 8;
+            const uint8_t byte = blk->qs[j / 2][l / 2][2 * c + e];
+            return (j & 1 ? byte >> 4 : byte & 15) | (((blk->qh[l / 2][2 * c + e] >> j) & 1) << 4);
+        }
         case KIND_Q4_0_G8: { /* q - 8 */
             const uint8_t byte = ((const BlockQ4_0x8*)grp)[b].qs[i][2 * c + e];
             return (high ? byte >> 4 : byte & 15) - 8;
@@ -87,6 +100,22 @@ static inline void g8_scales(int kind, const uint8_t* grp, int b, int c, float d
             for (int half = 0; half < 2; half++) d[half] = exo_h2f(blk->d[c]) * (float)blk->scales[2 * g + half][c];
             return;
         }
+        case KIND_Q5_K_G8: { /* issue 22 q5g: as Q4_K's */
+            const BlockQ5Kx8* blk = (const BlockQ5Kx8*)grp + b / 8;
+            uint8_t packed[12];
+            for (int k = 0; k < 12; k++) packed[k] = blk->scales[k][c];
+            int sc, mn;
+            q4k_scale_min(packed, b % 8, &sc, &mn);
+            d[0] = d[1] = exo_h2f(blk->d[c]) * (float)sc;
+            *m = -(exo_h2f(blk->dmin[c]) * (float)mn);
+            return;
+        }
+        case KIND_Q5_1_G8: { /* issue 22 q5g */
+            const BlockQ5_1x8* blk = (const BlockQ5_1x8*)grp + b;
+            d[0] = d[1] = exo_h2f(blk->d[c]);
+            *m = exo_h2f(blk->m[c]);
+            return;
+        }
         case KIND_Q8_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ8_0x8*)grp)[b].d[c]); return;
         case KIND_Q5_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ5_0x8*)grp)[b].d[c]); return;
         case KIND_Q4_0_G8: d[0] = d[1] = exo_h2f(((const BlockQ4_0x8*)grp)[b].d[c]); return;
@@ -101,7 +130,8 @@ static inline void g8_scales(int kind, const uint8_t* grp, int b, int c, float d
 /* out[r * 8 + c] = dot of row c of the group (a grouped layout `kind`) with activation row r,
  * for R = 1..G8_MAX_R rows. */
 static inline void g8_dot(int kind, const uint8_t* grp, int nb, const BlockX* x, int R, float* out) {
-    const int halves = kind == KIND_Q6_K_G8, has_m = kind == KIND_Q4_1_G8 || kind == KIND_Q4_K_G8;
+    const int halves = kind == KIND_Q6_K_G8, has_m = kind == KIND_Q4_1_G8 || kind == KIND_Q4_K_G8 ||
+                                                  kind == KIND_Q5_1_G8 || kind == KIND_Q5_K_G8; /* issue 22 q5g */
     for (int r = 0; r < R; r++) {
         float acc[G8_ROWS] = {0.0f};
         for (int b = 0; b < nb; b++) {

@@ -28,6 +28,12 @@
 #define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
 /* issue 22 q5dots: Q5_0's groups' 8-bit strategy */
 #define GROUPED8_Q5_0 {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5_0, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_q5_0)}
+/* issue 22 q5g: Q5_1's / Q5_K's groups: at 16 bits the tile from the group (x86) at every row count, else
+ * the generic groups; at 8 bits their grouped8 kernels */
+#define GROUPED_TILE_OPS                                                                           \
+    {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
+     [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), NULL}}
+#define GROUPED8_Q5G(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5g, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
 #define exo_generic_none NULL
 /* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS, Q2_K, Q3_K) */
 #define DOT_OPS(k)                                                                                 \
@@ -77,13 +83,13 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q5_0, .name = "Q5_0", .file_kind = KIND_Q5_0, .grouped = KIND_Q5_0_G8, .block_values = 32,
      .block_bytes = 22, .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 4,
      .ops = FILE_OPS(dot_q5_0, pair_q5_0, 1), .act8 = ACT_X8, .dot8 = DOT8(q5_0)},
-    {.kind = KIND_Q5_1, .name = "Q5_1", .file_kind = KIND_Q5_1, .grouped = 0, .block_values = 32, .block_bytes = 24,
+    {.kind = KIND_Q5_1, .name = "Q5_1", .file_kind = KIND_Q5_1, .grouped = KIND_Q5_1_G8, .block_values = 32, .block_bytes = 24,
      .act = ACT_X16, .tile_rows = ROWS_FROM(2), .unpack_from = 8, .pair_below = 0,
      .ops = FILE_OPS(dot_q5_1, none, 1), .act8 = ACT_X8, .dot8 = DOT8(q5_1)},
     {.kind = KIND_Q4_K, .name = "Q4_K", .file_kind = KIND_Q4_K, .grouped = KIND_Q4_K_G8, .block_values = 256,
      .block_bytes = 144, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = FILE_OPS(dot_q4_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q4_k)},
-    {.kind = KIND_Q5_K, .name = "Q5_K", .file_kind = KIND_Q5_K, .grouped = 0, .block_values = 256,
+    {.kind = KIND_Q5_K, .name = "Q5_K", .file_kind = KIND_Q5_K, .grouped = KIND_Q5_K_G8, .block_values = 256,
      .block_bytes = 176, .act = ACT_X16, .tile_rows = ROWS(3) | ROWS_FROM(6), .unpack_from = 0, .pair_below = 0,
      .ops = FILE_OPS(dot_q5_k, none, 0), .act8 = ACT_X8, .dot8 = DOT8(q5_k)},
     {.kind = KIND_Q6_K, .name = "Q6_K", .file_kind = KIND_Q6_K, .grouped = KIND_Q6_K_G8, .block_values = 256,
@@ -121,6 +127,13 @@ static const KindTraits KINDS[] = {
     {.kind = KIND_Q3_K, .name = "Q3_K", .file_kind = KIND_Q3_K, .grouped = 0, .block_values = 256,
      .block_bytes = 110, .act = ACT_X16, .tile_rows = 0, .unpack_from = 0, .pair_below = 0,
      .ops = DOT_OPS(q3_k)},
+    /* issue 22 q5g: Q5_1 and Q5_K in groups of 8 rows */
+    {.kind = KIND_Q5_1_G8, .name = "Q5_1_G8", .file_kind = KIND_Q5_1, .grouped = 0, .block_values = 32,
+     .block_bytes = 24, .act = ACT_X16, .tile_rows = ROWS_FROM(1), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_TILE_OPS, .act8 = ACT_X8, .dot8 = GROUPED8_Q5G(q5_1)},
+    {.kind = KIND_Q5_K_G8, .name = "Q5_K_G8", .file_kind = KIND_Q5_K, .grouped = 0, .block_values = 256,
+     .block_bytes = 176, .act = ACT_X16, .tile_rows = ROWS_FROM(1), .unpack_from = 0, .pair_below = 0,
+     .ops = GROUPED_TILE_OPS, .act8 = ACT_X8, .dot8 = GROUPED8_Q5G(q5_k)},
 };
 
 _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34 && sizeof(BlockQ5_0) == 22 &&
@@ -130,6 +143,8 @@ _Static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(Bloc
 _Static_assert(sizeof(BlockQ4_0x8) == 8 * 18 && sizeof(BlockQ4_1x8) == 8 * 20 && sizeof(BlockQ5_0x8) == 8 * 22 && sizeof(BlockQ8_0x8) == 8 * 34 &&
                    sizeof(BlockQ4Kx8) == 8 * 144 && sizeof(BlockQ6Kx8) == 8 * 210,
                "a repacked group's block is not its 8 rows' bytes");
+/* issue 22 q5g */
+_Static_assert(sizeof(BlockQ5_1x8) == 8 * 24 && sizeof(BlockQ5Kx8) == 8 * 176, "a repacked Q5 group's block is not its 8 rows' bytes");
 _Static_assert(sizeof(BlockMXFP4) == 17 && sizeof(BlockIQ4NL) == 18 && sizeof(BlockIQ4XS) == 136,
                "an MXFP4 / IQ4 block's size is not its row's block_bytes");
 

@@ -162,6 +162,10 @@ int exo_x86_dot8_q5_0(const Run* r);
 int exo_x86_dot8_q5_1(const Run* r);
 int exo_x86_dot8_q5_k(const Run* r);
 int exo_x86_grouped8_q5_0(const Run* r);
+/* issue 22 q5g: Q5_1's and Q5_K's groups (act8_q5.c; arch/x86/grouped8_q5.c, grouped8_q5k.c; 16 bits: grouped.c, the tile) */
+int exo_generic_grouped8_q5g(const Run* r);
+int exo_x86_grouped8_q5_1(const Run* r);
+int exo_x86_grouped8_q5_k(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

@@ -78,6 +78,26 @@ static void place(int kind, uint8_t* row, uint8_t* blk, int b, int c, int in) {
             for (int ch = 0; ch < 4; ch++) move_words(w->qs + 32 * ch, g->qs[ch], 16, c, in);
             return;
         }
+        /* issue 22 q5g: Q5_1 (Q5_0's with m), Q5_K (Q4_K's with qh's words) */
+        case KIND_Q5_1: {
+            BlockQ5_1* w = (BlockQ5_1*)row + b;
+            BlockQ5_1x8* g = (BlockQ5_1x8*)blk + b;
+            move((uint8_t*)&w->d, (uint8_t*)&g->d[c], 2, in);
+            move((uint8_t*)&w->m, (uint8_t*)&g->m[c], 2, in);
+            move_q5_bits(w->qh, g->qh, c, in);
+            move_words(w->qs, g->qs, 8, c, in);
+            return;
+        }
+        case KIND_Q5_K: {
+            BlockQ5K* w = (BlockQ5K*)row + b;
+            BlockQ5Kx8* g = (BlockQ5Kx8*)blk + b;
+            move((uint8_t*)&w->d, (uint8_t*)&g->d[c], 2, in);
+            move((uint8_t*)&w->dmin, (uint8_t*)&g->dmin[c], 2, in);
+            for (int k = 0; k < 12; k++) move(&w->scales[k], &g->scales[k][c], 1, in);
+            move_words(w->qh, g->qh, 16, c, in);
+            for (int ch = 0; ch < 4; ch++) move_words(w->qs + 32 * ch, g->qs[ch], 16, c, in);
+            return;
+        }
         default: { /* KIND_Q6_K */
             BlockQ6K* w = (BlockQ6K*)row + b;
             BlockQ6Kx8* g = (BlockQ6Kx8*)blk + b;

@@ -40,6 +40,7 @@ Q4_1, Q8_0 = T.Q4_1, T.Q8_0
 K = 256
 LAYOUTS = {KIND_Q4: Q4_1, KIND_Q8: Q8_0, KIND_Q5_0: T.Q5_0, KIND_Q4_K: T.Q4_K, KIND_Q6_K: T.Q6_K}
 LAYOUTS[kind_named("Q4_0").kernel] = T.Q4_0
+LAYOUTS.update({kind_named("Q5_1").kernel: T.Q5_1, kind_named("Q5_K").kernel: T.Q5_K})  # issue 22 q5g
 
 
 def _kernels(isa: Isa) -> QKernels:

@@ -22,6 +22,9 @@ CASES = [
     # 16 rows: one pair of groups; 24: a pair and one left over. K 2048: 64 blocks of 32.
     *((name, 16, 8192, WIDE, 4) for name in ("Q4_K", "Q6_K")),
     # K 8192: a 1B-shaped down projection's width, 32 super-blocks.
+    # issue 22 q5g: Q5_1's groups (Q5_0's kernel) and Q5_K's, every pass size
+    *(("Q5_1", n, 2048, PAIRS, 6) for n in (16, 24)),
+    ("Q5_K", 16, 8192, WIDE, 4),
 ]
 
 

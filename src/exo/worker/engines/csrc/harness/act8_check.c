@@ -55,6 +55,8 @@ static int groups_match(int kind, const uint8_t* rows, int K, int N, const float
                         : kind == KIND_Q8_0 ? KIND_Q8_0_G8
                         : kind == KIND_Q4_K ? KIND_Q4_K_G8
                         : kind == KIND_Q5_0 ? KIND_Q5_0_G8 /* issue 22 q5dots */
+                        : kind == KIND_Q5_1 ? KIND_Q5_1_G8 /* issue 22 q5g */
+                        : kind == KIND_Q5_K ? KIND_Q5_K_G8
                                             : KIND_Q6_K_G8;
     const size_t bytes = ref_row_bytes(kind, K) * (size_t)N;
     uint8_t* groups = malloc(bytes);
@@ -92,7 +94,7 @@ int check_act8(Rng* r, int quiet) {
     int bad = rc != 0;
     if (bad) printf("FAIL act8: exo_qlinear kind %d returned %d\n", kind, rc);
     bad = bad || against_reference(kind, w, x, y, M, N, K);
-    const int has_groups = kind != KIND_Q5_1 && kind != KIND_Q5_K; /* issue 22 q5dots: rows alone */
+    const int has_groups = 1; /* issue 22 q5g: every kind here has its groups */
     if (!bad && N % 8 == 0 && has_groups) bad = groups_match(kind, rows, K, N, x, M, y);
     if (!quiet && !bad)
         printf("ok act8 kind %d M %d N %d K %d%s\n", kind, M, N, K, N % 8 || !has_groups ? "" : " (+ groups)");

@@ -23,6 +23,8 @@ static const int DIGEST_KINDS[][2] = {
     {KIND_Q4_K_G8, KIND_Q4_K}, {KIND_Q6_K_G8, KIND_Q6_K},
     {KIND_MXFP4, KIND_MXFP4},  {KIND_IQ4_NL, KIND_IQ4_NL},   {KIND_IQ4_XS, KIND_IQ4_XS},
     {KIND_Q2_K, KIND_Q2_K},    {KIND_Q3_K, KIND_Q3_K},
+    /* issue 22 q5g */
+    {KIND_Q5_1_G8, KIND_Q5_1}, {KIND_Q5_K_G8, KIND_Q5_K},
 };
 static const int DIGEST_ROWS[] = {1, 2, 3, 4, 5, 8, 9, 64};
 

@@ -79,7 +79,8 @@ static int check_linear(Rng* r, int quiet) {
         const int pk = mixed ? random_kind(r, K) : kind;
         if (pk != kind) s.part_kind[p] = pk;
         /* Q4_0, Q4_1, Q8_0, Q5_0, Q4_K, Q6_K parts of whole groups starting on a multiple of 8: re-laid half the time */
-        const int groups = pk == KIND_Q4_0 || pk == KIND_Q4_1 || pk == KIND_Q8_0 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K;
+        const int groups = pk == KIND_Q4_0 || pk == KIND_Q4_1 || pk == KIND_Q8_0 || pk == KIND_Q5_0 || pk == KIND_Q4_K || pk == KIND_Q6_K ||
+                           /* issue 22 q5g */ pk == KIND_Q5_1 || pk == KIND_Q5_K;
         const int group = groups && row % 8 == 0 && rng_int(r, 0, 1) &&
                           (p < n_parts - 1 ? rows >= 8 : rows % 8 == 0);
         if (group && p < n_parts - 1) rows -= rows % 8;
@@ -99,6 +100,8 @@ static int check_linear(Rng* r, int quiet) {
                              : pk == KIND_Q8_0   ? KIND_Q8_0_G8
                              : pk == KIND_Q5_0 ? KIND_Q5_0_G8
                              : pk == KIND_Q4_K ? KIND_Q4_K_G8
+                             : pk == KIND_Q5_1 ? KIND_Q5_1_G8 /* issue 22 q5g */
+                             : pk == KIND_Q5_K ? KIND_Q5_K_G8
                                                : KIND_Q6_K_G8;
             grouped++;
         }
@@ -353,10 +356,12 @@ static void* caller(void* arg) {
 /* exo_repack_rows against the reference's groups (byte for byte, in place too) and
  * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
 static void check_repack(Rng* r) {
-    static const int GROUPED[6] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K};
+    static const int GROUPED[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K,
+                                  /* issue 22 q5g */ KIND_Q5_1, KIND_Q5_K};
+    enum { N_GROUPED = sizeof GROUPED / sizeof GROUPED[0] };
     char msg[160];
-    for (int round = 0; round < 20; round++) {
-        const int kind = GROUPED[round % 6], kq = kind > 100;
+    for (int round = 0; round < 24; round++) {
+        const int kind = GROUPED[round % N_GROUPED], kq = kind > 100;
         const int K = (kq ? 256 : 32) * rng_int(r, 1, kq ? 3 : 8), rows = 8 * rng_int(r, 1, 3);
         const size_t rb = ref_row_bytes(kind, K), bytes = rb * (size_t)rows;
         uint8_t *raw = xmalloc(bytes), *want = xmalloc(bytes), *got = xmalloc(bytes), *back = xmalloc(bytes);
@@ -376,7 +381,7 @@ static void check_repack(Rng* r) {
     }
     uint8_t row[24 * 8] = {0};
     int64_t bad = 8;
-    if (exo_repack_rows(KIND_Q5_1, row, 8, 32, row) != -2) fail("repacking a kind without a repacked layout accepted");
+    if (exo_repack_rows(KIND_IQ4_NL, row, 8, 32, row) != -2) fail("repacking a kind without a repacked layout accepted");
     if (exo_repack_rows(KIND_Q4_1, row, 4, 32, row) != -2) fail("repacking part of a group accepted");
     if (exo_unrepack_rows(KIND_Q4_1, row, 8, 32, &bad, 1, row) != -2) fail("a row index out of range accepted");
 }

@@ -103,6 +103,34 @@ static void place_q4k(uint8_t* o, const uint8_t* blk, int c) { /* d, dmin, scale
         for (int i = 0; i < 16; i++) memcpy(o + 128 + 16 * (16 * ch + i) + 2 * c, blk + 16 + 32 * ch + 2 * i, 2);
 }
 
+/* issue 22 q5g: Q5_1 (d, m, qh[4], qs[16]): Q5_0's with m; Q5_K (d, dmin, scales[12], qh[32], qs[128]):
+ * Q4_K's with qh's 32 bytes laid as a chunk's, before the chunks */
+static void place_q5_1(uint8_t* o, const uint8_t* blk, int c) {
+    uint32_t qh;
+    memcpy(&qh, blk + 4, 4);
+    memcpy(o + 2 * c, blk, 2);
+    memcpy(o + 16 + 2 * c, blk + 2, 2);
+    for (int i = 0; i < 8; i++) {
+        memcpy(o + 64 + 16 * i + 2 * c, blk + 8 + 2 * i, 2);
+        uint32_t word;
+        memcpy(&word, o + 32 + 4 * i, 4);
+        for (int e = 0; e < 2; e++) {
+            word |= ((qh >> (2 * i + e)) & 1u) << (2 * c + e);
+            word |= ((qh >> (2 * i + 16 + e)) & 1u) << (16 + 2 * c + e);
+        }
+        memcpy(o + 32 + 4 * i, &word, 4);
+    }
+}
+
+static void place_q5k(uint8_t* o, const uint8_t* blk, int c) {
+    memcpy(o + 2 * c, blk, 2);
+    memcpy(o + 16 + 2 * c, blk + 2, 2);
+    for (int k = 0; k < 12; k++) o[32 + 8 * k + c] = blk[4 + k];
+    for (int i = 0; i < 16; i++) memcpy(o + 128 + 16 * i + 2 * c, blk + 16 + 2 * i, 2);
+    for (int ch = 0; ch < 4; ch++)
+        for (int i = 0; i < 16; i++) memcpy(o + 384 + 16 * (16 * ch + i) + 2 * c, blk + 48 + 32 * ch + 2 * i, 2);
+}
+
 static void place_q6k(uint8_t* o, const uint8_t* blk, int c) { /* ql, qh, scales, d */
     memcpy(o + 2 * c, blk + 208, 2);
     for (int k = 0; k < 16; k++) o[16 + 8 * k + c] = blk[192 + k];
@@ -120,6 +148,8 @@ void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* o
                                                    : kind == 8  ? place_q8
                                                    : kind == 50 ? place_q5_0
                                                    : kind == 104 ? place_q4k
+                                                   : kind == 51 ? place_q5_1 /* issue 22 q5g */
+                                                   : kind == 105 ? place_q5k
                                                                  : place_q6k;
     for (int g = 0; g < n_rows / 8; g++)
         for (int b = 0; b < nb; b++) {

@@ -21,7 +21,7 @@ void ref_random_row(Rng* r, int kind, int K, uint8_t* row);
 /* The K values a weight row stands for. */
 void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
 
-/* n_rows (a multiple of 8) rows of `kind` (Q4_1, Q8_0, Q5_0, Q4_K or Q6_K) of K values re-laid in
+/* n_rows (a multiple of 8) rows of `kind` (Q4_1, Q8_0, Q5_0, Q4_K, Q6_K; Q4_0, Q5_1, Q5_K) of K values re-laid in
  * groups of 8 rows, per group and block (of 32 values, or super-block of 256 for the K kinds):
  * - Q4_1 (KIND_Q4_1_G8): the 8 rows' f16 d, their f16 m, then for i = 0..7 the bytes 2i, 2i + 1 of
  *   each row's 16 bytes of nibbles, row after row.
@@ -36,6 +36,9 @@ void ref_dequant_row(int kind, const uint8_t* row, int K, double* out);
  * - Q6_K (KIND_Q6_K_G8): the 8 rows' f16 d, scale k of row c at 16 + 8k + c, then for ql's chunk
  *   q = 0..3 (32 bytes) and i = 0..15 the rows' bytes 2i, 2i + 1 at 144 + 256 q + 16 i + 2c,
  *   then qh's halves h = 0, 1 the same at 1168 + 256 h. */
+/* - issue 22 q5g: Q5_1 (KIND_Q5_1_G8): the 8 rows' f16 d, their f16 m, then Q5_0's words and nibbles;
+ *   Q5_K (KIND_Q5_K_G8): as Q4_K's, with the 16 pairs of bytes of each row's 32 qh bytes (at 128 + 16 i
+ *   + 2c) before the chunks (at 384). */
 void ref_group_rows(int kind, const uint8_t* rows, int n_rows, int K, uint8_t* out);
 
 /* y [M, N] = prologue(x) W^T + bias + residual; W given as dequantised rows [N, K]; with post_g,

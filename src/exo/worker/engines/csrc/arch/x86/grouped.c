@@ -124,6 +124,10 @@ static inline __attribute__((always_inline)) void g8_q4k_scales(const uint8_t* b
  * int8 pairs, no transpose (the group is one already), and the scales as floats. */
 void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t) {
     const __m128i low = _mm_set1_epi8(0x0F);
+    if (kind == KIND_Q5_1_G8 || kind == KIND_Q5_K_G8) { /* issue 22 q5g: grouped8_q5k.c */
+        exo_x86_tile_from_group_q5g(kind, grp, nb, t);
+        return;
+    }
     if (kind == KIND_Q4_K_G8) { /* tile block 8 s + j: sub-block j of super-block s */
         for (int b = 0; b < nb; b++) {
             const uint8_t* blk = grp + (size_t)(b / 8) * G8_Q4K_BLOCK;

@@ -1,5 +1,5 @@
 /* issue 22 q5dots: the grouped strategy at 8-bit activations for Q5_0's repacked groups
- * (KIND_Q5_0_G8; exo_kernels.h) on x86: 1 to Q5G_MAX_R activation rows a pass, a vector lane per
+ * (KIND_Q5_0_G8; issue 22 q5g: and Q5_1's, KIND_Q5_1_G8, the same with m; exo_kernels.h) on x86: 1 to Q5G_MAX_R activation rows a pass, a vector lane per
  * weight row, in act8_q5.h's order (bit for bit the per-row dots' floats).
  *
  * Two of a block's nibble vectors (i = 2k, 2k + 1), vpermq + vpshufb, give lane c row c's nibble
@@ -32,16 +32,20 @@ static inline __attribute__((always_inline)) __m256i q5g_fifth(__m256i lo16, __m
                            _mm256_slli_epi32(_mm256_and_si256(t, _mm256_set1_epi32(0x00020002)), 11));
 }
 
-/* out[r] lane c = row c of the Q5_0 group at `grp` dotted with activation row r (x + r nb). */
+/* out[r] lane c = row c of the Q5_0 group (issue 22 q5g: Q5_1's if has_m) at `grp` dotted with
+ * activation row r (x + r nb). */
 static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
-                                                           __m256* out) {
+                                                           int has_m, __m256* out) {
+    const size_t bytes = has_m ? sizeof(BlockQ5_1x8) : sizeof(BlockQ5_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ5_1x8, qs) : offsetof(BlockQ5_0x8, qs);
+    const size_t qh_at = has_m ? offsetof(BlockQ5_1x8, qh) : offsetof(BlockQ5_0x8, qh);
     const __m256i low = _mm256_set1_epi8(15), lanes2 = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     __m256 acc[8]; /* R <= 8 (a constant in each copy) */
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        const uint8_t* blk = grp + (size_t)b * sizeof(BlockQ5_0x8);
-        const uint8_t* qs = blk + offsetof(BlockQ5_0x8, qs);
-        const uint8_t* words = blk + offsetof(BlockQ5_0x8, qh); /* 8 words of 4 bytes */
+        const uint8_t* blk = grp + (size_t)b * bytes;
+        const uint8_t* qs = blk + qs_at;
+        const uint8_t* words = blk + qh_at; /* 8 words of 4 bytes */
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int k = 0; k < 4; k += 2) { /* quads k, k + 1 */
@@ -83,7 +87,8 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
             }
         }
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 m = _mm256_mul_ps(_mm256_set1_ps(-16.0f), d);
+        const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ5_1x8, m))))
+                               : _mm256_mul_ps(_mm256_set1_ps(-16.0f), d);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
             const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
@@ -94,11 +99,15 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-/* one copy per R (not inlined into the caller's loop) */
+/* one copy per R and layout (not inlined into the caller's loop) */
 #define Q5G_COPY(R)                                                                               \
     static __attribute__((noinline)) void q5g_##R(const uint8_t* grp, int nb, const BlockX8* x,  \
                                                   __m256* out) {                                 \
-        q5g_rows(grp, nb, x, R, out);                                                            \
+        q5g_rows(grp, nb, x, R, 0, out);                                                         \
+    }                                                                                            \
+    static __attribute__((noinline)) void q51g_##R(const uint8_t* grp, int nb, const BlockX8* x, \
+                                                   __m256* out) {                                \
+        q5g_rows(grp, nb, x, R, 1, out);                                                         \
     }
 Q5G_COPY(1)
 Q5G_COPY(2)
@@ -111,8 +120,7 @@ Q5G_COPY(8)
 
 typedef void (*Q5GRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 
-int exo_x86_grouped8_q5_0(const Run* r) {
-    static const Q5GRows k[] = {q5g_1, q5g_2, q5g_3, q5g_4, q5g_5, q5g_6, q5g_7, q5g_8};
+static int q5g_run(const Run* r, const Q5GRows* k) {
     __m256 acc[8];
     float o[8 * 8];
     for (int n = r->lo; n < r->hi; n += 8) {
@@ -127,5 +135,14 @@ int exo_x86_grouped8_q5_0(const Run* r) {
         }
     }
     return 0;
+}
+int exo_x86_grouped8_q5_0(const Run* r) {
+    static const Q5GRows k[] = {q5g_1, q5g_2, q5g_3, q5g_4, q5g_5, q5g_6, q5g_7, q5g_8};
+    return q5g_run(r, k);
+}
+/* issue 22 q5g: Q5_1's groups */
+int exo_x86_grouped8_q5_1(const Run* r) {
+    static const Q5GRows k[] = {q51g_1, q51g_2, q51g_3, q51g_4, q51g_5, q51g_6, q51g_7, q51g_8};
+    return q5g_run(r, k);
 }
 #endif

@@ -28,5 +28,7 @@ static inline Tile tile_at(void* buf, int nb) {
 
 /* The tile of a repacked group (grouped.c): no transpose, the group is one already. */
 void exo_x86_tile_from_group(int kind, const uint8_t* grp, int nb, Tile t);
+/* issue 22 q5g: the same for Q5_1's and Q5_K's groups (grouped8_q5k.c) */
+void exo_x86_tile_from_group_q5g(int kind, const uint8_t* grp, int nb, Tile t);
 
 #endif
