@@ -31,6 +31,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import import_llama_cpp  # bench/engine.py
 
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.engine import Engine, load_engine
@@ -105,24 +108,10 @@ def engine_logits(engine: Engine, window: list[int]) -> torch.Tensor:
         return model.forward(tokens, StepInputs.single(0, 0, len(window)), cache, True)[0].float()
 
 
-def llama_cpp_origin(llama_cpp: Any) -> str:
-    """Which llama.cpp llama-cpp-python loaded: a native build (LLAMA_CPP_LIB_PATH selects
-    its shared libraries) or the wheel's own, with the library file's path."""
-    native = os.environ.get("LLAMA_CPP_LIB_PATH")
-    folder = Path(native) if native else Path(llama_cpp.__file__).parent / "lib"
-    libs = sorted(folder.glob("libllama.*")) or [folder]
-    kind = "native build (LLAMA_CPP_LIB_PATH)" if native else "the wheel's build"
-    return f"llama-cpp-python {llama_cpp.__version__}, {kind}: {libs[0]}"
-
-
 def load_llama_cpp(path: Path, ctx: int, threads: int) -> Any | None:
-    try:
-        import llama_cpp  # type: ignore[import-not-found]
-    except ImportError:
-        print("  llama.cpp skipped: llama-cpp-python is not installed (a benchmark tool, not a "
-              "project dependency: pip install llama-cpp-python)")  # fmt: skip
+    llama_cpp = import_llama_cpp("  ")
+    if llama_cpp is None:
         return None
-    print(f"  llama.cpp: {llama_cpp_origin(llama_cpp)}")
     return llama_cpp.Llama(model_path=str(path), n_ctx=ctx + 8, n_threads=threads,
                            n_threads_batch=threads, logits_all=True, verbose=False)  # fmt: skip
 

@@ -132,14 +132,27 @@ def llama_cpp_origin(llama_cpp: Any) -> str:
     return f"llama-cpp-python {llama_cpp.__version__}, {kind}: {libs[0]}"
 
 
-def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
+def import_llama_cpp(indent: str = "") -> Any | None:
+    """llama-cpp-python, saying which llama.cpp it loaded; None (and why) when it is not
+    installed or found no library (a benchmark tool, never a project dependency)."""
     try:
         import llama_cpp  # type: ignore[import-not-found]
     except ImportError:
-        print("(c) llama.cpp skipped: llama-cpp-python is not installed (a benchmark tool, "
+        print(f"{indent}llama.cpp skipped: llama-cpp-python is not installed (a benchmark tool, "
               "not a project dependency: pip install llama-cpp-python)")
         return None
-    print(f"(c) llama.cpp: {llama_cpp_origin(llama_cpp)}")
+    except OSError as e:  # installed without its library, LLAMA_CPP_LIB_PATH unset or wrong
+        print(f"{indent}llama.cpp skipped: llama-cpp-python found no library ({e}); build one "
+              "with bench/build_llama_cpp.sh and set LLAMA_CPP_LIB_PATH to its lib folder")
+        return None
+    print(f"{indent}llama.cpp: {llama_cpp_origin(llama_cpp)}")
+    return llama_cpp
+
+
+def load_llama_cpp(path: Path, threads: int, n_ctx: int) -> Any | None:
+    llama_cpp = import_llama_cpp("(c) ")
+    if llama_cpp is None:
+        return None
     return llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False
     )
