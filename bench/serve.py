@@ -242,7 +242,16 @@ def our_node(path: Path, threads: int) -> Generator[Target]:
     with tempfile.TemporaryDirectory() as tmp, running_node(
         Path(tmp), "--model", str(path), "--threads", str(threads), timeout=900
     ) as node:
-        yield Target(node.url, _model_id(node.url), has_chat_template(path))
+        yield Target(node.url, _served_model(node.url), has_chat_template(path))
+
+
+def _served_model(url: str) -> str:
+    """The model our node placed at start (its /v1/models lists the whole catalogue, the
+    embedded model first: asking for that one measured it instead of the file)."""
+    instances = list(httpx.get(url + "/state", timeout=30).json()["instances"].values())
+    if len(instances) != 1:
+        raise RuntimeError(f"expected the node to run one instance, found {len(instances)}")
+    return str(instances[0]["shard_assignments"]["model_id"])
 
 
 @contextmanager
