@@ -2,6 +2,8 @@
 once for all of them), each request getting the tokens it gets alone; a failure in a packed
 forward stays with its request."""
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -67,6 +69,23 @@ def _alone(model: LlamaModel, prompt: list[int], params: SamplingParams) -> list
     return _tokens(_run(gen)["alone"])
 
 
+def _packed_run(model: LlamaModel, forward: Callable[..., torch.Tensor], prompts: list[list[int]],
+                monkeypatch: pytest.MonkeyPatch) -> dict[str, list[StepOutput]]:
+    """``prompts`` through a packing batcher of ``model`` whose forward is ``forward``."""
+    monkeypatch.setattr(model, "forward", forward)
+    gen = BatchGenerator(model, 3, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
+    for i, prompt in enumerate(prompts):
+        gen.add(f"r{i}", prompt, PARAMS[0])
+    return _run(gen)
+
+
+def _assert_alone(model: LlamaModel, prompts: list[list[int]],
+                  got: dict[str, list[StepOutput]], rows: tuple[int, ...]) -> None:
+    """The requests ``rows`` got the tokens they get alone."""
+    for i in rows:
+        assert _tokens(got[f"r{i}"]) == _alone(model, prompts[i], PARAMS[0]), i
+
+
 def test_equal_chunks_prefill_in_one_forward_and_keep_their_tokens(
     fast_model: LlamaModel, tokenizer: EngineTokenizer
 ) -> None:
@@ -99,16 +118,11 @@ def test_a_packed_forward_that_raises_fails_only_the_culprit(
             raise RuntimeError("poisoned chunk")
         return real_forward(tokens, step, cache, every_position)
 
-    monkeypatch.setattr(fast_model, "forward", forward)
-    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
-    for i, prompt in enumerate(prompts):
-        gen.add(f"r{i}", prompt, PARAMS[0])
-    got = _run(gen)
+    got = _packed_run(fast_model, forward, prompts, monkeypatch)
     assert [o.finish_reason for o in got["r1"]] == ["error"]
     assert "poisoned chunk" in (got["r1"][0].error or "")
     monkeypatch.undo()
-    for i in (0, 2):
-        assert _tokens(got[f"r{i}"]) == _alone(fast_model, prompts[i], PARAMS[0]), i
+    _assert_alone(fast_model, prompts, got, (0, 2))
 
 
 def test_non_finite_logits_of_one_packed_row_fail_that_request_only(
@@ -125,16 +139,11 @@ def test_non_finite_logits_of_one_packed_row_fail_that_request_only(
             logits[2, 7] = float("nan")
         return logits
 
-    monkeypatch.setattr(fast_model, "forward", forward)
-    gen = BatchGenerator(fast_model, 3, 256, eos_token_ids=[], prefill_chunk=64, pack_prefill=True)
-    for i, prompt in enumerate(prompts):
-        gen.add(f"r{i}", prompt, PARAMS[0])
-    got = _run(gen)
+    got = _packed_run(fast_model, forward, prompts, monkeypatch)
     assert [o.finish_reason for o in got["r2"]] == ["error"]
     assert "non-finite" in (got["r2"][0].error or "")
     monkeypatch.undo()
-    for i in (0, 1):
-        assert _tokens(got[f"r{i}"]) == _alone(fast_model, prompts[i], PARAMS[0]), i
+    _assert_alone(fast_model, prompts, got, (0, 1))
 
 
 def test_only_a_model_whose_rows_compute_apart_packs_its_prefill(
