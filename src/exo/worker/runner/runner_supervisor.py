@@ -74,6 +74,8 @@ class RunnerSupervisor:
     _event_sender: Sender[Event]
     _cancel_sender: MpSender[TaskId]
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
+    threads: int = 1
+    """The runner's thread budget (its pools are sized from it at spawn)."""
     status: RunnerStatus = field(default_factory=RunnerIdle, init=False)
     pending: dict[TaskId, anyio.Event] = field(default_factory=dict[TaskId, anyio.Event], init=False)
     in_progress: dict[TaskId, Task] = field(default_factory=dict[TaskId, Task], init=False)
@@ -121,6 +123,7 @@ class RunnerSupervisor:
             _event_sender=event_sender,
             _cancel_sender=cancel_send,
             timeouts=timeouts or PhaseTimeouts(),
+            threads=settings.threads,
         )
         supervisor._child_ends = (ev_send, task_recv, cancel_recv)
         return supervisor
@@ -135,7 +138,10 @@ class RunnerSupervisor:
 
     async def run(self) -> None:
         """Start the process and forward its events until it exits."""
-        self.runner_process.start()
+        from exo.worker.runner.bootstrap import child_thread_pools
+
+        with child_thread_pools(self.threads):
+            self.runner_process.start()
         if self._child_ends is not None:
             # The child holds its own copies; ours would hide the child's death (no EOF).
             for end in self._child_ends:
