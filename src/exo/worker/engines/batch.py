@@ -3,8 +3,9 @@
 Requests join and leave between steps. `step()` first prefills (each prompt in chunks of at most
 `prefill_chunk` tokens; a request's first token comes from its last chunk), then runs one batched
 decode step over the requests that already had a token. A step runs whole chunks, oldest request
-first, of at most `prefill_chunk` tokens in all (at least one chunk): several short prompts share
-a step, a long one takes a chunk per step, and the running requests' decode steps go on between
+first, of at most `prefill_turn` tokens in all (at least one chunk; by default `prefill_chunk`, a
+serving runner takes `SERVE_PREFILL_TURN`): several short prompts share a step, a long one takes
+a chunk per step, and the running requests' decode steps go on between
 its chunks instead of waiting for its whole prompt. The step returns one `StepOutput` per request
 that produced a token (or failed). Chunk boundaries depend only on the prompt, so a request's tokens
 do not depend on what it is batched with. With `pack_prefill` (a model whose rows compute apart,
@@ -101,6 +102,15 @@ def _packs(turn: list[_Request], chunk_len: Callable[[_Request], int]) -> list[l
     return out
 
 
+SERVE_PREFILL_TURN = 64
+"""The prompt tokens a serving runner's step prefills. On a CPU a forward is compute-bound from a
+few dozen rows on (a row costs about what streaming the weights once does), so a larger turn
+saves little: at 64 tokens the weights streamed once more per turn are a few percent of the
+prefill. A smaller turn lets a burst's first tokens out one by one: 8 prompts of ~40 tokens that
+arrive together get them after 1, 2, ... 8 prompts' prefill (a step each) instead of all after
+the 8 (the median first token about twice as soon; the last one a little later)."""
+
+
 class NonFiniteLogits(ArithmeticError):
     """The model's logits for a request hold NaN or infinities."""
 
@@ -122,15 +132,24 @@ class BatchGenerator:
         prefill_chunk: int = 512,
         prefix_cache: bool = True,
         pack_prefill: bool = False,
+        prefill_turn: int | None = None,
     ) -> None:
         """`pack_prefill`: prompt chunks at the same positions share one forward (`_packs`);
-        only for a model whose rows compute apart, bit for bit as alone (`engine.rows_apart`)."""
-        if max_batch < 1 or max_seq < 2 or prefill_chunk < 1:
-            raise ValueError("need max_batch >= 1, max_seq >= 2 and prefill_chunk >= 1")
+        only for a model whose rows compute apart, bit for bit as alone (`engine.rows_apart`).
+        `prefill_turn`: the prompt tokens one step prefills across requests (whole chunks,
+        at least one; default `prefill_chunk`). A step's first tokens come out when the step
+        ends, so a smaller turn gives a burst of requests their first tokens one after
+        another instead of all at the end of one long step (`SERVE_PREFILL_TURN`)."""
+        turn = prefill_chunk if prefill_turn is None else prefill_turn
+        if max_batch < 1 or max_seq < 2 or prefill_chunk < 1 or turn < 1:
+            raise ValueError(
+                "need max_batch >= 1, max_seq >= 2, prefill_chunk >= 1 and prefill_turn >= 1"
+            )
         self.model = model
         self.max_batch = max_batch
         self.max_seq = max_seq
         self.prefill_chunk = prefill_chunk
+        self.prefill_turn = turn
         self.pack_prefill = pack_prefill
         self.eos_token_ids = frozenset(eos_token_ids)
         self.cache = model.new_cache(max_batch, max_seq)
@@ -225,13 +244,13 @@ class BatchGenerator:
 
     def _prefill_turn(self) -> list[_Request]:
         """The prefilling requests that run their next chunk this step, oldest first: whole
-        chunks while their tokens total at most `prefill_chunk` (always at least one), so the
-        decoding requests wait for at most one chunk's worth of prefill between two tokens."""
+        chunks while their tokens total at most `prefill_turn` (always at least one), so the
+        decoding requests wait for at most one turn's worth of prefill between two tokens."""
         chosen: list[_Request] = []
         spent = 0
         for r in sorted((r for r in self._running if r.prefilling), key=lambda r: r.arrival):
             n = self._chunk_len(r)
-            if chosen and spent + n > self.prefill_chunk:
+            if chosen and spent + n > self.prefill_turn:
                 break
             chosen.append(r)
             spent += n

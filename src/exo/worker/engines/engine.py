@@ -119,17 +119,23 @@ class Engine:
         return self.model.start_layer == 0 and self.model.end_layer == self.config.n_layers
 
     def batch_generator(
-        self, max_batch: int = 1, max_seq: int | None = None, *, prefill_chunk: int = 512
+        self,
+        max_batch: int = 1,
+        max_seq: int | None = None,
+        *,
+        prefill_chunk: int = 512,
+        prefill_turn: int | None = None,
     ) -> BatchGenerator:
         """A continuous batcher of up to `max_batch` requests of up to `max_seq` tokens each
-        (prompt and output; default: min(context length, DEFAULT_MAX_SEQ))."""
+        (prompt and output; default: min(context length, DEFAULT_MAX_SEQ)); `prefill_turn`:
+        the prompt tokens a step prefills (`BatchGenerator`)."""
         if not self.is_full_model:
             raise RuntimeError("batch generation needs the whole model in this engine")
         seq = max_seq if max_seq is not None else min(self.config.context_length, DEFAULT_MAX_SEQ)
         eos = set(self.config.eos_token_ids) | set(self.tokenizer.eos_token_ids)
         return BatchGenerator(
             self.model, max_batch, seq, eos_token_ids=sorted(eos), prefill_chunk=prefill_chunk,
-            pack_prefill=rows_apart(self.model),
+            pack_prefill=rows_apart(self.model), prefill_turn=prefill_turn,
         )  # fmt: skip
 
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:

@@ -30,7 +30,7 @@ from exo.shared.types.worker.downloads import DownloadCompleted, DownloadFailed
 from exo.shared.types.worker.instances import BoundInstance
 from exo.shared.types.worker.shards import PipelineShardMetadata, layer_range
 from exo.worker.download.local import locate_progress
-from exo.worker.engines.batch import BatchGenerator
+from exo.worker.engines.batch import SERVE_PREFILL_TURN, BatchGenerator
 from exo.worker.engines.chat_prompt import ToolFormat, chat_prompt, json_object
 from exo.worker.engines.engine import DEFAULT_MAX_SEQ, Engine, load_engine
 from exo.worker.engines.grammar import (
@@ -89,7 +89,7 @@ class Generation:
             pipelined_batcher(leader, leader.world_size, max_batch, self.max_seq,
                               sorted({*engine.config.eos_token_ids, *engine.tokenizer.eos_token_ids}))
             if leader is not None and leader.kind == "pipeline"
-            else engine.batch_generator(max_batch, self.max_seq)
+            else engine.batch_generator(max_batch, self.max_seq, prefill_turn=SERVE_PREFILL_TURN)
         )
         self.requests: dict[TaskId, _Request] = {}
         self.max_batch = max_batch

@@ -1,6 +1,7 @@
 """Prefill interleaved with decode: a long prompt's chunks do not stall the running streams,
 which keep their tokens; ignore_eos runs past the end-of-sequence token."""
 
+import pytest
 import torch
 
 from exo.worker.engines.batch import BatchGenerator, StepOutput
@@ -175,3 +176,50 @@ def test_under_a_grammar_ignore_eos_lets_the_grammar_end_the_answer(
     params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, constraint=OnlyToken(7))
     gen.add("json", prompt, params)
     assert [(o.token_id, o.finish_reason) for o in gen.step()] == [(7, "stop")]
+
+
+def _burst(tokenizer: EngineTokenizer) -> list[list[int]]:
+    prompts = [tokenizer.encode(f"Question {i}: name the colour of the sea at dawn",
+                                add_special_tokens=True) for i in range(4)]  # fmt: skip
+    assert len({len(p) for p in prompts}) == 1  # one length: one pack, were they packed
+    return prompts
+
+
+def _run(gen: BatchGenerator, prompts: list[list[int]]) -> tuple[list[set[str]], dict[str, list[int]]]:
+    """Each step's requests that got their first token; every request's tokens."""
+    for i, prompt in enumerate(prompts):
+        gen.add(f"r{i}", prompt, _greedy(6))
+    firsts: list[set[str]] = []
+    tokens: dict[str, list[int]] = {}
+    while gen.active:
+        out = [o for o in gen.step() if o.token_id is not None]
+        firsts.append({o.request_id for o in out if o.request_id not in tokens})
+        for o in out:
+            tokens.setdefault(o.request_id, []).append(o.token_id)  # pyright: ignore[reportArgumentType]
+    return firsts, tokens
+
+
+def test_a_small_prefill_turn_lets_a_burst_start_one_request_a_step(
+    fast_model: LlamaModel, tokenizer: EngineTokenizer
+) -> None:
+    """A turn that holds one prompt: the requests that arrived together get their first tokens
+    a step apart, oldest first, with the tokens each gets alone; the default turn (a chunk)
+    prefills all of them in the first step."""
+    prompts = _burst(tokenizer)
+    turn = len(prompts[0]) * 3 // 2
+    firsts, tokens = _run(BatchGenerator(fast_model, 4, 256, eos_token_ids=[], prefill_turn=turn,
+                                         pack_prefill=True), prompts)  # fmt: skip
+    assert firsts[:4] == [{"r0"}, {"r1"}, {"r2"}, {"r3"}]
+    whole_firsts, whole_tokens = _run(
+        BatchGenerator(fast_model, 4, 256, eos_token_ids=[], pack_prefill=True), prompts
+    )
+    assert whole_firsts[0] == {"r0", "r1", "r2", "r3"}
+    for i, prompt in enumerate(prompts):
+        alone = BatchGenerator(fast_model, 1, 256, eos_token_ids=[])
+        _, own = _run(alone, [prompt])
+        assert tokens[f"r{i}"] == whole_tokens[f"r{i}"] == own["r0"]
+
+
+def test_a_prefill_turn_below_one_token_is_refused(fast_model: LlamaModel) -> None:
+    with pytest.raises(ValueError, match="prefill_turn"):
+        BatchGenerator(fast_model, 1, 64, prefill_turn=0)

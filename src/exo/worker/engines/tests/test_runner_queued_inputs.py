@@ -85,9 +85,18 @@ def test_requests_queued_together_join_one_batch(serving: _Serving) -> None:
     assert generation is not None
     serving.runner._take_inputs(block=False)  # pyright: ignore[reportPrivateUsage]
     assert generation.active == 8  # all of them, not one per step
-    generation.step()  # one prefill turn for every prompt: each has its first token
-    assert [r.completion_tokens for r in generation.requests.values()] == [1] * 8
-    assert generation.batch.running == 8
+    generation.step()
+    assert generation.batch.running == 8  # every one holds a slot from the first step on
+    # their prompts prefill a turn (SERVE_PREFILL_TURN tokens) a step, oldest first: the
+    # first tokens come out in arrival order, a turn's worth per step
+    order: list[str] = []
+    for _ in range(8):
+        order += [t for t, r in generation.requests.items()
+                  if r.completion_tokens > 0 and t not in order]  # fmt: skip
+        if len(order) == 8:
+            break
+        generation.step()
+    assert order == [f"t{i}" for i in range(8)]
 
 
 def test_a_flood_is_taken_in_bounded_bites(
