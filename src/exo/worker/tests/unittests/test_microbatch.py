@@ -267,16 +267,6 @@ def test_micro_batches_give_each_request_its_tokens_alone(tmp_path: Path) -> Non
     assert split.held_slots() == 0
 
 
-class _Arrived:
-    """Logits that are back as soon as they are asked for."""
-
-    def __init__(self, logits: Tensor) -> None:
-        self.logits = logits
-
-    def wait(self) -> Tensor:
-        return self.logits
-
-
 class _LaunchLog(VirtualStages):
     """Stage 0 here, the later stages answering at once; the lanes in the order sent."""
 
@@ -285,9 +275,10 @@ class _LaunchLog(VirtualStages):
         self.launched: list[int] = []
 
     def launch(self, tokens: Tensor, local: StepInputs, routed: StepInputs, cache: KVCache,
-               every_position: bool, lane: int) -> _Arrived:
+               every_position: bool, lane: int) -> _Ready:
         self.launched.append(lane)
-        return _Arrived(super().launch(tokens, local, routed, cache, every_position, lane).logits)
+        logits = super().launch(tokens, local, routed, cache, every_position, lane).logits
+        return _Ready(logits, 0.0, VirtualStages())  # back at once, on a clock of its own
 
 
 def test_requests_arriving_while_one_micro_batch_is_in_flight_start_on_the_free_lane() -> None:
