@@ -318,3 +318,38 @@ def test_requests_arriving_while_one_micro_batch_is_in_flight_start_on_the_free_
     watcher = batcher._watcher  # pyright: ignore[reportPrivateUsage]
     assert watcher is not None  # and every byte it wrote was taken with its logits
     assert select.select([watcher.read_fd], [], [], 0.0)[0] == []
+
+
+class _LostFirst(_LaunchLog):
+    """The first micro-batch's logits never come back (its wait raises)."""
+
+    def launch(self, tokens: Tensor, local: StepInputs, routed: StepInputs, cache: KVCache,
+               every_position: bool, lane: int) -> _Ready:
+        ready = super().launch(tokens, local, routed, cache, every_position, lane)
+        if len(self.launched) > 1:
+            return ready
+        lost = _Ready(ready.logits, 0.0, VirtualStages())
+        lost.wait = _raise_lost  # the receive of its logits fails
+        return lost
+
+
+def _raise_lost() -> Tensor:
+    raise RuntimeError("the last stage is gone")
+
+
+def test_logits_lost_while_watched_end_their_request_alone() -> None:
+    stages = _LostFirst()
+    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
+
+    def inputs(fd: int) -> bool:  # no input comes: wait for the logits
+        select.select([fd], [], [], 10.0)
+        return False
+
+    batcher.inputs = inputs
+    batcher.add("a0", [1, 2], SamplingParams(temperature=0.0, max_tokens=2))
+    [failed] = batcher.step()
+    assert failed.request_id == "a0" and failed.finish_reason == "error"
+    assert failed.error is not None and "the last stage is gone" in failed.error
+    batcher.add("b0", [3, 4], SamplingParams(temperature=0.0, max_tokens=2))
+    tokens = [out.token_id for _ in range(10) if batcher.active for out in batcher.step()]
+    assert tokens == [5, 6] and batcher.held_slots() == 0
