@@ -15,7 +15,10 @@ so the followers' caches stay in the same layout as the leader's, moves included
 A pipeline keeps several steps in flight (``microbatch.PipelinedBatcher``: one micro-batch
 per stage): a stage receives a step, computes it, and only then sends it on, so each stage
 works on one micro-batch while the next stage works on another. Rank 0 posts the receive of
-a step's logits as it sends the step, so the last stage never waits to hand them back.
+a step's logits as it sends the step, so the last stage never waits to hand them back, and
+posts slot moves and releases (``isend``: a gloo send waits for the receiver to take it)
+instead of waiting for a next stage that is busy with another micro-batch's step; they
+arrive in order, before any step sent after them.
 """
 
 import os

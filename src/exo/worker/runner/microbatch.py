@@ -17,6 +17,12 @@ scheduler runs), so the batchers see exactly the sequential world they were writ
 nothing is shared between threads at once. A request's tokens do not depend on its lane:
 every kernel computes a row independently of the others in its batch.
 
+While a lane is free (no requests, so no step) and another's micro-batch is in flight,
+``step`` waits for that micro-batch's logits *or* the runner's next input (``inputs``: a
+watcher thread turns the logits' arrival into a readable pipe), whichever comes first: the
+requests of a wave that arrive while its first request's forward travels start on the free
+lane at once, instead of after that forward's trip and the first lane's next forward.
+
 A cancel for a lane in the middle of a step first finishes that step (its slot moves and
 releases, mirrored on every stage, must not cut into a step in flight): at most one trip
 through the pipeline. The step's outputs for the lane's other requests are kept for the
@@ -99,8 +105,9 @@ class _Watcher:
 
     def __init__(self) -> None:
         self.read_fd, self._write_fd = os.pipe()
-        self._queue: queue.SimpleQueue[_Watched] = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="exo-lane-watch", daemon=True).start()
+        self._queue: queue.SimpleQueue[_Watched | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="exo-lane-watch", daemon=True)
+        self._thread.start()
 
     def watch(self, pending: Pending) -> _Watched:
         watched = pending if isinstance(pending, _Watched) else _Watched(pending)
@@ -112,9 +119,15 @@ class _Watcher:
         """A watched pending's logits were taken: its byte goes too."""
         os.read(self.read_fd, 1)
 
+    def close(self) -> None:
+        """Stop the thread (nothing is watched any more) and close the pipe."""
+        self._queue.put(None)
+        self._thread.join()
+        os.close(self.read_fd)
+        os.close(self._write_fd)
+
     def _run(self) -> None:
-        while True:
-            watched = self._queue.get()
+        while (watched := self._queue.get()) is not None:
             try:
                 watched.result = watched.inner.wait()
             except BaseException as e:  # handed to the scheduler with the logits' wait
@@ -373,6 +386,9 @@ class PipelinedBatcher:
         held = self.held_slots()
         for lane in self.lanes:
             lane.close()
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
         return held
 
 

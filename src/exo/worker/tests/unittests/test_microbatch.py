@@ -4,6 +4,7 @@ when there are two micro-batches of work, never with one), and a real two-stage 
 tiny model shows that splitting rows into micro-batches leaves every request's tokens as
 they are alone."""
 
+import os
 import select
 from dataclasses import dataclass
 from pathlib import Path
@@ -318,6 +319,9 @@ def test_requests_arriving_while_one_micro_batch_is_in_flight_start_on_the_free_
     watcher = batcher._watcher  # pyright: ignore[reportPrivateUsage]
     assert watcher is not None  # and every byte it wrote was taken with its logits
     assert select.select([watcher.read_fd], [], [], 0.0)[0] == []
+    assert batcher.close() == 0  # its thread stops and its pipe closes
+    with pytest.raises(OSError):
+        os.fstat(watcher.read_fd)
 
 
 class _LostFirst(_LaunchLog):
