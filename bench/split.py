@@ -429,6 +429,9 @@ def main() -> None:
     unknown = set(args.rows.split(",")) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows: {', '.join(sorted(unknown))}")
+    # the nodes run this checkout's code (not whatever an editable install points at)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="exo-bench-split-") as tmp:
         free = shutil.disk_usage(tmp).free / 1e9
         if free < args.min_free_gb:
