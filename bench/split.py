@@ -2,6 +2,7 @@
 
     python bench/split.py [--arch llama|qwen3moe] [--shape S] [--layers N] [--quant Q4_K_M]
                           [--rows ROWS] [--tokens N] [--lanes N] [--keep-trace DIR]
+                          [--model-cache DIR]
 
 It generates a GGUF with random weights (``bench/make_model.py``) under a temp dir (removed
 after; 15 GB of free disk is checked first): Llama-shaped by default (8b: 32 layers at width
@@ -115,12 +116,23 @@ class Journey:
 
 
 def generate(args: argparse.Namespace, folder: Path) -> Model:
+    """The file the rows serve: generated into ``folder``, or with ``--model-cache`` generated
+    there once (per arch, shape, layers and quant) and linked into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"Split-{args.quant}.gguf"
     started = time.perf_counter()
-    subprocess.run([sys.executable, str(Path(__file__).parent / "make_model.py"), args.arch,
-                    "--shape", args.shape, "--quant", args.quant, "--out", str(out),
-                    *(["--layers", str(args.layers)] if args.layers else [])], check=True)
+    made = out
+    if args.model_cache is not None:
+        made = args.model_cache / f"split-{args.arch}-{args.shape}-{args.layers or 'all'}-{args.quant}.gguf"
+        args.model_cache.mkdir(parents=True, exist_ok=True)
+    if not made.exists():
+        part = made.with_name(made.stem + ".partial.gguf")
+        subprocess.run([sys.executable, str(Path(__file__).parent / "make_model.py"), args.arch,
+                        "--shape", args.shape, "--quant", args.quant, "--out", str(part),
+                        *(["--layers", str(args.layers)] if args.layers else [])], check=True)
+        part.rename(made)
+    if made != out:
+        out.symlink_to(made.resolve())
     gguf = GGUFFile(out)
     try:
         n_layers = int(str(gguf.metadata[f"{gguf.metadata['general.architecture']}.block_count"]))
@@ -410,11 +422,16 @@ def main() -> None:
                     help="each split node's --memory-limit, as a share of one node's need")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--min-free-gb", type=float, default=15.0)
+    ap.add_argument("--model-cache", type=Path,
+                    help="keep the generated file in this folder and reuse it on later runs")
     args = ap.parse_args()
     args.shape = args.shape or SHAPES[args.arch]
     unknown = set(args.rows.split(",")) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows: {', '.join(sorted(unknown))}")
+    # the nodes run this checkout's code (not whatever an editable install points at)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)
     with tempfile.TemporaryDirectory(prefix="exo-bench-split-") as tmp:
         free = shutil.disk_usage(tmp).free / 1e9
         if free < args.min_free_gb:
