@@ -20,6 +20,7 @@ from disk (big generated models are never held in memory).
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Generator
@@ -316,6 +317,14 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     hub: FakeHub
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-answer (a node stopped during its download, as the
+        tests and `bench/split.py` do) is no fault of the stand-in: not printed. Anything
+        else is, with its traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 @contextmanager
