@@ -15,10 +15,7 @@ so the followers' caches stay in the same layout as the leader's, moves included
 A pipeline keeps several steps in flight (``microbatch.PipelinedBatcher``: one micro-batch
 per stage): a stage receives a step, computes it, and only then sends it on, so each stage
 works on one micro-batch while the next stage works on another. Rank 0 posts the receive of
-a step's logits as it sends the step, so the last stage never waits to hand them back, and
-posts slot moves and releases (``isend``: a gloo send waits for the receiver to take it)
-instead of waiting for a next stage that is busy with another micro-batch's step; they
-arrive in order, before any step sent after them.
+a step's logits as it sends the step, so the last stage never waits to hand them back.
 """
 
 import os
@@ -133,26 +130,6 @@ class _Header:
         return StepInputs(slots, starts, n_new, rope_deltas=deltas if any(deltas) else ())
 
 
-class _Posted:
-    """Headers sent without waiting for the receiver to take them (``isend``), kept alive
-    until they are delivered. Messages from one rank to another arrive in the order they
-    were sent, so a step sent later still finds the moves and releases before it."""
-
-    def __init__(self) -> None:
-        self._sends: list[tuple[dist.Work, Tensor]] = []
-
-    def post(self, header: Tensor, dst: int) -> None:
-        self._sends = [(w, t) for w, t in self._sends if not w.is_completed()]
-        work = dist.isend(header, dst=dst)
-        if work is not None:
-            self._sends.append((work, header))
-
-    def drain(self) -> None:
-        for work, _ in self._sends:
-            work.wait()
-        self._sends = []
-
-
 class _LeaderCache:
     """Rank 0's cache: a slot move or release is mirrored on every rank before it happens here."""
 
@@ -161,11 +138,11 @@ class _LeaderCache:
         self.leader = leader
 
     def move_slot(self, src: int, dst: int, length: int) -> None:
-        self.leader.mirror_move(src, dst, length)
+        self.leader.send_header(self.leader.header.encode(_OP_MOVE, move=(src, dst, length)))
         self.local.move_slot(src, dst, length)
 
     def release(self, slot: int) -> None:
-        self.leader.mirror_release(slot)
+        self.leader.send_header(self.leader.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
         self.local.release(slot)
 
 
@@ -196,7 +173,6 @@ class LeaderModel:
         self.end_layer = local.config.n_layers
         self.weight_format: WeightFormat = local.weight_format
         self.trace = StageTrace(0)
-        self._posted = _Posted()
 
     def send_header(self, header: Tensor) -> None:
         if self.kind == "tensor":
@@ -210,19 +186,11 @@ class LeaderModel:
     def new_local_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return self.local.new_cache(max_batch, max_seq)
 
-    def post_header(self, header: Tensor) -> None:
-        """A move or release: a pipeline's rank 0 does not wait for stage 1 to take it (stage
-        1 may be busy with another micro-batch's step, and rank 0 has the next step to run)."""
-        if self.kind == "tensor":
-            dist.broadcast(header, src=0)
-        else:
-            self._posted.post(header, 1)
-
     def mirror_move(self, src: int, dst: int, length: int) -> None:
-        self.post_header(self.header.encode(_OP_MOVE, move=(src, dst, length)))
+        self.send_header(self.header.encode(_OP_MOVE, move=(src, dst, length)))
 
     def mirror_release(self, slot: int) -> None:
-        self.post_header(self.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
+        self.send_header(self.header.encode(_OP_RELEASE, move=(slot, 0, 0)))
 
     def forward(self, tokens: Tensor, step: StepInputs, cache: KVCache,
                 every_position: bool = False) -> Tensor:
@@ -262,7 +230,6 @@ class LeaderModel:
 
     def stop(self, held_slots: int = 0) -> None:
         self.send_header(self.header.encode(_OP_STOP))
-        self._posted.drain()
         if self.kind == "pipeline":
             self.trace.held_slots = held_slots
             logger.info(f"pipeline trace: {self.trace.summary()}")
@@ -282,7 +249,6 @@ class Follower:
         self.cache = local.new_cache(max_batch, max_seq)
         self.error: BaseException | None = None
         self.trace = StageTrace(rank)
-        self._posted = _Posted()
         self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exo-follower", daemon=True)
 
@@ -315,20 +281,13 @@ class Follower:
         if self.kind == "pipeline" and self.rank < self.world_size - 1:
             dist.send(header, dst=self.rank + 1)
 
-    def _post_on(self, header: Tensor) -> None:
-        """A move or release goes on without waiting for the next stage to take it."""
-        if self.kind == "pipeline" and self.rank < self.world_size - 1:
-            self._posted.post(header, self.rank + 1)
-
     def _serve_one(self) -> bool:
         header = self._receive_header()
         op = int(header[0])
-        if op == _OP_STOP:
-            self._pass_on(header)
-            self._posted.drain()
-            return False
         if op != _OP_FORWARD:
-            self._post_on(header)
+            self._pass_on(header)
+        if op == _OP_STOP:
+            return False
         if op == _OP_MOVE:
             self.cache.move_slot(int(header[1]), int(header[2]), int(header[3]))
             return True

@@ -17,12 +17,6 @@ scheduler runs), so the batchers see exactly the sequential world they were writ
 nothing is shared between threads at once. A request's tokens do not depend on its lane:
 every kernel computes a row independently of the others in its batch.
 
-While a lane is free (no requests, so no step) and another's micro-batch is in flight,
-``step`` waits for that micro-batch's logits *or* the runner's next input (``inputs``: a
-watcher thread turns the logits' arrival into a readable pipe), whichever comes first: the
-requests of a wave that arrive while its first request's forward travels start on the free
-lane at once, instead of after that forward's trip and the first lane's next forward.
-
 A cancel for a lane in the middle of a step first finishes that step (its slot moves and
 releases, mirrored on every stage, must not cut into a step in flight): at most one trip
 through the pipeline. The step's outputs for the lane's other requests are kept for the
@@ -30,7 +24,6 @@ next ``step``; the cancelled request's slot is free on every stage when ``cancel
 """
 
 import os
-import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -77,63 +70,6 @@ class PipelineHead(Protocol):
 
 
 BatcherFactory = Callable[["LaneModel", int], BatchGenerator]
-InputWait = Callable[[int], bool]
-"""Block until the runner has new input (True) or the file descriptor turns readable (False)."""
-
-
-class _Watched:
-    """A pending whose logits a watcher thread waits for (the only thread that waits on the
-    pending itself); ``wait`` takes them from it."""
-
-    def __init__(self, inner: Pending) -> None:
-        self.inner = inner
-        self.done = threading.Event()
-        self.result: Tensor | BaseException | None = None
-
-    def wait(self) -> Tensor:
-        self.done.wait()
-        result = self.result
-        if isinstance(result, BaseException):
-            raise result
-        assert result is not None
-        return result
-
-
-class _Watcher:
-    """Turns the arrival of a micro-batch's logits into a readable file descriptor (one byte
-    per watched pending), so the scheduler can wait for logits and new requests at once."""
-
-    def __init__(self) -> None:
-        self.read_fd, self._write_fd = os.pipe()
-        self._queue: queue.SimpleQueue[_Watched | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="exo-lane-watch", daemon=True)
-        self._thread.start()
-
-    def watch(self, pending: Pending) -> _Watched:
-        watched = pending if isinstance(pending, _Watched) else _Watched(pending)
-        if not isinstance(pending, _Watched):
-            self._queue.put(watched)
-        return watched
-
-    def taken(self) -> None:
-        """A watched pending's logits were taken: its byte goes too."""
-        os.read(self.read_fd, 1)
-
-    def close(self) -> None:
-        """Stop the thread (nothing is watched any more) and close the pipe."""
-        self._queue.put(None)
-        self._thread.join()
-        os.close(self.read_fd)
-        os.close(self._write_fd)
-
-    def _run(self) -> None:
-        while (watched := self._queue.get()) is not None:
-            try:
-                watched.result = watched.inner.wait()
-            except BaseException as e:  # handed to the scheduler with the logits' wait
-                watched.result = e
-            os.write(self._write_fd, b"x")
-            watched.done.set()
 
 
 class _Baton:
@@ -289,8 +225,6 @@ class PipelinedBatcher:
         self._in_flight: deque[Lane] = deque()
         self._owner: dict[str, Lane] = {}
         self._ready: list[StepOutput] = []  # of steps finished early (for a cancel)
-        self.inputs: InputWait | None = None  # the runner's, to start a free lane at once
-        self._watcher: _Watcher | None = None
 
     @property
     def active(self) -> int:
@@ -324,7 +258,7 @@ class PipelinedBatcher:
             if not lane.in_step and lane.batcher.active:
                 lane.start_step()
                 outputs.extend(self._after(lane))
-        if self._in_flight and not self._input_first():
+        if self._in_flight:
             lane = self._in_flight.popleft()
             self._carry_on(lane)
             outputs.extend(self._after(lane))
@@ -333,31 +267,14 @@ class PipelinedBatcher:
                 self._owner.pop(out.request_id, None)
         return outputs
 
-    def _input_first(self) -> bool:
-        """While a lane is free (no step: no requests yet), wait for the oldest micro-batch's
-        logits *or* the runner's next input, and say whether the input came first: then
-        ``step`` returns at once, so requests that arrive while the pipeline holds one
-        micro-batch start on the free lane now instead of after that micro-batch's trip."""
-        if self.inputs is None or all(lane.in_step for lane in self.lanes):
-            return False
-        oldest = self._in_flight[0]
-        assert oldest.pending is not None
-        if self._watcher is None:
-            self._watcher = _Watcher()
-        watched = self._watcher.watch(oldest.pending)
-        oldest.pending = watched
-        return not watched.done.is_set() and self.inputs(self._watcher.read_fd)
-
-    def _carry_on(self, lane: Lane) -> None:
+    @staticmethod
+    def _carry_on(lane: Lane) -> None:
         """Wait for a lane's logits and run it until it parks again or its step ends."""
-        pending = lane.pending
-        assert pending is not None
+        assert lane.pending is not None
         try:
-            reply: Tensor | BaseException = pending.wait()
+            reply: Tensor | BaseException = lane.pending.wait()
         except Exception as e:  # the lane's batcher confines it to its requests
             reply = e
-        if isinstance(pending, _Watched) and self._watcher is not None:
-            self._watcher.taken()
         lane.resume(reply)
 
     def _finish(self, lane: Lane) -> list[StepOutput]:
@@ -386,9 +303,6 @@ class PipelinedBatcher:
         held = self.held_slots()
         for lane in self.lanes:
             lane.close()
-        if self._watcher is not None:
-            self._watcher.close()
-            self._watcher = None
         return held
 
 

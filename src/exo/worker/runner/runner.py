@@ -47,7 +47,6 @@ from exo.shared.types.worker.runners import (
 from exo.utils.channels import MpReceiver, MpSender, mp_wait
 from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
-from exo.worker.runner.microbatch import PipelinedBatcher
 from exo.worker.runner.settings import RunnerSettings
 
 # A follower told to shut down waits this long for rank 0's stop (its trace is written then).
@@ -156,10 +155,6 @@ class Runner:
                 return
             ready = mp_wait([self.tasks, self.cancels], 0.0, fds)
 
-    def _input_ready(self, fd: int) -> bool:
-        """Block until a task or cancel is queued (True) or ``fd`` turns readable (False)."""
-        return bool(mp_wait([self.tasks, self.cancels], None, (fd,)))
-
     def _report_running(self) -> None:
         assert self.generation is not None
         active = self.generation.active
@@ -208,8 +203,6 @@ class Runner:
                     self.follower = loaded
                 else:
                     self.generation = loaded
-                    if isinstance(loaded.batch, PipelinedBatcher):  # a free lane starts at once
-                        loaded.batch.inputs = self._input_ready
                 self.update_status(RunnerLoaded())
                 self.send_task_status(task.task_id, TaskStatus.Complete)
             case StartWarmup() if isinstance(status, RunnerLoaded):

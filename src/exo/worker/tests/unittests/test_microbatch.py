@@ -4,8 +4,6 @@ when there are two micro-batches of work, never with one), and a real two-stage 
 tiny model shows that splitting rows into micro-batches leaves every request's tokens as
 they are alone."""
 
-import os
-import select
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,94 +264,3 @@ def test_micro_batches_give_each_request_its_tokens_alone(tmp_path: Path) -> Non
     with torch.inference_mode():
         assert _run(split, prompts, 8) == alone
     assert split.held_slots() == 0
-
-
-class _LaunchLog(VirtualStages):
-    """Stage 0 here, the later stages answering at once; the lanes in the order sent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.launched: list[int] = []
-
-    def launch(self, tokens: Tensor, local: StepInputs, routed: StepInputs, cache: KVCache,
-               every_position: bool, lane: int) -> _Ready:
-        self.launched.append(lane)
-        logits = super().launch(tokens, local, routed, cache, every_position, lane).logits
-        return _Ready(logits, 0.0, VirtualStages())  # back at once, on a clock of its own
-
-
-def test_requests_arriving_while_one_micro_batch_is_in_flight_start_on_the_free_lane() -> None:
-    """The start of a wave: one request came first and its forward is in flight; the others
-    arrive while it travels. They start on the free lane at once (the second forward sent is
-    the other lane's), not after the first lane's trip and its next forward."""
-    stages = _LaunchLog()
-    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
-    calls: list[bool] = []
-
-    def inputs(fd: int) -> bool:  # the runner's wait for its inputs or the logits
-        assert not all(lane.in_step for lane in batcher.lanes)  # only while a lane is free
-        calls.append(True)
-        if len(calls) == 1:
-            return True  # three more requests are queued
-        select.select([fd], [], [], 10.0)
-        return False
-
-    batcher.inputs = inputs
-    params = SamplingParams(temperature=0.0, max_tokens=4)
-    tokens: dict[str, list[int]] = {rid: [] for rid in ("a0", "b0", "c0", "d0")}
-    batcher.add("a0", [1, 2], params)
-    assert batcher.step() == []  # returned for the input, a0's logits still to take
-    assert stages.launched == [0]
-    for rid, prompt in (("b0", [3, 4]), ("c0", [5, 6]), ("d0", [7, 8])):
-        batcher.add(rid, prompt, params)
-    for _ in range(100):
-        for out in batcher.step():
-            assert out.error is None and out.token_id is not None
-            tokens[out.request_id].append(out.token_id)
-        if not batcher.active:
-            break
-    assert stages.launched[:2] == [0, 1]
-    assert tokens == {"a0": [3, 4, 5, 6], "b0": [5, 6, 7, 8], "c0": [7, 8, 9, 10],
-                      "d0": [9, 10, 11, 12]}  # fmt: skip
-    assert batcher.held_slots() == 0
-    watcher = batcher._watcher  # pyright: ignore[reportPrivateUsage]
-    assert watcher is not None  # and every byte it wrote was taken with its logits
-    assert select.select([watcher.read_fd], [], [], 0.0)[0] == []
-    assert batcher.close() == 0  # its thread stops and its pipe closes
-    with pytest.raises(OSError):
-        os.fstat(watcher.read_fd)
-
-
-class _LostFirst(_LaunchLog):
-    """The first micro-batch's logits never come back (its wait raises)."""
-
-    def launch(self, tokens: Tensor, local: StepInputs, routed: StepInputs, cache: KVCache,
-               every_position: bool, lane: int) -> _Ready:
-        ready = super().launch(tokens, local, routed, cache, every_position, lane)
-        if len(self.launched) > 1:
-            return ready
-        lost = _Ready(ready.logits, 0.0, VirtualStages())
-        lost.wait = _raise_lost  # the receive of its logits fails
-        return lost
-
-
-def _raise_lost() -> Tensor:
-    raise RuntimeError("the last stage is gone")
-
-
-def test_logits_lost_while_watched_end_their_request_alone() -> None:
-    stages = _LostFirst()
-    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
-
-    def inputs(fd: int) -> bool:  # no input comes: wait for the logits
-        select.select([fd], [], [], 10.0)
-        return False
-
-    batcher.inputs = inputs
-    batcher.add("a0", [1, 2], SamplingParams(temperature=0.0, max_tokens=2))
-    [failed] = batcher.step()
-    assert failed.request_id == "a0" and failed.finish_reason == "error"
-    assert failed.error is not None and "the last stage is gone" in failed.error
-    batcher.add("b0", [3, 4], SamplingParams(temperature=0.0, max_tokens=2))
-    tokens = [out.token_id for _ in range(10) if batcher.active for out in batcher.step()]
-    assert tokens == [5, 6] and batcher.held_slots() == 0
