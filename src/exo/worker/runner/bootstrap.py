@@ -26,15 +26,19 @@ _PR_SET_PDEATHSIG = 1
 QUIET_OPENMP = "PASSIVE"
 
 
+POOL_SIZE_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+POOL_VARS = (*POOL_SIZE_VARS, "OMP_WAIT_POLICY")
+"""Every variable `size_thread_pools` may set."""
+
+
 def size_thread_pools(env: MutableMapping[str, str], threads: int) -> None:
     """Size every thread pool before torch is imported (several runners share the cores), and
     keep OpenMP's idle workers from spinning unless the user chose a wait policy."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    for var in POOL_SIZE_VARS:
         env[var] = str(threads)
     env.setdefault("OMP_WAIT_POLICY", QUIET_OPENMP)
 
 
-_POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
 _SPAWNING = threading.Lock()
 
 
@@ -48,7 +52,7 @@ def child_thread_pools(threads: int) -> Generator[None]:
     (measured: 1B-shaped decode 33 -> 37 tok/s through a node once it went). The node's own
     environment is restored on leaving (under a lock: runners may start concurrently)."""
     with _SPAWNING:
-        saved = {var: os.environ.get(var) for var in _POOL_VARS}
+        saved = {var: os.environ.get(var) for var in POOL_VARS}
         size_thread_pools(os.environ, threads)
         try:
             yield

@@ -12,12 +12,12 @@ import pytest
 from exo.shared.types.events import Event
 from exo.shared.types.worker.instances import BoundInstance
 from exo.utils.channels import channel
+from exo.worker.runner.bootstrap import POOL_VARS
 from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.runner.settings import RunnerSettings
 from exo.worker.tests.test_distributed_runners import make_instance
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]  # spawns a runner process
-POOL_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OMP_WAIT_POLICY")
 
 
 @pytest.fixture
