@@ -123,6 +123,11 @@ class NonFiniteLogits(ArithmeticError):
         )
 
 
+def pages_needed(prompt_tokens: int, max_tokens: int, max_seq: int) -> int:
+    """The most cache pages a request may hold: its prompt and every token it may generate."""
+    return pages_for(min(max_seq, prompt_tokens + max_tokens))
+
+
 class BatchGenerator:
     def __init__(
         self,
@@ -188,17 +193,8 @@ class BatchGenerator:
         `images`: the prompt's encoded images (`images.py`), for a vision model."""
         if any(r.request_id == request_id for r in self._waiting + self._running):
             raise ValueError(f"request {request_id!r} is already active")
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
+        self.check(prompt_ids, images)
         vocab = self.model.config.vocab
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(prompt_ids) >= self.max_seq:
-            raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
-            )
-        if images is not None:
-            images.check(len(prompt_ids))
         asked = frozenset(params.stop_token_ids)
         # ignore_eos: the end-of-sequence tokens are not sampled (those asked for still stop);
         # under a grammar the grammar says when the answer ends, so it does not apply there
@@ -212,6 +208,20 @@ class BatchGenerator:
             _Request(request_id, list(prompt_ids), sampler, stop_ids, arrival=self._arrivals,
                      images=images)
         )
+
+    def check(self, prompt_ids: list[int], images: ImageSpans | None = None) -> None:
+        """Raise ValueError where `add` would refuse this prompt."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.config.vocab
+        if any(not 0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(prompt_ids) >= self.max_seq:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; this engine holds {self.max_seq}"
+            )
+        if images is not None:
+            images.check(len(prompt_ids))
 
     def cancel(self, request_id: str) -> bool:
         """Drop a request; True if it was active."""
@@ -410,9 +420,7 @@ class BatchGenerator:
             self.cache.attach(r.slot, pages)
 
     def _pages_needed(self, r: _Request) -> int:
-        """The most pages r may hold: its prompt and every token it may still generate."""
-        longest = min(self.max_seq, len(r.prompt) + r.sampler.params.max_tokens)
-        return pages_for(longest)
+        return pages_needed(len(r.prompt), r.sampler.params.max_tokens, self.max_seq)
 
     def _release(self, r: _Request, keep_prefix: bool = True) -> None:
         """Free r's slot; the request in the last slot moves into it (slots stay 0..n-1).

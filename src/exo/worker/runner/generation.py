@@ -40,12 +40,13 @@ from exo.worker.engines.grammar import (
     schema_grammar,
     tool_call_grammar,
 )
+from exo.worker.engines.kv_cache import pages_for
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.sampling import TokenLogprobs
 from exo.worker.engines.text import IncrementalDetokenizer, StopMatcher
 from exo.worker.runner.distributed import Follower, Kind, LeaderModel, load_local_model
 from exo.worker.runner.image_jobs import ImageJobs
-from exo.worker.runner.microbatch import PipelinedBatcher, pipelined_batcher
+from exo.worker.runner.microbatch import PipelinedBatcher, pipeline_slots, pipelined_batcher
 from exo.worker.runner.prompt_images import (
     ImageError,
     expand_markers,
@@ -86,8 +87,10 @@ class Generation:
         self.leader = leader
         self.max_seq = min(engine.config.context_length, DEFAULT_MAX_SEQ)
         self.batch: BatchGenerator | PipelinedBatcher = (
-            pipelined_batcher(leader, leader.world_size, max_batch, self.max_seq,
-                              sorted({*engine.config.eos_token_ids, *engine.tokenizer.eos_token_ids}))
+            pipelined_batcher(leader, leader.world_size,
+                              pipeline_slots(max_batch, leader.world_size), self.max_seq,
+                              sorted({*engine.config.eos_token_ids, *engine.tokenizer.eos_token_ids}),
+                              pages=max_batch * pages_for(self.max_seq))
             if leader is not None and leader.kind == "pipeline"
             else engine.batch_generator(max_batch, self.max_seq, prefill_turn=SERVE_PREFILL_TURN)
         )
@@ -473,12 +476,13 @@ def load_generation(
             progress=progress,
         )
         kind: Kind = "pipeline" if isinstance(shard, PipelineShardMetadata) else "tensor"
+        # a pipeline keeps a micro-batch of max_batch in flight per stage
+        slots = (pipeline_slots(settings.max_batch, shard.world_size) if kind == "pipeline"
+                 else settings.max_batch)  # fmt: skip
         if engine is None:
             max_seq = min(model.config.context_length, DEFAULT_MAX_SEQ)
-            return Follower(
-                model, kind, shard.device_rank, shard.world_size, settings.max_batch, max_seq
-            )
-        leader = LeaderModel(model, kind, shard.world_size, settings.max_batch)
+            return Follower(model, kind, shard.device_rank, shard.world_size, slots, max_seq)
+        leader = LeaderModel(model, kind, shard.world_size, slots)
         engine = Engine(
             config=engine.config, model=cast(LlamaModel, leader), tokenizer=engine.tokenizer,
             vision=engine.vision,

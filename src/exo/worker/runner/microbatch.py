@@ -4,7 +4,10 @@ A pipeline of k stages that runs one step at a time leaves k-1 stages idle. Here
 requests are split into k *lanes* (micro-batches; ``EXO_PIPELINE_LANES`` sets another
 count), each its own continuous batcher over its
 own range of cache slots (lane m holds slots ``offset_m .. offset_m + size_m - 1`` on every
-stage). A lane's step runs as usual until it calls the model; the forward computes stage 0,
+stage). A pipeline has k times a runner's ``max_batch`` slots (``pipeline_slots``), so each
+lane is a whole batch: a stage streams its weights once per ``max_batch`` rows, as one runner
+does. Its caches are sized, as one runner's, for ``max_batch`` requests of the whole context:
+the lanes share that many pages (``PageBudget``), and a request whose pages do not fit waits. A lane's step runs as usual until it calls the model; the forward computes stage 0,
 sends the activations on and *parks* the lane; rank 0 then steps another lane while the
 first one's activations travel through the later stages. When a lane's logits come back its
 step resumes: it samples, and its next forward goes in at the tail of the pipeline. The
@@ -27,13 +30,13 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
 import torch
 from torch import Tensor
 
-from exo.worker.engines.batch import BatchGenerator, StepOutput
+from exo.worker.engines.batch import BatchGenerator, StepOutput, pages_needed
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.images import ImageSpans
 from exo.worker.engines.kv_cache import KVCache
@@ -205,6 +208,30 @@ class Lane:
         self._baton.to_scheduler.release()
 
 
+class PageBudget:
+    """The cache pages a pipeline's lanes share: a stage's cache is sized (and placement
+    reserves memory) for a runner's ``max_batch`` requests of the whole context, while the
+    lanes hold more slots than that. A request starts when the most pages it may hold (its
+    prompt and every token it may generate) are free, and gives them back when it ends."""
+
+    def __init__(self, pages: int, max_seq: int) -> None:
+        if pages < 1:
+            raise ValueError("a page budget needs at least one page")
+        self.pages, self.free, self.max_seq = pages, pages, max_seq
+
+    def need(self, prompt_tokens: int, max_tokens: int) -> int:
+        return pages_needed(prompt_tokens, max_tokens, self.max_seq)
+
+
+@dataclass(frozen=True)
+class _Waiting:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    images: ImageSpans | None
+    pages: int
+
+
 def lane_sizes(max_batch: int, lanes: int) -> list[int]:
     """``max_batch`` slots over at most ``lanes`` lanes, as evenly as they go."""
     n = max(1, min(lanes, max_batch))
@@ -216,19 +243,22 @@ class PipelinedBatcher:
     ``BatchGenerator``'s, over ``lanes`` lanes (``lane_count``: one per stage by default)."""
 
     def __init__(self, head: PipelineHead, lanes: int, max_batch: int,
-                 make: BatcherFactory) -> None:
+                 make: BatcherFactory, budget: PageBudget | None = None) -> None:
         self.lanes: list[Lane] = []
         offset = 0
         for i, size in enumerate(lane_sizes(max_batch, lanes)):
             self.lanes.append(Lane(i, offset, size, head, make))
             offset += size
+        self.budget = budget
         self._in_flight: deque[Lane] = deque()
         self._owner: dict[str, Lane] = {}
         self._ready: list[StepOutput] = []  # of steps finished early (for a cancel)
+        self._waiting: deque[_Waiting] = deque()  # for pages (with a budget), oldest first
+        self._reserved: dict[str, int] = {}  # pages each request of the lanes took
 
     @property
     def active(self) -> int:
-        return sum(lane.batcher.active for lane in self.lanes)
+        return sum(lane.batcher.active for lane in self.lanes) + len(self._waiting)
 
     @property
     def running(self) -> int:
@@ -236,23 +266,61 @@ class PipelinedBatcher:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
             images: ImageSpans | None = None) -> None:
-        """Queue a request on the lane with the fewest requests (the first such)."""
-        if request_id in self._owner:
+        """Queue a request on the lane with the fewest requests (the first such); with a
+        page budget, in a queue of its own until its pages and a lane's slot are free."""
+        if request_id in self._owner or any(w.request_id == request_id for w in self._waiting):
             raise ValueError(f"request {request_id!r} is already active")
-        lane = min(self.lanes, key=lambda ln: ln.batcher.active / ln.size)
-        lane.batcher.add(request_id, prompt_ids, params, images)
-        self._owner[request_id] = lane
+        if self.budget is None:
+            lane = min(self.lanes, key=lambda ln: ln.batcher.active / ln.size)
+            lane.batcher.add(request_id, prompt_ids, params, images)
+            self._owner[request_id] = lane
+            return
+        self.lanes[0].batcher.check(prompt_ids, images)  # refused now, not when it starts
+        pages = self.budget.need(len(prompt_ids), params.max_tokens)
+        self._waiting.append(_Waiting(request_id, list(prompt_ids), params, images, pages))
+        self._admit()
+
+    def _admit(self) -> None:
+        """Hand the oldest waiting requests to lanes while their pages and a slot are free."""
+        budget = self.budget
+        while budget is not None and self._waiting:
+            w = self._waiting[0]
+            open_lanes = [ln for ln in self.lanes if ln.batcher.active < ln.size]
+            if w.pages > budget.free or not open_lanes:
+                return
+            self._waiting.popleft()
+            lane = min(open_lanes, key=lambda ln: ln.batcher.active / ln.size)
+            try:
+                lane.batcher.add(w.request_id, w.prompt_ids, w.params, w.images)
+            except Exception as e:  # checked in add; this request only
+                self._ready.append(StepOutput(w.request_id, None, "error", f"{type(e).__name__}: {e}"))
+                continue
+            budget.free -= w.pages
+            self._reserved[w.request_id] = w.pages
+            self._owner[w.request_id] = lane
+
+    def _ended(self, request_id: str) -> None:
+        self._owner.pop(request_id, None)
+        if self.budget is not None:
+            self.budget.free += self._reserved.pop(request_id, 0)
 
     def cancel(self, request_id: str) -> bool:
-        lane = self._owner.pop(request_id, None)
+        for w in self._waiting:
+            if w.request_id == request_id:
+                self._waiting.remove(w)
+                return True
+        lane = self._owner.get(request_id)
         if lane is None:
             return False
         self._ready.extend(self._finish(lane))
-        return lane.batcher.cancel(request_id)
+        cancelled = lane.batcher.cancel(request_id)
+        self._ended(request_id)
+        return cancelled
 
     def step(self) -> list[StepOutput]:
         """Start a step on every idle lane that has work, then take the oldest micro-batch's
         logits and carry its lane on; the outputs of every lane whose step ended."""
+        self._admit()
         outputs, self._ready = self._ready, []
         for lane in self.lanes:
             if not lane.in_step and lane.batcher.active:
@@ -264,7 +332,7 @@ class PipelinedBatcher:
             outputs.extend(self._after(lane))
         for out in outputs:
             if out.finish_reason is not None:
-                self._owner.pop(out.request_id, None)
+                self._ended(out.request_id)
         return outputs
 
     @staticmethod
@@ -321,11 +389,21 @@ def lane_count(stages: int) -> int:
     return int(raw)
 
 
-def pipelined_batcher(head: PipelineHead, stages: int, max_batch: int, max_seq: int,
-                      eos_token_ids: Sequence[int]) -> PipelinedBatcher:
-    """Rank 0's batcher for a pipeline of ``stages`` (``lane_count`` micro-batches)."""
+def pipeline_slots(max_batch: int, stages: int) -> int:
+    """The slots of a pipeline of ``stages`` whose runners decode ``max_batch`` requests
+    together: a micro-batch of ``max_batch`` per stage, so every stage has a whole batch to
+    work on while the others work on theirs."""
+    return max_batch * max(stages, 1)
 
-    def make(model: LaneModel, slots: int) -> BatchGenerator:
-        return BatchGenerator(model, slots, max_seq, eos_token_ids=eos_token_ids)
 
-    return PipelinedBatcher(head, lane_count(stages), max_batch, make)
+def pipelined_batcher(head: PipelineHead, stages: int, slots: int, max_seq: int,
+                      eos_token_ids: Sequence[int], pages: int | None = None) -> PipelinedBatcher:
+    """Rank 0's batcher for a pipeline of ``stages`` (``lane_count`` micro-batches) over
+    ``slots`` slots; with ``pages``, the requests of every lane share that many cache pages
+    (``PageBudget``)."""
+
+    def make(model: LaneModel, lane_slots: int) -> BatchGenerator:
+        return BatchGenerator(model, lane_slots, max_seq, eos_token_ids=eos_token_ids)
+
+    budget = PageBudget(pages, max_seq) if pages is not None else None
+    return PipelinedBatcher(head, lane_count(stages), slots, make, budget)

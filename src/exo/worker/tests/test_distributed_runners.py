@@ -3,6 +3,7 @@
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -108,10 +109,12 @@ class RunnerEvents:
 
 
 def make_supervisors(
-    instance: Instance, send: Sender[Event], tmp_path: Path
+    instance: Instance, send: Sender[Event], tmp_path: Path, max_batch: int | None = None
 ) -> list[RunnerSupervisor]:
     """One runner supervisor per rank of ``instance``, all reporting to ``send``."""
     settings = RunnerSettings(cache_dir=tmp_path / "cache", models_dir=tmp_path / "models")
+    if max_batch is not None:
+        settings = replace(settings, max_batch=max_batch)
     return [
         RunnerSupervisor.create(
             BoundInstance(instance=instance, bound_runner_id=rid, bound_node_id=nid),

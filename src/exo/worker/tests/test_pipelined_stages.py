@@ -1,7 +1,8 @@
 """Pipelined stages with real runner processes over gloo on 127.0.0.1: 2 and 3 ranks with
 4 concurrent requests (greedy and seeded) give each request the text it gets alone; a cancel
 in the middle of the pipeline frees its slot on every stage (each rank's trace, written
-when the pipeline stops, says how many slots its cache still held)."""
+when the pipeline stops, says how many slots its cache still held); a pipeline of k stages
+decodes k micro-batches of a runner's max_batch at once."""
 
 from pathlib import Path
 
@@ -58,11 +59,13 @@ def _task(instance: Instance, i: int, max_tokens: int) -> TextGeneration:
 class Group:
     """The runners of one instance, connected, loaded and warmed up."""
 
-    def __init__(self, instance: Instance, tmp_path: Path) -> None:
+    def __init__(self, instance: Instance, tmp_path: Path, max_batch: int | None = None) -> None:
         send, receive = channel[Event]()
         self.instance = instance
         self.events = RunnerEvents(receive)
-        self.supervisors: list[RunnerSupervisor] = make_supervisors(instance, send, tmp_path)
+        self.supervisors: list[RunnerSupervisor] = make_supervisors(
+            instance, send, tmp_path, max_batch
+        )
 
     async def start(self, tg: anyio.abc.TaskGroup) -> None:
         iid, sups, ev = self.instance.instance_id, self.supervisors, self.events
@@ -157,3 +160,24 @@ async def test_a_cancel_mid_pipeline_frees_its_slot_on_every_stage(
         assert cut < 100  # it ended long before its 400 tokens
         traces = await group.stop(trace_dir)
     assert [t.held_slots for t in traces] == [0, 0, 0]
+
+
+async def test_a_pipeline_decodes_a_micro_batch_of_max_batch_per_stage(tmp_path: Path) -> None:
+    # 2 stages of max_batch 2: all 4 requests decode at once (with 2 slots, the last two
+    # would get their first token only after one of the first two ended its 120 tokens)
+    instance = make_instance("pipeline", 2)
+    group = Group(instance, tmp_path, max_batch=2)
+    ev = group.events
+    async with anyio.create_task_group() as tg:
+        await group.start(tg)
+        tasks = [_task(instance, i, 120) for i in range(len(PROMPTS))]
+        tasks = [t.model_copy(update={"task_params": t.task_params.model_copy(
+            update={"stop": []})}) for t in tasks]  # fmt: skip
+        for t in tasks:
+            await group.submit(t)
+        await ev.until(lambda: all(ev.arrivals.get(t.command_id) for t in tasks), 120)
+        assert not any(t.command_id in ev.finished for t in tasks)
+        for t in tasks:
+            await group.supervisors[0].cancel_task(t.task_id)
+        await ev.until(lambda: all(t.command_id in ev.finished for t in tasks), 120)
+        await group.stop()

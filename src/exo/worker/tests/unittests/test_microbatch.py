@@ -264,3 +264,46 @@ def test_micro_batches_give_each_request_its_tokens_alone(tmp_path: Path) -> Non
     with torch.inference_mode():
         assert _run(split, prompts, 8) == alone
     assert split.held_slots() == 0
+
+
+def test_lanes_share_the_cache_pages_a_runner_is_sized_for() -> None:
+    # 4 slots over 2 lanes, pages for 2 requests: the third and fourth wait for pages (in
+    # arrival order), and every request gives its pages back when it ends or is cancelled
+    split = pipelined_batcher(VirtualStages(), 2, 4, 64, (), pages=2)
+    budget = split.budget
+    assert budget is not None
+    for i in range(4):
+        split.add(f"r{i}", [3, 4, 5], _params(f"r{2 * i}", 6))  # greedy, 6 tokens each
+    firsts: list[str] = []
+    ended: list[str] = []
+    with torch.inference_mode():
+        for _ in range(200):
+            if not split.active:
+                break
+            for out in split.step():
+                if out.request_id not in firsts:
+                    firsts.append(out.request_id)
+                if out.finish_reason is not None:
+                    ended.append(out.request_id)
+            assert split.running <= 2 and budget.free >= 0
+    assert not split.active and budget.free == 2
+    assert firsts == ["r0", "r1", "r2", "r3"] and set(ended[:2]) == {"r0", "r1"}
+    # a cancelled running request frees its pages for the next one at once
+    split.add("a0", [3, 4], _params("a0", 50))
+    split.add("a2", [3, 4], _params("a2", 50))
+    split.add("a4", [3, 4], _params("a4", 50))
+    with torch.inference_mode():
+        split.step()
+        split.step()
+    assert split.running == 2 and budget.free == 0
+    assert split.cancel("a0")
+    assert budget.free == 1
+    with torch.inference_mode():
+        outs = [o.request_id for _ in range(3) for o in split.step()]
+    assert "a4" in outs and split.running == 2
+    split.cancel("a2")
+    split.cancel("a4")
+    assert budget.free == 2 and split.held_slots() == 0
+    with pytest.raises(ValueError, match="holds 64"):  # refused at once, not when it starts
+        split.add("long", [3] * 64, _params("long0", 4))
+    assert not split.active
