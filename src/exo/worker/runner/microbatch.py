@@ -7,7 +7,9 @@ own range of cache slots (lane m holds slots ``offset_m .. offset_m + size_m - 1
 stage). A pipeline has k times a runner's ``max_batch`` slots (``pipeline_slots``), so each
 lane is a whole batch: a stage streams its weights once per ``max_batch`` rows, as one runner
 does. Its caches are sized, as one runner's, for ``max_batch`` requests of the whole context:
-the lanes share that many pages (``PageBudget``), and a request whose pages do not fit waits. A lane's step runs as usual until it calls the model; the forward computes stage 0,
+the lanes share that many pages (``PageBudget``), and a request whose pages do not fit waits.
+
+A lane's step runs as usual until it calls the model; the forward computes stage 0,
 sends the activations on and *parks* the lane; rank 0 then steps another lane while the
 first one's activations travel through the later stages. When a lane's logits come back its
 step resumes: it samples, and its next forward goes in at the tail of the pipeline. The
