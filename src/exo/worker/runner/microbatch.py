@@ -219,7 +219,7 @@ class PageBudget:
     def __init__(self, pages: int, max_seq: int) -> None:
         if pages < 1:
             raise ValueError("a page budget needs at least one page")
-        self.pages, self.free, self.max_seq = pages, pages, max_seq
+        self.free, self.max_seq = pages, max_seq
 
     def need(self, prompt_tokens: int, max_tokens: int) -> int:
         return pages_needed(prompt_tokens, max_tokens, self.max_seq)
