@@ -2,7 +2,7 @@
 
     python bench/split.py [--arch llama|qwen3moe] [--shape S] [--layers N] [--quant Q4_K_M]
                           [--rows ROWS] [--tokens N] [--lanes N] [--keep-trace DIR]
-                          [--model-cache DIR]
+                          [--rounds N] [--model-cache DIR]
 
 It generates a GGUF with random weights (``bench/make_model.py``) under a temp dir (removed
 after; 15 GB of free disk is checked first): Llama-shaped by default (8b: 32 layers at width
@@ -25,6 +25,9 @@ downloads), and runs its rows one after another, never two sets of big processes
   against 2 nodes pinned to a core each (a 2-stage pipeline with micro-batches in flight),
   with each stage's busy/idle trace (``--lanes``: the pipeline's micro-batches, else the
   runner's default).
+
+``--rounds N`` runs the split and rpc rows N times one after another, the order swapping each
+round, and compares each row's figures at their best over the rounds.
 
 Ours: one runner thread per node, greedy, the end tokens biased away (``logit_bias``) so
 every stream runs its ``--tokens``. Ends with one line:
@@ -329,18 +332,18 @@ async def _count(folder: Path, n: int) -> bool:
     return len(list(folder.glob("stage*.json"))) >= n
 
 
-async def row_rpc(args: argparse.Namespace, tmp: Path, model: Model) -> Figures | None:
+async def row_rpc(args: argparse.Namespace, tmp: Path, model: Model, label: str = "rpc") -> Figures | None:
     found = rpc_binaries()
     if isinstance(found, str):
         print(f"rpc: skipped: {found}")
         return None
-    logs = tmp / "rpc-logs"
+    logs = tmp / f"{label}-logs"
     logs.mkdir()
     setup = RpcSetup(found[0], found[1], model.path, model.n_layers, logs)
     try:
         started = time.perf_counter()
         url = await start_rpc(setup, ctx=args.tokens + 128, slots=args.streams)
-        print(f"rpc: llama-server with 2 ggml-rpc-server up in {time.perf_counter() - started:.1f} s")
+        print(f"{label}: llama-server with 2 ggml-rpc-server up in {time.perf_counter() - started:.1f} s")
         request = {**body(model, args.tokens), "ignore_eos": True}
         request.pop("logit_bias")
         figures = await measure(url, request, args.streams, args.timeout)
@@ -357,30 +360,65 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}" if a is not None and b else "n/a"
 
 
-async def run(args: argparse.Namespace, tmp: Path) -> None:
-    model = generate(args, tmp / "repo")
-    rows = set(args.rows.split(","))
-    base: Journey | None = None
+def best_of(runs: list[Figures]) -> Figures:
+    """Each figure at its best over the rounds (the most tok/s, the least TTFT)."""
+    return Figures(max(f.decode_1 for f in runs), max(f.decode_n for f in runs),
+                   min(f.ttft_p50 for f in runs), runs[0].n)
+
+
+async def split_and_rpc(args: argparse.Namespace, tmp: Path, model: Model, rows: set[str],
+                        base: Journey | None) -> tuple[Journey | None, Figures | None, Figures | None]:
+    """The split and rpc rows, ``--rounds`` times, one after another, the order swapping each
+    round (split first in odd rounds, rpc first in even ones); the split's journey from its
+    first round, each row's figures at their best over the rounds (a machine whose speed
+    drifts favours neither)."""
     split: Journey | None = None
-    rpc: Figures | None = None
-    pipelined: float | None = None
-    if "baseline" in rows or "split" in rows:
-        base = await row_nodes(args, tmp, model, "baseline", 1, [])
+    ours: list[Figures] = []
+    theirs: list[Figures] = []
+    limit = 0
     if "split" in rows and base is not None:
         need = max(base.placed_bytes.values(), default=model.path.stat().st_size)
         limit = int(need * args.limit_share)
         print(f"split: --memory-limit {limit / MiB:.0f} MiB per node (one node needs "
               f"{need / MiB:.0f} MiB: it must split)")
-        split = await row_nodes(args, tmp, model, "split", 3, ["--memory-limit", f"{limit // MiB}MiB"])
-    if "rpc" in rows:
-        rpc = await row_rpc(args, tmp, model)
-        if rpc is not None and split is not None and split.figures is not None:
-            print(f"  ours (3 nodes) / llama.cpp RPC: 1 stream "
-                  f"{ratio(split.figures.decode_1, rpc.decode_1)}x, {args.streams} streams "
-                  f"{ratio(split.figures.decode_n, rpc.decode_n)}x")
+    for r in range(args.rounds):
+        suffix = f"-r{r + 1}_" if args.rounds > 1 else ""
+        order = ["split", "rpc"] if r % 2 == 0 else ["rpc", "split"]
+        for row in [o for o in order if o in rows]:
+            if row == "split" and limit:
+                j = await row_nodes(args, tmp, model, f"split{suffix}", 3,
+                                    ["--memory-limit", f"{limit // MiB}MiB"])
+                split = split or j
+                ours += [j.figures] if j.figures is not None else []
+            elif row == "rpc":
+                f = await row_rpc(args, tmp, model, f"rpc{suffix}")
+                theirs += [f] if f is not None else []
+        if ours and theirs:
+            print(f"  round {r + 1}: ours (3 nodes) / llama.cpp RPC: 1 stream "
+                  f"{ratio(ours[-1].decode_1, theirs[-1].decode_1)}x, {args.streams} streams "
+                  f"{ratio(ours[-1].decode_n, theirs[-1].decode_n)}x")
+    best_ours = best_of(ours) if ours else None
+    best_theirs = best_of(theirs) if theirs else None
+    if best_ours is not None and best_theirs is not None:
+        best = f", each figure the best of {args.rounds} rounds" if args.rounds > 1 else ""
+        print(f"  ours (3 nodes) / llama.cpp RPC{best}: 1 stream "
+              f"{ratio(best_ours.decode_1, best_theirs.decode_1)}x ({best_ours.decode_1:.2f} "
+              f"against {best_theirs.decode_1:.2f} tok/s), {args.streams} streams "
+              f"{ratio(best_ours.decode_n, best_theirs.decode_n)}x ({best_ours.decode_n:.2f} "
+              f"against {best_theirs.decode_n:.2f} tok/s)")
+    return split, best_ours, best_theirs
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> None:
+    model = generate(args, tmp / "repo")
+    rows = set(args.rows.split(","))
+    base: Journey | None = None
+    pipelined: float | None = None
+    if "baseline" in rows or "split" in rows:
+        base = await row_nodes(args, tmp, model, "baseline", 1, [])
+    split, s_fig, rpc = await split_and_rpc(args, tmp, model, rows, base)
     if "pipelined" in rows:
         pipelined = await row_pipelined(args, tmp, model)
-    s_fig = split.figures if split is not None else None
     print(f"summary: download_share_max={f'{split.share_max:.3f}' if split else 'n/a'} "
           f"rpc_decode_1={ratio(s_fig.decode_1 if s_fig else None, rpc.decode_1 if rpc else None)} "
           f"rpc_decode_8={ratio(s_fig.decode_n if s_fig else None, rpc.decode_n if rpc else None)} "
@@ -420,12 +458,17 @@ def main() -> None:
                     help="micro-batches of the pipelined row (default: the runner's)")
     ap.add_argument("--limit-share", type=float, default=0.95,
                     help="each split node's --memory-limit, as a share of one node's need")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the split and rpc rows this many times, alternating which goes "
+                    "first; each figure the best of the rounds")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--min-free-gb", type=float, default=15.0)
     ap.add_argument("--model-cache", type=Path,
                     help="keep the generated file in this folder and reuse it on later runs")
     args = ap.parse_args()
     args.shape = args.shape or SHAPES[args.arch]
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     unknown = set(args.rows.split(",")) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows: {', '.join(sorted(unknown))}")
