@@ -245,7 +245,7 @@ class PipelinedBatcher:
     ``BatchGenerator``'s, over ``lanes`` lanes (``lane_count``: one per stage by default)."""
 
     def __init__(self, head: PipelineHead, lanes: int, max_batch: int,
-                 make: BatcherFactory, budget: PageBudget | None = None) -> None:
+                 make: BatcherFactory, budget: PageBudget) -> None:
         self.lanes: list[Lane] = []
         offset = 0
         for i, size in enumerate(lane_sizes(max_batch, lanes)):
@@ -255,7 +255,7 @@ class PipelinedBatcher:
         self._in_flight: deque[Lane] = deque()
         self._owner: dict[str, Lane] = {}
         self._ready: list[StepOutput] = []  # of steps finished early (for a cancel)
-        self._waiting: deque[_Waiting] = deque()  # for pages (with a budget), oldest first
+        self._waiting: deque[_Waiting] = deque()  # for pages and a slot, oldest first
         self._reserved: dict[str, int] = {}  # pages each request of the lanes took
 
     @property
@@ -268,15 +268,10 @@ class PipelinedBatcher:
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
             images: ImageSpans | None = None) -> None:
-        """Queue a request on the lane with the fewest requests (the first such); with a
-        page budget, in a queue of its own until its pages and a lane's slot are free."""
+        """Queue a request until its pages (``PageBudget``) and a lane's slot are free; then
+        it goes to the lane with the fewest requests (the first such)."""
         if request_id in self._owner or any(w.request_id == request_id for w in self._waiting):
             raise ValueError(f"request {request_id!r} is already active")
-        if self.budget is None:
-            lane = min(self.lanes, key=lambda ln: ln.batcher.active / ln.size)
-            lane.batcher.add(request_id, prompt_ids, params, images)
-            self._owner[request_id] = lane
-            return
         self.lanes[0].batcher.check(prompt_ids, images)  # refused now, not when it starts
         pages = self.budget.need(len(prompt_ids), params.max_tokens)
         self._waiting.append(_Waiting(request_id, list(prompt_ids), params, images, pages))
@@ -285,7 +280,7 @@ class PipelinedBatcher:
     def _admit(self) -> None:
         """Hand the oldest waiting requests to lanes while their pages and a slot are free."""
         budget = self.budget
-        while budget is not None and self._waiting:
+        while self._waiting:
             w = self._waiting[0]
             open_lanes = [ln for ln in self.lanes if ln.batcher.active < ln.size]
             if w.pages > budget.free or not open_lanes:
@@ -303,8 +298,7 @@ class PipelinedBatcher:
 
     def _ended(self, request_id: str) -> None:
         self._owner.pop(request_id, None)
-        if self.budget is not None:
-            self.budget.free += self._reserved.pop(request_id, 0)
+        self.budget.free += self._reserved.pop(request_id, 0)
 
     def cancel(self, request_id: str) -> bool:
         for w in self._waiting:
@@ -399,13 +393,11 @@ def pipeline_slots(max_batch: int, stages: int) -> int:
 
 
 def pipelined_batcher(head: PipelineHead, stages: int, slots: int, max_seq: int,
-                      eos_token_ids: Sequence[int], pages: int | None = None) -> PipelinedBatcher:
+                      eos_token_ids: Sequence[int], pages: int) -> PipelinedBatcher:
     """Rank 0's batcher for a pipeline of ``stages`` (``lane_count`` micro-batches) over
-    ``slots`` slots; with ``pages``, the requests of every lane share that many cache pages
-    (``PageBudget``)."""
+    ``slots`` slots, the requests of every lane sharing ``pages`` cache pages (``PageBudget``)."""
 
     def make(model: LaneModel, lane_slots: int) -> BatchGenerator:
         return BatchGenerator(model, lane_slots, max_seq, eos_token_ids=eos_token_ids)
 
-    budget = PageBudget(pages, max_seq) if pages is not None else None
-    return PipelinedBatcher(head, lane_count(stages), slots, make, budget)
+    return PipelinedBatcher(head, lane_count(stages), slots, make, PageBudget(pages, max_seq))

@@ -14,7 +14,7 @@ from torch import Tensor
 from exo.worker.engines.batch import BatchGenerator, StepOutput
 from exo.worker.engines.config import LlamaConfig
 from exo.worker.engines.engine import Shard, load_model
-from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.kv_cache import KVCache, pages_for
 from exo.worker.engines.models.base import ShardModel, StepInputs
 from exo.worker.engines.sampling import SamplingParams
 from exo.worker.engines.tests.tiny_models import write_tiny_model
@@ -22,6 +22,7 @@ from exo.worker.runner.microbatch import (
     LANES_ENV,
     BatcherFactory,
     LaneModel,
+    PageBudget,
     PipelinedBatcher,
     lane_count,
     lane_sizes,
@@ -119,6 +120,11 @@ def _run(batcher: PipelinedBatcher | BatchGenerator, requests: dict[str, list[in
     raise AssertionError("the batcher did not finish")
 
 
+def _ample(max_seq: int) -> PageBudget:
+    """Pages for more requests of the whole context than any of these tests runs."""
+    return PageBudget(64 * pages_for(max_seq), max_seq)
+
+
 def _make(max_seq: int) -> BatcherFactory:
     def make(model: LaneModel, slots: int) -> BatchGenerator:
         return BatchGenerator(model, slots, max_seq)
@@ -128,7 +134,7 @@ def _make(max_seq: int) -> BatcherFactory:
 
 def test_two_micro_batches_keep_both_stages_busy() -> None:
     stages = VirtualStages()
-    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
+    batcher = PipelinedBatcher(stages, 2, 4, _make(32), _ample(32))
     out = _run(batcher, {f"r{i}": [i, i + 1] for i in (0, 2, 4, 6)}, max_tokens=6)
     assert out == {f"r{i}": [(i + 2 + k) % VOCAB for k in (0, 1, 2, 3, 4, 5)] for i in (0, 2, 4, 6)}
     both = overlap(*stages.traces)
@@ -146,7 +152,7 @@ def test_two_micro_batches_keep_both_stages_busy() -> None:
 
 def test_one_micro_batch_leaves_the_stages_taking_turns() -> None:
     stages = VirtualStages()
-    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
+    batcher = PipelinedBatcher(stages, 2, 4, _make(32), _ample(32))
     out = _run(batcher, {"only0": [3, 4]}, max_tokens=5)
     assert out == {"only0": [5, 6, 7, 8, 9]}
     assert overlap(*stages.traces) == 0.0
@@ -156,7 +162,7 @@ def test_one_micro_batch_leaves_the_stages_taking_turns() -> None:
 
 def test_a_cancel_mid_step_finishes_the_step_frees_the_slot_everywhere_keeps_the_rest() -> None:
     stages = VirtualStages()
-    batcher = PipelinedBatcher(stages, 2, 4, _make(32))
+    batcher = PipelinedBatcher(stages, 2, 4, _make(32), _ample(32))
     requests = {"a0": [1, 2], "b0": [3, 4], "c0": [5, 6], "d0": [7, 8]}  # lanes 0, 1, 0, 1
     for rid, prompt in requests.items():
         batcher.add(rid, prompt, SamplingParams(temperature=0.0, max_tokens=6))
@@ -189,7 +195,7 @@ def test_a_cancel_mid_step_finishes_the_step_frees_the_slot_everywhere_keeps_the
 
 def test_more_micro_batches_than_stages_keep_the_tokens_and_both_stages_busy() -> None:
     stages = VirtualStages()
-    batcher = PipelinedBatcher(stages, 4, 8, _make(32))
+    batcher = PipelinedBatcher(stages, 4, 8, _make(32), _ample(32))
     assert [lane.size for lane in batcher.lanes] == [2, 2, 2, 2]
     greedy = range(0, 16, 2)  # (an odd id samples)
     out = _run(batcher, {f"r{i}": [i, i + 1] for i in greedy}, max_tokens=6)
@@ -260,7 +266,8 @@ def test_micro_batches_give_each_request_its_tokens_alone(tmp_path: Path) -> Non
     alone = {
         rid: _run(BatchGenerator(whole, 1, 64), {rid: p}, 8)[rid] for rid, p in prompts.items()
     }
-    split = pipelined_batcher(InProcessPipeline(first, second, 5), 3, 5, 64, ())
+    split = pipelined_batcher(InProcessPipeline(first, second, 5), 3, 5, 64, (),
+                              pages=5 * pages_for(64))
     with torch.inference_mode():
         assert _run(split, prompts, 8) == alone
     assert split.held_slots() == 0
@@ -271,7 +278,6 @@ def test_lanes_share_the_cache_pages_a_runner_is_sized_for() -> None:
     # arrival order), and every request gives its pages back when it ends or is cancelled
     split = pipelined_batcher(VirtualStages(), 2, 4, 64, (), pages=2)
     budget = split.budget
-    assert budget is not None
     for i in range(4):
         split.add(f"r{i}", [3, 4, 5], _params(f"r{2 * i}", 6))  # greedy, 6 tokens each
     firsts: list[str] = []
