@@ -5,7 +5,8 @@
  * NEON build's against the portable build's (and the x86 portable build's) line for line. It also
  * prints which kinds have a dot and a dot8 of this build's own instruction set (not the generic
  * fallback), so a test can see the build's kernels are the ones that ran; and checks that with
- * 8-bit activations each row of a batch gets the floats it gets alone (the kinds with dot8). */
+ * 8-bit activations each row of a batch gets the floats it gets alone (the kinds with dot8), and
+ * that the build's own dot8 entry points give the generic ones' bits (issue 22 arm8). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,28 @@ static int batched_differs(const LinearSpec* s, const float* x, int M, const flo
     return 0;
 }
 
+/* issue 22 arm8: 1 (printed) if the build's own dot8 entry point of kind t (not the generic
+ * fallback) gives other bits than the generic one, called directly on the same Run: rows [0, N)
+ * of w against the M rows of x quantised to 8 bits (every activation row in one Run, so the
+ * entry point's passes of rows are crossed as the row count grows). */
+static int dot8_differs(const KindTraits* t, const uint8_t* w, size_t rb, int K, int N, const float* x, int M) {
+    if (EXO_ISA == EXO_ISA_GENERIC || t->act8 != ACT_X8 || t->dot8[EXO_ISA] == NULL) return 0;
+    const int nb = K / QK;
+    BlockX8* x8 = malloc(sizeof(BlockX8) * (size_t)M * nb);
+    float* own = malloc(sizeof(float) * (size_t)M * N);
+    float* generic = malloc(sizeof(float) * (size_t)M * N);
+    if (!x8 || !own || !generic) abort();
+    for (int m = 0; m < M; m++) exo_quantize_row8(x + (size_t)m * K, K, x8 + (size_t)m * nb);
+    Run r = {.w = w, .rb = rb, .kind = t->kind, .file_kind = t->file_kind, .base = 0, .lo = 0, .hi = N, .m0 = 0,
+             .m1 = M, .nb = nb, .N = N, .y = own, .x8 = x8};
+    int bad = t->dot8[EXO_ISA](&r) != 0;
+    r.y = generic;
+    bad = bad || t->dot8[EXO_ISA_GENERIC](&r) != 0 || memcmp(own, generic, sizeof(float) * (size_t)M * N) != 0;
+    if (bad) printf("FAIL digest kind %d M %d: the build's dot8 differs from the generic one\n", t->kind, M);
+    free(x8), free(own), free(generic);
+    return bad;
+}
+
 /* Prints one line per kind, activation bits and row count; returns the number of failed calls. */
 int run_digest(void) {
     enum { K = 512, N = 24, MAX_M = 64 };
@@ -75,6 +98,7 @@ int run_digest(void) {
                 memset(y, 0, sizeof(float) * MAX_M * N);
                 const int rc = exo_qlinear(&s, x, M, NULL, y);
                 failed += rc != 0;
+                if (bits == 8) failed += dot8_differs(t, s.w[0], rb, K, N, x, M); /* issue 22 arm8 */
                 if (bits == 8 && t->act8 == ACT_X8 && batched_differs(&s, x, M, y)) {
                     printf("FAIL digest kind %d bits 8 M %d: a row's result differs from its result alone\n", kind, M);
                     failed++;
