@@ -207,7 +207,8 @@ def build_harness(compiler: str, isa: Isa, out: Path, *, sanitize: bool = True) 
 
 # ---- aarch64 (arm) ----
 # The aarch64 builds: `portable` and `neon-dotprod` (arch/arm/: NEON dots of the 16-bit
-# activations, baseline armv8-a, and sdot dots of the 8-bit ones, armv8.2-a+dotprod). Every
+# activations, baseline armv8-a, and sdot dots of the 8-bit ones, armv8.2-a+dotprod: every file
+# layout's per-row dot8 and every repacked layout's grouped8, issue 22 arm8). Every
 # aarch64 build contracts no multiply-adds (FMA is baseline there: the compiler would fuse the
 # generic files' `a * b + c` where it liked), so both builds give the x86 portable build's floats
 # bit for bit (the harness's digest mode checks it under qemu: tests/test_engine_kernel_arm.py).

@@ -25,15 +25,15 @@
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), X86(exo_x86_##grouped)}}
 #define DOT8(k) {[EXO_ISA_GENERIC] = exo_generic_dot8_##k, [EXO_ISA_AVX2] = X86(exo_x86_dot8_##k) NEON_DOT8(k)}
 /* issue 22: the repacked Q4 groups' 8-bit strategy */
-#define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
+#define GROUPED8(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k) NEON_GROUPED8(k)}
 /* issue 22 q5dots: Q5_0's groups' 8-bit strategy */
-#define GROUPED8_Q5_0 {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5_0, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_q5_0)}
+#define GROUPED8_Q5_0 {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5_0, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_q5_0) NEON_GROUPED8(q5_0)}
 /* issue 22 q5g: Q5_1's / Q5_K's groups: at 16 bits the tile from the group (x86) at every row count, else
  * the generic groups; at 8 bits their grouped8 kernels */
 #define GROUPED_TILE_OPS                                                                           \
     {[EXO_ISA_GENERIC] = {NULL, NULL, NULL, NULL, exo_generic_grouped},                            \
      [EXO_ISA_AVX2] = {NULL, NULL, NULL, X86(exo_x86_tile), NULL}}
-#define GROUPED8_Q5G(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5g, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k)}
+#define GROUPED8_Q5G(k) {[EXO_ISA_GENERIC] = exo_generic_grouped8_q5g, [EXO_ISA_AVX2] = X86(exo_x86_grouped8_##k) NEON_GROUPED8(k)}
 #define exo_generic_none NULL
 /* a kind with the dot strategy alone (MXFP4, IQ4_NL, IQ4_XS, Q2_K, Q3_K) */
 #define DOT_OPS(k)                                                                                 \
@@ -41,8 +41,9 @@
      [EXO_ISA_AVX2] = {X86(exo_x86_dot_##k), NULL, NULL, NULL, NULL}}
 #define exo_x86_none NULL
 /* arm: the NEON column of aarch64 builds (arch/arm/: every file layout's per-row dot, Q8_0's and
- * Q5_0's pair, the 8-bit dots with dotprod); every other strategy (tile, unpacked, grouped) takes
- * the generic entry points. Nothing in x86 builds. */
+ * Q5_0's pair; with dotprod, every 8-bit dot: the file layouts' per-row dot8 and the repacked
+ * groups' grouped8); the other 16-bit strategies (tile, unpacked, grouped) take the generic entry
+ * points. Nothing in x86 builds. */
 #if defined(__aarch64__)
 #if EXO_NEON
 #define NEON(f) f
@@ -57,17 +58,12 @@
 #define NEON_OPS(dot, pair) , [EXO_ISA_NEON] = {NEON(exo_arm_##dot), NEON(exo_arm_##pair), NULL, NULL, NULL}
 #define NEON_DOT8(k) , [EXO_ISA_NEON] = NEON8(exo_arm_dot8_##k)
 #define exo_arm_none NULL
-/* no NEON 8-bit dot of their own yet: the generic one runs */
-#define exo_arm_dot8_q8_0 NULL
-#define exo_arm_dot8_q4_k NULL
-#define exo_arm_dot8_q6_k NULL
-/* issue 22 q5dots: Q5_0 / Q5_1 / Q5_K have no NEON 8-bit dot of their own either */
-#define exo_arm_dot8_q5_0 NULL
-#define exo_arm_dot8_q5_1 NULL
-#define exo_arm_dot8_q5_k NULL
+/* issue 22 arm8: the repacked groups' 8-bit strategy (arch/arm/grouped8.c) */
+#define NEON_GROUPED8(k) , [EXO_ISA_NEON] = NEON8(exo_arm_grouped8_##k)
 #else
 #define NEON_OPS(dot, pair)
 #define NEON_DOT8(k)
+#define NEON_GROUPED8(k)
 #endif
 
 static const KindTraits KINDS[] = {

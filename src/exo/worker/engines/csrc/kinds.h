@@ -166,6 +166,22 @@ int exo_x86_grouped8_q5_0(const Run* r);
 int exo_generic_grouped8_q5g(const Run* r);
 int exo_x86_grouped8_q5_1(const Run* r);
 int exo_x86_grouped8_q5_k(const Run* r);
+/* issue 22 arm8: NEON + dotprod 8-bit dots of the other file layouts (arch/arm/dot8_k.c) and of
+ * every repacked layout's groups (arch/arm/grouped8.c) */
+int exo_arm_dot8_q8_0(const Run* r);
+int exo_arm_dot8_q4_k(const Run* r);
+int exo_arm_dot8_q6_k(const Run* r);
+int exo_arm_dot8_q5_0(const Run* r);
+int exo_arm_dot8_q5_1(const Run* r);
+int exo_arm_dot8_q5_k(const Run* r);
+int exo_arm_grouped8_q4_0(const Run* r);
+int exo_arm_grouped8_q4_1(const Run* r);
+int exo_arm_grouped8_q8_0(const Run* r);
+int exo_arm_grouped8_q4_k(const Run* r);
+int exo_arm_grouped8_q6_k(const Run* r);
+int exo_arm_grouped8_q5_0(const Run* r);
+int exo_arm_grouped8_q5_1(const Run* r);
+int exo_arm_grouped8_q5_k(const Run* r);
 
 /* ---- helpers the strategies share ---- */
 static inline const uint8_t* run_row(const Run* r, int n) { return r->w + (size_t)(n - r->base) * r->rb; }

@@ -40,9 +40,10 @@ N1 = "Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdh
 A72 = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\nCPU implementer\t: 0x41"
 ARM_BUILDS: tuple[Isa, ...] = ("portable", "neon-dotprod")
 CROSS_CC, QEMU, SYSROOT = "aarch64-linux-gnu-gcc", "qemu-aarch64", "/usr/aarch64-linux-gnu"
-# the kinds arch/arm/ has NEON dots of (16-bit), and 8-bit dots (sdot) of
+# the kinds arch/arm/ has NEON dots of (16-bit), and 8-bit dots (sdot) of: every file layout's
+# per-row dot8 and (issue 22 arm8) every repacked layout's grouped8 (Q4_0 .. Q6_K, then Q5_1 / Q5_K)
 NEON_DOTS = {40, 4, 8, 50, 51, 104, 105, 106}
-NEON_DOT8 = {40, 4}
+NEON_DOT8 = NEON_DOTS | {240, 204, 208, 250, 304, 306, 251, 305}
 
 
 def test_aarch64_features_choose_the_build(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,8 +139,9 @@ def _qemu(exe: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_the_aarch64_builds_pass_the_harness_under_qemu(
     harnesses: dict[Isa, Path], isa: Isa
 ) -> None:
-    """Every kind's 16-bit linear (random shapes, parts, groups) and Q4_0 / Q4_1's 8-bit one against
-    the references, the pool, attention and refusals: the harness's whole run, sized for qemu."""
+    """Every kind's 16-bit linear (random shapes, parts, groups) and every 8-bit kind's (file rows
+    and their groups, the build's sdot kernels) against the references, the pool, attention and
+    refusals: the harness's whole run, sized for qemu."""
     for seed in ("1", "2"):
         done = _qemu(harnesses[isa], seed, "16")
         report = f"seed {seed}:\n{done.stdout[-3000:]}\n{done.stderr[-4000:]}"
@@ -161,7 +163,9 @@ def test_the_neon_build_gives_the_portable_results_bit_for_bit(
 ) -> None:
     """Every kind and grouped layout, 16- and 8-bit activations, 1 to 64 rows (every strategy's
     threshold): the NEON + dotprod build's outputs hash as the portable build's, and as this
-    machine's own portable build's where it is x86 (the same floats on both architectures)."""
+    machine's own portable build's where it is x86 (the same floats on both architectures); in the
+    NEON build each of its own 8-bit entry points (every file layout's dot8, every group's
+    grouped8) gives the generic entry point's bits on the same call (the digest's FAIL lines)."""
     neon_run, portable_run = (
         _qemu(harnesses["neon-dotprod"], "digest"),
         _qemu(harnesses["portable"], "digest"),

@@ -5,7 +5,8 @@
  * NEON build's against the portable build's (and the x86 portable build's) line for line. It also
  * prints which kinds have a dot and a dot8 of this build's own instruction set (not the generic
  * fallback), so a test can see the build's kernels are the ones that ran; and checks that with
- * 8-bit activations each row of a batch gets the floats it gets alone (the kinds with dot8). */
+ * 8-bit activations each row of a batch gets the floats it gets alone (the kinds with dot8), and
+ * that the build's own dot8 entry points give the generic ones' bits (issue 22 arm8). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,62 @@ static int batched_differs(const LinearSpec* s, const float* x, int M, const flo
     return 0;
 }
 
+/* issue 22 arm8: 1 (printed) if the build's own dot8 entry point of kind t (not the generic
+ * fallback) gives other bits than the generic one, each called directly on the same Run: rows
+ * [lo, N) of w against activation rows [m0, m1) of x quantised to 8 bits (every activation row in
+ * one Run, so the entry point's passes of rows are crossed as the row count grows). */
+static int dot8_differs(const KindTraits* t, const uint8_t* w, size_t rb, int K, int N, const float* x, int lo, int m0,
+                        int m1) {
+    if (EXO_ISA == EXO_ISA_GENERIC || t->act8 != ACT_X8 || t->dot8[EXO_ISA] == NULL) return 0;
+    const int nb = K / QK;
+    const size_t out = sizeof(float) * (size_t)m1 * N;
+    BlockX8* x8 = malloc(sizeof(BlockX8) * (size_t)m1 * nb);
+    float* own = calloc(1, out);
+    float* generic = calloc(1, out);
+    if (!x8 || !own || !generic) abort();
+    for (int m = 0; m < m1; m++) exo_quantize_row8(x + (size_t)m * K, K, x8 + (size_t)m * nb);
+    Run r = {.w = w, .rb = rb, .kind = t->kind, .file_kind = t->file_kind, .base = 0, .lo = lo, .hi = N, .m0 = m0,
+             .m1 = m1, .nb = nb, .N = N, .y = own, .x8 = x8};
+    int bad = t->dot8[EXO_ISA](&r) != 0;
+    r.y = generic;
+    bad = bad || t->dot8[EXO_ISA_GENERIC](&r) != 0 || memcmp(own, generic, out) != 0;
+    if (bad)
+        printf("FAIL digest kind %d K %d rows %d.. M %d..%d: the build's dot8 differs from the generic one\n", t->kind,
+               K, lo, m0, m1);
+    free(x8), free(own), free(generic);
+    return bad;
+}
+
+/* issue 22 arm8: dot8_differs at more shapes than the digest's: an odd number of blocks (or of
+ * super-blocks), 5 groups, all rows and rows from 8 on, activation rows from 0 and from 1 on. */
+static int dot8_shapes(Rng* r) {
+    enum { N = 40, MAX_K = 1184, MAX_M = 65 };
+    static const int rows[] = {1, 2, 4, 8, 9, 64};
+    float* x = malloc(sizeof(float) * MAX_M * MAX_K);
+    uint8_t* file = malloc(ref_row_bytes(KIND_Q8_0, MAX_K) * N);
+    uint8_t* laid = malloc(ref_row_bytes(KIND_Q8_0, MAX_K) * N);
+    if (!x || !file || !laid) abort();
+    for (int i = 0; i < MAX_M * MAX_K; i++) x[i] = rng_normalish(r) * 3.0f;
+    int failed = 0;
+    for (size_t k = 0; k < sizeof DIGEST_KINDS / sizeof DIGEST_KINDS[0]; k++) {
+        const int kind = DIGEST_KINDS[k][0], file_kind = DIGEST_KINDS[k][1];
+        const KindTraits* t = exo_kind_traits(kind);
+        for (int big = 0; t->act8 == ACT_X8 && big < 2; big++) {
+            const int K = t->block_values == 256 ? (big ? 1024 : 256) : (big ? MAX_K : 96);
+            const size_t rb = ref_row_bytes(file_kind, K);
+            for (int n = 0; n < N; n++) ref_random_row(r, file_kind, K, file + rb * (size_t)n);
+            if (kind != file_kind) ref_group_rows(file_kind, file, N, K, laid);
+            const uint8_t* w = kind != file_kind ? laid : file;
+            for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+                failed += dot8_differs(t, w, rb, K, N, x, 0, 0, rows[i]);
+                failed += dot8_differs(t, w, rb, K, N, x, 8, 1, rows[i] + 1);
+            }
+        }
+    }
+    free(x), free(file), free(laid);
+    return failed;
+}
+
 /* Prints one line per kind, activation bits and row count; returns the number of failed calls. */
 int run_digest(void) {
     enum { K = 512, N = 24, MAX_M = 64 };
@@ -75,6 +132,7 @@ int run_digest(void) {
                 memset(y, 0, sizeof(float) * MAX_M * N);
                 const int rc = exo_qlinear(&s, x, M, NULL, y);
                 failed += rc != 0;
+                if (bits == 8) failed += dot8_differs(t, s.w[0], rb, K, N, x, 0, 0, M); /* issue 22 arm8 */
                 if (bits == 8 && t->act8 == ACT_X8 && batched_differs(&s, x, M, y)) {
                     printf("FAIL digest kind %d bits 8 M %d: a row's result differs from its result alone\n", kind, M);
                     failed++;
@@ -86,6 +144,7 @@ int run_digest(void) {
         exo_set_activations(16);
     }
     free(x), free(y), free(rows), free(laid);
+    failed += dot8_shapes(&r); /* issue 22 arm8 */
     printf("digest done: %d failed calls\n", failed);
     return failed;
 }

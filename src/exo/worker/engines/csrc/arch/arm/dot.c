@@ -4,8 +4,8 @@
  * multiply-adds (vmlal_s16: exact), then its float terms are added exactly as the generic kernels
  * (dot.c) add them, chain for chain and in the same order; the aarch64 builds contract no
  * multiply-adds (kernel_build.py: -ffp-contract=off), so a row's result is the portable build's
- * bit for bit (the harness's digest checks it). The other strategies (unpacked, grouped) stay
- * generic on ARM.
+ * bit for bit (the harness's digest checks it). The other 16-bit strategies (unpacked, grouped)
+ * stay generic on ARM; the 8-bit ones are all NEON + dotprod (dot8.c, dot8_k.c, grouped8.c).
  *
  * Speed: not measured (no ARM machine here; the harness runs these under qemu for correctness).
  */

@@ -1,4 +1,5 @@
-/* NEON + dotprod dots of 4-bit weights (Q4_0, Q4_1) with 8-bit activations (ACT_X8, BlockX8):
+/* NEON + dotprod dots of 4-bit weights (Q4_0, Q4_1) with 8-bit activations (ACT_X8, BlockX8; the
+ * other file layouts: dot8_k.c, the repacked groups: grouped8.c):
  * per block two sdot (vdotq_s32) give the block's integer dot i_b exactly (int32 lanes summed),
  * then act8.h's float order, the generic dots' (act8.c): acc = acc + (d_w d_x) i_b, then
  * acc = acc + m_w s_x, block by block. Built without contracted multiply-adds, so the results are
