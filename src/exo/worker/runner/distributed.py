@@ -5,7 +5,8 @@ model proxy whose ``forward`` drives the other ranks. The others follow in a loo
 executes what rank 0 asks, step by step:
 
 * pipeline: each rank holds a layer range; rank 0 embeds, activations go rank to rank,
-  the last rank applies the head and sends the logits back to rank 0 (W messages a step);
+  the last rank applies the head and sends the logits back to rank 0, over the ring of TCP
+  streams ``stage_link`` opens when the group is joined (W messages a step);
 * tensor: each rank holds a slice of every layer; rank 0 broadcasts the step, every rank
   runs all layers with two all-reduces per layer (after attention and after the MLP).
 
@@ -14,12 +15,11 @@ so the followers' caches stay in the same layout as the leader's, moves included
 
 A pipeline keeps several steps in flight (``microbatch.PipelinedBatcher``: one micro-batch
 per stage): a stage receives a step, computes it, and only then sends it on, so each stage
-works on one micro-batch while the next stage works on another. Rank 0 posts the receive of
-a step's logits as it sends the step, so the last stage never waits to hand them back.
+works on one micro-batch while the next stage works on another. Rank 0 reads the logits in a
+thread of its own as they come, so the last stage never waits to hand them back.
 """
 
 import os
-import socket
 import threading
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -43,6 +43,7 @@ from exo.worker.engines.models.base import AllReduce, ShardModel, StepInputs, no
 from exo.worker.engines.tokenizer import load_tokenizer
 from exo.worker.engines.weights import ProgressCallback, TensorParallel
 from exo.worker.runner.stage_images import images_meta, receive_images, send_images
+from exo.worker.runner.stage_link import LogitsReader, StageLink, local_address_towards, open_link
 from exo.worker.runner.stage_trace import StageTrace
 
 Kind = Literal["pipeline", "tensor"]
@@ -50,6 +51,7 @@ _OP_STOP, _OP_FORWARD, _OP_MOVE, _OP_RELEASE = 0, 1, 2, 3
 # op, batch, new tokens, (move: length; forward: 1 = every position's logits), lane,
 # (forward) the length of the images' description that follows the header (0: no images)
 _HEADER_FIXED = 6
+_link: StageLink | None = None  # this process's place in its pipeline's ring (connect)
 
 
 def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
@@ -74,17 +76,23 @@ def connect(bound_instance: BoundInstance, timeout_s: float) -> None:
         world_size=shard.world_size,
         timeout=timedelta(seconds=timeout_s),
     )
+    global _link
+    if isinstance(shard, PipelineShardMetadata) and shard.world_size > 1:
+        _link = open_link(shard.device_rank, shard.world_size, host, timeout_s)
+
+
+def pipeline_link() -> StageLink:
+    """The ring ``connect`` opened for this process's pipeline."""
+    if _link is None:
+        raise RuntimeError("no pipeline link: the runner has not joined a pipeline group")
+    return _link
 
 
 def interface_towards(host: str) -> str | None:
     """The name of the interface this machine reaches ``host`` through (a UDP socket's
     route lookup: nothing is sent); None when there is no route."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect((host, 9))
-            local = str(probe.getsockname()[0])
-    except OSError:
+    local = local_address_towards(host)
+    if local is None:
         return None
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.address.split("%", 1)[0] == local for a in addrs):
@@ -147,15 +155,13 @@ class _LeaderCache:
 
 
 class _Received:
-    """Logits the last stage sends back: a receive posted when the step was sent."""
+    """The logits of a step sent down the pipeline, which rank 0's reader takes in."""
 
-    def __init__(self, work: dist.Work | None, logits: Tensor) -> None:
-        self.work, self.logits = work, logits
+    def __init__(self, reader: LogitsReader, step: int) -> None:
+        self.reader, self.step = reader, step
 
     def wait(self) -> Tensor:
-        if self.work is not None:
-            self.work.wait()
-        return self.logits
+        return self.reader.take(self.step)
 
 
 class LeaderModel:
@@ -173,12 +179,14 @@ class LeaderModel:
         self.end_layer = local.config.n_layers
         self.weight_format: WeightFormat = local.weight_format
         self.trace = StageTrace(0)
+        self.link = pipeline_link() if kind == "pipeline" else None
+        self.logits = LogitsReader(self.link) if self.link is not None else None
 
     def send_header(self, header: Tensor) -> None:
-        if self.kind == "tensor":
+        if self.link is None:
             dist.broadcast(header, src=0)
         else:
-            dist.send(header, dst=1)
+            self.link.send(header)
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         return cast(KVCache, _LeaderCache(self.local.new_cache(max_batch, max_seq), self))
@@ -212,14 +220,19 @@ class LeaderModel:
         with self.trace.timed(lane):
             hidden = merge_chunk(self.local.embed(tokens), local.images)  # the images go in here
             hidden = self.local.forward_layers(hidden, local, cache)
+        assert self.link is not None and self.logits is not None
         meta = images_meta(routed.images)
-        self.send_header(self.header.encode(_OP_FORWARD, routed, every_position=every_position,
-                                            lane=lane, images=meta.numel()))  # fmt: skip
-        send_images(routed.images, meta, 1)
-        dist.send(hidden.contiguous(), dst=1)
-        shape = (len(routed.slots), routed.n_new) if every_position else (len(routed.slots),)
-        logits = torch.empty(*shape, self.config.vocab, dtype=torch.float32)
-        return _Received(dist.irecv(logits, src=self.world_size - 1), logits)
+        header = self.header.encode(_OP_FORWARD, routed, every_position=every_position, lane=lane,
+                                    images=meta.numel())  # fmt: skip
+        rows = (len(routed.slots), routed.n_new) if every_position else (len(routed.slots),)
+        step = self.logits.expect((*rows, self.config.vocab))
+        if routed.images is None:
+            self.link.send(header, hidden)
+        else:
+            self.link.send(header)
+            send_images(routed.images, meta, self.link)
+            self.link.send(hidden)
+        return _Received(self.logits, step)
 
     def final_hidden(self, tokens: Tensor) -> Tensor:
         """Embeddings need the whole model in one process: refused for a split one."""
@@ -230,6 +243,8 @@ class LeaderModel:
 
     def stop(self, held_slots: int = 0) -> None:
         self.send_header(self.header.encode(_OP_STOP))
+        if self.logits is not None:
+            self.logits.close()
         if self.kind == "pipeline":
             self.trace.held_slots = held_slots
             logger.info(f"pipeline trace: {self.trace.summary()}")
@@ -249,6 +264,7 @@ class Follower:
         self.cache = local.new_cache(max_batch, max_seq)
         self.error: BaseException | None = None
         self.trace = StageTrace(rank)
+        self.link = pipeline_link() if kind == "pipeline" else None
         self.finished = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exo-follower", daemon=True)
 
@@ -271,15 +287,15 @@ class Follower:
 
     def _receive_header(self) -> Tensor:
         header = torch.empty(self.header.length, dtype=torch.int64)
-        if self.kind == "tensor":
+        if self.link is None:
             dist.broadcast(header, src=0)
         else:
-            dist.recv(header, src=self.rank - 1)
+            self.link.recv_into(header)
         return header
 
     def _pass_on(self, header: Tensor) -> None:
-        if self.kind == "pipeline" and self.rank < self.world_size - 1:
-            dist.send(header, dst=self.rank + 1)
+        if self.link is not None and self.rank < self.world_size - 1:
+            self.link.send(header)
 
     def _serve_one(self) -> bool:
         header = self._receive_header()
@@ -297,25 +313,31 @@ class Follower:
         step = self.header.decode_step(header)
         batch = len(step.slots)
         if int(header[5]) > 0:  # the chunk's images (spans, positions, features) come first
+            assert self.link is not None  # (a tensor instance takes no images)
             step = replace(step, images=receive_images(int(header[5]), step.n_new,
                                                        self.local.config.hidden, self.local.dtype,
-                                                       self.rank - 1))  # fmt: skip
+                                                       self.link))  # fmt: skip
         if self.kind == "tensor":
             tokens = torch.empty(batch, step.n_new, dtype=torch.int64)
             dist.broadcast(tokens, src=0)
             self.local.forward(tokens, step, self.cache)
             return True
+        assert self.link is not None
         hidden = torch.empty(batch, step.n_new, self.local.config.hidden, dtype=self.local.dtype)
-        dist.recv(hidden, src=self.rank - 1)
+        self.link.recv_into(hidden)
         last = self.rank == self.world_size - 1
         with self.trace.timed(int(header[4])):
             hidden = self.local.forward_layers(hidden, step, self.cache)
             if last:
                 hidden = self.local.head(hidden if bool(header[3]) else hidden[:, -1])
-        if not last:
-            self._pass_on(header)  # once computed: the next stage may still be busy
-            send_images(step.images, images_meta(step.images), self.rank + 1)
-        dist.send(hidden.contiguous(), dst=0 if last else self.rank + 1)
+        if last:  # the logits, to rank 0
+            self.link.send(hidden.to(torch.float32))
+        elif step.images is None:  # once computed: the next stage may still be busy
+            self.link.send(header, hidden)
+        else:
+            self.link.send(header)
+            send_images(step.images, images_meta(step.images), self.link)
+            self.link.send(hidden)
         return True
 
 

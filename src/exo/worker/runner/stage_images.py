@@ -13,10 +13,10 @@ images) and before the activations:
 """
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from exo.worker.engines.images import ChunkImages
+from exo.worker.runner.stage_link import StageLink
 
 
 def images_meta(images: ChunkImages | None) -> Tensor:
@@ -29,22 +29,20 @@ def images_meta(images: ChunkImages | None) -> Tensor:
     return torch.tensor([*head, *layers, *spans], dtype=torch.int64)
 
 
-def send_images(images: ChunkImages | None, meta: Tensor, dst: int) -> None:
+def send_images(images: ChunkImages | None, meta: Tensor, link: StageLink) -> None:
+    """A chunk's images to the next stage (nothing without images)."""
     if images is None:
         return
-    dist.send(meta, dst=dst)
-    if images.positions is not None:
-        dist.send(images.positions.to(torch.int64).contiguous(), dst=dst)
-    for _, features in images.deepstack:
-        dist.send(features.contiguous(), dst=dst)
+    positions = [] if images.positions is None else [images.positions.to(torch.int64)]
+    link.send(meta, *positions, *(features for _, features in images.deepstack))
 
 
 def receive_images(
-    length: int, n_new: int, hidden: int, dtype: torch.dtype, src: int
+    length: int, n_new: int, hidden: int, dtype: torch.dtype, link: StageLink
 ) -> ChunkImages:
     """A chunk's images as the previous stage sent them (no embeddings: they are merged)."""
     meta = torch.empty(length, dtype=torch.int64)
-    dist.recv(meta, src=src)
+    link.recv_into(meta)
     values = [int(v) for v in meta.tolist()]
     bidirectional, has_positions, n_layers = bool(values[0]), bool(values[1]), values[2]
     layers = values[3 : 3 + n_layers]
@@ -53,11 +51,11 @@ def receive_images(
     positions = None
     if has_positions:
         positions = torch.empty(3, n_new, dtype=torch.int64)
-        dist.recv(positions, src=src)
+        link.recv_into(positions)
     rows = sum(n for _, n in spans)
     deepstack: list[tuple[int, Tensor]] = []
     for layer in layers:
         features = torch.empty(rows, hidden, dtype=dtype)
-        dist.recv(features, src=src)
+        link.recv_into(features)
         deepstack.append((layer, features))
     return ChunkImages(spans, None, bidirectional, positions, tuple(deepstack))
