@@ -3,11 +3,15 @@
 Both are created as ``sender, receiver = channel[T]()`` / ``mp_channel[T]()``. A reader
 sees the end of a stream (``anyio.EndOfStream``, or the end of ``async for``) once every
 sender is closed; a sender whose reader is gone raises ``anyio.ClosedResourceError``.
+A pipe's ``send_many`` writes several items as one message (one write, one wake-up of the
+reader: a runner's step sends a token event per stream); the reader still gets them one by
+one, in order.
 """
 
 import math
 import multiprocessing as mp
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -100,6 +104,13 @@ class MpSender(Generic[T]):
             except (BrokenPipeError, ConnectionResetError, EOFError, OSError) as e:
                 raise ClosedResourceError from e
 
+    def send_many(self, items: Sequence[T]) -> None:
+        """Send ``items`` in order as one message (nothing for none)."""
+        if len(items) == 1:
+            self.send(items[0])
+        elif items:
+            self.send(cast(T, _Many(list(items))))
+
     async def send_async(self, item: T) -> None:
         await anyio.to_thread.run_sync(self.send, item)
 
@@ -118,35 +129,56 @@ class MpSender(Generic[T]):
         self._lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class _Many:
+    """Items ``send_many`` wrote as one message."""
+
+    items: list[Any]
+
+
 @dataclass
 class MpReceiver(Generic[T]):
     """The reading end of a pipe from another process. Picklable (for spawn)."""
 
     _conn: Connection
+    _held: deque[T] = field(default_factory=deque[T])  # the rest of a send_many's message
 
     def receive(self) -> T:
         """Block until an item arrives; ``EndOfStream`` once the sender closed or died."""
+        if self._held:
+            return self._held.popleft()
         if self._conn.closed:
             raise ClosedResourceError
         try:
             item = self._conn.recv()
         except (EOFError, ConnectionResetError, OSError) as e:
             raise EndOfStream from e
+        if isinstance(item, _Many):
+            self._held.extend(cast(list[T], item.items[1:]))
+            return cast(T, item.items[0])
         return cast(T, item)
 
     def poll(self, timeout: float = 0.0) -> bool:
         """True when an item (or the end of the stream) can be received without blocking."""
-        return not self._conn.closed and self._conn.poll(timeout)
+        return bool(self._held) or (not self._conn.closed and self._conn.poll(timeout))
 
     async def receive_async(self) -> T:
-        if self._conn.closed:
+        if self._conn.closed and not self._held:
             raise ClosedResourceError
-        while not self._conn.poll():
+        while not self.poll():
             await anyio.wait_readable(self._conn.fileno())
         return self.receive()
 
     def close(self) -> None:
+        self._held.clear()
         self._conn.close()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"_conn": self._conn}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self._conn = cast(Connection, state["_conn"])
+        self._held = deque()
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self._iterate()
@@ -175,6 +207,9 @@ def mp_wait(
     that also wake the wait (ready, not reported) -- a thread's "done" pipe."""
     from multiprocessing.connection import wait
 
+    held = [i for i, r in enumerate(receivers) if r._held]
+    if held:  # items of a message already read: ready now
+        return held
     open_conns = {id(r._conn): i for i, r in enumerate(receivers) if not r._conn.closed}
     if not open_conns:
         return []

@@ -212,6 +212,27 @@ def test_mp_wait_reports_which_receivers_are_ready() -> None:
         sender.close()
 
 
+@pytest.mark.asyncio
+async def test_send_many_is_one_message_read_item_by_item_in_order() -> None:
+    sender, receiver = mp_channel[int]()
+    other_sender, other = mp_channel[int]()
+    sender.send_many([1, 2, 3])
+    sender.send_many([])  # nothing
+    sender.send_many([4])
+    sender.send(5)
+    with anyio.fail_after(DEADLINE_S):
+        assert receiver.receive() == 1
+        # 2 and 3 came with 1 (the pipe holds only the next messages): still ready at once
+        assert receiver.poll() and mp_wait([other, receiver], 0) == [1]
+        assert [receiver.receive(), await receiver.receive_async()] == [2, 3]
+        assert [receiver.receive() for _ in range(2)] == [4, 5]
+        assert not receiver.poll()
+        sender.close()
+        with pytest.raises(anyio.EndOfStream):
+            receiver.receive()
+    other_sender.close()
+
+
 # --- across a real spawned process ----------------------------------------------------
 
 

@@ -113,8 +113,7 @@ class Runner:
                     continue
                 self._report_running()
                 if self.generation.active > 0:
-                    for event in self.generation.step():
-                        self.events.send(event)
+                    self.events.send_many(self.generation.step())  # one message a step
                     self._report_running()
         except (EndOfStream, ClosedResourceError):
             logger.info("node closed the runner's pipes: exiting")
@@ -175,8 +174,7 @@ class Runner:
             cancelled = self.generation.cancel(task_id)
             if not cancelled:
                 self.early_cancels.add(task_id)
-        for event in cancelled:
-            self.events.send(event)
+        self.events.send_many(cancelled)
 
     # -- tasks -----------------------------------------------------------------------
 
@@ -226,14 +224,12 @@ class Runner:
                     self.early_cancels.discard(task.task_id)
                     self.send_task_status(task.task_id, TaskStatus.Cancelled)
                     return
-                for event in self.generation.submit(task):
-                    self.events.send(event)
+                self.events.send_many(self.generation.submit(task))
             case Shutdown():
                 self.acknowledge_task(task)
                 self.update_status(RunnerShuttingDown())
                 if self.generation is not None:
-                    for event in self.generation.cancel_all():
-                        self.events.send(event)
+                    self.events.send_many(self.generation.cancel_all())
                     self.generation.close()
                 if self.follower is not None:  # rank 0's stop, when it comes, ends its trace
                     self.follower.finished.wait(_FOLLOWER_STOP_GRACE_S)
