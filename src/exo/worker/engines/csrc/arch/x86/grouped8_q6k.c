@@ -11,6 +11,11 @@
  * order). The half's integer dot is sum q x - 32 sum x, the same integer as sum (q - 32) x (exact
  * in int32): each row's sum starts at -32 sum x, computed once a call while the activation rows
  * are re-laid block-major (Q6X), so that one pointer and constant offsets reach every row.
+ *
+ * The AVX-512 VNNI build takes two groups at once (q6_pair): 512-bit vectors hold the first group's
+ * 8 weight rows in lanes 0..7 and the second's in lanes 8..15, so one 4-byte broadcast serves a
+ * vpdpbusd of 64 products and each float step covers 16 weight rows (lane by lane the same
+ * operations as the 256-bit kernel, which runs a part's odd group left over and the other builds).
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
@@ -43,10 +48,12 @@ typedef struct {
     __m256 dsc[16];
 } Q6Dec;
 
-/* The super-block at p into the cache (the next one, of this group or the next: they follow one
- * another, while this one runs). */
-static inline __attribute__((always_inline)) void q6_prefetch(const uint8_t* p) {
-    for (size_t at = 0; at < sizeof(BlockQ6Kx8); at += 64) _mm_prefetch((const char*)p + at, _MM_HINT_T0);
+/* The super-block after `blk` (the next of its group, or the next group's first: they follow one
+ * another) into the cache while `blk` runs, unless `blk` is the last before `end`. */
+static inline __attribute__((always_inline)) void q6_prefetch(const uint8_t* blk, const uint8_t* end) {
+    if (end - blk <= (ptrdiff_t)sizeof(BlockQ6Kx8)) return;
+    for (size_t at = 0; at < sizeof(BlockQ6Kx8); at += 64)
+        _mm_prefetch((const char*)blk + sizeof(BlockQ6Kx8) + at, _MM_HINT_T0);
 }
 
 /* Super-block `blk` of a group decoded (grouped8_k1.c's k1_half's re-lay): group g = 4n + k reads
@@ -144,7 +151,8 @@ static void q6_decode2(const uint8_t* ba, const uint8_t* bb, Q6Dec2* o) {
     const __m512 d = _mm512_cvtph_ps(dh);
     for (int j = 0; j < 16; j++) {
         const size_t at = offsetof(BlockQ6Kx8, scales) + 8 * (size_t)j;
-        const __m128i sc = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ba + at)), _mm_loadl_epi64((const __m128i*)(bb + at)));
+        const __m128i sc =
+            _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)(ba + at)), _mm_loadl_epi64((const __m128i*)(bb + at)));
         o->dsc[j] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
     }
     const __m512i low = _mm512_set1_epi8(15), b01 = _mm512_set1_epi8(3), b23 = _mm512_set1_epi8(12);
@@ -213,13 +221,14 @@ static const Q6Rows2 Q6_ROWS2[Q6R_MAX] = {q6_rows2_1, q6_rows2_2, q6_rows2_3, q6
 
 /* The M rows of xt over the groups at `ga` and `gb` into acc[16 m + c] (c < 8: ga's weight row c,
  * else gb's row c - 8). */
-static void q6_pair(const uint8_t* ga, const uint8_t* gb, int nb, const Q6X* xt, int M, float* acc) {
+static void q6_pair(const uint8_t* ga, const uint8_t* gb, const uint8_t* end, int nb, const Q6X* xt, int M,
+                    float* acc) {
     Q6Dec2 dec;
     memset(acc, 0, sizeof(float) * 16 * (size_t)M);
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const size_t at = (size_t)(b0 / 8) * sizeof(BlockQ6Kx8);
-        q6_prefetch(ga + at + sizeof(BlockQ6Kx8));
-        q6_prefetch(gb + at + sizeof(BlockQ6Kx8));
+        q6_prefetch(ga + at, end);
+        q6_prefetch(gb + at, end);
         q6_decode2(ga + at, gb + at, &dec);
         const Q6X* x = xt + (size_t)b0 * M;
         for (int m = 0; m < M;) {
@@ -249,12 +258,12 @@ static void q6_relay(const Run* r, int M, Q6X* xt) {
 }
 
 /* The M rows of xt over the group at `grp` into acc[8 m + c] (weight row c). */
-static void q6_group(const uint8_t* grp, int nb, const Q6X* xt, int M, float* acc) {
+static void q6_group(const uint8_t* grp, const uint8_t* end, int nb, const Q6X* xt, int M, float* acc) {
     Q6Dec dec;
     memset(acc, 0, sizeof(float) * 8 * (size_t)M);
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ6Kx8);
-        q6_prefetch(blk + sizeof(BlockQ6Kx8));
+        q6_prefetch(blk, end);
         q6_decode(blk, &dec);
         const Q6X* x = xt + (size_t)b0 * M;
         for (int m = 0; m < M;) {
@@ -271,16 +280,17 @@ int exo_x86_grouped8_q6_k_rows(const Run* r) {
     if (xt == NULL) return -1;
     float* acc = (float*)(xt + (size_t)M * r->nb);
     q6_relay(r, M, xt);
+    const uint8_t* end = run_row(r, r->hi); /* the part's weights end there (or sooner) */
     int n = r->lo;
 #if EXO_AVX512VNNI
     for (; n + 16 <= r->hi; n += 16) {
-        q6_pair(run_row(r, n), run_row(r, n + 8), r->nb, xt, M, acc);
+        q6_pair(run_row(r, n), run_row(r, n + 8), end, r->nb, xt, M, acc);
         for (int m = 0; m < M; m++)
             for (int c = 0; c < 16; c++) run_store(r, r->m0 + m, n + c, acc[16 * m + c]);
     }
 #endif
     for (; n < r->hi; n += 8) {
-        q6_group(run_row(r, n), r->nb, xt, M, acc);
+        q6_group(run_row(r, n), end, r->nb, xt, M, acc);
         for (int m = 0; m < M; m++)
             for (int c = 0; c < 8; c++) run_store(r, r->m0 + m, n + c, acc[8 * m + c]);
     }
