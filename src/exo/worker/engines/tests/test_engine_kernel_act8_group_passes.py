@@ -46,3 +46,31 @@ def test_group_passes_give_the_file_rows_floats(
     assert torch.equal(alone, want), "a single row differs from the file rows' dots"
     for m in batches:
         assert torch.equal(ours.linear(groups, x[:m]), want[:m]), m
+
+
+# issue 22 q6k512: grouped8_q6k.c's passes (1..8 rows a pass over a decoded super-block, two groups
+# at once on AVX-512 VNNI): every pass size with each leftover, a prefill chunk, 64
+Q6K_PASSES = (*range(2, 18), 60, 64)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "portable"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_q6k_passes_over_pairs_and_an_odd_group(isa: Isa, threads: int, eight_bit: None) -> None:
+    """40 Q6_K rows: two pairs of groups and one left over (AVX-512 VNNI: the pairs at 512 bits,
+    the odd group at 256); at 2 threads, parts of 16 and 24 rows. Every pass size gives the
+    portable build's file-row floats bit for bit."""
+    kind = kind_named("Q6_K")
+    _, groups = _weights(kind, 40, 2048, "groups")
+    _, file_rows = _weights(kind, 40, 2048)
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    torch.manual_seed(9)
+    x = torch.randn(max(Q6K_PASSES), 2048) * torch.rand(max(Q6K_PASSES), 2048) * 4
+    want = portable.linear(file_rows, x)
+    ours.set_threads(threads)
+    try:
+        for m in Q6K_PASSES:
+            assert torch.equal(ours.linear(groups, x[:m]), want[:m]), (isa, threads, m)
+    finally:
+        ours.set_threads(1)

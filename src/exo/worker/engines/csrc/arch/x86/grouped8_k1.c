@@ -1,6 +1,6 @@
-/* Repacked Q6_K groups (KIND_Q6_K_G8) against 8-bit activation rows on x86, in act8.h's order: the
+/* Repacked Q6_K groups (KIND_Q6_K_G8) against one 8-bit activation row on x86, in act8.h's order: the
  * same floats as grouped8.c's kernels and the per-row dots, faster (grouped8.c's exo_x86_grouped8_q6_k
- * hands its passes here).
+ * hands its passes of one row here, those of several rows to grouped8_q6k.c).
  *
  * grouped8.c reads, for each 32-value group g = 4n + k of a super-block, ql chunk 2n + (k & 1) and
  * qh chunk n again and re-lays them (vpermq + vpshufb) for every group; here each quad of the three
@@ -12,7 +12,6 @@
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include <stddef.h>
-#include <stdlib.h>
 
 #include "act8.h"
 #include "arch/x86/grouped8_k1.h"
@@ -89,98 +88,6 @@ int exo_x86_grouped8_q6_k_one(const Run* r) {
         _mm256_storeu_ps(o, k1_q6k_group(run_row(r, n), r->nb, x, sx));
         for (int c = 0; c < 8; c++) run_store(r, r->m0, n + c, o[c]);
     }
-    return 0;
-}
-/* activation rows a pass of the batched Q6_K kernel (the AVX-512 builds have 32 vector registers) */
-#if EXO_AVX512VNNI
-#define K1_MAX_R 8
-#else
-#define K1_MAX_R 4
-#endif
-
-/* out[r] lane c = row c of the Q6_K group at `grp` dotted with activation row r (x + r nb; sx + 2 r nb:
- * its sums), r < R: per 32-value group and half, the values' quads re-laid once for the R rows, each
- * row's sum started at -32 sum x (the same integer as sum (q - 32) x at the end). */
-static inline __attribute__((always_inline)) void k1_q6k_rows(const uint8_t* grp, int nb, const BlockX8* x,
-                                                              const int32_t* sx, int R, __m256* out) {
-    const __m256i low = _mm256_set1_epi8(15), three = _mm256_set1_epi8(3);
-    __m256 acc[K1_MAX_R];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ6Kx8);
-        const int g = b % 8, n = g / 4, k = g % 4;
-        const uint8_t* ql = blk + offsetof(BlockQ6Kx8, ql) + 256 * (2 * n + (k & 1));
-        const uint8_t* qh = blk + offsetof(BlockQ6Kx8, qh) + 256 * n;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        for (int h = 0; h < 2; h++) {
-            __m256i s[K1_MAX_R];
-            for (int r = 0; r < R; r++) s[r] = _mm256_set1_epi32(-sx[2 * ((size_t)r * nb + b) + h]);
-            for (int quad = 4 * h; quad < 4 * h + 4; quad++) {
-                const __m256i l4 = x86_row_quad(ql, quad), h2 = x86_row_quad(qh, quad);
-                const __m256i lo = _mm256_and_si256(k >= 2 ? _mm256_srli_epi16(l4, 4) : l4, low);
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h2, 2 * k), three);
-                const __m256i q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-                for (int r = 0; r < R; r++) s[r] = x86_dpbusd(s[r], q, x86_bcast4(x[(size_t)r * nb + b].qs + 4 * quad));
-            }
-            const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i*)(blk + offsetof(BlockQ6Kx8, scales) + 8 * (2 * g + h)))));
-            const __m256 dsc = _mm256_mul_ps(d, sc);
-            for (int r = 0; r < R; r++) {
-                const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(x[(size_t)r * nb + b].d));
-                acc[r] = _mm256_add_ps(acc[r], _mm256_mul_ps(t, _mm256_cvtepi32_ps(s[r])));
-            }
-        }
-    }
-    for (int r = 0; r < R; r++) out[r] = acc[r];
-}
-
-typedef void (*K1Rows)(const uint8_t* grp, int nb, const BlockX8* x, const int32_t* sx, __m256* out);
-#define K1_Q6K_COPY(R)                                                                                \
-    static __attribute__((noinline)) void k1_q6k_##R(const uint8_t* grp, int nb, const BlockX8* x,     \
-                                                     const int32_t* sx, __m256* out) {                \
-        k1_q6k_rows(grp, nb, x, sx, R, out);                                                          \
-    }
-static __attribute__((noinline)) void k1_q6k_1(const uint8_t* grp, int nb, const BlockX8* x, const int32_t* sx,
-                                               __m256* out) {
-    out[0] = k1_q6k_group(grp, nb, x, sx);
-}
-K1_Q6K_COPY(2)
-K1_Q6K_COPY(3)
-K1_Q6K_COPY(4)
-#if EXO_AVX512VNNI
-K1_Q6K_COPY(5)
-K1_Q6K_COPY(6)
-K1_Q6K_COPY(7)
-K1_Q6K_COPY(8)
-static const K1Rows K1_Q6K[K1_MAX_R] = {k1_q6k_1, k1_q6k_2, k1_q6k_3, k1_q6k_4, k1_q6k_5, k1_q6k_6, k1_q6k_7, k1_q6k_8};
-#else
-static const K1Rows K1_Q6K[K1_MAX_R] = {k1_q6k_1, k1_q6k_2, k1_q6k_3, k1_q6k_4};
-#endif
-
-/* The pass's rows over the part's groups, K1_MAX_R rows at a time (sx: their sums, k1_sums). */
-static void k1_q6k_run(const Run* r, const int32_t* sx) {
-    __m256 acc[K1_MAX_R];
-    float o[8 * K1_MAX_R];
-    for (int n = r->lo; n < r->hi; n += 8) {
-        const uint8_t* grp = run_row(r, n);
-        for (int m = r->m0; m < r->m1;) {
-            const int R = r->m1 - m >= K1_MAX_R ? K1_MAX_R : r->m1 - m;
-            K1_Q6K[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, sx + 2 * (size_t)(m - r->m0) * r->nb, acc);
-            for (int i = 0; i < R; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
-            for (int i = 0; i < R; i++)
-                for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[8 * i + c]);
-            m += R;
-        }
-    }
-}
-
-int exo_x86_grouped8_q6_k_rows(const Run* r) {
-    const size_t per_row = 2 * (size_t)r->nb, rows = (size_t)(r->m1 - r->m0);
-    int32_t* sx = malloc(sizeof(int32_t) * per_row * rows);
-    if (sx == NULL) return -1;
-    for (size_t i = 0; i < rows; i++) k1_sums(r->x8 + (r->m0 + i) * (size_t)r->nb, r->nb, sx + i * per_row);
-    k1_q6k_run(r, sx);
-    free(sx);
     return 0;
 }
 #endif

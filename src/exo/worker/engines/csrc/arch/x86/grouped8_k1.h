@@ -1,4 +1,5 @@
-/* The Q6_K (grouped8_k1.c) and AVX-512 Q4_K (grouped8_q4k.c) grouped 8-bit kernels on x86. */
+/* The Q6_K (grouped8_k1.c: one row; grouped8_q6k.c: several) and AVX-512 Q4_K (grouped8_q4k.c) grouped
+ * 8-bit kernels on x86. */
 #ifndef EXO_X86_GROUPED8_K1_H
 #define EXO_X86_GROUPED8_K1_H
 
@@ -14,8 +15,8 @@ int exo_x86_grouped8_q6_k_one(const Run* r);
 /* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 VNNI build only). */
 int exo_x86_grouped8_q4_k_rows(const Run* r);
 
-/* A pass of any number of activation rows over repacked Q6_K groups; -1 (nothing done) out of
- * memory (the rows' sums are on the heap). */
+/* A pass of any number of activation rows over repacked Q6_K groups (grouped8_q6k.c); -1 (nothing
+ * done) out of memory (the rows, re-laid, are on the heap). */
 int exo_x86_grouped8_q6_k_rows(const Run* r);
 
 #endif
