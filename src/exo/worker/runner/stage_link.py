@@ -35,6 +35,9 @@ _HELLO = 16 + 8  # nonce, the connecting rank (int64)
 _KEEPALIVE = (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3))
 
 
+_WAITALL = getattr(socket, "MSG_WAITALL", 0)
+
+
 class LinkClosed(RuntimeError):
     """The stream to or from another stage ended."""
 
@@ -66,10 +69,12 @@ def _tune(sock: socket.socket) -> None:
 
 
 def _read_into(sock: socket.socket, view: memoryview, what: str) -> None:
+    """All of ``view`` from ``sock``: one call that waits for every byte (MSG_WAITALL), so a
+    big message costs one wake-up and one take of the GIL, not one per arriving segment."""
     got = 0
     while got < len(view):
         try:
-            n = sock.recv_into(view[got:])
+            n = sock.recv_into(view[got:], len(view) - got, _WAITALL)
         except OSError as e:
             raise LinkClosed(f"lost the group: {what}: {e}") from e
         if n == 0:
