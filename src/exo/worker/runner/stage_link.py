@@ -16,7 +16,8 @@ last stage never blocks on a full stream, and no cycle of full streams can form 
 ring. A connection is taken only from the expected rank, proving the group's nonce (which
 travels over the group's own rendezvous); keep-alive probes notice a peer host that vanished.
 A closed or broken stream ends the pipeline with "lost the group" (a peer loss, as gloo's
-errors were).
+errors were). The streams live as long as the runner process (a runner serves one instance),
+as its gloo group does.
 """
 
 import secrets
@@ -112,14 +113,6 @@ class StageLink:
             if host is not t:
                 t.copy_(host)
         return t
-
-    def close(self) -> None:
-        for sock in (self.out, self.inp):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
 
 
 def open_link(rank: int, world_size: int, group_host: str, timeout_s: float) -> StageLink:
