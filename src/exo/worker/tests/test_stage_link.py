@@ -27,11 +27,24 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_ranks(target: Callable[..., None], world: int, out: Path) -> None:
-    """``target(rank, world, port, out)`` in ``world`` fresh processes; wait for them all."""
+def _recorded(target: Callable[[int, int, int], None], rank: int, world: int, port: int,
+              out: Path) -> None:
+    """A rank's process: ``target(rank, world, port)``, then ``ok<rank>`` in ``out``, or
+    ``error<rank>`` with the traceback if it raised."""
+    try:
+        target(rank, world, port)
+    except BaseException:
+        (out / f"error{rank}").write_text(traceback.format_exc())
+        raise
+    (out / f"ok{rank}").write_text("ok")
+
+
+def _run_ranks(target: Callable[[int, int, int], None], world: int, out: Path) -> None:
+    """``target(rank, world, port)`` in ``world`` fresh processes (``_recorded``); wait for
+    them all."""
     port = _free_port()
     ctx = multiprocessing.get_context("spawn")
-    ranks = [ctx.Process(target=target, args=(r, world, port, out)) for r in range(world)]
+    ranks = [ctx.Process(target=_recorded, args=(target, r, world, port, out)) for r in range(world)]
     for p in ranks:
         p.start()
     for p in ranks:
@@ -46,33 +59,28 @@ def _join(rank: int, world: int, port: int) -> StageLink:
     return open_link(rank, world, "127.0.0.1", 60)
 
 
-def _ring(rank: int, world: int, port: int, out: Path) -> None:
+def _ring(rank: int, world: int, port: int) -> None:
     """Rank 0 sends 4 big steps before taking any logits; the others pass them on, the last
     answers each with big logits: without the reader, rank 0 and the last rank would each
     block on a full stream to the other."""
-    try:
-        link = _join(rank, world, port)
-        steps = 4
-        if rank == 0:
-            reader = LogitsReader(link)
-            numbers = []
-            for i in range(steps):
-                numbers.append(reader.expect((MB_ROWS, WIDTH)))
-                link.send(torch.tensor([i]), torch.full((MB_ROWS, WIDTH), float(i)))
-            got = [float(reader.take(n)[-1, -1]) for n in numbers]
-            assert got == [i + 10.0 * (world - 1) for i in range(steps)], got
-            with pytest.raises(RuntimeError, match="taken before"):
-                reader.take(numbers[-1] + 2)
-            reader.close()
-        else:
-            for _ in range(steps):
-                i = int(link.recv_into(torch.empty(1, dtype=torch.int64))[0])
-                x = link.recv_into(torch.empty(MB_ROWS, WIDTH)) + 10.0
-                link.send(x) if rank == world - 1 else link.send(torch.tensor([i]), x)
-        (out / f"ok{rank}").write_text("ok")
-    except BaseException:
-        (out / f"error{rank}").write_text(traceback.format_exc())
-        raise
+    link = _join(rank, world, port)
+    steps = 4
+    if rank == 0:
+        reader = LogitsReader(link)
+        numbers = []
+        for i in range(steps):
+            numbers.append(reader.expect((MB_ROWS, WIDTH)))
+            link.send(torch.tensor([i]), torch.full((MB_ROWS, WIDTH), float(i)))
+        got = [float(reader.take(n)[-1, -1]) for n in numbers]
+        assert got == [i + 10.0 * (world - 1) for i in range(steps)], got
+        with pytest.raises(RuntimeError, match="taken before"):
+            reader.take(numbers[-1] + 2)
+        reader.close()
+    else:
+        for _ in range(steps):
+            i = int(link.recv_into(torch.empty(1, dtype=torch.int64))[0])
+            x = link.recv_into(torch.empty(MB_ROWS, WIDTH)) + 10.0
+            link.send(x) if rank == world - 1 else link.send(torch.tensor([i]), x)
 
 
 @pytest.mark.timeout(120)
@@ -82,25 +90,20 @@ def test_steps_go_round_the_ring_in_order_with_every_stream_full(world: int, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"ok{r}" for r in range(world)]
 
 
-def _lost(rank: int, world: int, port: int, out: Path) -> None:
+def _lost(rank: int, world: int, port: int) -> None:
+    link = _join(rank, world, port)
+    if rank == 1:
+        link.recv_into(torch.empty(1, dtype=torch.int64))
+        os._exit(0)  # gone mid-pipeline, as a killed runner is
+    reader = LogitsReader(link)
+    step = reader.expect((1, 8))
+    link.send(torch.tensor([7]))
     try:
-        link = _join(rank, world, port)
-        if rank == 1:
-            link.recv_into(torch.empty(1, dtype=torch.int64))
-            os._exit(0)  # gone mid-pipeline, as a killed runner is
-        reader = LogitsReader(link)
-        step = reader.expect((1, 8))
-        link.send(torch.tensor([7]))
-        try:
-            reader.take(step)
-        except LinkClosed as e:
-            assert "lost the group" in str(e) and "rank 1" in str(e), e
-            (out / "ok0").write_text(str(e))
-            return
-        raise AssertionError("the logits of a lost rank were taken")
-    except BaseException:
-        (out / f"error{rank}").write_text(traceback.format_exc())
-        raise
+        reader.take(step)
+    except LinkClosed as e:
+        assert "lost the group" in str(e) and "rank 1" in str(e), e
+        return
+    raise AssertionError("the logits of a lost rank were taken")
 
 
 @pytest.mark.timeout(120)
@@ -109,30 +112,25 @@ def test_a_lost_stage_is_a_lost_group_on_rank_0(tmp_path: Path) -> None:
     assert (tmp_path / "ok0").exists(), [p.read_text() for p in tmp_path.glob("error*")]
 
 
-def _stranger(rank: int, world: int, port: int, out: Path) -> None:
+def _stranger(rank: int, world: int, port: int) -> None:
     """Rank 1 connects a stranger (wrong nonce) to rank 0's listener before its own
     connection: rank 0 must drop it and take rank 1's."""
     import exo.worker.runner.stage_link as stage_link
 
-    try:
-        if rank == 1:
-            original = stage_link.socket.create_connection
+    if rank == 1:
+        original = stage_link.socket.create_connection
 
-            def first_a_stranger(address: tuple[str, int], timeout: float) -> socket.socket:
-                bad = original(address, timeout)
-                bad.sendall(b"\x00" * 16 + (1).to_bytes(8, "little"))
-                return original(address, timeout)
+        def first_a_stranger(address: tuple[str, int], timeout: float) -> socket.socket:
+            bad = original(address, timeout)
+            bad.sendall(b"\x00" * 16 + (1).to_bytes(8, "little"))
+            return original(address, timeout)
 
-            stage_link.socket.create_connection = first_a_stranger  # pyright: ignore[reportAttributeAccessIssue]
-        link = _join(rank, world, port)
-        if rank == 0:
-            link.send(torch.tensor([41]))
-        else:
-            assert int(link.recv_into(torch.empty(1, dtype=torch.int64))[0]) == 41
-        (out / f"ok{rank}").write_text("ok")
-    except BaseException:
-        (out / f"error{rank}").write_text(traceback.format_exc())
-        raise
+        stage_link.socket.create_connection = first_a_stranger  # pyright: ignore[reportAttributeAccessIssue]
+    link = _join(rank, world, port)
+    if rank == 0:
+        link.send(torch.tensor([41]))
+    else:
+        assert int(link.recv_into(torch.empty(1, dtype=torch.int64))[0]) == 41
 
 
 @pytest.mark.timeout(120)
