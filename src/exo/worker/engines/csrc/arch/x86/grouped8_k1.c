@@ -8,9 +8,14 @@
  * (the low and high nibbles of the two ql chunks, the four bit pairs of the qh chunk). The values are
  * taken unsigned (q, 0..63) and the half's integer dot is sum q x - 32 sum x: the same integer as
  * sum (q - 32) x (exact in int32), with the activation row's 16-value sums computed once a call.
+ *
+ * The AVX-512 VNNI build only: its eight sums and the four re-laid groups want more than the 16
+ * vector registers of the AVX2 / AVX-VNNI builds, where gcc spills them every quad (both builds'
+ * code) and the AVX2 build's kernel ran at 0.4x of grouped8_q6k.c's at one row (a Zen 3 core):
+ * those builds hand one row to grouped8_q6k.c too.
  */
 #include "exo_kernels.h"
-#if EXO_AVX2
+#if EXO_AVX512VNNI
 #include <stddef.h>
 
 #include "act8.h"

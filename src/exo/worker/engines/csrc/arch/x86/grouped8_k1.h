@@ -8,8 +8,8 @@
 /* activation blocks of 32 a row the single-row kernels take (their sums stay on the stack) */
 #define K1_MAX_NB 2048
 
-/* A pass of one activation row over repacked Q6_K groups; -1 (nothing done) if the pass has
- * several rows or more than K1_MAX_NB blocks. */
+/* A pass of one activation row over repacked Q6_K groups (the AVX-512 VNNI build only); -1 (nothing
+ * done) if the pass has several rows or more than K1_MAX_NB blocks. */
 int exo_x86_grouped8_q6_k_one(const Run* r);
 
 /* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 VNNI build only). */

@@ -1,6 +1,7 @@
 /* Repacked Q6_K groups (KIND_Q6_K_G8) against several 8-bit activation rows on x86, in act8.h's
  * order: the same floats as grouped8.c's kernels and the per-row dots, faster (grouped8.c's
- * exo_x86_grouped8_q6_k hands its passes of 2 rows or more here; grouped8_k1.c keeps 1 row).
+ * exo_x86_grouped8_q6_k hands its passes here, but for the AVX-512 VNNI build's of 1 row:
+ * grouped8_k1.c's).
  *
  * Each super-block of a group is decoded once for all the pass's rows (q6_decode): its 6-bit values
  * (unsigned, 0..63) re-laid so that int32 lane c of a vector holds weight row c's 4 values of a
