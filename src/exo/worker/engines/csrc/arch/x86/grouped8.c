@@ -10,8 +10,9 @@
  * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
  *
  * Q6_K groups run grouped8_q6k.c's kernel (on the AVX-512 VNNI build grouped8_k1.c's at one row;
- * the batched copies here are the fallback when its re-laid rows find no memory); Q4_K groups on the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step),
- * and its passes of Q4P_FROM_ROWS or more rows over Q4_0 / Q4_1 / Q8_0 groups grouped8_q4.c's.
+ * the batched copies here are the fallback when its re-laid rows find no memory); Q4_K groups on
+ * the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step), and its passes of Q4P_FROM_ROWS
+ * or more rows over Q4_0 / Q4_1 / Q8_0 groups grouped8_q4.c's.
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
