@@ -380,7 +380,9 @@ class BatchGenerator:
         greedy_rows = [i for i, r in enumerate(rows) if r.sampler.is_plain_greedy]
         # one argmax for every plain greedy row
         picked = argmax_rows(logits, greedy_rows)
-        greedy = dict(zip(greedy_rows, picked, strict=True))
+        greedy = {
+            i: t for i, t in zip(greedy_rows, picked, strict=True) if rows[i].sampler.takes_argmax(t)
+        }
         finite = finite_rows(logits)
         outputs: list[StepOutput] = []
         for i, r in enumerate(rows):

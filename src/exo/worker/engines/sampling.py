@@ -228,6 +228,7 @@ class RequestSampler:
                 torch.tensor(values, dtype=torch.float32, device=device),
             )
         self.banned: Tensor | None = None
+        self.banned_ids = frozenset(banned)
         if banned:
             if any(not 0 <= i < vocab for i in banned):
                 raise ValueError(f"banned token ids must be in [0, {vocab})")
@@ -239,16 +240,22 @@ class RequestSampler:
 
     @property
     def is_plain_greedy(self) -> bool:
-        """Greedy without penalties: the batch can take one argmax for all such rows."""
+        """Greedy without penalties, bias, constraint or logprobs: the batch can take one argmax
+        for all such rows. A row with banned ids (ignore_eos) takes it too unless it lands on a
+        banned id (`takes_argmax`): masking the others to -inf cannot move a maximum that is not
+        one of them, nor the first of tied maxima when none before it is banned."""
         p = self.params
         return (
             p.greedy
             and not p.has_penalties
             and not p.logit_bias
-            and self.banned is None
             and p.constraint is None
             and p.logprob_sink is None
         )
+
+    def takes_argmax(self, token: int) -> bool:
+        """Whether the batch's argmax `token` is this plain greedy row's token."""
+        return token not in self.banned_ids
 
     def __call__(self, logits: Tensor) -> int:
         """The next token for logits [V]; records it for the penalties."""

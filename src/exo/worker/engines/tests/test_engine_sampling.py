@@ -106,6 +106,27 @@ def test_argmax_rows_is_torch_argmax_ties_and_nan_included() -> None:
     assert argmax_rows(z, []) == []
 
 
+def test_a_greedy_row_with_banned_ids_takes_the_batch_argmax_unless_it_is_banned() -> None:
+    """ignore_eos's banned ids keep a greedy row on the batch's one argmax (batch.py takes it
+    where `takes_argmax`, else runs the sampler, which masks the banned ids first): the tokens
+    are the masked argmax's in every case, ties with a banned id before or after included."""
+    banned = [3, 7]
+    sampler = RequestSampler(GREEDY, [], 20, CPU, banned)
+    assert sampler.is_plain_greedy
+    z = torch.randn(8, 20, generator=torch.Generator().manual_seed(5))
+    z[0, 3] = 9.0  # the argmax is banned: the next best
+    z[1, 3] = z[1, 12] = 9.0  # a banned id tied before the first allowed maximum
+    z[2, 2] = z[2, 7] = 9.0  # a banned id tied after it
+    z[3, 7] = z[3, 3] = 9.0  # only banned ids at the maximum
+    z[4] = 0.0  # all equal: index 0
+    picked = argmax_rows(z, range(8))
+    assert [sampler.takes_argmax(t) for t in picked[:4]] == [False, False, True, False]
+    for row, token in zip(z, picked, strict=True):
+        masked = int(row.index_fill(0, torch.tensor(banned), float("-inf")).argmax())
+        chosen = token if sampler.takes_argmax(token) else sampler(row)
+        assert chosen == masked not in banned
+
+
 def test_finite_rows_finds_every_broken_row_and_only_those() -> None:
     logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
     logits[1, 17] = float("nan")
