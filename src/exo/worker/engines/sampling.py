@@ -242,8 +242,8 @@ class RequestSampler:
     def is_plain_greedy(self) -> bool:
         """Greedy without penalties, bias, constraint or logprobs: the batch can take one argmax
         for all such rows. A row with banned ids (ignore_eos) takes it too unless it lands on a
-        banned id (`takes_argmax`): masking the others to -inf cannot move a maximum that is not
-        one of them, nor the first of tied maxima when none before it is banned."""
+        banned id (`takes_argmax`): masking the banned ids to -inf cannot move a maximum that is
+        not one of them, nor the first of tied maxima when none before it is banned."""
         p = self.params
         return (
             p.greedy

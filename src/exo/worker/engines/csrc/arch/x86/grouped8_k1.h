@@ -1,5 +1,5 @@
-/* The Q6_K (grouped8_k1.c: one row; grouped8_q6k.c: several) and AVX-512 Q4_K (grouped8_q4k.c) grouped
- * 8-bit kernels on x86. */
+/* The Q6_K (grouped8_k1.c: one row on AVX-512 VNNI; grouped8_q6k.c: the rest) and AVX-512 Q4_K
+ * (grouped8_q4k.c) grouped 8-bit kernels on x86. */
 #ifndef EXO_X86_GROUPED8_K1_H
 #define EXO_X86_GROUPED8_K1_H
 
