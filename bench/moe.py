@@ -14,8 +14,9 @@ in Q4_K_M with 32 experts), generated into a temporary folder and removed after:
   installed without one (LLAMA_BUILD=OFF);
 * `a/c: decode N.NNx, prefill N.NNx` per file and build (the Qwen3-MoE native line first), with
   a summary of every line at the end;
-* load peak RSS over the running weights, and placement's estimate (`card_estimate`) over the
-  runner's RSS with its KV cache grown (`bench/load.py`'s probe: a fresh process).
+* load peak (anonymous resident memory, `memory_probe`'s `load_peak`) over the running
+  weights, and placement's estimate (`card_estimate`) over the runner's RSS with its KV cache
+  grown (`bench/load.py`'s probe: a fresh process).
 """
 
 import argparse
@@ -104,10 +105,10 @@ def memory_line(path: Path, args: argparse.Namespace) -> str:
         return f"memory probe failed: {r}"
     card = card_from_path(path)
     est = card_estimate(card, 0, card.n_layers, max_batch=args.max_batch, max_seq=args.max_seq)
-    peak = (r["peak"] - r["baseline"]) / r["running"]
+    peak = (r["load_peak"]) / r["running"]
     return (
         f"load: running weights {r['running'] / MiB:.0f} MiB (file {r['file_bytes'] / MiB:.0f}), "
-        f"load peak RSS / running size {peak:.2f} (target <= 1.2); estimate {est.total / MiB:.0f} "
+        f"load peak / running size {peak:.2f} (target <= 1.2); estimate {est.total / MiB:.0f} "
         f"MiB / RSS {r['full'] / MiB:.0f} MiB = {est.total / r['full']:.3f} (target within 10%; "
         f"KV cache {args.max_batch} x {args.max_seq})"
     )

@@ -1,7 +1,8 @@
 """Memory-faithful loading, measured in a fresh process (psutil), for each supported format.
 
-For a generated model: running weights <= 1.15x their bytes in the file; peak RSS during the
-load minus RSS before it <= 1.2x the running size; and the pure estimate
+For a generated model: running weights <= 1.15x their bytes in the file; the load's peak
+resident memory over the memory before it <= 1.2x the running size (anonymous memory: library
+code the load pages in for the first time is not counted, `memory_probe`'s `load_peak`); and the pure estimate
 (`exo.shared.models.memory`) within 10% of the process's RSS with its KV cache at the maximum,
 both as the engine sees the file and as placement sees it through the model's card (the KV
 cache at a runner's maximum: EXO_RUNNER_MAX_BATCH requests of the served context).
@@ -46,7 +47,7 @@ def test_load_is_memory_faithful_and_the_estimate_holds(tmp_path: Path, recipe: 
         path = llama_gguf(tmp_path / "m.gguf", recipe, SHAPE)
     r = probe(path)
     assert r["running"] <= 1.15 * r["file_bytes"], r
-    assert r["peak"] - r["baseline"] <= 1.2 * r["running"], r
+    assert r["load_peak"] <= 1.2 * r["running"], r
     estimate = estimate_runner_memory(
         weight_file_bytes=r["file_bytes"],
         file_format=r["file_format"],
