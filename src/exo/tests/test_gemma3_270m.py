@@ -32,7 +32,27 @@ def gemma_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(gemma_path: Path) -> Any:
+def one_parse() -> Iterator[None]:
+    """transformers parses the file's GGUF metadata (262k vocabulary strings, about 35 s) for
+    the tokenizer, the config and the weights alike: each parse after the first reuses it (the
+    reader only reads the file)."""
+    gguf = pytest.importorskip("gguf")
+    parsed: dict[str, Any] = {}
+    real = gguf.GGUFReader
+
+    def reader(path: Any, mode: str = "r") -> Any:
+        key = f"{Path(path).resolve()}:{mode}"
+        if key not in parsed:
+            parsed[key] = real(path, mode)
+        return parsed[key]
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gguf, "GGUFReader", reader)
+        yield
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(gemma_path: Path, one_parse: None) -> Any:
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         str(gemma_path.parent), gguf_file=gemma_path.name
@@ -40,7 +60,9 @@ def hf_tokenizer(gemma_path: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def reference(gemma_path: Path, hf_tokenizer: Any) -> tuple[list[int], list[int], str]:
+def reference(
+    gemma_path: Path, hf_tokenizer: Any, one_parse: None
+) -> tuple[list[int], list[int], str]:
     """transformers on the same file: (prompt ids, first greedy tokens, their text)."""
     transformers = pytest.importorskip("transformers")
     import torch
