@@ -62,7 +62,7 @@ def row(recipe: str, path: Path, max_batch: int, max_seq: int) -> str:
         return f"{recipe:18} failed: {r}"
     card = card_from_path(path)
     est = card_estimate(card, 0, card.n_layers, max_batch=max_batch, max_seq=max_seq)
-    peak = (r["load_peak"]) / r["running"]
+    peak = r["load_peak"] / r["running"]
     ratio = est.total / r["full"]
     verdict = (f"peak {'ok' if peak <= 1.2 else 'MISS'}, "
                f"estimate {'ok' if abs(ratio - 1) <= 0.10 else 'MISS'}")  # fmt: skip

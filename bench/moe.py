@@ -105,7 +105,7 @@ def memory_line(path: Path, args: argparse.Namespace) -> str:
         return f"memory probe failed: {r}"
     card = card_from_path(path)
     est = card_estimate(card, 0, card.n_layers, max_batch=args.max_batch, max_seq=args.max_seq)
-    peak = (r["load_peak"]) / r["running"]
+    peak = r["load_peak"] / r["running"]
     return (
         f"load: running weights {r['running'] / MiB:.0f} MiB (file {r['file_bytes'] / MiB:.0f}), "
         f"load peak / running size {peak:.2f} (target <= 1.2); estimate {est.total / MiB:.0f} "

@@ -33,10 +33,11 @@ from exo.worker.engines.model_facts import model_facts
 from exo.worker.engines.models.base import BuildOptions
 
 
-def _anon(proc: psutil.Process) -> int:
-    """Resident memory that is not a file's pages (Linux: RSS less RssFile and RssShmem)."""
+def _resident(proc: psutil.Process) -> tuple[int, int]:
+    """(RSS, its anonymous part): the part that is not a file's pages (Linux: RSS less RssFile
+    and RssShmem)."""
     info = proc.memory_info()
-    return int(info.rss - info.shared)
+    return int(info.rss), int(info.rss - info.shared)
 
 
 def main() -> None:
@@ -47,17 +48,15 @@ def main() -> None:
     kernels = load_kernels()
     cpu = torch.device("cpu")
     family, config = load_family(path)
-    baseline = proc.memory_info().rss
-    anon_baseline = _anon(proc)
+    baseline, anon_baseline = _resident(proc)
     peak, anon_peak = baseline, anon_baseline
     done = threading.Event()
 
     def sample() -> None:
         nonlocal peak, anon_peak
         while not done.is_set():
-            info = proc.memory_info()
-            peak = max(peak, info.rss)
-            anon_peak = max(anon_peak, info.rss - info.shared)
+            rss, anon = _resident(proc)
+            peak, anon_peak = max(peak, rss), max(anon_peak, anon)
             time.sleep(0.001)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -75,9 +74,8 @@ def main() -> None:
     seconds = time.monotonic() - started
     done.set()
     sampler.join()
-    peak = max(peak, proc.memory_info().rss)
-    anon_peak = max(anon_peak, _anon(proc))
-    loaded = proc.memory_info().rss
+    loaded, anon = _resident(proc)
+    peak, anon_peak = max(peak, loaded), max(anon_peak, anon)
     cache = model.new_cache(max_batch, max_seq)
     with torch.inference_mode():
         model.forward(torch.tensor([[1, 2, 3]]), StepInputs.single(0, 0, 3), cache)

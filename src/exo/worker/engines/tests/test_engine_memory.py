@@ -2,10 +2,11 @@
 
 For a generated model: running weights <= 1.15x their bytes in the file; the load's peak
 resident memory over the memory before it <= 1.2x the running size (anonymous memory: library
-code the load pages in for the first time is not counted, `memory_probe`'s `load_peak`); and the pure estimate
-(`exo.shared.models.memory`) within 10% of the process's RSS with its KV cache at the maximum,
-both as the engine sees the file and as placement sees it through the model's card (the KV
-cache at a runner's maximum: EXO_RUNNER_MAX_BATCH requests of the served context).
+code the load pages in for the first time is not counted, `memory_probe`'s `load_peak`); and
+the pure estimate (`exo.shared.models.memory`) within 10% of the process's RSS with its KV
+cache at the maximum, both as the engine sees the file and as placement sees it through the
+model's card (the KV cache at a runner's maximum: EXO_RUNNER_MAX_BATCH requests of the served
+context).
 """
 
 import json
