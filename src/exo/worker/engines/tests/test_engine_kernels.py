@@ -147,6 +147,52 @@ def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) 
         torch.testing.assert_close(values[b, :, : p + 1], v_ref[b, :, : p + 1])
 
 
+@pytest.mark.parametrize(
+    ("rows", "heads", "kv", "hd"),
+    [(1, 4, 1, 256), (1, 9, 3, 64), (2, 9, 3, 64), (3, 9, 3, 64), (1, 8, 8, 64)],
+    ids=["gemma-1-row", "smollm2-1-row", "smollm2-2-rows", "smollm2-3-rows", "mha-1-row"],
+)
+def test_decode_attention_bits_do_not_depend_on_the_threads(
+    kernels: QKernels, rows: int, heads: int, kv: int, hd: int
+) -> None:
+    """A step with few (row, kv head) pairs is shared out one query head per task, one with
+    many a pair per task: at 1, 2 and 3 threads every output and every appended key and value
+    has the same bits (a request's tokens do not depend on the threads or the batch)."""
+    torch.manual_seed(rows * 100 + heads)
+    max_seq, pos = 1024, [700 - 50 * b for b in range(rows)]  # long enough to use the threads
+    qkv = torch.randn(rows, 1, (heads + 2 * kv) * hd)
+    angles = torch.outer(
+        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
+    )
+    rope = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    qk_norm = 1 + 0.1 * torch.randn(heads + kv, hd)
+    keys, values = torch.randn(rows, max(pos), kv, hd), torch.randn(rows, max(pos), kv, hd)
+    results = []
+    for threads in (1, 2, 3):
+        cache = KVCache(1, rows, max_seq, kv, hd, dtype=torch.float32, device=torch.device("cpu"))
+        cache.prepare(tuple(range(rows)), (0,) * rows, max(pos))
+        cache.layer(0).write_and_read(keys, values, max(pos))
+        cache.prepare(tuple(range(rows)), tuple(pos), 1)
+        kernels.set_threads(threads)
+        try:
+            out = kernels.attend_decode(
+                qkv, heads, kv, hd, rope, qk_norm, 1e-6, cache.layer(0).paged(), torch.tensor(pos)
+            )
+        finally:
+            kernels.set_threads(1)
+        k_all, v_all = cache.layer(0).write_and_read(
+            torch.empty(rows, 0, kv, hd), torch.empty(rows, 0, kv, hd), max(pos) + 1
+        )
+        appended = [(k_all[b, :, p], v_all[b, :, p]) for b, p in enumerate(pos)]  # [B, KV, T, hd]
+        results.append((out, appended))
+    (one, one_kv), others = results[0], results[1:]
+    assert torch.isfinite(one).all() and one.abs().sum() > 0
+    for out, appended in others:
+        assert torch.equal(out, one)
+        for (k, v), (k1, v1) in zip(appended, one_kv, strict=True):
+            assert torch.equal(k, k1) and torch.equal(v, v1)
+
+
 def test_threaded_linear_is_identical(kernels: QKernels) -> None:
     w, x = torch.randn(3072, 576) * 0.05, torch.randn(3, 576)
     lin = make_linear(w, None, "q4", kernels=kernels)
