@@ -14,14 +14,14 @@ our node with `--threads THREADS` (its runner batches up to 8 requests).
 The client is the same for both: streaming completions (chat completions when the file has a
 chat template, the plain completions endpoint otherwise, as neither server would render a
 template-less chat alike), greedy, `max_tokens` TOKENS with `ignore_eos`, no prompt caching
-(`cache_prompt: false`, and a distinct prompt per request). It measures one stream alone
+(`cache_prompt: false`, and a distinct prompt per request, every round). It measures one stream alone
 (decode tok/s after the first token, TTFT), then STREAMS concurrent streams started together
 (aggregate tok/s over the wall time, the prompts' prefill included; the decoding aggregate,
 tok/s once every stream has its first token; TTFT p50/p99, inter-token latency p50/p99 over
 every gap between streamed chunks). With `--rounds N` both servers stay up and are measured in turn N
 times (the order swapping each round), each figure the best of its N: on a machine whose speed
 drifts, one server measured after the other is a comparison of two moments.
-`--history N` puts N sentences of earlier text (a log of ~12 tokens each, its lines numbered,
+`--history N` puts N sentences of earlier text (a log of ~25 tokens each, its lines numbered,
 the request's index first so no two prompts share a prefix) before each question: a long
 conversation, where attention's share of each decoding step grows with the context; the
 prompt's length in tokens, as our server counts it, is printed.
@@ -134,7 +134,7 @@ class Stream:
 
 
 def history(index: int, sentences: int) -> str:
-    """`sentences` lines of a keeper's log (~12 tokens each) for request `index`."""
+    """`sentences` lines of a keeper's log (~25 tokens each) for request `index`."""
     lamps = ("north", "south", "harbour", "reef", "channel", "point", "island")
     return "".join(
         f"Log {index}.{k}: at hour {k % 24} the {lamps[k % 7]} lamp burned {k * 37 % 100} percent.\n"
@@ -229,9 +229,13 @@ def decoding_aggregate(results: list[Stream]) -> float:
     return after / (end - since) if end > since else 0.0
 
 
-def measure(target: Target, streams: int, tokens: int, sentences: int) -> Figures:
-    stream_one(target, 10_000, 8, sentences)  # warm-up: connection, first-request costs
-    alone = stream_one(target, 10_001, tokens, sentences)
+def measure(target: Target, streams: int, tokens: int, sentences: int, round_: int) -> Figures:
+    """One round's figures; its prompts differ from every other round's (a server that keeps
+    earlier prompts' caches, as ours does, would otherwise answer a repeated round's prompts
+    without prefilling them)."""
+    base = 100_000 * round_
+    stream_one(target, base + 10_000, 8, sentences)  # warm-up: connection, first-request costs
+    alone = stream_one(target, base + 10_001, tokens, sentences)
     if sentences and alone.prompt_tokens is not None:
         print(f"{target.url}: prompts of {alone.prompt_tokens} tokens", flush=True)
     results: list[Stream] = []
@@ -241,7 +245,7 @@ def measure(target: Target, streams: int, tokens: int, sentences: int) -> Figure
     def client(i: int) -> None:
         barrier.wait()
         try:
-            results.append(stream_one(target, i, tokens, sentences))
+            results.append(stream_one(target, base + i, tokens, sentences))
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -373,10 +377,10 @@ def run(name: str, path: Path, threads: int, args: argparse.Namespace, binary: s
             order = [(ours_t, ours), (theirs_t, theirs)]
             for target, into in order if i % 2 == 0 else order[::-1]:
                 if target is not None:
-                    into.append(measure(target, args.streams, args.tokens, args.history))
+                    into.append(measure(target, args.streams, args.tokens, args.history, i))
     if binary is not None and args.rounds == 1:  # one round: one server at a time
         with llama_server(binary, path, threads, args.streams) as target:
-            theirs.append(measure(target, args.streams, args.tokens, args.history))
+            theirs.append(measure(target, args.streams, args.tokens, args.history, 0))
     report(name, threads, args.streams, best_of(ours), best_of(theirs) if theirs else None)
 
 
@@ -390,7 +394,7 @@ def main() -> int:
                     "times in turn, both up, and keep each figure's best (default 1: one "
                     "server at a time)")
     ap.add_argument("--history", type=int, default=0, help="sentences of earlier text before "
-                    "each question (~12 tokens each; 0: none): a long conversation")
+                    "each question (~25 tokens each; 0: none): a long conversation")
     args = ap.parse_args()
     if args.streams < 1 or args.tokens < 2 or min(args.threads) < 1 or args.rounds < 1:
         ap.error("need --streams >= 1, --tokens >= 2, --threads >= 1 and --rounds >= 1")
