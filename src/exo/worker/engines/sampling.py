@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy
 import torch
 from torch import Tensor
 
@@ -198,7 +199,9 @@ def finite_rows(logits: Tensor) -> list[bool]:
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got {list(logits.shape)}")
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
-        ok = [bool(math.isfinite(x)) for x in logits.numpy().sum(-1).tolist()]
+        with numpy.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the answer here
+            sums = logits.numpy().sum(-1)
+        ok = [math.isfinite(x) for x in sums.tolist()]
     else:
         ok = [bool(x) for x in torch.isfinite(logits.sum(dim=-1)).tolist()]
     for i, fine in enumerate(ok):
