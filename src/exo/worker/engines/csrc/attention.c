@@ -100,6 +100,7 @@ typedef struct {
     int window;           /* > 0: positions pos - window + 1 .. pos only; 0: every position */
     float* out;
     int per;              /* tasks per (row, kv head): 1 (all its query heads) or H / KV (one each) */
+    long work_units;      /* the tasks' work in all (task_at's units) */
     int failed;           /* set by any thread that found no memory (under no lock: only 0 -> 1) */
 } AttendJob;
 
@@ -223,17 +224,31 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
     }
 }
 
+/* The first task whose work starts at or after `work` (tasks in order, each costing its row's
+ * keys plus one): the boundary between two threads' runs of tasks. Runs of equal work, not of
+ * equal counts: rows of a batch attend over contexts of any lengths. */
+static int task_at(const AttendJob* a, long work) {
+    const int per_row = a->KV * a->per;
+    for (int b = 0; b < a->B; b++) {
+        const long cost = (long)a->pos[b] + 2 - first_key(a, b);
+        const long k = work <= 0 ? 0 : (work + cost - 1) / cost;
+        if (k < per_row) return b * per_row + (int)k;
+        work -= cost * per_row;
+    }
+    return a->B * per_row;
+}
+
 static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int G = a->H / a->KV, per = a->per; /* per: tasks of a (row, kv head) pair, 1 or G */
-    const int tasks = a->B * a->KV * per;
     const size_t need = (size_t)G * a->hd + (size_t)a->max_pages * a->P;
     float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
     if (scratch_att == NULL) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    const int first = tasks * part / parts, end = tasks * (part + 1) / parts;
+    const long total = a->work_units;
+    const int first = task_at(a, total * part / parts), end = task_at(a, total * (part + 1) / parts);
     if (first < end) prefetch_slice(a, first / per, 0, 1);
     for (int t = first; t < end; t++) {
         const int pair = t / per, g0 = t % per;
@@ -271,7 +286,7 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
         max_pages <= 0 || layer_off < 0 || window < 0)
         return -2;
     AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
-                     pos, sinks, window, out, 1, 0};
+                     pos, sinks, window, out, 1, 0, 0};
     long work = 0; /* multiply-adds, to decide whether threads pay off */
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
@@ -284,9 +299,10 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
         for (int j = 0; j < KV; j++) append_kv(&job, b, j);
     /* Too few (row, kv head) pairs to share among the threads evenly (one stream of a model
      * with 1 or 3 kv heads on 2 threads: one idles for a third of the call, or all of it):
-     * one task per query head, in one run of consecutive tasks per thread, so that a pair's
-     * keys and values are read by one or two threads, not all (measured: dealt out one task
-     * at a time, 2 rows of 3 pairs on 2 threads took 1.2x as long as the pairs whole).
+     * one task per query head, in one run of consecutive tasks of equal work per thread, so
+     * that a pair's keys and values are read by one or two threads, not all (measured: dealt
+     * out one task at a time, 2 rows of 3 pairs on 2 threads took 1.2x as long as the pairs
+     * whole).
      * Otherwise a pair's query heads stay together, its keys and values read from this core's
      * caches after the first head. */
     const int threads = work >= (1L << 17) ? exo_get_threads() : 1; /* threads pay off? */
@@ -297,6 +313,8 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
     } else if (threads > 1) {
         parts = B * KV < MAX_THREADS ? B * KV : MAX_THREADS;
     }
+    for (int b = 0; b < B; b++)
+        job.work_units += ((long)pos[b] + 2 - first_key(&job, b)) * KV * job.per;
     exo_run_parallel(attend_part, &job, parts);
     return job.failed ? -1 : 0;
 }

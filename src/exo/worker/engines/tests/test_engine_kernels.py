@@ -156,10 +156,11 @@ def test_decode_attention_bits_do_not_depend_on_the_threads(
     kernels: QKernels, rows: int, heads: int, kv: int, hd: int
 ) -> None:
     """A step with few (row, kv head) pairs is shared out one query head per task, one with
-    many a pair per task: at 1, 2 and 3 threads every output and every appended key and value
+    many a pair per task, in runs of equal work: at 1, 2 and 3 threads every output and every appended key and value
     has the same bits (a request's tokens do not depend on the threads or the batch)."""
     torch.manual_seed(rows * 100 + heads)
-    max_seq, pos = 1024, [700 - 50 * b for b in range(rows)]  # long enough to use the threads
+    # long enough to use the threads; rows of unequal lengths share the work unevenly
+    max_seq, pos = 1024, [700, 40, 380][:rows]
     qkv = torch.randn(rows, 1, (heads + 2 * kv) * hd)
     angles = torch.outer(
         torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
