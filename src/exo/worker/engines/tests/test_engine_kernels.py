@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason, load_kernels_for
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
-from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.linear import (
     GeGLU,
     PostNormLinear,
@@ -108,16 +108,42 @@ def _reference_attention(
     return torch.stack(outs)
 
 
+def _random_rope(max_seq: int, hd: int) -> torch.Tensor:
+    """A rotation table of random frequencies: complex64 [max_seq, hd/2]."""
+    angles = torch.outer(
+        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
+    )
+    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+
+
+def _attend_on(
+    kernels: QKernels,
+    threads: int,
+    qkv: torch.Tensor,
+    shape: tuple[int, int, int],
+    rope: torch.Tensor,
+    qk_norm: torch.Tensor | None,
+    layer: LayerCache,
+    pos: list[int],
+) -> torch.Tensor:
+    """The decode attention kernel at `threads` threads (then one again)."""
+    heads, kv, hd = shape
+    kernels.set_threads(threads)
+    try:
+        return kernels.attend_decode(
+            qkv, heads, kv, hd, rope, qk_norm, 1e-5, layer.paged(), torch.tensor(pos)
+        )
+    finally:
+        kernels.set_threads(1)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) -> None:
     """The kernel on the paged cache (pages of 64 positions, two layers) against torch."""
     torch.manual_seed(threads)
     heads, kv, hd, max_seq, pos = 9, 3, 64, 256, [200, 150]  # long enough to use the threads
     qkv = torch.randn(2, 1, (heads + 2 * kv) * hd)
-    angles = torch.outer(
-        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
-    )
-    rope = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    rope = _random_rope(max_seq, hd)
     k, v = torch.randn(2, kv, max_seq, hd), torch.randn(2, kv, max_seq, hd)
     k_ref, v_ref = k.clone(), v.clone()
     cache = KVCache(2, 2, max_seq, kv, hd, dtype=torch.float32, device=torch.device("cpu"))
@@ -130,13 +156,7 @@ def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) 
             1,
         )
     cache.prepare((1, 0), tuple(pos), 1)
-    kernels.set_threads(threads)
-    try:
-        out = kernels.attend_decode(
-            qkv, heads, kv, hd, rope, None, 1e-5, cache.layer(1).paged(), torch.tensor(pos)
-        )
-    finally:
-        kernels.set_threads(1)
+    out = _attend_on(kernels, threads, qkv, (heads, kv, hd), rope, None, cache.layer(1), pos)
     want = _reference_attention(qkv, rope, k_ref, v_ref, pos)
     torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
     for b, p in enumerate(pos):  # the new keys and values landed in the pages
@@ -156,16 +176,14 @@ def test_decode_attention_bits_do_not_depend_on_the_threads(
     kernels: QKernels, rows: int, heads: int, kv: int, hd: int
 ) -> None:
     """A step with few (row, kv head) pairs is shared out one query head per task, one with
-    many a pair per task, in runs of equal work: at 1, 2 and 3 threads every output and every appended key and value
-    has the same bits (a request's tokens do not depend on the threads or the batch)."""
+    many a pair per task, in runs of equal work: at 1, 2 and 3 threads every output and every
+    appended key and value has the same bits (a request's tokens do not depend on the threads
+    or the batch)."""
     torch.manual_seed(rows * 100 + heads)
     # long enough to use the threads; rows of unequal lengths share the work unevenly
     max_seq, pos = 1024, [700, 40, 380][:rows]
     qkv = torch.randn(rows, 1, (heads + 2 * kv) * hd)
-    angles = torch.outer(
-        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
-    )
-    rope = torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    rope = _random_rope(max_seq, hd)
     qk_norm = 1 + 0.1 * torch.randn(heads + kv, hd)
     keys, values = torch.randn(rows, max(pos), kv, hd), torch.randn(rows, max(pos), kv, hd)
     results = []
@@ -174,13 +192,7 @@ def test_decode_attention_bits_do_not_depend_on_the_threads(
         cache.prepare(tuple(range(rows)), (0,) * rows, max(pos))
         cache.layer(0).write_and_read(keys, values, max(pos))
         cache.prepare(tuple(range(rows)), tuple(pos), 1)
-        kernels.set_threads(threads)
-        try:
-            out = kernels.attend_decode(
-                qkv, heads, kv, hd, rope, qk_norm, 1e-6, cache.layer(0).paged(), torch.tensor(pos)
-            )
-        finally:
-            kernels.set_threads(1)
+        out = _attend_on(kernels, threads, qkv, (heads, kv, hd), rope, qk_norm, cache.layer(0), pos)
         k_all, v_all = cache.layer(0).write_and_read(
             torch.empty(rows, 0, kv, hd), torch.empty(rows, 0, kv, hd), max(pos) + 1
         )
