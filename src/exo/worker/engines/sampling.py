@@ -116,15 +116,23 @@ def apply_penalties(
     return z
 
 
+def _cpu_array(logits: Tensor) -> numpy.ndarray | None:
+    """The logits as a numpy array sharing their memory, when they are CPU float32 without
+    grad (numpy's reductions run on the calling thread); None otherwise."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+        return logits.numpy()
+    return None
+
+
 def argmax_rows(logits: Tensor, rows: Sequence[int]) -> list[int]:
     """The index of the largest logit in each of `rows` of logits [B, V], the first one on ties
     and on NaN (as torch's argmax). On the CPU this is numpy's argmax: at [8, 49152] torch's
     took ~420 us, numpy's ~30 us, a step's worth of overhead at batch 8."""
     if not rows:
         return []
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+    if (array := _cpu_array(logits)) is not None:
         # every row's argmax (cheaper than copying the rows asked for out first)
-        best = logits.numpy().argmax(-1)
+        best = array.argmax(-1)
         return [int(best[r]) for r in rows]
     return [int(t) for t in logits[list(rows)].argmax(-1).tolist()]
 
@@ -198,9 +206,9 @@ def finite_rows(logits: Tensor) -> list[bool]:
     of py-spy's samples in it; its wall time per token moved within the machine's noise)."""
     if logits.dim() != 2:
         raise ValueError(f"logits must be [B, V], got {list(logits.shape)}")
-    if logits.device.type == "cpu" and logits.dtype == torch.float32 and not logits.requires_grad:
+    if (array := _cpu_array(logits)) is not None:
         with numpy.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the answer here
-            sums = logits.numpy().sum(-1)
+            sums = array.sum(-1)
         ok = [math.isfinite(x) for x in sums.tolist()]
     else:
         ok = [bool(x) for x in torch.isfinite(logits.sum(dim=-1)).tolist()]

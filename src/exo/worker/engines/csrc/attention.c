@@ -224,13 +224,16 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
     }
 }
 
+/* A task of row b in task_at's units: its keys, plus one for what a task costs besides. */
+static inline long task_cost(const AttendJob* a, int b) { return (long)a->pos[b] + 2 - first_key(a, b); }
+
 /* The first task whose work starts at or after `work` (tasks in order, each costing its row's
  * keys plus one): the boundary between two threads' runs of tasks. Runs of equal work, not of
  * equal counts: rows of a batch attend over contexts of any lengths. */
 static int task_at(const AttendJob* a, long work) {
     const int per_row = a->KV * a->per;
     for (int b = 0; b < a->B; b++) {
-        const long cost = (long)a->pos[b] + 2 - first_key(a, b);
+        const long cost = task_cost(a, b);
         const long k = work <= 0 ? 0 : (work + cost - 1) / cost;
         if (k < per_row) return b * per_row + (int)k;
         work -= cost * per_row;
@@ -287,13 +290,15 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
         return -2;
     AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
                      pos, sinks, window, out, 1, 0, 0};
-    long work = 0; /* multiply-adds, to decide whether threads pay off */
+    long work = 0;      /* multiply-adds, to decide whether threads pay off */
+    long row_costs = 0; /* task_cost over the rows */
     for (int b = 0; b < B; b++) {
         if (pos[b] < 0 || pos[b] >= (int64_t)max_pages * P) return -3;
         const int lo = first_key(&job, b);
         for (int t0 = lo - lo % P; t0 <= pos[b]; t0 += P)
             if (pages[(size_t)b * max_pages + t0 / P] == 0) return -4;
         work += 2 * (pos[b] + 1 - lo) * (long)H * hd;
+        row_costs += task_cost(&job, b);
     }
     for (int b = 0; b < B; b++)
         for (int j = 0; j < KV; j++) append_kv(&job, b, j);
@@ -313,8 +318,7 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
     } else if (threads > 1) {
         parts = B * KV < MAX_THREADS ? B * KV : MAX_THREADS;
     }
-    for (int b = 0; b < B; b++)
-        job.work_units += ((long)pos[b] + 2 - first_key(&job, b)) * KV * job.per;
+    job.work_units = row_costs * KV * job.per;
     exo_run_parallel(attend_part, &job, parts);
     return job.failed ? -1 : 0;
 }

@@ -23,6 +23,7 @@ from exo.worker.engines.linear import (
     quantize_q4,
     quantize_q8,
 )
+from exo.worker.engines.rope import rope_table
 from exo.worker.engines.weights import ShardWeights
 
 
@@ -110,10 +111,7 @@ def _reference_attention(
 
 def _random_rope(max_seq: int, hd: int) -> torch.Tensor:
     """A rotation table of random frequencies: complex64 [max_seq, hd/2]."""
-    angles = torch.outer(
-        torch.arange(max_seq, dtype=torch.float64), torch.rand(hd // 2, dtype=torch.float64)
-    )
-    return torch.polar(torch.ones_like(angles), angles).to(torch.complex64)
+    return rope_table(max_seq, torch.rand(hd // 2, dtype=torch.float64), torch.device("cpu"))
 
 
 def _attend_on(
