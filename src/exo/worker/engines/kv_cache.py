@@ -53,9 +53,12 @@ class LayerCache:
         offset = self.layer * 2 * kv_heads * PAGE * head_dim
         return PagedLayer(c.step_pages, PAGE, offset, kv_heads, head_dim, c.dtype)
 
-    def write_and_read(self, k: Tensor, v: Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
-        """Store the step's new k, v [B, T, KV, hd]; return each row's keys/values
-        [B, KV, kv_len, hd] (zeros past a row's own length: the caller masks them)."""
+    def write_and_read(
+        self, k: Tensor, v: Tensor, kv_len: int, lo: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Store the step's new k, v [B, T, KV, hd]; return each row's keys/values at
+        positions [lo, kv_len): [B, KV, kv_len - lo, hd] (zeros past a row's own length: the
+        caller masks them)."""
         c = self.cache
         n_new = k.shape[1]
         keys: list[Tensor] = []
@@ -70,9 +73,11 @@ class LayerCache:
                 page[0, :, off : off + n] = k[b, done : done + n].transpose(0, 1)
                 page[1, :, off : off + n] = v[b, done : done + n].transpose(0, 1)
                 done += n
-            row = torch.cat(pages, dim=2)[:, :, :kv_len]  # [2, KV, <= kv_len, hd]
-            if row.shape[2] < kv_len:
-                row = torch.nn.functional.pad(row, (0, 0, 0, kv_len - row.shape[2]))
+            first = lo // PAGE
+            row = torch.cat(pages[first : -(-kv_len // PAGE)], dim=2)  # from page `first`
+            row = row[:, :, lo - first * PAGE : kv_len - first * PAGE]  # [2, KV, <= L - lo, hd]
+            if row.shape[2] < kv_len - lo:
+                row = torch.nn.functional.pad(row, (0, 0, 0, kv_len - lo - row.shape[2]))
             keys.append(row[0])
             values.append(row[1])
         return torch.stack(keys), torch.stack(values)

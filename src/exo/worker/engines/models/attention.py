@@ -35,6 +35,7 @@ class StepTensors:
     is_causal: bool  # prefill of one row from position 0: plain causal attention
     pos_index: Tensor  # [B] long: position of the new token (used when n_new == 1)
     window: int | None = None  # compiled decode: the keys a query sees, when not all of them
+    key_lo: int = 0  # the first cache position read: earlier keys are outside every window
 
 
 def step_tensors(
@@ -61,14 +62,18 @@ def step_tensors(
     positions = starts[:, None] + torch.arange(n_new, device=device)  # [B, T]
     rotation = rope[positions].unsqueeze(2)  # [B, T, 1, hd/2]
     is_causal = bsz == 1 and step.starts[0] == 0 and n_new > 1 and sees_all and not blocks
+    # A prompt chunk on a sliding layer reads only the keys its first query can see (decode
+    # rows read them all, so a row's sums do not depend on the batch's other rows; a chunk
+    # shares its start with every row of its forward).
+    key_lo = 0 if window is None or n_new == 1 else max(0, min(step.starts) - window + 1)
     mask = None
     if blocks or not (is_causal or (bsz == 1 and n_new == 1 and sees_all)):
         # key j is visible to the query at position p iff j <= p or both are in one image
         # (bidirectional images) (and p - j < window).
-        keys = torch.arange(kv_len, device=device)
+        keys = torch.arange(key_lo, kv_len, device=device)
         mask = keys <= positions[:, :, None]  # [B, T, L]
         if blocks:
-            mask = mask | block_mask(positions, kv_len, blocks)
+            mask = mask | block_mask(positions, kv_len, blocks)[..., key_lo:]
         if window is not None:
             mask = mask & (keys > positions[:, :, None] - window)
         mask = mask.unsqueeze(1)  # [B, 1, T, L]
@@ -80,6 +85,7 @@ def step_tensors(
         mask=mask,
         is_causal=is_causal,
         pos_index=starts,
+        key_lo=key_lo,
     )
 
 
@@ -136,7 +142,7 @@ def _rotate_and_cache(
     qkv: Tensor, s: AttentionShape, t: StepTensors, layer_cache: LayerCache
 ) -> tuple[Tensor, Tensor, Tensor]:
     """qkv [B, T, (H + 2KV) * hd] -> q [B, T, H, hd] rotated, and this row's cached keys and
-    values [B, KV, L, hd] with the new ones written."""
+    values at positions [lo, L) [B, KV, L - lo, hd] with the new ones written."""
     hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
     qk = qkv[..., : (heads + kvh) * hd].unflatten(-1, (heads + kvh, hd))  # [B, T, H+KV, hd]
     if s.qk_norm is not None:
@@ -145,7 +151,7 @@ def _rotate_and_cache(
     qk = apply_rope(qk, t.rotation)  # q and k heads rotated together
     q, k = qk[:, :, :heads], qk[:, :, heads:]  # [B, T, H, hd], [B, T, KV, hd]
     v = qkv[..., (heads + kvh) * hd :].unflatten(-1, (kvh, hd))  # [B, T, KV, hd]
-    keys, values = layer_cache.write_and_read(k, v, t.kv_len)  # [B, KV, L, hd]
+    keys, values = layer_cache.write_and_read(k, v, t.kv_len, t.key_lo)  # [B, KV, L - lo, hd]
     return q, keys, values
 
 
@@ -167,7 +173,7 @@ def attend_with_sinks(
         mask = torch.ones(n_new, t.kv_len, dtype=torch.bool, device=qkv.device).tril()
     rows: list[Tensor] = []
     for b in range(bsz):  # each row over its own keys only: the same sums alone or batched
-        n_keys = int(t.pos_index[b]) + n_new
+        n_keys = int(t.pos_index[b]) + n_new - t.key_lo  # keys from position lo
         k = keys[b, :, :n_keys].repeat_interleave(group, 0).float()  # [H, L_b, hd]
         v = values[b, :, :n_keys].repeat_interleave(group, 0)
         scores = (q[b].transpose(0, 1).float() @ k.transpose(-1, -2)) / s.head_dim**0.5

@@ -173,6 +173,40 @@ def test_two_tensor_ranks_match_transformers(case: tuple[Path, Greedy]) -> None:
         _assert_matches(result, expected)
 
 
+def _chunked(model: LlamaModel, chunk: int) -> Step:
+    """`_single`, with the prompt prefilled `chunk` tokens at a time."""
+    cache = model.new_cache(1, len(PROMPT) + N_NEW)
+
+    def step(tokens: Tensor, s: StepInputs) -> Tensor:
+        out = tokens[:, :0]
+        for start in range(0, s.n_new, chunk):
+            part = tokens[:, start : start + chunk]
+            out = model.forward(
+                part, StepInputs.single(0, s.starts[0] + start, part.shape[1]), cache
+            )
+        return out
+
+    return step
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma3", "phi3"])
+def test_a_prompt_in_chunks_past_the_window_matches_transformers(
+    models: _Models, arch: str
+) -> None:
+    """The prompt prefilled 2 and 3 tokens at a time: chunks that start past the sliding
+    window read only the keys their queries can see (`StepTensors.key_lo`); one key too few
+    would change the logits."""
+    path = models.path(arch, "safetensors")
+    model = LlamaModel(load_shard_weights(path, 0, load_config(path).n_layers))
+    window = load_config(path).sliding_window
+    assert window is not None and window < len(PROMPT) - 3
+    for chunk in (2, 3):
+        _assert_matches(_greedy(_chunked(model, chunk)), models.greedy[arch][0])
+    last_chunk = StepInputs.single(0, len(PROMPT) - 2, 2)
+    tensors = model._step_tensors(last_chunk, True)  # pyright: ignore[reportPrivateUsage]
+    assert tensors.key_lo == len(PROMPT) - 2 - window + 1  # the path above was taken
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["torch", "compiled"])
 @pytest.mark.parametrize("arch", ["llama3", "mistral", "gemma3", "phi3"])
 def test_batched_rows_at_different_positions_match_transformers(
