@@ -168,10 +168,13 @@ static void append_kv(const AttendJob* a, int b, int j) {
     rotate_head(kp, a->rope + (size_t)p * hd, hd);
 }
 
-/* Task t: row b, kv head j, and query heads [g0, g1) of the G that share it (all G, or one
- * when a step has too few (row, kv head) pairs to keep the threads busy); the keys and values
- * of task `next` (-1: none) are asked for meanwhile. Each query head's arithmetic is the same
- * whichever task holds it: the threads and the split never change a result's bits. */
+/* Task t: row b, kv head j, and query heads [g0, g1) of the G that share it (all G, or a
+ * thread's share when a step has too few (row, kv head) pairs to keep the threads busy); the
+ * keys and values of task `next` (-1: none) are asked for meanwhile. A page's run of keys (or
+ * values) is read from memory once and used by every query head of the task while it is in
+ * this core's caches (head by head over the whole row, Gemma 3 270M's 4 query heads on one kv
+ * head, 4,096 positions not in cache, took 1.2-1.75x as long: a row's keys outgrow L2). Each query head's arithmetic is the same whichever task holds it,
+ * in the same order: the threads and the split never change a result's bits. */
 static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int next, float* scratch) {
     const int G = a->H / a->KV, hd = a->hd;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
@@ -179,48 +182,59 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
     const float* rot = a->rope + (size_t)p * hd;
     const int L = p + 1 - t0; /* keys attended: positions t0 .. p */
     float* q = scratch;                        /* [G, hd] */
-    float* scores = scratch + (size_t)G * hd;  /* [L] */
+    float* scores = scratch + (size_t)G * hd;  /* [G, L] */
     const float scale = 1.0f / sqrtf((float)hd);
-    const int n = g1 - g0;
+    const int runs = (p - (t0 - t0 % a->P)) / a->P + 1; /* pages of positions t0 .. p */
     for (int g = g0; g < g1; g++) {
         const int h = j * G + g;
         float* qg = q + (size_t)g * hd;
         for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
         if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
-        prefetch_slice(a, next, 2 * (g - g0), 2 * n);
-        for (int t = t0, e; t <= p; t = e) { /* a page's keys are contiguous */
-            e = run_end(a, t, p + 1);
-            scores_f32(qg, cached(a, b, 0, j, t), e - t, hd, scale, scores + (t - t0));
-        }
+    }
+    int r = 0;
+    for (int t = t0, e; t <= p; t = e, r++) { /* a page's keys are contiguous */
+        e = run_end(a, t, p + 1);
+        const float* k = cached(a, b, 0, j, t);
+        for (int g = g0; g < g1; g++)
+            scores_f32(q + (size_t)g * hd, k, e - t, hd, scale, scores + (size_t)g * L + (t - t0));
+        prefetch_slice(a, next, r, 2 * runs);
+    }
+    for (int g = g0; g < g1; g++) {
+        const int h = j * G + g;
+        float* sg = scores + (size_t)g * L;
         const float sink = a->sinks ? a->sinks[h] : -INFINITY;
         float mx = sink;
-        for (int t = 0; t < L; t++) mx = scores[t] > mx ? scores[t] : mx;
+        for (int t = 0; t < L; t++) mx = sg[t] > mx ? sg[t] : mx;
         float total = a->sinks ? exo_expf(sink - mx) : 0.0f;
         int t = 0;
 #if EXO_AVX2
         const __m256 vmx = _mm256_set1_ps(mx);
         __m256 vtot = _mm256_setzero_ps();
         for (; t + 8 <= L; t += 8) {
-            const __m256 e = exo_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), vmx));
-            _mm256_storeu_ps(scores + t, e);
+            const __m256 e = exo_exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + t), vmx));
+            _mm256_storeu_ps(sg + t, e);
             vtot = _mm256_add_ps(vtot, e);
         }
         total += exo_hsum8(vtot);
 #endif
         for (; t < L; t++) {
-            scores[t] = exo_expf(scores[t] - mx);
-            total += scores[t];
+            sg[t] = exo_expf(sg[t] - mx);
+            total += sg[t];
         }
         const float inv = 1.0f / total;
-        for (t = 0; t < L; t++) scores[t] *= inv;
+        for (t = 0; t < L; t++) sg[t] *= inv;
         float* o = a->out + ((size_t)b * a->H + h) * hd;
         for (int i = 0; i < hd; i++) o[i] = 0.0f;
-        prefetch_slice(a, next, 2 * (g - g0) + 1, 2 * n);
-        for (int t = t0, e; t <= p; t = e) {
-            e = run_end(a, t, p + 1);
-            weighted_sum_f32(scores + (t - t0), cached(a, b, 1, j, t), e - t, hd, o);
-        }
+    }
+    r = 0;
+    for (int t = t0, e; t <= p; t = e, r++) {
+        e = run_end(a, t, p + 1);
+        const float* v = cached(a, b, 1, j, t);
+        for (int g = g0; g < g1; g++)
+            weighted_sum_f32(scores + (size_t)g * L + (t - t0), v, e - t, hd,
+                             a->out + ((size_t)b * a->H + j * G + g) * hd);
+        prefetch_slice(a, next, runs + r, 2 * runs);
     }
 }
 
@@ -244,7 +258,7 @@ static int task_at(const AttendJob* a, long work) {
 static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int G = a->H / a->KV, per = a->per; /* per: tasks of a (row, kv head) pair, 1 or G */
-    const size_t need = (size_t)G * a->hd + (size_t)a->max_pages * a->P;
+    const size_t need = (size_t)G * a->hd + (size_t)G * a->max_pages * a->P;
     float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
     if (scratch_att == NULL) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
@@ -253,11 +267,13 @@ static void attend_part(void* ctx, int part, int parts) {
     const long total = a->work_units;
     const int first = task_at(a, total * part / parts), end = task_at(a, total * (part + 1) / parts);
     if (first < end) prefetch_slice(a, first / per, 0, 1);
-    for (int t = first; t < end; t++) {
-        const int pair = t / per, g0 = t % per;
-        /* the next task's keys, unless they are this task's (the same pair) */
-        const int next = t + 1 < end && (t + 1) / per != pair ? (t + 1) / per : -1;
-        attend_task(a, pair / a->KV, pair % a->KV, g0, per == 1 ? G : g0 + 1, next, scratch_att);
+    for (int t = first; t < end;) { /* this run's tasks of one pair in one call */
+        const int pair = t / per, g0 = per == 1 ? 0 : t % per;
+        const int stop = per == 1 ? t + 1 : (pair + 1) * per < end ? (pair + 1) * per : end;
+        const int next = stop < end ? stop / per : -1; /* the next pair's keys meanwhile */
+        attend_task(a, pair / a->KV, pair % a->KV, g0, per == 1 ? G : g0 + (stop - t), next,
+                    scratch_att);
+        t = stop;
     }
 }
 
