@@ -36,6 +36,12 @@ class StepTensors:
     pos_index: Tensor  # [B] long: position of the new token (used when n_new == 1)
     window: int | None = None  # compiled decode: the keys a query sees, when not all of them
     key_lo: int = 0  # the first cache position read: earlier keys are outside every window
+    # a sliding layer's masked prompt chunk in query blocks: (first, end) query rows and the
+    # (first, end) keys (from key_lo) that they can see; None: one call over the whole mask
+    spans: tuple[tuple[int, int, int, int], ...] | None = None
+
+
+QUERY_BLOCK = 64  # a masked prompt chunk's queries per call on sliding layers (`query_spans`)
 
 
 def step_tensors(
@@ -77,6 +83,7 @@ def step_tensors(
         if window is not None:
             mask = mask & (keys > positions[:, :, None] - window)
         mask = mask.unsqueeze(1)  # [B, 1, T, L]
+    spans = None if mask is None or blocks else query_spans(step, window, key_lo)
     return StepTensors(
         use_kernel=False,
         rope=rope,
@@ -86,7 +93,32 @@ def step_tensors(
         is_causal=is_causal,
         pos_index=starts,
         key_lo=key_lo,
+        spans=spans,
     )
+
+
+def query_spans(
+    step: StepInputs, window: int | None, key_lo: int
+) -> tuple[tuple[int, int, int, int], ...] | None:
+    """A masked prompt chunk of a sliding-window layer in blocks of QUERY_BLOCK queries, each
+    with the keys its queries can see: from its first query's window to its last query. torch's
+    attention computes a mask's every entry: a 512-token chunk past a window of 512 holds ~1,000
+    keys, a 64-query block ~575 (measured, Gemma 3 270M's heads, 2 threads: 1.42-1.47x faster
+    than one call; 128-query blocks 1.28-1.34x). Global layers keep one call: their blocks
+    skip less (the keys after each query only) and re-read the keys once per block (measured
+    0.87x at 4,096 keys of 256 dimensions, 1.00-1.11x at 1,536 keys of 64). None when not a
+    sliding layer or the chunk fits one block. Images never get here: a query may see an
+    image's keys that come after it."""
+    n_new = step.n_new
+    if window is None or n_new <= QUERY_BLOCK:
+        return None
+    first, last = min(step.starts), max(step.starts)
+    spans: list[tuple[int, int, int, int]] = []
+    for q0 in range(0, n_new, QUERY_BLOCK):
+        q1 = min(n_new, q0 + QUERY_BLOCK)
+        k0 = max(0, first + q0 - window + 1, key_lo) - key_lo
+        spans.append((q0, q1, k0, last + q1 - key_lo))
+    return tuple(spans)
 
 
 @dataclass(frozen=True)
@@ -127,14 +159,19 @@ def attend(
         q1 = q.reshape(bsz, kvh, heads // kvh, hd)  # [B, KV, G, hd]
         out = F.scaled_dot_product_attention(q1, keys, values, attn_mask=t.mask)
         return out.reshape(bsz, 1, heads * hd)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2),  # [B, H, T, hd]
-        keys,
-        values,
-        attn_mask=t.mask,
-        is_causal=t.is_causal,
-        enable_gqa=heads != kvh,
-    )  # [B, H, T, hd]
+    qt = q.transpose(1, 2)  # [B, H, T, hd]
+    if t.spans is not None and t.mask is not None:  # each query block over its keys only
+        out = torch.cat([
+            F.scaled_dot_product_attention(
+                qt[:, :, q0:q1], keys[:, :, k0:k1], values[:, :, k0:k1],
+                attn_mask=t.mask[:, :, q0:q1, k0:k1], enable_gqa=heads != kvh,
+            )
+            for q0, q1, k0, k1 in t.spans
+        ], dim=2)  # fmt: skip
+    else:
+        out = F.scaled_dot_product_attention(
+            qt, keys, values, attn_mask=t.mask, is_causal=t.is_causal, enable_gqa=heads != kvh
+        )  # [B, H, T, hd]
     return out.transpose(1, 2).reshape(bsz, n_new, heads * hd)
 
 

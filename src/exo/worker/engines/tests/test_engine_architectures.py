@@ -18,6 +18,7 @@ from torch import Tensor
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.engine import load_config, load_shard_weights
 from exo.worker.engines.llama import LlamaModel, StepInputs
+from exo.worker.engines.models import attention
 from exo.worker.engines.weights import ShardWeights, slice_shard
 
 from .arch_models import CASES, build_hf_model, write_gguf
@@ -191,20 +192,26 @@ def _chunked(model: LlamaModel, chunk: int) -> Step:
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma3", "phi3"])
 def test_a_prompt_in_chunks_past_the_window_matches_transformers(
-    models: _Models, arch: str
+    models: _Models, arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The prompt prefilled 2 and 3 tokens at a time: chunks that start past the sliding
-    window read only the keys their queries can see (`StepTensors.key_lo`); one key too few
-    would change the logits."""
+    """The prompt prefilled 2, 3 and 5 tokens at a time, in query blocks of 2: a chunk past
+    the sliding window reads only the keys its queries can see (`StepTensors.key_lo`), and
+    each query block only those of its own queries (`query_spans`); one key too few would
+    change the logits."""
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 2)
     path = models.path(arch, "safetensors")
-    model = LlamaModel(load_shard_weights(path, 0, load_config(path).n_layers))
-    window = load_config(path).sliding_window
-    assert window is not None and window < len(PROMPT) - 3
-    for chunk in (2, 3):
+    config = load_config(path)
+    model = LlamaModel(load_shard_weights(path, 0, config.n_layers))
+    for chunk in (2, 3, 5):
         _assert_matches(_greedy(_chunked(model, chunk)), models.greedy[arch][0])
-    last_chunk = StepInputs.single(0, len(PROMPT) - 2, 2)
+    last_chunk = StepInputs.single(0, len(PROMPT) - 5, 5)
     tensors = model._step_tensors(last_chunk, True)  # pyright: ignore[reportPrivateUsage]
-    assert tensors.key_lo == len(PROMPT) - 2 - window + 1  # the path above was taken
+    window = config.sliding_window  # the paths above were taken:
+    assert window is not None and window < len(PROMPT) - 5
+    lo = len(PROMPT) - 5 - window + 1
+    assert tensors.key_lo == lo
+    assert tensors.spans is not None and len(tensors.spans) == 3
+    assert tensors.spans[-1][3] == len(PROMPT) - lo  # the last block sees up to its last query
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["torch", "compiled"])
