@@ -17,6 +17,7 @@ import uvicorn
 from loguru import logger
 
 from exo.api.connection_guard import server_config
+from exo.api.errors import ApiError
 from exo.api.main import ApiSettings, create_app
 from exo.cluster.config import ClusterConfig
 from exo.cluster.link import ClusterLink
@@ -25,7 +26,7 @@ from exo.master.main import Master
 from exo.node.chunks import ChunkRouter
 from exo.node.hub_cards import node_registry
 from exo.node.info import cap_memory, gather_node_info, significantly_different
-from exo.node.requests import RequestTracker
+from exo.node.requests import RequestsEnded, RequestTracker
 from exo.shared.apply import apply
 from exo.shared.constants import EXO_RUNNER_MAX_BATCH
 from exo.shared.models.model_cards import ModelCard, ModelId
@@ -187,7 +188,10 @@ class Node:
         await self._commands_tx.send((command, self._node_id))
 
     def open_response(self, command_id: CommandId) -> Receiver[Chunk]:
-        return self.requests.open(command_id)
+        try:
+            return self.requests.open(command_id)
+        except RequestsEnded as e:  # the node is stopping
+            raise ApiError(503, str(e)) from None
 
     def close_response(self, command_id: CommandId) -> None:
         self.requests.close(command_id)

@@ -36,6 +36,10 @@ LOST_TAIL = (
 )
 
 
+class RequestsEnded(Exception):
+    """The node is stopping: no request opens any more (`RequestTracker.end_all`)."""
+
+
 class RequestTracker:
     def __init__(
         self,
@@ -52,8 +56,13 @@ class RequestTracker:
         """Requests whose task finished: by when their last chunk must have come."""
         self._responding: set[CommandId] = set()
         """Requests whose response is still being written (opened, not yet closed)."""
+        self._ended: str | None = None
+        """Why no request opens any more (`end_all`), or None."""
 
     def open(self, command_id: CommandId) -> Receiver[Chunk]:
+        """The chunks of request `command_id`; raises RequestsEnded once `end_all` ran."""
+        if self._ended is not None:
+            raise RequestsEnded(self._ended)
         self._responding.add(command_id)
         return self.chunks.open(command_id)
 
@@ -126,7 +135,9 @@ class RequestTracker:
 
     async def end_all(self, message: str, grace_s: float = 3.0) -> None:
         """Every waiting or streaming request gets an error that says why, and a moment to
-        send it (until its response closed, or ``grace_s``)."""
+        send it (until its response closed, or ``grace_s``); a request that comes after is
+        refused with the same words (it would otherwise wait on a node that is stopping)."""
+        self._ended = message
         open_now = self.chunks.open_commands()
         if not open_now:
             return
