@@ -173,8 +173,9 @@ static void append_kv(const AttendJob* a, int b, int j) {
  * keys and values of task `next` (-1: none) are asked for meanwhile. A page's run of keys (or
  * values) is read from memory once and used by every query head of the task while it is in
  * this core's caches (head by head over the whole row, Gemma 3 270M's 4 query heads on one kv
- * head, 4,096 positions not in cache, took 1.2-1.75x as long: a row's keys outgrow L2). Each query head's arithmetic is the same whichever task holds it,
- * in the same order: the threads and the split never change a result's bits. */
+ * head, 4,096 positions not in cache, took 1.2-1.75x as long: a row's keys outgrow L2). Each
+ * query head's arithmetic is the same whichever task holds it, in the same order: the threads
+ * and the split never change a result's bits. */
 static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int next, float* scratch) {
     const int G = a->H / a->KV, hd = a->hd;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
