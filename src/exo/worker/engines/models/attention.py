@@ -116,7 +116,7 @@ def query_spans(
     spans: list[tuple[int, int, int, int]] = []
     for q0 in range(0, n_new, QUERY_BLOCK):
         q1 = min(n_new, q0 + QUERY_BLOCK)
-        k0 = max(0, first + q0 - window + 1, key_lo) - key_lo
+        k0 = max(key_lo, first + q0 - window + 1) - key_lo  # key_lo >= 0
         spans.append((q0, q1, k0, last + q1 - key_lo))
     return tuple(spans)
 
