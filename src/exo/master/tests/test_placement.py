@@ -219,8 +219,8 @@ def test_not_enough_memory_on_one_node() -> None:
     reason = refused(place(card(storage_mb=270), cluster(a=120)))
     free = 120 + OVERHEAD_MB
     assert reason == (
-        f"not enough memory: test/model needs {270 + 1 + OVERHEAD_MB} MB on 1 node "
-        f"(270 MB of weights + 0.7 MB of KV cache + {OVERHEAD_MB} MB runtime per node), "
+        f"not enough memory: test/model needs {270 + OVERHEAD_MB} MB on 1 node "
+        f"(270 MB of weights + 0.4 MB of KV cache + {OVERHEAD_MB} MB runtime per node), "
         f"the node with the most free memory has {free} MB free (node a: {free} MB)"
     )
 
@@ -245,7 +245,7 @@ def test_existing_instances_reserve_their_memory() -> None:
         NodeId("a"): (1000 + OVERHEAD_MB) * MB - pipeline_memory(model, 0, 30),
         NodeId("b"): (1000 + OVERHEAD_MB) * MB,
     }
-    # a has 199 MB left, too little for 270 MB + overhead: the new instance goes to b.
+    # a has ~200 MB left, too little for 270 MB + overhead: the new instance goes to b.
     second = placed(place(card(storage_mb=270), nodes, instances=instances))
     assert layer_ranges(second) == {"b": (0, 30)}
 
@@ -254,7 +254,7 @@ def test_a_full_cluster_refuses_with_the_memory_left() -> None:
     nodes = cluster(a=1000)
     first = placed(place(card(storage_mb=800), nodes, instance_id=InstanceId("first")))
     reason = refused(place(card(storage_mb=800), nodes, instances={first.instance_id: first}))
-    assert "node a: 199 MB" in reason
+    assert "node a: 200 MB" in reason  # 1000 MB less the first's 0.4 MB of KV cache
 
 
 def test_min_nodes_forces_a_spread() -> None:

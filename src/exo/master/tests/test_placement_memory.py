@@ -53,8 +53,8 @@ def test_a_whole_shard_needs_exactly_the_engines_estimate() -> None:
 
 
 def test_the_kv_cache_at_its_maximum_is_reserved() -> None:
-    # 2 * 24 layers * 4 kv heads * 64 * 4 bytes = 48 KiB per position; 8 x 2048 positions.
-    kv = 2 * 24 * 4 * 64 * 4 * EXO_RUNNER_MAX_BATCH * min(2048, EXO_MAX_CONTEXT_TOKENS)
+    # 2 * 24 layers * 4 kv heads * 64 * 2 bytes (float16) = 24 KiB per position; 8 x 2048 positions.
+    kv = 2 * 24 * 4 * 64 * 2 * EXO_RUNNER_MAX_BATCH * min(2048, EXO_MAX_CONTEXT_TOKENS)
     model = card(100)
     assert card_estimate(model, 0, 24).kv_cache == kv
     assert pipeline_memory(model, 0, 24) == 100 * MB + kv + RUNNER_OVERHEAD_BYTES

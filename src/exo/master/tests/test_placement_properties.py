@@ -127,8 +127,8 @@ def spread_scenarios(draw: st.DrawFn) -> Scenario:
 
 
 def _kv_per_layer(s: Scenario) -> int:
-    # k and v, kv heads of 64 // heads values, 512 positions (the card's context), float32.
-    return 2 * s.kv_heads * (64 // s.heads) * 512 * EXO_RUNNER_MAX_BATCH * 4
+    # k and v, kv heads of 64 // heads values, 512 positions (the card's context), float16.
+    return 2 * s.kv_heads * (64 // s.heads) * 512 * EXO_RUNNER_MAX_BATCH * 2
 
 
 def _shard_bytes(s: Scenario, layers: int) -> int:

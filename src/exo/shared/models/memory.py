@@ -59,10 +59,18 @@ def runner_max_seq(context_length: int) -> int:
 
 
 KV_PAGE = 64  # positions per KV cache page (worker/engines/kv_cache.py)
+# bytes of a cached key or value element: the engine's default float16 cache (kv_cache.py; on a
+# GPU the model's bfloat16 / float16); a node run with EXO_KV_CACHE=f32 holds twice the estimate
+KV_DTYPE_BYTES = 2
 
 
 def kv_cache_bytes(
-    n_layers: int, kv_heads: int, head_dim: int, max_seq: int, max_batch: int, dtype_bytes: int = 4
+    n_layers: int,
+    kv_heads: int,
+    head_dim: int,
+    max_seq: int,
+    max_batch: int,
+    dtype_bytes: int = KV_DTYPE_BYTES,
 ) -> int:
     """Keys and values of `n_layers` layers, `max_batch` slots of `max_seq` positions (whole
     pages: the cache grows in pages of KV_PAGE positions)."""
@@ -96,7 +104,7 @@ def estimate_runner_memory(
     max_seq: int,
     max_batch: int,
     kernels: bool = True,
-    kv_dtype_bytes: int = 4,
+    kv_dtype_bytes: int = KV_DTYPE_BYTES,
     overhead: int = RUNNER_OVERHEAD_BYTES,
     kv_bytes_per_position: int = 0,
     vision_bytes: int = 0,

@@ -18,7 +18,7 @@ def test_running_weights_follow_the_engines_formats() -> None:
 
 
 def test_the_kv_cache_counts_whole_pages() -> None:
-    per_position = 2 * 30 * 3 * 64 * 4  # k and v, 30 layers, 3 kv heads, hd 64, float32
+    per_position = 2 * 30 * 3 * 64 * 2  # k and v, 30 layers, 3 kv heads, hd 64, float16
     assert kv_cache_bytes(30, 3, 64, KV_PAGE, 1) == per_position * KV_PAGE
     assert kv_cache_bytes(30, 3, 64, KV_PAGE + 1, 2) == per_position * 2 * KV_PAGE * 2
 
@@ -28,5 +28,5 @@ def test_the_total_adds_weights_cache_and_overhead() -> None:
         weight_file_bytes=10**9, file_format="Q8_0", n_layers=32, kv_heads=8, head_dim=128,
         max_seq=4096, max_batch=4,
     )  # fmt: skip
-    assert e.weights == 10**9 and e.kv_cache == 2 * 32 * 8 * 128 * 4096 * 4 * 4
+    assert e.weights == 10**9 and e.kv_cache == 2 * 32 * 8 * 128 * 4096 * 4 * 2
     assert e.total == e.weights + e.kv_cache + RUNNER_OVERHEAD_BYTES

@@ -204,8 +204,8 @@ class QKernels:
         self._set_spin = lib.exo_set_spin
         self._set_spin.argtypes = [ctypes.c_long, ctypes.c_long]
         self._set_spin.restype = i
-        self._attend = lib.exo_attend_decode
-        self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p]
+        self._attend = lib.exo_attend_decode_kv
+        self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p, i, i, p]
         self._attend.restype = i
         self._repack = lib.exo_repack_rows
         self._repack.argtypes = [i, p, i, i, p]
@@ -332,8 +332,8 @@ class QKernels:
     ) -> Tensor:
         """One decode step of attention (see `csrc/attention.c`): qkv [B, 1, W] -> [B, 1, H * hd].
 
-        rope: complex64 [P, hd/2]; cache: the step's pages (float32, `kv_cache.py`) for this
-        layer; positions: int64 [B], each below P and within the row's pages.
+        rope: complex64 [P, hd/2]; cache: the step's pages (float32 or float16, `kv_cache.py`)
+        for this layer; positions: int64 [B], each below P and within the row's pages.
         """
         if heads <= 0 or kv_heads <= 0 or heads % kv_heads or head_dim <= 0 or head_dim % 2:
             raise KernelArgumentError(
@@ -363,8 +363,8 @@ class QKernels:
                 f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim}, "
                 f"not {kv_heads} of {head_dim}"
             )
-        if cache.dtype != torch.float32:
-            raise KernelArgumentError(f"the cache must be float32, got {cache.dtype}")
+        if cache.dtype not in (torch.float32, torch.float16):
+            raise KernelArgumentError(f"the cache must be float32 or float16, got {cache.dtype}")
         pos_list: list[int] = positions.tolist()
         if pos_list and min(pos_list) < 0:
             raise KernelArgumentError("positions must not be negative")
@@ -392,11 +392,14 @@ class QKernels:
             cache.page,
             cache.offset,
             pos_c.data_ptr(),
+            None,  # no sinks
+            0,  # no window
+            int(cache.dtype == torch.float16),
             out.data_ptr(),
         )
         del qkv_c, rope_c, pages_c, pos_c, norm_c  # alive until here: the kernel has returned
         if rc != 0:
-            raise RuntimeError(f"exo_attend_decode failed with code {rc}")
+            raise RuntimeError(f"exo_attend_decode_kv failed with code {rc}")
         return out
 
 

@@ -1,5 +1,5 @@
 """The compiled decode attention with gpt-oss's sinks and sliding window (`csrc/attention.c`'s
-`exo_attend_decode_sinks`), bound to a loaded kernel library.
+`exo_attend_decode_kv`), bound to a loaded kernel library.
 
     p = softmax([q K^T / sqrt(hd), s_h])[:L];  a = p V      keys: the last `window` positions
 
@@ -25,12 +25,12 @@ def _check_float(name: str, t: Tensor, shape: tuple[int, ...]) -> None:
 
 
 class SinkAttention:
-    """`exo_attend_decode_sinks` with checked arguments."""
+    """`exo_attend_decode_kv` with checked arguments."""
 
     def __init__(self, kernels: QKernels) -> None:
         p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        self._fn = kernels.lib.exo_attend_decode_sinks
-        self._fn.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p, i, p]
+        self._fn = kernels.lib.exo_attend_decode_kv
+        self._fn.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p, i, i, p]
         self._fn.restype = i
 
     def __call__(
@@ -72,11 +72,12 @@ class SinkAttention:
             held[0].data_ptr(), bsz, heads, kv_heads, hd, held[1].data_ptr(),
             None if norm_c is None else norm_c.data_ptr(), eps, held[2].data_ptr(),
             held[2].shape[1], cache.page, cache.offset, held[3].data_ptr(),
-            None if sinks_c is None else sinks_c.data_ptr(), window or 0, out.data_ptr(),
+            None if sinks_c is None else sinks_c.data_ptr(), window or 0,
+            int(cache.dtype == torch.float16), out.data_ptr(),
         )  # fmt: skip
         del held, norm_c, sinks_c  # alive until here: the kernel has returned
         if rc != 0:
-            raise RuntimeError(f"exo_attend_decode_sinks failed with code {rc}")
+            raise RuntimeError(f"exo_attend_decode_kv failed with code {rc}")
         return out
 
     @staticmethod
@@ -90,10 +91,11 @@ class SinkAttention:
             raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
         if pages.shape[0] != bsz:
             raise KernelArgumentError(f"the cache's pages must be [{bsz}, n]")
-        if (cache.kv_heads, cache.head_dim) != kv or cache.dtype != torch.float32:
+        if (cache.kv_heads, cache.head_dim) != kv or cache.dtype not in (torch.float32,
+                                                                           torch.float16):
             raise KernelArgumentError(
                 f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim} "
-                f"({cache.dtype}), not {kv[0]} of {kv[1]} (float32)"
+                f"({cache.dtype}), not {kv[0]} of {kv[1]} (float32 or float16)"
             )
         pos_list: list[int] = positions.tolist()
         if pos_list and min(pos_list) < 0:

@@ -12,15 +12,35 @@ attention reads keys and values where they lie, the torch path gathers a row's p
 
 The cache does not track lengths: whoever schedules requests (the `BatchGenerator`) owns slot
 assignment and lengths and passes them to the model with every step.
+
+A model computing in float32 on the CPU keeps its cache in float16 by default (as llama.cpp
+does): half the memory, and half the bytes decode attention reads per token at long contexts,
+where it runs at the memory's rate. Keys and values are rounded to nearest once, when stored;
+attention widens them back to float32 as it reads them. `EXO_KV_CACHE=f32` keeps float32.
 """
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from loguru import logger
 from torch import Tensor
 
 PAGE = 64  # positions per page
+
+KV_CACHE_TYPES = {"f16": torch.float16, "f32": torch.float32}
+
+
+def kv_cache_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The cache's element type for a model computing in `dtype` on `device`: float16 for a
+    float32 model on the CPU unless EXO_KV_CACHE=f32 (then float32), else `dtype` itself."""
+    if dtype != torch.float32 or device.type != "cpu":
+        return dtype
+    text = os.environ.get("EXO_KV_CACHE", "").strip().lower()
+    if text and text not in KV_CACHE_TYPES:
+        logger.warning(f"EXO_KV_CACHE={text!r} is not f16 or f32: a float16 cache")
+    return KV_CACHE_TYPES.get(text, torch.float16)
 
 
 def pages_for(positions: int) -> int:
@@ -56,9 +76,9 @@ class LayerCache:
     def write_and_read(
         self, k: Tensor, v: Tensor, kv_len: int, lo: int = 0
     ) -> tuple[Tensor, Tensor]:
-        """Store the step's new k, v [B, T, KV, hd]; return each row's keys/values at
-        positions [lo, kv_len): [B, KV, kv_len - lo, hd] (zeros past a row's own length: the
-        caller masks them)."""
+        """Store the step's new k, v [B, T, KV, hd] (in the cache's type); return each row's
+        keys/values at positions [lo, kv_len) in k's type: [B, KV, kv_len - lo, hd] (zeros past
+        a row's own length: the caller masks them)."""
         c = self.cache
         n_new = k.shape[1]
         keys: list[Tensor] = []
@@ -78,6 +98,7 @@ class LayerCache:
             row = row[:, :, lo - first * PAGE : kv_len - first * PAGE]  # [2, KV, <= L - lo, hd]
             if row.shape[2] < kv_len - lo:
                 row = torch.nn.functional.pad(row, (0, 0, 0, kv_len - lo - row.shape[2]))
+            row = row.to(k.dtype)  # the cache's type widened (no copy when they are the same)
             keys.append(row[0])
             values.append(row[1])
         return torch.stack(keys), torch.stack(values)

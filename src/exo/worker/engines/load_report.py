@@ -85,7 +85,7 @@ def describe_load(path: Path, weights: ShardWeights, model: ShardModel, seconds:
         f"{seconds:.2f} s; file format {weights.source_format}; "
         f"running weights {shard_bytes(weights) / 2**20:.1f} MiB; "
         f"formats {dict(sorted(kinds.items()))}; kernels {dict(sorted(kernels.items()))}; "
-        f"KV cache {per_pos} bytes per position ({model.dtype}), grown with use"
+        f"KV cache {per_pos} bytes per position ({model.kv_dtype}), grown with use"
     )
 
 

@@ -1,7 +1,9 @@
 /* One decode step of attention on the paged KV cache (exo_attend_decode): rotate q and k,
  * append k and v to the cache, attend over positions 0..pos. exo_attend_decode_sinks adds
  * gpt-oss's attention: a sink logit per head in the softmax's denominator and a sliding window
- * (the last `window` positions only). */
+ * (the last `window` positions only). exo_attend_decode_kv also reads a cache of half floats
+ * (f16: keys and values rounded to nearest even when stored, widened to f32 when read; the
+ * arithmetic is f32 either way). */
 #include <math.h>
 
 #include "exo_kernels.h"
@@ -23,78 +25,28 @@ static void rms_norm_head(float* x, const float* g, float eps, int hd) {
     for (int i = 0; i < hd; i++) x[i] = x[i] * scale * g[i];
 }
 
-static inline float dot_f32(const float* a, const float* b, int n) {
-    int i = 0;
-    float s = 0.0f;
-#if EXO_AVX2
-    __m256 acc = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    s = exo_hsum8(acc);
-#else
-    float acc[8] = {0};
-    for (; i + 8 <= n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] += a[i + l] * b[i + l];
-    for (int l = 0; l < 8; l++) s += acc[l];
-#endif
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
-}
-
-/* s[t] = scale * q . k_t for t < L (k rows of hd floats). */
-static void scores_f32(const float* q, const float* k, int L, int hd, float scale, float* s) {
-    int t = 0;
-#if EXO_AVX2
-    if (hd % 8 == 0) { /* four rows at a time, one reduction */
-        for (; t + 4 <= L; t += 4) {
-            const float* k0 = k + (size_t)t * hd;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int i = 0; i < hd; i += 8) {
-                const __m256 qv = _mm256_loadu_ps(q + i);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + hd + i), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * hd + i), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * hd + i), a3);
-            }
-            const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            const __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            _mm_storeu_ps(s + t, _mm_mul_ps(r, _mm_set1_ps(scale)));
-        }
-    }
-#endif
-    for (; t < L; t++) s[t] = scale * dot_f32(q, k + (size_t)t * hd, hd);
-}
-
-/* o += sum_t p[t] v_t (v rows of hd floats). */
-static void weighted_sum_f32(const float* p, const float* v, int L, int hd, float* o) {
-#if EXO_AVX2
-    if (hd % 64 == 0) { /* 64 dimensions at a time in registers */
-        for (int i0 = 0; i0 < hd; i0 += 64) {
-            __m256 acc[8];
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
-            for (int t = 0; t < L; t++) {
-                const __m256 pt = _mm256_set1_ps(p[t]);
-                const float* vt = v + (size_t)t * hd + i0;
-                for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(pt, _mm256_loadu_ps(vt + 8 * j), acc[j]);
-            }
-            for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
-        }
-        return;
-    }
-#endif
-    for (int t = 0; t < L; t++) {
-        const float* vt = v + (size_t)t * hd;
-        for (int i = 0; i < hd; i++) o[i] += p[t] * vt[i];
-    }
-}
+/* The inner loops over a run of cached keys or values, once for a cache of floats (dot_f32,
+ * scores_f32, weighted_sum_f32) and once for one of half floats (..._f16). */
+#define KV_SUF f32
+#define KV_T float
+#define KV_FLOAT(x) (x)
+#define KV_LOAD8(p) _mm256_loadu_ps(p)
+#include "attend_loops.h"
+#define KV_SUF f16
+#define KV_T uint16_t
+#define KV_FLOAT(x) exo_h2f(x)
+#define KV_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(const void*)(p)))
+#include "attend_loops.h"
 
 typedef struct {
     const float* qkv;
     int B, H, KV, hd;
     const float *rope, *qk_norm;
     float eps;
-    const int64_t* pages; /* [B, max_pages] page addresses: page [L, 2, KV, P, hd] floats */
+    const int64_t* pages; /* [B, max_pages] page addresses: page [L, 2, KV, P, hd] elements */
     int max_pages, P;
-    long layer_off;       /* floats from a page's start to this layer's keys */
+    long layer_off;       /* elements from a page's start to this layer's keys */
+    int half;             /* the cache's elements: 1 f16, 0 f32 */
     const int64_t* pos;
     const float* sinks;   /* [H] sink logits, or NULL */
     int window;           /* > 0: positions pos - window + 1 .. pos only; 0: every position */
@@ -104,10 +56,11 @@ typedef struct {
     int failed;           /* set by any thread that found no memory (under no lock: only 0 -> 1) */
 } AttendJob;
 
-/* Row b's key (kv = 0) or value (kv = 1) of kv head j at position t. */
-static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
-    float* page = (float*)(intptr_t)a->pages[(size_t)b * a->max_pages + t / a->P];
-    return page + a->layer_off + (((size_t)kv * a->KV + j) * a->P + t % a->P) * a->hd;
+/* Row b's key (kv = 0) or value (kv = 1) of kv head j at position t (float or uint16_t). */
+static inline void* cached(const AttendJob* a, int b, int kv, int j, int t) {
+    char* page = (char*)(intptr_t)a->pages[(size_t)b * a->max_pages + t / a->P];
+    const size_t at = a->layer_off + (((size_t)kv * a->KV + j) * a->P + t % a->P) * a->hd;
+    return page + at * (a->half ? sizeof(uint16_t) : sizeof(float));
 }
 
 /* Ask for the keys and values of positions [t0, t1) of task (b, j) (into L2: a task's 2 L hd
@@ -117,7 +70,7 @@ static inline float* cached(const AttendJob* a, int b, int kv, int j, int t) {
  * its shadow (measured: ~8% less CPU time for a call whose cache is not in L3, 8 rows of 120
  * positions; asking for all of a task at once measured no better). */
 static void prefetch_span(const AttendJob* a, int b, int j, int t0, int t1) {
-    const size_t row = (size_t)a->hd * sizeof(float);
+    const size_t row = (size_t)a->hd * (a->half ? sizeof(uint16_t) : sizeof(float));
     while (t0 < t1) {
         const int in_page = a->P - t0 % a->P;
         const int n = t1 - t0 < in_page ? t1 - t0 : in_page;
@@ -152,20 +105,30 @@ static inline int run_end(const AttendJob* a, int t, int t1) {
 }
 
 /* Append row b's key and value of kv head j at its position to the cache (the key after its
- * RMSNorm, when qk_norm is given, and rotated). Every task that reads the cache runs after all
- * appends: a task may attend with one query head of a group, so no task owns a head's append. */
-static void append_kv(const AttendJob* a, int b, int j) {
+ * RMSNorm, when qk_norm is given, and rotated; in a cache of half floats, each rounded to nearest
+ * even after that float arithmetic). Every task that reads the cache runs after all appends: a
+ * task may attend with one query head of a group, so no task owns a head's append. `tmp`: hd
+ * floats. */
+static void append_kv(const AttendJob* a, int b, int j, float* tmp) {
     const int hd = a->hd, p = (int)a->pos[b];
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
-    float* kp = cached(a, b, 0, j, p);
-    float* vp = cached(a, b, 1, j, p);
     const int kh = a->H + j; /* k head j within the q | k | v row */
-    for (int i = 0; i < hd; i++) {
-        kp[i] = row[(size_t)kh * hd + i];
-        vp[i] = row[(size_t)(a->H + a->KV + j) * hd + i];
-    }
+    const float* v = row + (size_t)(a->H + a->KV + j) * hd;
+    float* kp = a->half ? tmp : (float*)cached(a, b, 0, j, p);
+    for (int i = 0; i < hd; i++) kp[i] = row[(size_t)kh * hd + i];
     if (a->qk_norm) rms_norm_head(kp, a->qk_norm + (size_t)kh * hd, a->eps, hd);
     rotate_head(kp, a->rope + (size_t)p * hd, hd);
+    if (a->half) {
+        uint16_t* kh16 = cached(a, b, 0, j, p);
+        uint16_t* vh16 = cached(a, b, 1, j, p);
+        for (int i = 0; i < hd; i++) {
+            kh16[i] = exo_f2h(kp[i]);
+            vh16[i] = exo_f2h(v[i]);
+        }
+    } else {
+        float* vp = cached(a, b, 1, j, p);
+        for (int i = 0; i < hd; i++) vp[i] = v[i];
+    }
 }
 
 /* Task t: row b, kv head j, and query heads [g0, g1) of the G that share it (all G, or a
@@ -196,9 +159,14 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
     int r = 0;
     for (int t = t0, e; t <= p; t = e, r++) { /* a page's keys are contiguous */
         e = run_end(a, t, p + 1);
-        const float* k = cached(a, b, 0, j, t);
-        for (int g = g0; g < g1; g++)
-            scores_f32(q + (size_t)g * hd, k, e - t, hd, scale, scores + (size_t)g * L + (t - t0));
+        const void* k = cached(a, b, 0, j, t);
+        for (int g = g0; g < g1; g++) {
+            float* sg = scores + (size_t)g * L + (t - t0);
+            if (a->half)
+                scores_f16(q + (size_t)g * hd, k, e - t, hd, scale, sg);
+            else
+                scores_f32(q + (size_t)g * hd, k, e - t, hd, scale, sg);
+        }
         prefetch_slice(a, next, r, 2 * runs);
     }
     for (int g = g0; g < g1; g++) {
@@ -231,10 +199,15 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
     r = 0;
     for (int t = t0, e; t <= p; t = e, r++) {
         e = run_end(a, t, p + 1);
-        const float* v = cached(a, b, 1, j, t);
-        for (int g = g0; g < g1; g++)
-            weighted_sum_f32(scores + (size_t)g * L + (t - t0), v, e - t, hd,
-                             a->out + ((size_t)b * a->H + j * G + g) * hd);
+        const void* v = cached(a, b, 1, j, t);
+        for (int g = g0; g < g1; g++) {
+            const float* pg = scores + (size_t)g * L + (t - t0);
+            float* o = a->out + ((size_t)b * a->H + j * G + g) * hd;
+            if (a->half)
+                weighted_sum_f16(pg, v, e - t, hd, o);
+            else
+                weighted_sum_f32(pg, v, e - t, hd, o);
+        }
         prefetch_slice(a, next, runs + r, 2 * runs);
     }
 }
@@ -282,15 +255,15 @@ static void attend_part(void* ctx, int part, int parts) {
  *   q, k = rotate(qkv's q and k heads) (after a per-head RMSNorm when qk_norm is given),
  *   cache[pos] = k, v;  out = softmax(q K^T / sqrt(hd)) V over positions 0..pos.
  * qkv [B, (H + 2KV) * hd]; rope [positions, hd/2, 2] (cos, sin); qk_norm [H + KV, hd] or NULL;
- * the paged cache: pages [B, max_pages] addresses of pages [L, 2, KV, P, hd] (keys, values of
- * P positions), this layer at float offset layer_off; pos [B]; out [B, H * hd].
+ * the paged cache of floats: pages [B, max_pages] addresses of pages [L, 2, KV, P, hd] (keys,
+ * values of P positions), this layer at float offset layer_off; pos [B]; out [B, H * hd].
  * Returns 0 on success, -1 out of memory, -2 bad sizes, -3 a position past the pages, -4 a
  * missing page. */
 int exo_attend_decode(const float* qkv, int B, int H, int KV, int hd, const float* rope,
                       const float* qk_norm, float eps, const int64_t* pages, int max_pages, int P,
                       long layer_off, const int64_t* pos, float* out) {
-    return exo_attend_decode_sinks(qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P,
-                                   layer_off, pos, NULL, 0, out);
+    return exo_attend_decode_kv(qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P,
+                                layer_off, pos, NULL, 0, 0, out);
 }
 
 /* exo_attend_decode with gpt-oss's sinks and sliding window:
@@ -302,11 +275,22 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
                             const float* qk_norm, float eps, const int64_t* pages, int max_pages,
                             int P, long layer_off, const int64_t* pos, const float* sinks,
                             int window, float* out) {
+    return exo_attend_decode_kv(qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P,
+                                layer_off, pos, sinks, window, 0, out);
+}
+
+/* exo_attend_decode_sinks on a cache of floats (half 0) or of half floats (half 1: f16 bits;
+ * layer_off then counts half floats). Returns as exo_attend_decode_sinks; -2 also for a `half`
+ * other than 0 or 1. */
+int exo_attend_decode_kv(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                         const float* qk_norm, float eps, const int64_t* pages, int max_pages,
+                         int P, long layer_off, const int64_t* pos, const float* sinks,
+                         int window, int half, float* out) {
     if (B < 0 || H <= 0 || KV <= 0 || H % KV != 0 || hd <= 0 || hd % 2 != 0 || P <= 0 ||
-        max_pages <= 0 || layer_off < 0 || window < 0)
+        max_pages <= 0 || layer_off < 0 || window < 0 || (half != 0 && half != 1))
         return -2;
     AttendJob job = {qkv, B, H, KV, hd, rope, qk_norm, eps, pages, max_pages, P, layer_off,
-                     pos, sinks, window, out, 1, 0, 0};
+                     half, pos, sinks, window, out, 1, 0, 0};
     long work = 0;      /* multiply-adds, to decide whether threads pay off */
     long row_costs = 0; /* task_cost over the rows */
     for (int b = 0; b < B; b++) {
@@ -317,8 +301,15 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
         work += 2 * (pos[b] + 1 - lo) * (long)H * hd;
         row_costs += task_cost(&job, b);
     }
-    for (int b = 0; b < B; b++)
-        for (int j = 0; j < KV; j++) append_kv(&job, b, j);
+    if (half) {
+        float* tmp = exo_scratch(SCRATCH_ATTEND, (size_t)hd * sizeof(float));
+        if (tmp == NULL) return -1;
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < KV; j++) append_kv(&job, b, j, tmp);
+    } else {
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < KV; j++) append_kv(&job, b, j, NULL);
+    }
     /* Too few (row, kv head) pairs to share among the threads evenly (one stream of a model
      * with 1 or 3 kv heads on 2 threads: one idles for a third of the call, or all of it):
      * one task per query head, in one run of consecutive tasks of equal work per thread, so

@@ -69,6 +69,31 @@ static inline float exo_h2f(uint16_t h) {
 #endif
 }
 
+/* f32 -> f16, rounded to nearest even (as torch's and F16C's conversions): overflow to inf,
+ * subnormals kept, NaN stays NaN (a quiet one). */
+static inline uint16_t exo_f2h(float f) {
+#if EXO_AVX2
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0); /* inf, nan */
+    if (ax >= 0x477ff000u) return sign | 0x7c00; /* rounds to >= 65520: inf */
+    if (ax >= 0x38800000u) { /* normal in f16: drop 13 mantissa bits, round to nearest even */
+        const uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u);
+        return sign | (uint16_t)((r - 0x38000000u) >> 13);
+    }
+    if (ax < 0x33000000u) return sign; /* below half the least subnormal (or exactly): 0 */
+    /* subnormal: mantissa with its implicit bit, shifted right by 126 - e - 24 + 1 ... */
+    const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e; /* 14 .. 24: the f16 subnormal's ulp is 2^-24 */
+    const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    return sign | (uint16_t)(q + (rem > half || (rem == half && (q & 1u))));
+#endif
+}
+
 /* e^x = 2^n 2^f, f in [-0.5, 0.5], 2^f by a degree-7 polynomial; x clamped to [-87, 87];
  * relative error < 1e-6. Inline: loops over it vectorise. */
 #define EXO_EXP_POLY(p, f, FMA, SET)                                                             \
@@ -283,5 +308,10 @@ int exo_attend_decode_sinks(const float* qkv, int B, int H, int KV, int hd, cons
                             const float* qk_norm, float eps, const int64_t* pages, int max_pages,
                             int P, long layer_off, const int64_t* pos, const float* sinks,
                             int window, float* out);
+/* exo_attend_decode_sinks on a cache of floats (half 0) or of f16 half floats (half 1). */
+int exo_attend_decode_kv(const float* qkv, int B, int H, int KV, int hd, const float* rope,
+                         const float* qk_norm, float eps, const int64_t* pages, int max_pages,
+                         int P, long layer_off, const int64_t* pos, const float* sinks,
+                         int window, int half, float* out);
 
 #endif

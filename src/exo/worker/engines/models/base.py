@@ -129,6 +129,11 @@ class ShardModel(EngineModel, Protocol):
         """hidden [..., D] -> logits [..., V] (float32; last shard only)."""
         ...
 
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The KV cache's element type (`kv_cache.kv_cache_dtype`)."""
+        ...
+
     def kv_bytes_per_position(self) -> int:
         """Cache bytes of one position of one request, over this shard's layers."""
         ...

@@ -177,6 +177,7 @@ class DeepseekModel:
         self.config: LlamaConfig = c
         self.start_layer, self.end_layer = weights.start_layer, weights.end_layer
         self.dtype, self.device = options.dtype, torch.device(options.device)
+        self.kv_dtype = self.dtype  # the latent cache stays in the model's type (mla.py reads it)
         self.weight_format: WeightFormat = options.weight_format
         self.all_reduce, self.eps = options.all_reduce, c.rms_eps
         kernels = options.kernels

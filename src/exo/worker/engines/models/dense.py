@@ -40,7 +40,7 @@ from exo.worker.engines.cpu_kernels import QKernels, load_kernels
 from exo.worker.engines.embedding import Embedding
 from exo.worker.engines.gguf_reader import GGUFFile
 from exo.worker.engines.images import add_deepstack, merge_chunk
-from exo.worker.engines.kv_cache import KVCache, LayerCache
+from exo.worker.engines.kv_cache import KVCache, LayerCache, kv_cache_dtype
 from exo.worker.engines.linear import Linear, Regroup, RmsNorm, WeightFormat, make_linear
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models import dense_files
@@ -161,6 +161,7 @@ class DenseModel:
         self.end_layer = weights.end_layer
         self.dtype = dtype
         self.device = torch.device(device)
+        self.kv_dtype = kv_cache_dtype(dtype, self.device)  # the cache's elements (kv_cache.py)
         self.all_reduce = all_reduce
         self.eps = c.rms_eps
         if weight_format in ("q4", "q8") and kernels is None:
@@ -259,12 +260,12 @@ class DenseModel:
             max_seq,
             self.kv_heads,
             self.config.head_dim,
-            dtype=self.dtype,
+            dtype=self.kv_dtype,
             device=self.device,
         )
 
     def kv_bytes_per_position(self) -> int:
-        return 2 * len(self.blocks) * self.kv_heads * self.config.head_dim * self.dtype.itemsize
+        return 2 * len(self.blocks) * self.kv_heads * self.config.head_dim * self.kv_dtype.itemsize
 
     def kernels_used(self) -> dict[str, int]:
         kernels: Counter[str] = Counter()

@@ -30,7 +30,7 @@ from exo.worker.engines.config import LlamaConfig, MoeConfig
 from exo.worker.engines.cpu_kernels import load_kernels
 from exo.worker.engines.embedding import Embedding
 from exo.worker.engines.gguf_reader import GGUFFile
-from exo.worker.engines.kv_cache import KVCache, LayerCache
+from exo.worker.engines.kv_cache import KVCache, LayerCache, kv_cache_dtype
 from exo.worker.engines.linear import Linear, Regroup, RmsNorm, WeightFormat, make_linear
 from exo.worker.engines.materialise import TensorSource
 from exo.worker.engines.models.attention import (
@@ -236,6 +236,7 @@ class MoeModel:
         self.start_layer, self.end_layer = weights.start_layer, weights.end_layer
         self.dtype = options.dtype
         self.device = torch.device(options.device)
+        self.kv_dtype = kv_cache_dtype(self.dtype, self.device)  # the cache's elements
         self.all_reduce = options.all_reduce
         self.eps = c.rms_eps
         self.weight_format: WeightFormat = options.weight_format
@@ -304,10 +305,10 @@ class MoeModel:
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         self.rotary.ensure(max_seq)
         return KVCache(len(self.blocks), max_batch, max_seq, self.kv_heads, self.config.head_dim,
-                       dtype=self.dtype, device=self.device)  # fmt: skip
+                       dtype=self.kv_dtype, device=self.device)  # fmt: skip
 
     def kv_bytes_per_position(self) -> int:
-        return 2 * len(self.blocks) * self.kv_heads * self.config.head_dim * self.dtype.itemsize
+        return 2 * len(self.blocks) * self.kv_heads * self.config.head_dim * self.kv_dtype.itemsize
 
     def kernels_used(self) -> dict[str, int]:
         kernels: Counter[str] = Counter()

@@ -15,6 +15,17 @@ from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ShardWeights
 
 
+@pytest.fixture(scope="session", autouse=True)
+def float32_kv_cache() -> Iterator[None]:
+    """Models built here keep a float32 KV cache (EXO_KV_CACHE=f32) unless a test asks for the
+    default float16 one: the comparisons with transformers here check the arithmetic to ~2e-4,
+    below a float16 cache's rounding of each key and value (up to 2^-11 of it).
+    test_engine_kv_half.py checks the float16 cache against the float32 one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EXO_KV_CACHE", "f32")
+        yield
+
+
 @pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
     """The machines running these tests have few cores; the tests here need no more."""

@@ -164,13 +164,15 @@ static int check_linear(Rng* r, int quiet) {
     return bad;
 }
 
-/* One random decode-attention call on a paged cache against the reference. */
+/* One random decode-attention call on a paged cache (of floats, or of half floats) against the
+ * reference. */
 static int check_attention(Rng* r) {
     char msg[256];
     const int KV = rng_int(r, 1, 3), G = rng_int(r, 1, 3), H = KV * G;
     const int hd = 2 * rng_int(r, 1, 40), P = rng_int(r, 1, 20), L = rng_int(r, 1, 3);
     const int layer = rng_int(r, 0, L - 1), B = rng_int(r, 1, 3);
-    const int max_pages = rng_int(r, 1, 6), qk = rng_int(r, 0, 1);
+    const int max_pages = rng_int(r, 1, 6), qk = rng_int(r, 0, 1), half = rng_int(r, 0, 1);
+    const size_t esize = half ? sizeof(uint16_t) : sizeof(float);
     const size_t page_floats = (size_t)L * 2 * KV * P * hd;
     const long layer_off = (long)layer * 2 * KV * P * hd;
     const int W = (H + 2 * KV) * hd, positions = max_pages * P;
@@ -193,13 +195,27 @@ static int check_attention(Rng* r) {
         for (int pg = 0; pg < max_pages; pg++) {
             pages[b * max_pages + pg] = 0;
             if (pg * P <= pos[b]) {
-                float* page = xmalloc(sizeof(float) * page_floats);
-                for (size_t i = 0; i < page_floats; i++) page[i] = rng_normalish(r);
+                void* page = xmalloc(esize * page_floats);
+                for (size_t i = 0; i < page_floats; i++) {
+                    const float x = (float)rng_normalish(r);
+                    if (half)
+                        ((uint16_t*)page)[i] = exo_f2h(x);
+                    else
+                        ((float*)page)[i] = x;
+                }
                 pages[b * max_pages + pg] = (int64_t)(intptr_t)page;
             }
         }
     }
-    /* the reference, before the kernel writes the new key and value */
+    const int rc = exo_attend_decode_kv(qkv, B, H, KV, hd, rope, norm, 1e-5f, pages, max_pages, P,
+                                        layer_off, pos, NULL, 0, half, out);
+    int bad = rc != 0;
+    if (rc != 0) {
+        snprintf(msg, sizeof msg, "exo_attend_decode_kv returned %d", rc);
+        fail(msg);
+    }
+    /* the reference, on the cache the kernel left: the new key and value it stored at each row's
+     * position are checked against the reference's own below */
     double* want = xmalloc(sizeof(double) * B * H * hd);
     double* k_new = xmalloc(sizeof(double) * B * KV * hd);
     double* q_all = xmalloc(sizeof(double) * H * hd);
@@ -207,8 +223,10 @@ static int check_attention(Rng* r) {
         const int p = (int)pos[b];
         const float* row = qkv + (size_t)b * W;
         const float* rot = rope + (size_t)p * hd;
-#define CACHED(kv, j, t) ((float*)(intptr_t)pages[b * max_pages + (t) / P] + layer_off + \
-                          (((size_t)(kv) * KV + (j)) * P + (t) % P) * hd)
+#define CACHED_AT(kv, j, t) ((char*)(intptr_t)pages[b * max_pages + (t) / P] + esize * \
+                             (layer_off + (((size_t)(kv) * KV + (j)) * P + (t) % P) * hd))
+#define CACHED(kv, j, t, i) (half ? (double)exo_h2f(((const uint16_t*)CACHED_AT(kv, j, t))[i]) \
+                                  : (double)((const float*)CACHED_AT(kv, j, t))[i])
         double head[256], sc[128];
         double* kb = k_new + (size_t)b * KV * hd;
         for (int hh = 0; hh < H + KV; hh++) { /* q heads, then k heads: norm, rotate */
@@ -233,45 +251,38 @@ static int check_attention(Rng* r) {
             const int j = hh / G;
             double mx = -INFINITY, total = 0.0;
             for (int t = 0; t <= p; t++) {
-                const float* kt = CACHED(0, j, t);
                 double d = 0.0;
-                for (int i = 0; i < hd; i++) d += qh[i] * (t == p ? kb[(size_t)j * hd + i] : kt[i]);
+                for (int i = 0; i < hd; i++) d += qh[i] * CACHED(0, j, t, i);
                 sc[t] = d / sqrt((double)hd);
                 mx = sc[t] > mx ? sc[t] : mx;
             }
             for (int t = 0; t <= p; t++) total += (sc[t] = exp(sc[t] - mx));
             for (int i = 0; i < hd; i++) {
                 double o = 0.0;
-                for (int t = 0; t <= p; t++) {
-                    const double v = t == p ? row[(size_t)(H + KV + j) * hd + i] : CACHED(1, j, t)[i];
-                    o += sc[t] / total * v;
-                }
+                for (int t = 0; t <= p; t++) o += sc[t] / total * CACHED(1, j, t, i);
                 want[((size_t)b * H + hh) * hd + i] = o;
             }
         }
     }
-    const int rc = exo_attend_decode(qkv, B, H, KV, hd, rope, norm, 1e-5f, pages, max_pages, P,
-                                     layer_off, pos, out);
-    int bad = rc != 0;
-    if (rc != 0) {
-        snprintf(msg, sizeof msg, "exo_attend_decode returned %d", rc);
-        fail(msg);
-    }
     for (int i = 0; !bad && i < B * H * hd; i++)
         if (!(fabs(out[i] - want[i]) <= 1e-4 + 1e-4 * fabs(want[i]))) {
-            snprintf(msg, sizeof msg, "exo_attend_decode B %d H %d KV %d hd %d P %d: out[%d] = %g, want %g",
-                     B, H, KV, hd, P, i, (double)out[i], want[i]);
+            snprintf(msg, sizeof msg, "exo_attend_decode_kv B %d H %d KV %d hd %d P %d half %d: out[%d] = %g, want %g",
+                     B, H, KV, hd, P, half, i, (double)out[i], want[i]);
             fail(msg);
             bad = 1;
         }
-    for (int b = 0; !bad && b < B; b++) /* the new keys and values landed in the cache */
+    /* the new keys and values landed in the cache (in half floats: rounded to nearest, the key
+     * within one step of f16's 11 bits of the reference's) */
+    const double key_tol = half ? 1.0 / 1024 : 1e-5;
+    for (int b = 0; !bad && b < B; b++)
         for (int j = 0; j < KV; j++)
             for (int i = 0; i < hd; i++) {
                 const int p = (int)pos[b];
                 const double kw = k_new[((size_t)b * KV + j) * hd + i];
                 const float vw = qkv[(size_t)b * W + (size_t)(H + KV + j) * hd + i];
-                if (!(fabs(CACHED(0, j, p)[i] - kw) <= 1e-5 + 1e-5 * fabs(kw)) || CACHED(1, j, p)[i] != vw) {
-                    fail("exo_attend_decode: the new key or value is not in the cache");
+                const double vs = half ? (double)exo_h2f(exo_f2h(vw)) : (double)vw;
+                if (!(fabs(CACHED(0, j, p, i) - kw) <= 1e-5 + key_tol * fabs(kw)) || CACHED(1, j, p, i) != vs) {
+                    fail("exo_attend_decode_kv: the new key or value is not in the cache");
                     bad = 1;
                 }
             }
