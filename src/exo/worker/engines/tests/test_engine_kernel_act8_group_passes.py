@@ -1,9 +1,9 @@
 """The groups' batched and single-row 8-bit kernels, at every pass size: the Q4_0 / Q4_1 / Q8_0
 pairs of groups (`csrc/arch/x86/grouped8_q4.c`, AVX-512 VNNI: two groups a pass, an odd group
 left over on its own) and the Q4_K / Q6_K kernels at a real layer's width
-(`csrc/arch/x86/grouped8_k1.c`, `grouped8_q6k.c`, `grouped8_q4k.c`: 32 super-blocks, the
-single-row decode kernels and the batched ones; the AVX2 and AVX-VNNI builds run one Q6_K row
-through `grouped8_q6k.c`). Every build gives the portable build's file-row floats bit for
+(`csrc/arch/x86/grouped8_q6k.c`, `grouped8_q4k.c`: 32 super-blocks, the
+single-row decode kernels and the batched ones; on AVX-512 VNNI the Q6_K pairs of groups from
+4 rows, one group at a time below). Every build gives the portable build's file-row floats bit for
 bit, and a row's result is the same alone or in a batch."""
 
 import pytest
@@ -50,7 +50,7 @@ def test_group_passes_give_the_file_rows_floats(
 
 
 # issue 22 q6k512: grouped8_q6k.c's passes (1..8 rows a pass over a decoded super-block, two groups
-# at once on AVX-512 VNNI): every pass size with each leftover, a prefill chunk, 64
+# at once on AVX-512 VNNI from 4 rows): every pass size with each leftover, a prefill chunk, 64
 Q6K_PASSES = (*range(2, 18), 60, 64)
 
 

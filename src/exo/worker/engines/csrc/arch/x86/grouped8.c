@@ -9,8 +9,8 @@
  * activation's 4 matching bytes adds them to the 8 rows' sums. AVX2 keeps a block's sums in int16
  * (16 products of at most 15 x 127 a lane: < 2^15) and widens them once, by vpmaddwd.
  *
- * Q6_K groups run grouped8_q6k.c's kernel (on the AVX-512 VNNI build grouped8_k1.c's at one row;
- * the batched copies here are the fallback when its re-laid rows find no memory); Q4_K groups on
+ * Q6_K groups run grouped8_q6k.c's kernel (the batched copies here are the fallback when its
+ * re-laid rows find no memory); Q4_K groups on
  * the AVX-512 VNNI build run grouped8_q4k.c's (64 bytes a step), and its passes of Q4P_FROM_ROWS
  * or more rows over Q4_0 / Q4_1 / Q8_0 groups grouped8_q4.c's.
  */
@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 #include "act8.h"
-#include "arch/x86/grouped8_k1.h"
+#include "arch/x86/grouped8_kq.h"
 #include "arch/x86/grouped8_q4.h"
 #include "arch/x86/x86.h"
 
@@ -377,9 +377,6 @@ int exo_x86_grouped8_q4_k(const Run* r) {
 }
 int exo_x86_grouped8_q6_k(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q6k);
-#if EXO_AVX512VNNI
-    if (exo_x86_grouped8_q6_k_one(r) == 0) return 0;
-#endif
     if (exo_x86_grouped8_q6_k_rows(r) == 0) return 0;
     run_groups8(r, k);
     return 0;

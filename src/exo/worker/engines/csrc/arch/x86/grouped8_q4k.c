@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 #include "act8.h"
-#include "arch/x86/grouped8_k1.h"
+#include "arch/x86/grouped8_kq.h"
 #include "arch/x86/x86.h"
 
 /* The 8 rows' scales (sc[8 j + c]) and offsets (mn[8 j + c]) of sub-blocks j = 0..7 of a Q4_K group's

@@ -1,7 +1,6 @@
-/* Repacked Q6_K groups (KIND_Q6_K_G8) against several 8-bit activation rows on x86, in act8.h's
- * order: the same floats as grouped8.c's kernels and the per-row dots, faster (grouped8.c's
- * exo_x86_grouped8_q6_k hands its passes here, but for the AVX-512 VNNI build's of 1 row:
- * grouped8_k1.c's).
+/* Repacked Q6_K groups (KIND_Q6_K_G8) against 8-bit activation rows on x86, in act8.h's order: the
+ * same floats as grouped8.c's kernels and the per-row dots, faster (grouped8.c's
+ * exo_x86_grouped8_q6_k hands its passes here).
  *
  * Each super-block of a group is decoded once for all the pass's rows (q6_decode): its 6-bit values
  * (unsigned, 0..63) re-laid so that int32 lane c of a vector holds weight row c's 4 values of a
@@ -13,10 +12,15 @@
  * in int32): each row's sum starts at -32 sum x, computed once a call while the activation rows
  * are re-laid block-major (Q6X), so that one pointer and constant offsets reach every row.
  *
- * The AVX-512 VNNI build takes two groups at once (q6_pair): 512-bit vectors hold the first group's
- * 8 weight rows in lanes 0..7 and the second's in lanes 8..15, so one 4-byte broadcast serves a
- * vpdpbusd of 64 products and each float step covers 16 weight rows (lane by lane the same
- * operations as the 256-bit kernel, which runs a part's odd group left over and the other builds).
+ * The AVX-512 VNNI build takes two groups at once (q6_pair) in passes of Q6_PAIR_FROM_ROWS rows or
+ * more: 512-bit vectors hold the first group's 8 weight rows in lanes 0..7 and the second's in
+ * lanes 8..15, so one 4-byte broadcast serves a vpdpbusd of 64 products and each float step covers
+ * 16 weight rows (lane by lane the same operations as the 256-bit kernel, which runs a part's odd
+ * group left over, passes of fewer rows and the other builds). On a Zen 4 core (512-bit operations
+ * in two halves), weights not in cache, one row: Gemma 3 270M's down 85-91 us a call one group at
+ * a time against 156-175 in pairs, the 1B shape's 1,490-1,780 against 1,740-1,850; at 4 to 60 rows
+ * within noise of each other. (A single-row kernel of its own, the 512-bit four-group re-lay that
+ * grouped8_k1.c held, ran at about half this file's speed at one row there: removed.)
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
@@ -25,12 +29,13 @@
 #include <string.h>
 
 #include "act8.h"
-#include "arch/x86/grouped8_k1.h"
+#include "arch/x86/grouped8_kq.h"
 #include "arch/x86/x86.h"
 
 /* activation rows a pass over a decoded super-block (the AVX-512 builds have 32 vector registers) */
 #if EXO_AVX512VNNI
 #define Q6R_MAX 8
+#define Q6_PAIR_FROM_ROWS 4 /* fewer rows: one group at a time (see the top of the file) */
 #else
 #define Q6R_MAX 4
 #endif
@@ -57,7 +62,8 @@ static inline __attribute__((always_inline)) void q6_prefetch(const uint8_t* blk
         _mm_prefetch((const char*)blk + sizeof(BlockQ6Kx8) + at, _MM_HINT_T0);
 }
 
-/* Super-block `blk` of a group decoded (grouped8_k1.c's k1_half's re-lay): group g = 4n + k reads
+/* Super-block `blk` of a group decoded (each quad of the 3 chunks that groups 4n .. 4n + 3 share
+ * loaded and re-laid once for all four): group g = 4n + k reads
  * the low (k < 2) or high nibbles of ql chunk 2n + (k & 1) and bits 2k, 2k + 1 of qh chunk n. */
 static void q6_decode(const uint8_t* blk, Q6Dec* o) {
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
@@ -284,7 +290,7 @@ int exo_x86_grouped8_q6_k_rows(const Run* r) {
     const uint8_t* end = run_row(r, r->hi); /* the part's weights end there (or sooner) */
     int n = r->lo;
 #if EXO_AVX512VNNI
-    for (; n + 16 <= r->hi; n += 16) {
+    for (; M >= Q6_PAIR_FROM_ROWS && n + 16 <= r->hi; n += 16) {
         q6_pair(run_row(r, n), run_row(r, n + 8), end, r->nb, xt, M, acc);
         for (int m = 0; m < M; m++)
             for (int c = 0; c < 16; c++) run_store(r, r->m0 + m, n + c, acc[16 * m + c]);
