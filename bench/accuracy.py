@@ -5,7 +5,8 @@ the dense float reference, and top-1 agreement with it, for our engine and for l
     python bench/accuracy.py [--models smollm2 gemma3] [--ctx 512] [--threads 2] [--limit N]
 
 The reference is the same file dequantised to float32 and run densely (our engine with
-`weight_format="dense"`: `F.linear` on float weights). The text's tokens are cut into windows
+`weight_format="dense"`: `F.linear` on float weights, and a float32 KV cache); ours runs as a node
+does (its default float16 KV cache unless EXO_KV_CACHE says otherwise). The text's tokens are cut into windows
 of `--ctx` tokens (each after the model's BOS, when it adds one), each evaluated from an empty
 cache, and every position of a window is scored (distributions, not the text's tokens):
 KL(reference || candidate) = sum_t p_ref(t) (log p_ref(t) - log p(t)), averaged over positions.
@@ -125,8 +126,14 @@ def llama_cpp_logits(llm: Any, window: list[int]) -> torch.Tensor:
 def run_model(name: str, path: Path, args: argparse.Namespace, cache_dir: Path) -> None:
     print(f"{name}: {path.name}", flush=True)
     t0 = time.perf_counter()
+    kv = os.environ.get("EXO_KV_CACHE")
+    os.environ["EXO_KV_CACHE"] = "f32"  # the reference: float32 throughout, its cache too
     reference = load_engine(path, threads=args.threads, cache_dir=cache_dir, weight_format="dense")
-    ours = load_engine(path, threads=args.threads, cache_dir=cache_dir)
+    if kv is None:
+        del os.environ["EXO_KV_CACHE"]
+    else:
+        os.environ["EXO_KV_CACHE"] = kv
+    ours = load_engine(path, threads=args.threads, cache_dir=cache_dir)  # the default cache
     llm = load_llama_cpp(path, args.ctx, args.threads)
     scores = [Score(f"ours [{ours.model.weight_format}]")]
     if llm is not None:
