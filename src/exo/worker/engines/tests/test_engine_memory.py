@@ -32,10 +32,11 @@ MAX_BATCH, MAX_SEQ = EXO_RUNNER_MAX_BATCH, runner_max_seq(2048)
 
 
 def probe(path: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k != "EXO_KV_CACHE"}  # a node's default cache
     out = subprocess.run(
         [sys.executable, "-m", "exo.worker.engines.tests.memory_probe", str(path),
          str(MAX_BATCH), str(MAX_SEQ)],
-        capture_output=True, text=True, timeout=240, env=os.environ.copy(), check=True,
+        capture_output=True, text=True, timeout=240, env=env, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
 
