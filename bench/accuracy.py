@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
@@ -126,13 +127,9 @@ def llama_cpp_logits(llm: Any, window: list[int]) -> torch.Tensor:
 def run_model(name: str, path: Path, args: argparse.Namespace, cache_dir: Path) -> None:
     print(f"{name}: {path.name}", flush=True)
     t0 = time.perf_counter()
-    kv = os.environ.get("EXO_KV_CACHE")
-    os.environ["EXO_KV_CACHE"] = "f32"  # the reference: float32 throughout, its cache too
-    reference = load_engine(path, threads=args.threads, cache_dir=cache_dir, weight_format="dense")
-    if kv is None:
-        del os.environ["EXO_KV_CACHE"]
-    else:
-        os.environ["EXO_KV_CACHE"] = kv
+    with mock.patch.dict(os.environ, {"EXO_KV_CACHE": "f32"}):  # the reference: float32 throughout
+        reference = load_engine(path, threads=args.threads, cache_dir=cache_dir,
+                                weight_format="dense")
     ours = load_engine(path, threads=args.threads, cache_dir=cache_dir)  # the default cache
     llm = load_llama_cpp(path, args.ctx, args.threads)
     scores = [Score(f"ours [{ours.model.weight_format}]")]

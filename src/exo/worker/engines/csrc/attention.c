@@ -301,15 +301,10 @@ int exo_attend_decode_kv(const float* qkv, int B, int H, int KV, int hd, const f
         work += 2 * (pos[b] + 1 - lo) * (long)H * hd;
         row_costs += task_cost(&job, b);
     }
-    if (half) {
-        float* tmp = exo_scratch(SCRATCH_ATTEND, (size_t)hd * sizeof(float));
-        if (tmp == NULL) return -1;
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < KV; j++) append_kv(&job, b, j, tmp);
-    } else {
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < KV; j++) append_kv(&job, b, j, NULL);
-    }
+    float* tmp = half ? exo_scratch(SCRATCH_ATTEND, (size_t)hd * sizeof(float)) : NULL;
+    if (half && tmp == NULL) return -1;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < KV; j++) append_kv(&job, b, j, tmp);
     /* Too few (row, kv head) pairs to share among the threads evenly (one stream of a model
      * with 1 or 3 kv heads on 2 threads: one idles for a third of the call, or all of it):
      * one task per query head, in one run of consecutive tasks of equal work per thread, so

@@ -19,8 +19,9 @@
  * group left over, passes of fewer rows and the other builds). On a Zen 4 core (512-bit operations
  * in two halves), weights not in cache, one row: Gemma 3 270M's down 85-91 us a call one group at
  * a time against 156-175 in pairs, the 1B shape's 1,490-1,780 against 1,740-1,850; at 4 to 60 rows
- * within noise of each other. (A single-row kernel of its own, the 512-bit four-group re-lay that
- * grouped8_k1.c held, ran at about half this file's speed at one row there: removed.)
+ * within noise of each other. (A single-row kernel of its own, grouped8_k1.c's, which decoded four
+ * groups' quads and dotted them at once without storing the decoded super-block, ran at about
+ * half this file's speed at one row there: removed.)
  */
 #include "exo_kernels.h"
 #if EXO_AVX2
