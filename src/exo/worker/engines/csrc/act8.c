@@ -20,12 +20,22 @@ int exo_activation_bits(void) { return __atomic_load_n(&activation_bits, __ATOMI
 void exo_quantize_row8(const float* x, int K, BlockX8* out) {
     for (int b = 0; b < K / QK; b++) {
         const float* xb = x + (size_t)b * QK;
+#if EXO_AVX2
+        /* the largest |x| as fmaxf's loop finds it: vmaxps returns its second operand (the running
+         * maximum) when the first is a NaN, so NaNs are passed over as fmaxf passes them */
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256 vmax = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) vmax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * j)), vmax);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+#else
         float amax = 0.0f;
         for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+#endif
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
 #if EXO_AVX2 /* roundf's result (halves away from zero) by truncation: |v| - trunc |v| is exact */
         const __m256 vid = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-        const __m256 sign = _mm256_set1_ps(-0.0f);
         __m256i i[4];
         for (int j = 0; j < 4; j++) {
             const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(xb + 8 * j), vid), a = _mm256_andnot_ps(sign, v);

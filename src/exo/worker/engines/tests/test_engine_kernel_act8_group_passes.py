@@ -9,6 +9,7 @@ bit, and a row's result is the same alone or in a batch."""
 import pytest
 import torch
 
+from exo.worker.engines.cpu_kernels import PROLOGUE_NONE, QuantWeights
 from exo.worker.engines.kernel_build import ISAS, Isa
 from exo.worker.engines.kinds import kind_named
 from exo.worker.engines.tests.test_engine_kernel_act8 import _kernels, _weights, eight_bit
@@ -75,3 +76,34 @@ def test_q6k_passes_over_pairs_and_an_odd_group(isa: Isa, threads: int, eight_bi
             assert torch.equal(ours.linear(groups, x[:m]), want[:m]), (isa, threads, m)
     finally:
         ours.set_threads(1)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "portable"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+def test_group_pairs_add_bias_and_residual_as_the_file_rows(isa: Isa, name: str, eight_bit: None) -> None:
+    """The pairs' outputs with a bias and a residual (AVX-512 VNNI: 16 outputs a vector when both
+    groups are there, the odd group's 8 one by one): the portable build's floats bit for bit, with
+    either added alone, both, and at passes below and above the pairs' threshold. A zero output
+    plus a missing bias or residual is +0.0 in both builds (-0.0 + 0.0)."""
+    kind = kind_named(name)
+    n, k = 24, 2048  # a pair of groups and one left over
+    _, groups = _weights(kind, n, k, "groups")
+    _, file_rows = _weights(kind, n, k)
+    ours, portable = _kernels(isa), _kernels("portable")
+    ours.set_activations(8)
+    portable.set_activations(8)
+    torch.manual_seed(11)
+    x = torch.randn(9, k) * torch.rand(9, k) * 4
+    x[3] = 0.0  # a row of zeros: its outputs are zeros before the sums
+    bias, residual = torch.randn(n), torch.randn(9, n)
+    residual[3, :8] = -0.0
+    for with_bias in (False, True):
+        b = bias if with_bias else None
+        mine = QuantWeights(groups.kind, PROLOGUE_NONE, groups.parts, None, 0.0, b, k, groups.kinds)
+        theirs = QuantWeights(file_rows.kind, PROLOGUE_NONE, file_rows.parts, None, 0.0, b, k, file_rows.kinds)
+        for res in (None, residual):
+            for m in (3, 4, 8, 9):
+                r = None if res is None else res[:m]
+                got, want = ours.linear(mine, x[:m], r), portable.linear(theirs, x[:m], r)
+                assert torch.equal(got, want), (isa, name, with_bias, res is None, m)
+                assert torch.equal(torch.signbit(got), torch.signbit(want)), (isa, name, with_bias, m)

@@ -177,15 +177,24 @@ Q4P_COPIES(q4p_q41)
 Q4P_COPIES(q4p_q80)
 #define Q4P_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
-/* Rows m .. m + R - 1 of outputs n .. n + 7 (and n + 8 .. n + 15 if both) from the pass's lanes. */
+/* Rows m .. m + R - 1 of outputs n .. n + 7 (and n + 8 .. n + 15 if both) from the pass's lanes:
+ * run_store's sums (v + bias + residual, a missing one as + 0.0f: the same floats), 16 outputs a
+ * vector when both groups are there (the lanes put back in output order by one vpermps). */
 static void q4p_store(const Run* r, int m, int R, int n, int both, const __m512* acc) {
+    if (both) {
+        const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+        const __m512 b = r->bias ? _mm512_loadu_ps(r->bias + n) : _mm512_setzero_ps();
+        for (int i = 0; i < R; i++) {
+            const size_t at = (size_t)(m + i) * r->N + n;
+            const __m512 res = r->residual ? _mm512_loadu_ps(r->residual + at) : _mm512_setzero_ps();
+            _mm512_storeu_ps(r->y + at, _mm512_add_ps(_mm512_add_ps(_mm512_permutexvar_ps(order, acc[i]), b), res));
+        }
+        return;
+    }
     float o[16 * Q4P_MAX_R];
     for (int i = 0; i < R; i++) _mm512_storeu_ps(o + 16 * i, acc[i]);
     for (int i = 0; i < R; i++)
-        for (int c = 0; c < 8; c++) {
-            run_store(r, m + i, n + c, o[16 * i + 2 * c]);
-            if (both) run_store(r, m + i, n + 8 + c, o[16 * i + 2 * c + 1]);
-        }
+        for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[16 * i + 2 * c]);
 }
 
 int exo_x86_grouped8_q4_pairs(const Run* r, int layout) {
