@@ -80,7 +80,9 @@ def test_q6k_passes_over_pairs_and_an_odd_group(isa: Isa, threads: int, eight_bi
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "portable"])
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
-def test_group_pairs_add_bias_and_residual_as_the_file_rows(isa: Isa, name: str, eight_bit: None) -> None:
+def test_group_pairs_add_bias_and_residual_as_the_file_rows(
+    isa: Isa, name: str, eight_bit: None
+) -> None:
     """The pairs' outputs with a bias and a residual (AVX-512 VNNI: 16 outputs a vector when both
     groups are there, the odd group's 8 one by one): the portable build's floats bit for bit, with
     either added alone, both, and at passes below and above the pairs' threshold. A zero output
@@ -100,10 +102,17 @@ def test_group_pairs_add_bias_and_residual_as_the_file_rows(isa: Isa, name: str,
     for with_bias in (False, True):
         b = bias if with_bias else None
         mine = QuantWeights(groups.kind, PROLOGUE_NONE, groups.parts, None, 0.0, b, k, groups.kinds)
-        theirs = QuantWeights(file_rows.kind, PROLOGUE_NONE, file_rows.parts, None, 0.0, b, k, file_rows.kinds)
+        theirs = QuantWeights(
+            file_rows.kind, PROLOGUE_NONE, file_rows.parts, None, 0.0, b, k, file_rows.kinds
+        )
         for res in (None, residual):
             for m in (3, 4, 8, 9):
                 r = None if res is None else res[:m]
                 got, want = ours.linear(mine, x[:m], r), portable.linear(theirs, x[:m], r)
                 assert torch.equal(got, want), (isa, name, with_bias, res is None, m)
-                assert torch.equal(torch.signbit(got), torch.signbit(want)), (isa, name, with_bias, m)
+                assert torch.equal(torch.signbit(got), torch.signbit(want)), (
+                    isa,
+                    name,
+                    with_bias,
+                    m,
+                )
