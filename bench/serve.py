@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from exo.shared.constants import EXO_MAX_CONTEXT_TOKENS
 from exo.tests.node_process import free_port, running_node, wait_until
+from exo.utils.heap import freeze_long_lived
 from exo.worker.download.embedded import find_embedded_gguf
 
 MODELS_DIR = Path.home() / ".cache" / "exo-bench" / "models"
@@ -396,6 +397,9 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=0, help="sentences of earlier text before "
                     "each question (~25 tokens each; 0: none): a long conversation")
     args = ap.parse_args()
+    # the client's own full collections (its imports: ~150k objects, 30-150 ms a walk) would
+    # stall its streams' threads and show as either server's latency
+    freeze_long_lived()
     if args.streams < 1 or args.tokens < 2 or min(args.threads) < 1 or args.rounds < 1:
         ap.error("need --streams >= 1, --tokens >= 2, --threads >= 1 and --rounds >= 1")
     if args.history < 0:

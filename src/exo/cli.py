@@ -21,6 +21,7 @@ from exo.shared.constants import EXO_DEFAULT_API_PORT
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
 from exo.shared.models.model_cards import ModelCard
 from exo.shared.models.registry import CardUnavailable
+from exo.utils.heap import freeze_long_lived
 from exo.worker.download.local import card_from_path
 from exo.worker.download.model_dirs import models_dirs_from_env, parse_memory, scan_models_dir
 
@@ -262,6 +263,7 @@ async def _serve(config: NodeConfig, model: str | None) -> None:
         tg.start_soon(_stop_on_signal, tg.cancel_scope, node)
         tg.start_soon(node.run)
         await node.started.wait()
+        freeze_long_lived()  # the node's startup objects: out of full collections
         print(f"exo: node {node.node_id}", file=sys.stderr)
         print(f"exo: API at http://{config.api.host}:{node.api_port}/v1  "
               f"(OpenAI, Claude /v1/messages, Ollama /api)", file=sys.stderr)

@@ -45,6 +45,7 @@ from exo.shared.types.worker.runners import (
     RunnerWarmingUp,
 )
 from exo.utils.channels import MpReceiver, MpSender, mp_wait
+from exo.utils.heap import freeze_long_lived
 from exo.worker.runner.distributed import Follower, connect
 from exo.worker.runner.generation import Generation, load_generation
 from exo.worker.runner.settings import RunnerSettings
@@ -212,7 +213,11 @@ class Runner:
                 else:
                     assert self.generation is not None
                     self.generation.warmup()
-                logger.info(f"warmed up in {time.perf_counter() - started:.2f} s")
+                frozen = freeze_long_lived()  # the model's objects: out of full collections
+                logger.info(
+                    f"warmed up in {time.perf_counter() - started:.2f} s "
+                    f"({frozen} long-lived objects frozen)"
+                )
                 self.update_status(RunnerReady())
                 self.send_task_status(task.task_id, TaskStatus.Complete)
             case TextGeneration() if self.generation is not None and isinstance(

@@ -170,13 +170,14 @@ def test_decode_attention_kernel_matches_torch(kernels: QKernels, threads: int) 
     [(1, 4, 1, 256), (1, 9, 3, 64), (2, 9, 3, 64), (3, 9, 3, 64), (1, 8, 8, 64)],
     ids=["gemma-1-row", "smollm2-1-row", "smollm2-2-rows", "smollm2-3-rows", "mha-1-row"],
 )
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
 def test_decode_attention_bits_do_not_depend_on_the_threads(
-    kernels: QKernels, rows: int, heads: int, kv: int, hd: int
+    kernels: QKernels, rows: int, heads: int, kv: int, hd: int, dtype: torch.dtype
 ) -> None:
     """A step with few (row, kv head) pairs is shared out one query head per task, one with
     many a pair per task, in runs of equal work: at 1, 2 and 3 threads every output and every
     appended key and value has the same bits (a request's tokens do not depend on the threads
-    or the batch)."""
+    or the batch), in a cache of floats and in one of half floats."""
     torch.manual_seed(rows * 100 + heads)
     # long enough to use the threads; rows of unequal lengths share the work unevenly
     max_seq, pos = 1024, [700, 40, 380][:rows]
@@ -186,7 +187,7 @@ def test_decode_attention_bits_do_not_depend_on_the_threads(
     keys, values = torch.randn(rows, max(pos), kv, hd), torch.randn(rows, max(pos), kv, hd)
     results = []
     for threads in (1, 2, 3):
-        cache = KVCache(1, rows, max_seq, kv, hd, dtype=torch.float32, device=torch.device("cpu"))
+        cache = KVCache(1, rows, max_seq, kv, hd, dtype=dtype, device=torch.device("cpu"))
         cache.prepare(tuple(range(rows)), (0,) * rows, max(pos))
         cache.layer(0).write_and_read(keys, values, max(pos))
         cache.prepare(tuple(range(rows)), tuple(pos), 1)

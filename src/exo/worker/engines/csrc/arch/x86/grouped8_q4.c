@@ -52,10 +52,8 @@ static inline __attribute__((always_inline)) __m512i q4p_isum(const __m512i w[4]
 static inline __attribute__((always_inline)) void q4p_prefetch(const uint8_t* b0, const uint8_t* b1, size_t bytes, int b,
                                                                int nb, size_t pair) {
     const size_t ahead = b + 8 < nb ? 8 * bytes : 8 * bytes + pair - (size_t)nb * bytes;
-    for (size_t at = 0; at < bytes; at += 64) {
-        _mm_prefetch((const char*)(b0 + ahead + at), _MM_HINT_T0);
-        _mm_prefetch((const char*)(b1 + ahead + at), _MM_HINT_T0);
-    }
+    x86_prefetch_at((uintptr_t)b0 + ahead, bytes);
+    x86_prefetch_at((uintptr_t)b1 + ahead, bytes);
 }
 
 /* Row c's two lanes of s0 added in lane 2c, of s1 in lane 2c + 1 (exact integers). */

@@ -52,8 +52,7 @@ static inline __attribute__((always_inline)) __m256 k1_q4k_step(__m256 acc, __m2
  * alternating in one process); one row (k1_q4k_group, a pass a few times shorter) gained
  * nothing from it or from asking for the block's own lines, and keeps neither. */
 static inline __attribute__((always_inline)) void k1_q4k_prefetch_next(const uint8_t* blk) {
-    for (size_t at = 0; at < sizeof(BlockQ4Kx8); at += 64)
-        _mm_prefetch((const char*)blk + sizeof(BlockQ4Kx8) + at, _MM_HINT_T0);
+    x86_prefetch_at((uintptr_t)blk + sizeof(BlockQ4Kx8), sizeof(BlockQ4Kx8));
 }
 
 /* Lanes 2c + 2c + 1 of s added: row c's sum in lane c. */

@@ -242,8 +242,8 @@ static void q6_pair(const uint8_t* ga, const uint8_t* gb, int nb, const Q6X* xt,
         const size_t at = (size_t)(b0 / 8) * sizeof(BlockQ6Kx8);
         q6_prefetch(ga + at); /* and the next super-blocks, in these longer passes: see q6_prefetch */
         q6_prefetch(gb + at);
-        q6_prefetch(ga + at + sizeof(BlockQ6Kx8));
-        q6_prefetch(gb + at + sizeof(BlockQ6Kx8));
+        x86_prefetch_at((uintptr_t)(ga + at) + sizeof(BlockQ6Kx8), sizeof(BlockQ6Kx8));
+        x86_prefetch_at((uintptr_t)(gb + at) + sizeof(BlockQ6Kx8), sizeof(BlockQ6Kx8));
         q6_decode2(ga + at, gb + at, &dec);
         const Q6X* x = xt + (size_t)b0 * M;
         for (int m = 0; m < M;) {

@@ -6,6 +6,13 @@
 
 #include "exo_kernels.h"
 
+/* Ask for the cache lines of the `bytes` bytes at address `at`, which may lie past the buffer a
+ * pass reads (the block after its last one): an address computed as an integer, since C forms no
+ * pointer past an object's end, and a prefetch never faults. */
+static inline __attribute__((always_inline)) void x86_prefetch_at(uintptr_t at, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch((const char*)(at + off), _MM_HINT_T0);
+}
+
 /* acc + a_2i b_2i + a_2i+1 b_2i+1 per int32 lane (int16 a, b): one vpdpwssd in the VNNI builds,
  * else vpmaddwd and vpaddd. The same integers either way (neither saturates), so every x86 build
  * gives the same results. */
