@@ -267,9 +267,9 @@ void exo_quantize_row(const float* x, int K, BlockX* out);
 void exo_quantize_row8(const float* x, int K, BlockX8* out);
 /* This thread's scratch buffer `slot` of at least `bytes` (contents not kept across growth);
  * freed when the thread exits. NULL if out of memory. */
-#define EXO_SCRATCH_SLOTS 6
+#define EXO_SCRATCH_SLOTS 7
 enum { SCRATCH_PROLOGUE = 0, SCRATCH_QUANT = 1, SCRATCH_ATTEND = 2, SCRATCH_POST = 3, SCRATCH_UNPACK = 4,
-       SCRATCH_TILE = 5 };
+       SCRATCH_TILE = 5, SCRATCH_XSUM = 6 };
 void* exo_scratch(int slot, size_t bytes);
 
 /* issue 23 moefast: the chosen experts of one MoE step in one call (moe.c) */

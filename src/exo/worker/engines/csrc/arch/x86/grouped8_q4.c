@@ -2,14 +2,11 @@
  * activation rows on the AVX-512 VNNI build, in act8.h's order: the same floats as grouped8.c's kernels
  * (which the other x86 builds run) and the per-row dots, with two groups (16 weight rows) a pass.
  *
- * Q4_0 / Q4_1: a block's nibbles of both groups are re-laid by vpermt2w into 8 vectors, int32 lane
- * l holding the pair's row l's 4 values 4s .. 4s + 3 (q4p_rows), once per block for all the pass's
- * activation rows; each row then takes 8 vpdpbusd on broadcasts of its 4 matching bytes, its 16
- * sums in output order, and one float step for the 16 weight rows. Q8_0: int32 lanes 2c, 2c + 1
- * hold row c's values 8k .. 8k + 3 and 8k + 4 .. 8k + 7 (vpermt2w, as unsigned w + 128); each row
- * takes 4 vpdpbusd a group on broadcasts of 8 bytes, the two groups' sums folded into one vector
- * (lane 2c: the first group's row c, 2c + 1: the second's). An odd group left over runs as its own
- * pair (its lanes dropped).
+ * A block of both groups is re-laid by vpermt2w into 8 vectors, int32 lane l holding the pair's
+ * row l's 4 values 4s .. 4s + 3 (Q4_0 / Q4_1: nibbles, q4p_rows; Q8_0: bytes as unsigned w + 128,
+ * q8p_rows), once per block for all the pass's activation rows; each row then takes 8 vpdpbusd on
+ * broadcasts of its 4 matching bytes, its 16 sums in output order, and one float step for the 16
+ * weight rows. An odd group left over runs as its own pair (its lanes dropped).
  */
 #include "exo_kernels.h"
 #if EXO_AVX512VNNI
@@ -22,12 +19,6 @@
 /* activation rows a pass over a pair of groups */
 #define Q4P_MAX_R 8
 
-/* A block's 8 rows' scales (a) interleaved with the other group's (b): lane 2c = a[c], 2c + 1 = b[c]. */
-static inline __attribute__((always_inline)) __m512 q4p_zip(__m256 a, __m256 b) {
-    const __m512i idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    return _mm512_permutex2var_ps(_mm512_castps256_ps512(a), idx, _mm512_castps256_ps512(b));
-}
-
 /* a's 8 floats in lanes 0..7, b's in 8..15 */
 static inline __attribute__((always_inline)) __m512 q4p_cat(__m256 a, __m256 b) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b), 1));
@@ -38,14 +29,6 @@ static inline __attribute__((always_inline)) void q4p_scales(const uint8_t* blk,
     *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
     *m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))))
                : _mm256_mul_ps(_mm256_set1_ps(-8.0f), *d);
-}
-
-/* The integer dot of one group's block (w: its 4 re-laid nibble vectors) with 32 activation bytes. */
-static inline __attribute__((always_inline)) __m512i q4p_isum(const __m512i w[4], const __m512i xb[4]) {
-    __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], xb[0]);
-    s = _mm512_dpbusd_epi32(s, w[1], xb[1]);
-    s = _mm512_dpbusd_epi32(s, w[2], xb[2]);
-    return _mm512_dpbusd_epi32(s, w[3], xb[3]);
 }
 
 /* Both groups' block 8 blocks ahead in the order the pass reads them, a block's bytes (up to 3
@@ -60,12 +43,6 @@ static inline __attribute__((always_inline)) void q4p_prefetch(const uint8_t* b0
     const size_t ahead = b + 8 < nb ? 8 * bytes : 8 * bytes + pair - (size_t)nb * bytes;
     x86_prefetch_at((uintptr_t)b0 + ahead, bytes);
     x86_prefetch_at((uintptr_t)b1 + ahead, bytes);
-}
-
-/* Row c's two lanes of s0 added in lane 2c, of s1 in lane 2c + 1 (exact integers). */
-static inline __attribute__((always_inline)) __m512i q4p_fold2(__m512i s0, __m512i s1) {
-    return _mm512_mask_blend_epi32((__mmask16)0xAAAA, _mm512_add_epi32(s0, _mm512_srli_epi64(s0, 32)),
-                                   _mm512_add_epi32(s1, _mm512_slli_epi64(s1, 32)));
 }
 
 /* Word j of the block's dword vector Q_t (t = 2 u + v, from the pair's 64-byte halves u): int32
@@ -131,47 +108,47 @@ static inline __attribute__((always_inline)) void q4p_rows(const uint8_t* g0, co
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-/* Vector L (0..3) of a Q8_0 group's block, values as unsigned bytes (w + 128): row c's values 8L ..
- * 8L + 3 in int32 lane 2c, 8L + 4 .. 8L + 7 in lane 2c + 1 (word 4c + p: row c's pair 4L + p, found
- * at word 16 (j % 8) + 8 (j / 8) + c of the block for pair j; vpermt2w over two 64-byte loads). */
-static inline __attribute__((always_inline)) void q8p_block(const uint8_t* qs, __m512i w[4]) {
-    const __m512i idx = _mm512_set_epi16(55, 39, 23, 7, 54, 38, 22, 6, 53, 37, 21, 5, 52, 36, 20, 4, 51, 35, 19, 3,
-                                         50, 34, 18, 2, 49, 33, 17, 1, 48, 32, 16, 0);
-    const __m512i eight = _mm512_set1_epi16(8), sign = _mm512_set1_epi8((char)0x80);
-    const __m512i a = _mm512_loadu_si512((const void*)qs), b = _mm512_loadu_si512((const void*)(qs + 64));
-    const __m512i c = _mm512_loadu_si512((const void*)(qs + 128)), d = _mm512_loadu_si512((const void*)(qs + 192));
-    w[0] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, idx, b), sign);
-    w[1] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, idx, d), sign);
-    w[2] = _mm512_xor_si512(_mm512_permutex2var_epi16(a, _mm512_add_epi16(idx, eight), b), sign);
-    w[3] = _mm512_xor_si512(_mm512_permutex2var_epi16(c, _mm512_add_epi16(idx, eight), d), sign);
-}
+/* Word j of the Q8_0 block vectors of the pair's 64-byte quarter u of both groups (value 2j + e of
+ * row c at qs[32 (j % 8) + 16 (j / 8) + 2c + e]: word 16 (j % 8) + 8 (j / 8) + c): int32 lane l
+ * holds row l's (group l / 8, row l % 8) values 4s .. 4s + 3 (pairs 2s, 2s + 1), s = u
+ * (Q8N_IDX[0]) or u + 4 ([1]). */
+static const uint16_t Q8N_IDX[2][32] = {
+    {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23, 32, 48, 33, 49, 34, 50, 35, 51, 36, 52, 37, 53, 38, 54, 39, 55},
+    {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31, 40, 56, 41, 57, 42, 58, 43, 59, 44, 60, 45, 61, 46, 62, 47, 63}};
 
-/* out[r] lane 2c (2c + 1) = row c of the Q8_0 group at g0 (g1) dotted with activation row r: the
- * unsigned sums less 128 times the activation block's sum (exact integers), then act8_step0. */
+/* out[r] lane l = row l of the Q8_0 pair (as q4p_rows') dotted with activation row r: the
+ * unsigned sums (w + 128, vpermt2w and a sign flip once per block for all rows) less 128 times
+ * the activation block's sum (xsum: exo_x86_grouped8_q4_pairs computes them once a call, where
+ * 4 more vpdpbusd a row and block computed them before; exact integers), then the float step.
+ * SmolLM2's head (49,152 x 576) at 55 rows 17.5-20.5 -> 14.4-15.2 ms, at 8 rows (the weights
+ * streamed from memory) 2.7-3.2 -> 2.7-2.9 (one thread, Zen 4, processes alternating). */
 static inline __attribute__((always_inline)) void q8p_rows(const uint8_t* g0, const uint8_t* g1, int nb, size_t pair,
-                                                           const BlockX8* x, int R, __m512* out) {
+                                                           const BlockX8* x, const int32_t* xsum, int R, __m512* out) {
     const __m512i sign = _mm512_set1_epi8((char)0x80);
+    const __m512i idx0 = _mm512_loadu_si512((const void*)Q8N_IDX[0]), idx1 = _mm512_loadu_si512((const void*)Q8N_IDX[1]);
     __m512 acc[Q4P_MAX_R];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *b0 = g0 + (size_t)b * sizeof(BlockQ8_0x8), *b1 = g1 + (size_t)b * sizeof(BlockQ8_0x8);
         q4p_prefetch(b0, b1, sizeof(BlockQ8_0x8), b, nb, pair);
-        __m512i w0[4], w1[4];
-        q8p_block(b0 + offsetof(BlockQ8_0x8, qs), w0);
-        q8p_block(b1 + offsetof(BlockQ8_0x8, qs), w1);
-        const __m512 d = q4p_zip(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b0)),
+        __m512i w[8];
+        for (int u = 0; u < 4; u++) {
+            const size_t at = offsetof(BlockQ8_0x8, qs) + 64 * (size_t)u;
+            const __m512i h0 = _mm512_loadu_si512((const void*)(b0 + at)), h1 = _mm512_loadu_si512((const void*)(b1 + at));
+            w[u] = _mm512_xor_si512(_mm512_permutex2var_epi16(h0, idx0, h1), sign);
+            w[u + 4] = _mm512_xor_si512(_mm512_permutex2var_epi16(h0, idx1, h1), sign);
+        }
+        const __m512 d = q4p_cat(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b0)),
                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)b1)));
+        __m512i isum[Q4P_MAX_R];
+        for (int r = 0; r < R; r++) isum[r] = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k++)
+            for (int r = 0; r < R; r++) isum[r] = q4p_dot4(isum[r], w[k], x[(size_t)r * nb + b].qs + 4 * k);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
-            const __m512i xv[4] = {x86_bcast8_512(xb->qs), x86_bcast8_512(xb->qs + 8), x86_bcast8_512(xb->qs + 16),
-                                   x86_bcast8_512(xb->qs + 24)};
-            const __m512i sx[4] = {sign, sign, sign, sign};
-            const __m512i corr = q4p_isum(sx, xv);
-            const __m512i s0 = _mm512_sub_epi32(q4p_isum(w0, xv), corr);
-            const __m512i s1 = _mm512_sub_epi32(q4p_isum(w1, xv), corr);
-            const __m512i isum = q4p_fold2(s0, s1);
+            const __m512i s = _mm512_sub_epi32(isum[r], _mm512_set1_epi32(xsum[(size_t)r * nb + b]));
             const __m512 t = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(isum)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(t, _mm512_cvtepi32_ps(s)));
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -179,21 +156,27 @@ static inline __attribute__((always_inline)) void q8p_rows(const uint8_t* g0, co
 
 /* the layouts' kernels, by name */
 static inline __attribute__((always_inline)) void q4p_q40_rows(const uint8_t* g0, const uint8_t* g1, int nb,
-                                                               size_t pair, const BlockX8* x, int R, __m512* out) {
+                                                               size_t pair, const BlockX8* x, const int32_t* xsum, int R,
+                                                               __m512* out) {
+    (void)xsum;
     q4p_rows(g0, g1, nb, pair, x, R, 0, out);
 }
 static inline __attribute__((always_inline)) void q4p_q41_rows(const uint8_t* g0, const uint8_t* g1, int nb,
-                                                               size_t pair, const BlockX8* x, int R, __m512* out) {
+                                                               size_t pair, const BlockX8* x, const int32_t* xsum, int R,
+                                                               __m512* out) {
+    (void)xsum;
     q4p_rows(g0, g1, nb, pair, x, R, 1, out);
 }
 #define q4p_q80_rows q8p_rows
 
 /* one copy per layout and R (not inlined into the caller's loop) */
-typedef void (*Q4PRows)(const uint8_t* g0, const uint8_t* g1, int nb, size_t pair, const BlockX8* x, __m512* out);
+typedef void (*Q4PRows)(const uint8_t* g0, const uint8_t* g1, int nb, size_t pair, const BlockX8* x,
+                        const int32_t* xsum, __m512* out);
 #define Q4P_COPY(name, R)                                                                              \
     static __attribute__((noinline)) void name##_##R(const uint8_t* g0, const uint8_t* g1, int nb,      \
-                                                     size_t pair, const BlockX8* x, __m512* out) {    \
-        name##_rows(g0, g1, nb, pair, x, R, out);                                                      \
+                                                     size_t pair, const BlockX8* x, const int32_t* xsum, \
+                                                     __m512* out) {                                    \
+        name##_rows(g0, g1, nb, pair, x, xsum, R, out);                                                \
     }
 #define Q4P_COPIES(name)                                                                               \
     Q4P_COPY(name, 1)                                                                                  \
@@ -210,30 +193,39 @@ Q4P_COPIES(q4p_q80)
 #define Q4P_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
 /* Rows m .. m + R - 1 of outputs n .. n + 7 (and n + 8 .. n + 15 if both) from the pass's lanes
- * (zipped: Q8_0's, lane 2c the first group's row c, 2c + 1 the second's; else in output order):
- * run_store's sums (v + bias + residual, a missing one as + 0.0f: the same floats), 16 outputs a
- * vector when both groups are there (the lanes put back in output order by one vpermps). */
-static void q4p_store(const Run* r, int m, int R, int n, int both, int zipped, const __m512* acc) {
+ * (lane l: output n + l): run_store's sums (v + bias + residual, a missing one as + 0.0f: the same
+ * floats), 16 outputs a vector when both groups are there. */
+static void q4p_store(const Run* r, int m, int R, int n, int both, const __m512* acc) {
     if (both) {
-        const __m512i order = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
         const __m512 b = r->bias ? _mm512_loadu_ps(r->bias + n) : _mm512_setzero_ps();
         for (int i = 0; i < R; i++) {
             const size_t at = (size_t)(m + i) * r->N + n;
             const __m512 res = r->residual ? _mm512_loadu_ps(r->residual + at) : _mm512_setzero_ps();
-            const __m512 v = zipped ? _mm512_permutexvar_ps(order, acc[i]) : acc[i];
-            _mm512_storeu_ps(r->y + at, _mm512_add_ps(_mm512_add_ps(v, b), res));
+            _mm512_storeu_ps(r->y + at, _mm512_add_ps(_mm512_add_ps(acc[i], b), res));
         }
         return;
     }
     float o[16 * Q4P_MAX_R];
     for (int i = 0; i < R; i++) _mm512_storeu_ps(o + 16 * i, acc[i]);
     for (int i = 0; i < R; i++)
-        for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[16 * i + (zipped ? 2 * c : c)]);
+        for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[16 * i + c]);
 }
 
 int exo_x86_grouped8_q4_pairs(const Run* r, int layout) {
     static const Q4PRows k40[] = Q4P_BY_R(q4p_q40), k41[] = Q4P_BY_R(q4p_q41), k80[] = Q4P_BY_R(q4p_q80);
     const Q4PRows* k = layout == Q4P_Q8_0 ? k80 : layout == Q4P_Q4_1 ? k41 : k40;
+    const int rows = r->m1 - r->m0;
+    int32_t* xsum = NULL; /* Q8_0: 128 times each activation block's sum, row m's at (m - m0) nb */
+    if (layout == Q4P_Q8_0) {
+        xsum = (int32_t*)exo_scratch(SCRATCH_XSUM, sizeof(int32_t) * (size_t)rows * (size_t)r->nb);
+        if (xsum == NULL) return -1;
+        for (size_t i = 0; i < (size_t)rows * (size_t)r->nb; i++) {
+            const int8_t* q = r->x8[(size_t)r->m0 * r->nb + i].qs;
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++) sum += q[j];
+            xsum[i] = 128 * sum;
+        }
+    }
     __m512 acc[Q4P_MAX_R];
     const size_t pair = 16 * r->rb; /* from a pair's groups to the next pair's */
     for (int n = r->lo; n < r->hi; n += 16) {
@@ -241,8 +233,9 @@ int exo_x86_grouped8_q4_pairs(const Run* r, int layout) {
         const uint8_t *g0 = run_row(r, n), *g1 = both ? run_row(r, n + 8) : g0;
         for (int m = r->m0; m < r->m1;) {
             const int R = r->m1 - m >= Q4P_MAX_R ? Q4P_MAX_R : r->m1 - m;
-            k[R - 1](g0, g1, r->nb, pair, r->x8 + (size_t)m * r->nb, acc);
-            q4p_store(r, m, R, n, both, layout == Q4P_Q8_0, acc);
+            k[R - 1](g0, g1, r->nb, pair, r->x8 + (size_t)m * r->nb,
+                     xsum ? xsum + (size_t)(m - r->m0) * r->nb : NULL, acc);
+            q4p_store(r, m, R, n, both, acc);
             m += R;
         }
     }
