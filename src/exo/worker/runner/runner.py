@@ -213,11 +213,9 @@ class Runner:
                 else:
                     assert self.generation is not None
                     self.generation.warmup()
+                took = time.perf_counter() - started
                 frozen = freeze_long_lived()  # the model's objects: out of full collections
-                logger.info(
-                    f"warmed up in {time.perf_counter() - started:.2f} s "
-                    f"({frozen} long-lived objects frozen)"
-                )
+                logger.info(f"warmed up in {took:.2f} s ({frozen} long-lived objects frozen)")
                 self.update_status(RunnerReady())
                 self.send_task_status(task.task_id, TaskStatus.Complete)
             case TextGeneration() if self.generation is not None and isinstance(

@@ -65,7 +65,7 @@ typedef struct {
  * down projection at 4 rows 1,710 -> 1,374 us a call, at 8 rows 2,339 -> 2,146 (weights not in
  * cache, alternating in one process). */
 static inline __attribute__((always_inline)) void q6_prefetch(const uint8_t* blk) {
-    for (size_t at = 0; at < sizeof(BlockQ6Kx8); at += 64) _mm_prefetch((const char*)blk + at, _MM_HINT_T0);
+    x86_prefetch_at((uintptr_t)blk, sizeof(BlockQ6Kx8));
 }
 
 /* Super-block `blk` of a group decoded (each quad of the 3 chunks that groups 4n .. 4n + 3 share
