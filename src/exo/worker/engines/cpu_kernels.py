@@ -217,6 +217,9 @@ class QKernels:
         self._unrepack = lib.exo_unrepack_rows
         self._unrepack.argtypes = [i, p, i, i, p, i, p]
         self._unrepack.restype = i
+        self._dequant = lib.exo_dequant_rows
+        self._dequant.argtypes = [i, p, ctypes.c_long, i, p]
+        self._dequant.restype = i
         self.lib = lib  # (the entry points other modules bind: moe_kernels.py's exo_moe_experts)
 
     def set_activations(self, bits: int) -> None:
@@ -258,6 +261,26 @@ class QKernels:
         if rc != 0:
             raise RuntimeError(f"exo_unrepack_rows failed with code {rc}")
         return out
+
+    def dequant_rows(self, kind: int, rows: Tensor, k: int) -> Tensor | None:
+        """Rows of file layout `kind` (uint8 [n, row bytes]) as float32 [n, k], the values
+        gguf-py's dequantisation gives, bit for bit; None for a layout the kernels do not
+        dequantise (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K do)."""
+        entry = BY_KERNEL.get(kind)
+        if entry is None or entry[1]:
+            return None
+        layout = entry[0]
+        if rows.dtype != torch.uint8 or not rows.is_cpu or rows.dim() != 2:
+            raise KernelArgumentError("rows must be a 2-D uint8 CPU tensor")
+        if k <= 0 or k % layout.block_values or rows.shape[1] != layout.row_bytes(k):
+            raise KernelArgumentError(
+                f"rows of {layout.name} with {k} values have {layout.row_bytes(k)} bytes"
+            )
+        src = rows.contiguous()
+        out = torch.empty(rows.shape[0], k, dtype=torch.float32)
+        rc = self._dequant(kind, src.data_ptr(), rows.shape[0], k, out.data_ptr())
+        del src  # alive until here: the kernel has returned
+        return out if rc == 0 else None
 
     @staticmethod
     def _repack_k(kind: int, rows: Tensor) -> int:

@@ -234,15 +234,24 @@ class QuantLinear:
         """Rows `index` of a one-kind layer's blocks, file layout: uint8 [n, row bytes]."""
         if len({k.name for k in self.file_kinds}) != 1:
             raise ValueError("block_rows reads a layer of one kind")
-        index, base = index.flatten().cpu(), 0
+        index = index.flatten().cpu()
         if len(self.kinds) == 1:
             return self._part_rows(0, index)
-        out = torch.empty((len(index), self._weights.parts[0].shape[1]), dtype=torch.uint8)
-        for i, part in enumerate(self._weights.parts):  # a split head: its groups, its rest
-            sel = ((index >= base) & (index < base + part.shape[0])).nonzero().flatten()
-            if len(sel):
-                out[sel] = self._part_rows(i, index[sel] - base)
+        # a split head (its groups, its rest): which part each row is in, found in Python (a
+        # decode step looks up a row or a few; torch ops on them cost more, caches cold)
+        values, base, hits = index.tolist(), 0, list[tuple[int, list[int], int]]()
+        for i, part in enumerate(self._weights.parts):
+            sel = [j for j, t in enumerate(values) if base <= t < base + part.shape[0]]
+            if sel:
+                hits.append((i, sel, base))
             base += part.shape[0]
+        if sum(len(sel) for _, sel, _ in hits) != len(values):
+            raise ValueError(f"row indices must be in [0, {base})")
+        if len(hits) == 1:  # all in one part (a single row always)
+            return self._part_rows(hits[0][0], index - hits[0][2])
+        out = torch.empty((len(values), self._weights.parts[0].shape[1]), dtype=torch.uint8)
+        for i, sel, at in hits:
+            out[sel] = self._part_rows(i, index[sel] - at)
         return out
 
     def _part_rows(self, i: int, index: Tensor) -> Tensor:

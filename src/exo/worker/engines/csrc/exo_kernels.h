@@ -241,6 +241,9 @@ const char* exo_isa(void);
  * 16); returns the previous setting, or -2 for another value. */
 int exo_set_activations(int bits);
 int exo_qlinear(const LinearSpec* s, const float* x, int M, const float* residual, float* y);
+/* n rows of file layout `kind` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), K values each, to
+ * floats out [n, K], as gguf-py dequantises them (dequant.c). 0, or -2 another kind or a bad size. */
+int exo_dequant_rows(int kind, const void* rows, long n, int K, float* out);
 /* Rows of `kind` (one with a repacked layout) uint8 [n_rows, row bytes], n_rows a multiple of 8,
  * repacked in groups of 8 into `out` (same size; may be `rows` itself). 0, -1 out of memory, -2 a
  * kind without a repacked layout or a bad size. */

@@ -204,7 +204,7 @@ class DeepseekModel:
         if weights.embed is not None:
             head = self.lm_head if weights.embed is weights.lm_head else None
             self.embedding = Embedding(
-                weights.embed, options.weight_format, self.dtype, self.device, head
+                weights.embed, options.weight_format, self.dtype, self.device, head, kernels
             )
         # YaRN's magnitude scales the rotary dims only (MLA's scale m^2 is in `scale`)
         s = c.rope_scaling

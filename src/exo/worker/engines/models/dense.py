@@ -200,7 +200,9 @@ class DenseModel:
         if weights.embed is not None:
             tied = weights.embed is weights.lm_head
             head = self.lm_head if tied else None
-            self.embedding = Embedding(weights.embed, weight_format, dtype, self.device, head)
+            self.embedding = Embedding(
+                weights.embed, weight_format, dtype, self.device, head, kernels
+            )
         # sized by the context served, not the file's claim (grown by `new_cache` on demand)
         self.rotary = RotaryTables(c, self.device, weights.rope_freq_factors)
 

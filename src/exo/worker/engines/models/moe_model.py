@@ -266,7 +266,7 @@ class MoeModel:
         if weights.embed is not None:
             head = self.lm_head if weights.embed is weights.lm_head else None
             self.embedding = Embedding(weights.embed, options.weight_format, self.dtype,
-                                       self.device, head)  # fmt: skip
+                                       self.device, head, kernels)  # fmt: skip
         self.rotary = RotaryTables(c, self.device, weights.rope_freq_factors)
 
     def embed(self, tokens: Tensor) -> Tensor:

@@ -140,6 +140,7 @@ class _FakeLib:
         self.exo_attend_decode_kv = _SpyLinear(0)
         self.exo_repack_rows = _SpyLinear(0)
         self.exo_unrepack_rows = _SpyLinear(0)
+        self.exo_dequant_rows = _SpyLinear(0)
         self.exo_set_activations = _SpyLinear(16)
 
 

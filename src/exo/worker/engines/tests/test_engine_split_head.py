@@ -81,3 +81,8 @@ def test_a_tied_embedding_reads_a_split_heads_rows_as_the_files(name: str) -> No
     tokens = torch.tensor([[0, 7, 8, 39], [40, 42, 41, 3]])
     want = QuantTensor(table.qtype, before, K).take_rows(tokens.flatten()).dequantize()
     assert torch.equal(embed(tokens), want.reshape(2, 4, K))
+    for one in (7, 41):  # a decode step's single row, from the groups or from the rest
+        row = QuantTensor(table.qtype, before, K).take_rows(torch.tensor([one])).dequantize()
+        assert torch.equal(embed(torch.tensor([[one]])), row.reshape(1, 1, K))
+    with pytest.raises(ValueError, match="row indices"):
+        head.block_rows(torch.tensor([3, head.out_features]))

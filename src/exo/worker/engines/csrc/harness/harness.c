@@ -366,6 +366,39 @@ static void* caller(void* arg) {
 /* Bad specs are refused, not read. */
 /* exo_repack_rows against the reference's groups (byte for byte, in place too) and
  * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
+/* exo_dequant_rows against the reference's dequantisation (in doubles: within float rounding);
+ * its bits against gguf-py's: test_engine_dequant_rows.py. */
+static void check_dequant(Rng* r) {
+    static const int kinds[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q5_0, KIND_Q5_1, KIND_Q8_0, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        const int kind = kinds[i], K = 256 * rng_int(r, 1, 3), n = rng_int(r, 1, 4);
+        const size_t rb = ref_row_bytes(kind, K);
+        uint8_t* rows = xmalloc(rb * (size_t)n);
+        float* got = xmalloc(sizeof(float) * (size_t)n * K);
+        double* want = xmalloc(sizeof(double) * (size_t)K);
+        for (int j = 0; j < n; j++) ref_random_row(r, kind, K, rows + rb * (size_t)j);
+        if (exo_dequant_rows(kind, rows, n, K, got) != 0) fail("exo_dequant_rows refused a kind it takes");
+        for (int j = 0; j < n; j++) {
+            ref_dequant_row(kind, rows + rb * (size_t)j, K, want);
+            double most = 0.0; /* within float rounding of the row's largest (a - b may cancel) */
+            for (int k = 0; k < K; k++) most = fabs(want[k]) > most ? fabs(want[k]) : most;
+            for (int k = 0; k < K; k++)
+                if (!(fabs(got[(size_t)j * K + k] - want[k]) <= 1e-6 * most + 1e-30)) {
+                    char msg[128];
+                    snprintf(msg, sizeof msg, "exo_dequant_rows kind %d row %d value %d: %g, want %g", kind, j, k,
+                             (double)got[(size_t)j * K + k], want[k]);
+                    fail(msg);
+                    break;
+                }
+        }
+        free(rows), free(got), free(want);
+    }
+    float out[32];
+    if (exo_dequant_rows(KIND_Q2_K, out, 1, 256, out) != -2) fail("dequantising a kind it does not take accepted");
+    if (exo_dequant_rows(KIND_Q4_1_G8, out, 1, 32, out) != -2) fail("dequantising a repacked layout accepted");
+    if (exo_dequant_rows(KIND_Q4_K, out, 1, 32, out) != -2) fail("a K-quant row of 32 values accepted");
+}
+
 static void check_repack(Rng* r) {
     static const int GROUPED[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K,
                                   /* issue 22 q5g */ KIND_Q5_1, KIND_Q5_K};
@@ -446,6 +479,7 @@ int main(int argc, char** argv) {
     printf("isa %s, seed %llu, rounds %d\n", exo_isa(), (unsigned long long)seed, rounds);
     check_refusals();
     check_repack(&r);
+    check_dequant(&r);
     check_pool(&r);
     /* several callers at once while the main thread grows the pool from one thread to
      * MAX_THREADS (new workers start while jobs are in flight), then resizes it at random */
