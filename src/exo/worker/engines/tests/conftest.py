@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from exo.worker.download.embedded import find_embedded_gguf
-from exo.worker.engines.cpu_kernels import load_kernels
+from exo.worker.engines.cpu_kernels import (
+    QKernels,
+    kernels_unavailable_reason,
+    load_kernels,
+    load_kernels_for,
+)
 from exo.worker.engines.gguf_loader import load_gguf_shard
+from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
@@ -71,3 +77,16 @@ def tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer(gguf_path: Path, tokenizer_cache: Path) -> EngineTokenizer:
     return load_tokenizer(gguf_path, tokenizer_cache)
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def isa_kernels(request: pytest.FixtureRequest) -> QKernels:
+    """Each instruction-set build of the kernels this machine can run (the portable one
+    everywhere), a test per build."""
+    isa: Isa = request.param
+    if not cpu_runs(isa):
+        pytest.skip(f"this CPU cannot run the {isa} build (the paths it can run are tested)")
+    k = load_kernels_for(isa)
+    if k is None:
+        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
+    return k

@@ -7,14 +7,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
-from exo.worker.engines.cpu_kernels import (
-    KernelArgumentError,
-    QKernels,
-    kernels_unavailable_reason,
-    load_kernels_for,
-)
+from exo.worker.engines.cpu_kernels import KernelArgumentError, QKernels
 from exo.worker.engines.embedding import Embedding
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.kinds import BY_GGML, BY_NAME
 from exo.worker.engines.qtensor import QuantTensor
 
@@ -26,15 +20,9 @@ SCALES: dict[GGMLQuantizationType, tuple[int, ...]] = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=ISAS)
-def kernels(request: pytest.FixtureRequest) -> QKernels:
-    isa: Isa = request.param
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build (the paths it can run are tested)")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
-    return k
+@pytest.fixture(scope="module")
+def kernels(isa_kernels: QKernels) -> QKernels:
+    return isa_kernels  # every build this machine runs (conftest.py)
 
 
 def random_rows(qtype: GGMLQuantizationType, n: int, k: int, seed: int) -> torch.Tensor:

@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason, load_kernels_for
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.cpu_kernels import QKernels
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.linear import (
     GeGLU,
@@ -27,16 +26,10 @@ from exo.worker.engines.rope import rope_table
 from exo.worker.engines.weights import ShardWeights
 
 
-@pytest.fixture(scope="module", params=ISAS)
-def kernels(request: pytest.FixtureRequest) -> QKernels:
+@pytest.fixture(scope="module")
+def kernels(isa_kernels: QKernels) -> QKernels:
     """Each instruction-set path this machine can run (the portable one everywhere)."""
-    isa: Isa = request.param
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build (the paths it can run are tested)")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
-    return k
+    return isa_kernels
 
 
 def test_requantising_gguf_blocks_is_exact(full_weights: ShardWeights) -> None:
