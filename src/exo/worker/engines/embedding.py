@@ -86,7 +86,7 @@ class Embedding:
             found = (self._head.block_rows(index) if self._head is not None
                      else table.take_rows(index).raw)  # fmt: skip
             kind = BY_GGML.get(table.qtype)
-            rows = (None if self._kernels is None or kind is None
+            rows = (None if self._kernels is None or kind is None or not found.is_cpu
                     else self._kernels.dequant_rows(kind.kernel, found, table.in_features))  # fmt: skip
             if rows is None:
                 rows = QuantTensor(table.qtype, found, table.in_features).dequantize()
