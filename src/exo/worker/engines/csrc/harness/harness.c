@@ -363,9 +363,6 @@ static void* caller(void* arg) {
     return NULL;
 }
 
-/* Bad specs are refused, not read. */
-/* exo_repack_rows against the reference's groups (byte for byte, in place too) and
- * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
 /* exo_dequant_rows against the reference's dequantisation (in doubles: within float rounding);
  * its bits against gguf-py's: test_engine_dequant_rows.py. */
 static void check_dequant(Rng* r) {
@@ -399,6 +396,9 @@ static void check_dequant(Rng* r) {
     if (exo_dequant_rows(KIND_Q4_K, out, 1, 32, out) != -2) fail("a K-quant row of 32 values accepted");
 }
 
+/* Bad specs are refused, not read. */
+/* exo_repack_rows against the reference's groups (byte for byte, in place too) and
+ * exo_unrepack_rows back to the file's rows, for every kind with a repacked layout. */
 static void check_repack(Rng* r) {
     static const int GROUPED[] = {KIND_Q4_0, KIND_Q4_1, KIND_Q8_0, KIND_Q5_0, KIND_Q4_K, KIND_Q6_K,
                                   /* issue 22 q5g */ KIND_Q5_1, KIND_Q5_K};
