@@ -17,6 +17,7 @@
 #include "exo_kernels.h"
 #if EXO_AVX2
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "act8.h"
 #include "arch/x86/grouped8_kq.h"
@@ -55,6 +56,7 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * bytes;
+        x86_ahead(blk, bytes);
 #if EXO_AVX512VNNI || EXO_AVXVNNI
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
@@ -106,6 +108,7 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * sizeof(BlockQ8_0x8);
+        x86_ahead(blk, sizeof(BlockQ8_0x8));
         const uint8_t* qs = blk + offsetof(BlockQ8_0x8, qs);
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
@@ -138,34 +141,6 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
-/* The 8 rows' d sc_j and dmin m_j of sub-block j of a Q4_K group's super-block `blk`, in
- * q4k_sub's floats. */
-static inline __attribute__((always_inline)) void g8x_q4k_scales(const uint8_t* blk, int j, __m256* dsc, __m256* dm) {
-    const uint8_t* bytes = blk + offsetof(BlockQ4Kx8, scales);
-#define G8X_SCALE_BYTE(k) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(bytes + 8 * (k))))
-    const __m256i six = _mm256_set1_epi32(63), four = _mm256_set1_epi32(15);
-    __m256i sc, mn;
-    if (j < 4) {
-        sc = _mm256_and_si256(G8X_SCALE_BYTE(j), six);
-        mn = _mm256_and_si256(G8X_SCALE_BYTE(j + 4), six);
-    } else {
-        const __m256i b = G8X_SCALE_BYTE(j + 4);
-        sc = _mm256_or_si256(_mm256_and_si256(b, four), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j - 4), 6), 4));
-        mn = _mm256_or_si256(_mm256_srli_epi32(b, 4), _mm256_slli_epi32(_mm256_srli_epi32(G8X_SCALE_BYTE(j), 6), 4));
-    }
-#undef G8X_SCALE_BYTE
-    *dsc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk)), _mm256_cvtepi32_ps(sc));
-    *dm = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin)))),
-                        _mm256_cvtepi32_ps(mn));
-}
-
-/* acc + t isum - dm s: one sub-block's step (act8.h; minus dm s is plus -(dm) s exactly) */
-static inline __m256 g8x_step(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* xb, __m256i isum) {
-    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
-    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
-}
-
 /* The same for a Q4_K group: chunk ch of a super-block (qs[ch]: 16 x 16 bytes) holds sub-blocks
  * 2 ch (low nibbles) and 2 ch + 1 (high), as a Q4 block holds its two halves. */
 static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
@@ -173,17 +148,15 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
     const __m256i low = _mm256_set1_epi8(15);
     __m256 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    uint8_t sc[64], mn[64];
     for (int b = 0; b < nb; b += 2) {
         const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ4Kx8);
         const int j = b % 8;
         const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * (j / 2);
-#if EXO_AVX512VNNI || EXO_AVXVNNI
-        __m256i s0[8], s1[8];
+        if (j == 0) q4k8_unpack(blk, sc, mn);
+        x86_ahead(qs, 256);
+        __m256i s0[8], s1[8]; /* the two sub-blocks' sums (int16 on AVX2) */
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
-#else
-        __m256i s0[8], s1[8]; /* int16 sums of the two sub-blocks */
-        for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
-#endif
         for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
             const __m256i q = x86_row_quad(qs, k), q2 = x86_row_quad(qs, k + 1);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
@@ -204,9 +177,11 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
                 G8X_KEEP(s1[r]);
             }
         }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
         __m256 dsc0, dm0, dsc1, dm1;
-        g8x_q4k_scales(blk, j, &dsc0, &dm0);
-        g8x_q4k_scales(blk, j + 1, &dsc1, &dm1);
+        q4k8_scale(d, dmin, sc + 8 * j, mn + 8 * j, &dsc0, &dm0);
+        q4k8_scale(d, dmin, sc + 8 * j + 8, mn + 8 * j + 8, &dsc1, &dm1);
         for (int r = 0; r < R; r++) {
             const BlockX8* xb = x + (size_t)r * nb + b;
 #if EXO_AVX512VNNI || EXO_AVXVNNI
@@ -215,7 +190,7 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
             const __m256i i0 = _mm256_madd_epi16(s0[r], _mm256_set1_epi16(1));
             const __m256i i1 = _mm256_madd_epi16(s1[r], _mm256_set1_epi16(1));
 #endif
-            acc[r] = g8x_step(g8x_step(acc[r], dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+            acc[r] = q4k8_step(q4k8_step(acc[r], dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
         }
     }
     for (int r = 0; r < R; r++) out[r] = acc[r];
@@ -331,6 +306,127 @@ G8X_Q6K_COPY(6)
 G8X_Q6K_COPY(7)
 G8X_Q6K_COPY(8)
 
+#if !EXO_AVX512VNNI && !EXO_AVXVNNI
+/* One activation row on the AVX2 build (a decode step of one stream), Q4_0 / Q4_1 / Q4_K: the
+ * quads' bytes as stored, not re-laid. A 32-byte quad holds row c's bytes 4k, 4k + 1 at 2c of its
+ * low half and 4k + 2, 4k + 3 at 2c of its high half, so vpmaddubsw against a vector holding the
+ * activation's matching 2 bytes 8 times in each half (g8x_spread: its 4 bytes' pairs, one vpshufb
+ * of a broadcast, laid out once a call for the whole row) puts row c's sums in int16 lanes c and
+ * 8 + c, added together (widened) once a block. Against re-laying each quad by vpermq + vpshufb
+ * (g8x_rows, which a batch's rows share): the 1B-shaped file's gate | up (Q4_K) at one thread on a
+ * Zen 3 core, weights not in cache, 1,492 -> 1,383 us a call (in cache 1,305 -> 1,073), its q | k | v
+ * 290 -> 266, an 8B-shaped down 2,536 -> 2,275 (alternating in one process). The same integers, so
+ * the same floats (act8.h's order). The VNNI builds sum 4 bytes a lane (vpdpbusd) and keep the
+ * re-laid quads. */
+
+/* Row x's blocks re-laid: block b's value quad v (values 4v .. 4v + 3) at ax[8 b + v], its bytes
+ * 4v, 4v + 1 repeated in the low half and 4v + 2, 4v + 3 in the high half. */
+static void g8x_spread(const BlockX8* x, int nb, __m256i* ax) {
+    const __m256i pairs = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2,
+                                           3, 2, 3, 2, 3, 2, 3);
+    for (int b = 0; b < nb; b++)
+        for (int v = 0; v < 8; v++) ax[8 * b + v] = _mm256_shuffle_epi8(x86_bcast4(x[b].qs + 4 * v), pairs);
+}
+
+/* int32 lane c = int16 lanes c + 8 + c of s (row c's two half sums). */
+static inline __attribute__((always_inline)) __m256i g8x_fold(__m256i s) {
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(s)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(s, 1)));
+}
+
+/* Lane c = row c of the Q4_0 (has_m 0) or Q4_1 group at `grp` dotted with row x (ax: spread). A
+ * block's 8 vpmaddubsw sums reach 8 x 2 x 15 x 127 < 2^15 a lane. */
+static inline __attribute__((always_inline)) __m256 g8x_q4_one(const uint8_t* grp, int nb, const BlockX8* x,
+                                                               const __m256i* ax, int has_m) {
+    const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = grp + (size_t)b * bytes;
+        const __m256i* a = ax + 8 * b;
+        x86_ahead(blk, bytes);
+        __m256i s = _mm256_setzero_si256();
+        for (int k = 0; k < 4; k++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i*)(blk + qs_at + 32 * k));
+            const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            s = _mm256_add_epi16(s, _mm256_add_epi16(_mm256_maddubs_epi16(lo, a[k]), _mm256_maddubs_epi16(hi, a[4 + k])));
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 m = has_m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4_1x8, m))))
+                               : _mm256_mul_ps(_mm256_set1_ps(-8.0f), d);
+        const __m256 t = _mm256_mul_ps(d, _mm256_set1_ps(x[b].d));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(g8x_fold(s))));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(m, _mm256_set1_ps(x[b].s)));
+    }
+    return acc;
+}
+static __attribute__((noinline)) __m256 g8x_q40_one(const uint8_t* grp, int nb, const BlockX8* x, const __m256i* ax) {
+    return g8x_q4_one(grp, nb, x, ax, 0);
+}
+static __attribute__((noinline)) __m256 g8x_q41_one(const uint8_t* grp, int nb, const BlockX8* x, const __m256i* ax) {
+    return g8x_q4_one(grp, nb, x, ax, 1);
+}
+
+/* The same for a Q4_K group: chunk p of a super-block holds sub-blocks 2p (low nibbles) and
+ * 2p + 1 (high), each sub-block's 8 quads summed in int16 (at most 30,480 a lane), its scales
+ * unpacked once a super-block. */
+static __attribute__((noinline)) __m256 g8x_q4k_one(const uint8_t* grp, int nb, const BlockX8* x, const __m256i* ax) {
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    uint8_t sc[64], mn[64];
+    for (int b0 = 0; b0 < nb; b0 += 8) {
+        const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        q4k8_unpack(blk, sc, mn);
+        for (int p = 0; p < 4; p++) {
+            const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
+            const __m256i* a = ax + 8 * (b0 + 2 * p);
+            x86_ahead(qs, 256);
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0;
+            for (int k = 0; k < 8; k += 2) {
+                const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * k));
+                const __m256i q2 = _mm256_loadu_si256((const __m256i*)(qs + 32 * k + 32));
+                const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                const __m256i lo2 = _mm256_and_si256(q2, low), hi2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), low);
+                s0 = _mm256_add_epi16(s0, _mm256_add_epi16(_mm256_maddubs_epi16(lo, a[k]), _mm256_maddubs_epi16(lo2, a[k + 1])));
+                s1 = _mm256_add_epi16(s1, _mm256_add_epi16(_mm256_maddubs_epi16(hi, a[8 + k]),
+                                                           _mm256_maddubs_epi16(hi2, a[8 + k + 1])));
+            }
+            const BlockX8* xb = x + b0 + 2 * p;
+            __m256 dsc0, dm0, dsc1, dm1;
+            q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+            q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+            acc = q4k8_step(q4k8_step(acc, dsc0, dm0, xb, g8x_fold(s0)), dsc1, dm1, xb + 1, g8x_fold(s1));
+        }
+    }
+    return acc;
+}
+
+typedef __m256 (*G8XOne)(const uint8_t* grp, int nb, const BlockX8* x, const __m256i* ax);
+
+/* A pass of one activation row over a layout's groups by `one`; -1 (nothing done) where the spread
+ * row finds no memory (the caller's kernels then run it). */
+static int run_one8(const Run* r, G8XOne one) {
+    if (r->m1 - r->m0 != 1) return -1;
+    __m256i* ax = aligned_alloc(32, sizeof(__m256i) * 8 * (size_t)r->nb);
+    if (ax == NULL) return -1;
+    const BlockX8* x = r->x8 + (size_t)r->m0 * r->nb;
+    g8x_spread(x, r->nb, ax);
+    float o[8];
+    for (int n = r->lo; n < r->hi; n += 8) {
+        _mm256_storeu_ps(o, one(run_row(r, n), r->nb, x, ax));
+        for (int c = 0; c < 8; c++) run_store(r, r->m0, n + c, o[c]);
+    }
+    free(ax);
+    return 0;
+}
+#define G8X_ONE(one) if (run_one8(r, one) == 0) return 0
+#else
+#define G8X_ONE(one) (void)0
+#endif
+
 typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
@@ -353,6 +449,7 @@ static inline __attribute__((always_inline)) void run_groups8(const Run* r, cons
 
 int exo_x86_grouped8_q4_0(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q40);
+    G8X_ONE(g8x_q40_one);
 #if EXO_AVX512VNNI
     if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_0) == 0) return 0; /* grouped8_q4.c */
 #endif
@@ -361,6 +458,7 @@ int exo_x86_grouped8_q4_0(const Run* r) {
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
     static const G8XRows k[] = G8X_BY_R(g8x_q41);
+    G8X_ONE(g8x_q41_one);
 #if EXO_AVX512VNNI
     if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_1) == 0) return 0; /* grouped8_q4.c */
 #endif
@@ -372,6 +470,7 @@ int exo_x86_grouped8_q4_k(const Run* r) {
 #if EXO_AVX512VNNI
     if (exo_x86_grouped8_q4_k_rows(r) == 0) return 0; /* grouped8_q4k.c */
 #endif
+    G8X_ONE(g8x_q4k_one);
     run_groups8(r, k);
     return 0;
 }

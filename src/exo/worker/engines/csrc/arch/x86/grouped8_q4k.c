@@ -2,7 +2,7 @@
  * act8.h's order: the same floats as grouped8.c's kernels (which the other x86 builds run) and the
  * per-row dots, faster at every row count.
  *
- * A super-block's 8 x 12 packed scale bytes are unpacked at once (k1_q4k_unpack). Each 64 bytes of a
+ * A super-block's 8 x 12 packed scale bytes are unpacked at once (q4k8_unpack). Each 64 bytes of a
  * chunk (quads 2k, 2k + 1: row c's nibble bytes 8k .. 8k + 7) are re-laid by one vpermd + vpshufb so
  * that int32 lanes 2c, 2c + 1 hold row c's bytes 8k .. 8k + 3 and 8k + 4 .. 8k + 7: one broadcast of
  * the activation's 8 matching bytes then serves a vpdpbusd of 64 products a row, and each row's two
@@ -10,41 +10,7 @@
  */
 #include "exo_kernels.h"
 #if EXO_AVX512VNNI
-#include <stddef.h>
-
-#include "act8.h"
 #include "arch/x86/grouped8_kq.h"
-#include "arch/x86/x86.h"
-
-/* The 8 rows' scales (sc[8 j + c]) and offsets (mn[8 j + c]) of sub-blocks j = 0..7 of a Q4_K group's
- * super-block, from its 12 x 8 packed bytes (q4k_scale_min's fields), all at once. */
-static inline __attribute__((always_inline)) void k1_q4k_unpack(const uint8_t* blk, uint8_t sc[64], uint8_t mn[64]) {
-    const uint8_t* p = blk + offsetof(BlockQ4Kx8, scales);
-    const __m256i a = _mm256_loadu_si256((const __m256i*)p), b = _mm256_loadu_si256((const __m256i*)(p + 32));
-    const __m256i c = _mm256_loadu_si256((const __m256i*)(p + 64));
-    const __m256i six = _mm256_set1_epi8(63), four = _mm256_set1_epi8(15), top = _mm256_set1_epi8(48);
-    _mm256_storeu_si256((__m256i*)sc, _mm256_and_si256(a, six));
-    _mm256_storeu_si256((__m256i*)mn, _mm256_and_si256(b, six));
-    _mm256_storeu_si256((__m256i*)(sc + 32),
-                        _mm256_or_si256(_mm256_and_si256(c, four), _mm256_and_si256(_mm256_srli_epi16(a, 2), top)));
-    _mm256_storeu_si256((__m256i*)(mn + 32), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), four),
-                                                              _mm256_and_si256(_mm256_srli_epi16(b, 2), top)));
-}
-
-/* Sub-block j's d sc and dmin mn (q4k_sub's floats; sc, mn: its 8 rows' bytes). */
-static inline __attribute__((always_inline)) void k1_q4k_scale(__m256 d, __m256 dmin, const uint8_t* sc,
-                                                               const uint8_t* mn, __m256* dsc, __m256* dm) {
-    *dsc = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)sc))));
-    *dm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)mn))));
-}
-
-/* acc + (d sc) xd isum - (dmin mn) xs: a sub-block's step (act8.h; minus dm s is plus -(dm) s). */
-static inline __attribute__((always_inline)) __m256 k1_q4k_step(__m256 acc, __m256 dsc, __m256 dm, const BlockX8* xb,
-                                                                __m256i isum) {
-    const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xb->d));
-    acc = _mm256_add_ps(acc, _mm256_mul_ps(t, _mm256_cvtepi32_ps(isum)));
-    return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
-}
 
 /* The super-block after `blk` (its group's next, or the next group's first: they follow one
  * another) asked for while `blk` runs, in the batched passes: at 8 rows the 1B-shaped file's q | k
@@ -85,16 +51,16 @@ static __attribute__((noinline)) __m256 k1_q4k_group(const uint8_t* grp, int nb,
         const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
-        k1_q4k_unpack(blk, sc, mn);
+        q4k8_unpack(blk, sc, mn);
         for (int p = 0; p < 4; p++) {
             const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
             const BlockX8* xb = x + b0 + 2 * p;
             __m256i i0, i1;
             k1_q4k_chunk(qs, xb, &i0, &i1);
             __m256 dsc0, dm0, dsc1, dm1;
-            k1_q4k_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
-            k1_q4k_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
-            acc = k1_q4k_step(k1_q4k_step(acc, dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+            q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+            q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+            acc = q4k8_step(q4k8_step(acc, dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
         }
     }
     return acc;
@@ -113,7 +79,7 @@ static inline __attribute__((always_inline)) void k1_q4k_rows(const uint8_t* grp
         k1_q4k_prefetch_next(blk);
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
         const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
-        k1_q4k_unpack(blk, sc, mn);
+        q4k8_unpack(blk, sc, mn);
         for (int p = 0; p < 4; p++) {
             const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
             __m512i s0[8], s1[8];
@@ -128,12 +94,12 @@ static inline __attribute__((always_inline)) void k1_q4k_rows(const uint8_t* grp
                 }
             }
             __m256 dsc0, dm0, dsc1, dm1;
-            k1_q4k_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
-            k1_q4k_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+            q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+            q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
             for (int r = 0; r < R; r++) {
                 const BlockX8* xb = x + (size_t)r * nb + b0 + 2 * p;
-                acc[r] = k1_q4k_step(acc[r], dsc0, dm0, xb, k1_fold(s0[r]));
-                acc[r] = k1_q4k_step(acc[r], dsc1, dm1, xb + 1, k1_fold(s1[r]));
+                acc[r] = q4k8_step(acc[r], dsc0, dm0, xb, k1_fold(s0[r]));
+                acc[r] = q4k8_step(acc[r], dsc1, dm1, xb + 1, k1_fold(s1[r]));
             }
         }
     }
