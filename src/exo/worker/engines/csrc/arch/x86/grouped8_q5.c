@@ -44,6 +44,7 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * bytes;
+        x86_ahead(blk, bytes);
         const uint8_t* qs = blk + qs_at;
         const uint8_t* words = blk + qh_at; /* 8 words of 4 bytes */
         __m256i s[8];

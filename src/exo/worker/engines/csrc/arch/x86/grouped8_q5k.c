@@ -81,6 +81,7 @@ static inline __attribute__((always_inline)) void q5kg_rows(const uint8_t* grp, 
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b += 2) {
         const uint8_t* blk = grp + (size_t)(b / 8) * sizeof(BlockQ5Kx8);
+        if (b % 8 == 0) x86_ahead(blk, sizeof(BlockQ5Kx8));
         const int j = b % 8;
         const uint8_t* qs = blk + offsetof(BlockQ5Kx8, qs) + 256 * (j / 2);
         const uint8_t* qh = blk + offsetof(BlockQ5Kx8, qh);

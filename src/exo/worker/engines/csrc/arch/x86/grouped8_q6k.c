@@ -106,10 +106,24 @@ static inline __attribute__((always_inline)) void q6_rows(const Q6Dec* dec, cons
         for (int h = 0; h < 2; h++) {
             __m256i s[Q6R_MAX];
             for (int r = 0; r < R; r++) s[r] = _mm256_set1_epi32(xg[r].nsx[h]);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
             for (int i = 0; i < 4; i++) {
                 const __m256i q = _mm256_load_si256(dec->q + 8 * g + 4 * h + i);
                 for (int r = 0; r < R; r++) s[r] = x86_dpbusd(s[r], q, x86_bcast4(xg[r].qs + 16 * h + 4 * i));
             }
+#else
+            /* two quads' vpmaddubsw sums added in int16 (at most 2 x 2 x 63 x 127 < 2^15 a lane),
+             * then widened: one vpmaddwd for two quads */
+            for (int i = 0; i < 4; i += 2) {
+                const __m256i q = _mm256_load_si256(dec->q + 8 * g + 4 * h + i);
+                const __m256i q2 = _mm256_load_si256(dec->q + 8 * g + 4 * h + i + 1);
+                for (int r = 0; r < R; r++) {
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(q, x86_bcast4(xg[r].qs + 16 * h + 4 * i)),
+                                                       _mm256_maddubs_epi16(q2, x86_bcast4(xg[r].qs + 16 * h + 4 * i + 4)));
+                    s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+                }
+            }
+#endif
             const __m256 dsc = _mm256_load_ps((const float*)(dec->dsc + 2 * g + h));
             for (int r = 0; r < R; r++) {
                 const __m256 t = _mm256_mul_ps(dsc, _mm256_set1_ps(xg[r].d));
