@@ -177,9 +177,8 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
                 G8X_KEEP(s1[r]);
             }
         }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
-        __m256 dsc0, dm0, dsc1, dm1;
+        __m256 d, dmin, dsc0, dm0, dsc1, dm1;
+        q4k8_d(blk, &d, &dmin);
         q4k8_scale(d, dmin, sc + 8 * j, mn + 8 * j, &dsc0, &dm0);
         q4k8_scale(d, dmin, sc + 8 * j + 8, mn + 8 * j + 8, &dsc1, &dm1);
         for (int r = 0; r < R; r++) {
@@ -377,8 +376,8 @@ static __attribute__((noinline)) __m256 g8x_q4k_one(const uint8_t* grp, int nb, 
     uint8_t sc[64], mn[64];
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        __m256 d, dmin;
+        q4k8_d(blk, &d, &dmin);
         q4k8_unpack(blk, sc, mn);
         for (int p = 0; p < 4; p++) {
             const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
@@ -394,11 +393,7 @@ static __attribute__((noinline)) __m256 g8x_q4k_one(const uint8_t* grp, int nb, 
                 s1 = _mm256_add_epi16(s1, _mm256_add_epi16(_mm256_maddubs_epi16(hi, a[8 + k]),
                                                            _mm256_maddubs_epi16(hi2, a[8 + k + 1])));
             }
-            const BlockX8* xb = x + b0 + 2 * p;
-            __m256 dsc0, dm0, dsc1, dm1;
-            q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
-            q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
-            acc = q4k8_step(q4k8_step(acc, dsc0, dm0, xb, g8x_fold(s0)), dsc1, dm1, xb + 1, g8x_fold(s1));
+            acc = q4k8_pair(acc, d, dmin, sc, mn, p, x + b0 + 2 * p, g8x_fold(s0), g8x_fold(s1));
         }
     }
     return acc;

@@ -40,6 +40,23 @@ static inline __attribute__((always_inline)) __m256 q4k8_step(__m256 acc, __m256
     return _mm256_sub_ps(acc, _mm256_mul_ps(dm, _mm256_set1_ps(xb->s)));
 }
 
+/* The super-block's d and dmin (its 8 rows' each) as floats. */
+static inline __attribute__((always_inline)) void q4k8_d(const uint8_t* blk, __m256* d, __m256* dmin) {
+    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
+    *dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+}
+
+/* acc after the steps of sub-blocks 2p and 2p + 1 (integer dots i0, i1; their activation blocks
+ * xb[0], xb[1]), one activation row's. */
+static inline __attribute__((always_inline)) __m256 q4k8_pair(__m256 acc, __m256 d, __m256 dmin, const uint8_t* sc,
+                                                              const uint8_t* mn, int p, const BlockX8* xb, __m256i i0,
+                                                              __m256i i1) {
+    __m256 dsc0, dm0, dsc1, dm1;
+    q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
+    q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
+    return q4k8_step(q4k8_step(acc, dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+}
+
 /* A pass of any number of activation rows over repacked Q4_K groups (the AVX-512 VNNI build only). */
 int exo_x86_grouped8_q4_k_rows(const Run* r);
 

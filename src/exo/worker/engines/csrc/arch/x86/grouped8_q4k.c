@@ -49,18 +49,14 @@ static __attribute__((noinline)) __m256 k1_q4k_group(const uint8_t* grp, int nb,
     uint8_t sc[64], mn[64];
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        __m256 d, dmin;
+        q4k8_d(blk, &d, &dmin);
         q4k8_unpack(blk, sc, mn);
         for (int p = 0; p < 4; p++) {
-            const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
             const BlockX8* xb = x + b0 + 2 * p;
             __m256i i0, i1;
-            k1_q4k_chunk(qs, xb, &i0, &i1);
-            __m256 dsc0, dm0, dsc1, dm1;
-            q4k8_scale(d, dmin, sc + 16 * p, mn + 16 * p, &dsc0, &dm0);
-            q4k8_scale(d, dmin, sc + 16 * p + 8, mn + 16 * p + 8, &dsc1, &dm1);
-            acc = q4k8_step(q4k8_step(acc, dsc0, dm0, xb, i0), dsc1, dm1, xb + 1, i1);
+            k1_q4k_chunk(blk + offsetof(BlockQ4Kx8, qs) + 256 * p, xb, &i0, &i1);
+            acc = q4k8_pair(acc, d, dmin, sc, mn, p, xb, i0, i1);
         }
     }
     return acc;
@@ -77,8 +73,8 @@ static inline __attribute__((always_inline)) void k1_q4k_rows(const uint8_t* grp
     for (int b0 = 0; b0 < nb; b0 += 8) {
         const uint8_t* blk = grp + (size_t)(b0 / 8) * sizeof(BlockQ4Kx8);
         k1_q4k_prefetch_next(blk);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)blk));
-        const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + offsetof(BlockQ4Kx8, dmin))));
+        __m256 d, dmin;
+        q4k8_d(blk, &d, &dmin);
         q4k8_unpack(blk, sc, mn);
         for (int p = 0; p < 4; p++) {
             const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * p;
