@@ -14,8 +14,9 @@ static inline __attribute__((always_inline)) void x86_prefetch_at(uintptr_t at, 
 }
 
 /* Ask for the cache lines of the `bytes` bytes X86_AHEAD bytes past `at`, where a kernel streaming
- * its weights in order reads a few blocks later (the plain AVX2 build; nothing on the VNNI builds,
- * whose passes were measured on a Zen 4 core, where the hardware's prefetchers kept up). On a Zen 3
+ * its weights in order reads a few blocks later (the plain AVX2 build; nothing on the VNNI builds:
+ * on a Zen 4 core asking for one row's next block gained nothing, and no machine here has measured
+ * them further ahead). On a Zen 3
  * core (this build's machine) they did not: a pass reading its weights once, from memory, ran at
  * ~14 GB/s a core where a plain read of the same bytes runs at ~19. Asking 4 KB ahead took the
  * 1B-shaped file's gate | up at one activation row from 1,370-1,576 to 1,035-1,283 us a call in
