@@ -53,9 +53,9 @@ static inline __attribute__((always_inline)) __m256i g8x_dp2(__m256i a1, __m256i
 #endif
 
 /* out[r] lane c = row c of the group at `grp` (Q4_1 if has_m, else Q4_0) dotted with activation
- * row r (x + r nb), r < R. */
+ * row r (x + r nb), r < R; `relaid`: the group's quads are a relay's copy (run_groups8), as read. */
 static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
-                                                           int has_m, __m256* out) {
+                                                           int has_m, int relaid, __m256* out) {
     const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
     const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
     const __m256i low = _mm256_set1_epi8(15);
@@ -72,7 +72,8 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #endif
         for (int k = 0; k < 4; k++) {
-            const __m256i q = x86_row_quad(blk + qs_at, k);
+            const __m256i q = relaid ? _mm256_loadu_si256((const __m256i*)(blk + qs_at + 32 * k))
+                                     : x86_row_quad(blk + qs_at, k);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             for (int r = 0; r < R; r++) {
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
@@ -105,12 +106,22 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
+/* Chunks 2k and 2k + 1 of a Q8_0 group's block (its bytes at qs) re-laid: lane c of *p holds row c's
+ * values 4k .. 4k + 3, of *q its values 16 + 4k .. 19 + 4k. */
+static inline __attribute__((always_inline)) void g8x_q8_quads(const uint8_t* qs, int k, __m256i* p, __m256i* q) {
+    const __m256i a = _mm256_loadu_si256((const __m256i*)(qs + 64 * k));
+    const __m256i c = _mm256_loadu_si256((const __m256i*)(qs + 64 * k + 32));
+    const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
+    *p = _mm256_permute2x128_si256(lo, hi, 0x20);
+    *q = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
 /* The same for a Q8_0 group: chunks 2k and 2k + 1 (32 bytes each: pairs 2k, 2k + 1 of the 8
  * rows in their low halves, pairs 2k + 8, 2k + 9 in the high ones) give lane c row c's values
  * 4k .. 4k + 3 (P) and 16 + 4k .. 19 + 4k (Q); |w| times x with w's sign (exact: x > -128). AVX2
  * widens each vpmaddubsw (its pairs reach 2 x 128 x 127) by vpmaddwd. */
 static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
-                                                              __m256* out) {
+                                                              int relaid, __m256* out) {
     __m256 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -120,10 +131,12 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
-            const __m256i a = _mm256_loadu_si256((const __m256i*)(qs + 64 * k));
-            const __m256i c = _mm256_loadu_si256((const __m256i*)(qs + 64 * k + 32));
-            const __m256i lo = _mm256_unpacklo_epi16(a, c), hi = _mm256_unpackhi_epi16(a, c);
-            const __m256i p = _mm256_permute2x128_si256(lo, hi, 0x20), q = _mm256_permute2x128_si256(lo, hi, 0x31);
+            __m256i p, q;
+            if (relaid) {
+                p = _mm256_loadu_si256((const __m256i*)(qs + 64 * k));
+                q = _mm256_loadu_si256((const __m256i*)(qs + 64 * k + 32));
+            } else
+                g8x_q8_quads(qs, k, &p, &q);
             const __m256i up = _mm256_abs_epi8(p), uq = _mm256_abs_epi8(q);
             for (int r = 0; r < R; r++) {
                 const int8_t* xq = x[(size_t)r * nb + b].qs;
@@ -151,7 +164,7 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
 /* The same for a Q4_K group: chunk ch of a super-block (qs[ch]: 16 x 16 bytes) holds sub-blocks
  * 2 ch (low nibbles) and 2 ch + 1 (high), as a Q4 block holds its two halves. */
 static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* grp, int nb, const BlockX8* x, int R,
-                                                               __m256* out) {
+                                                               int relaid, __m256* out) {
     const __m256i low = _mm256_set1_epi8(15);
     __m256 acc[8];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
@@ -165,7 +178,8 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
         __m256i s0[8], s1[8]; /* the two sub-blocks' sums (int16 on AVX2) */
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
         for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
-            const __m256i q = x86_row_quad(qs, k), q2 = x86_row_quad(qs, k + 1);
+            const __m256i q = relaid ? _mm256_loadu_si256((const __m256i*)(qs + 32 * k)) : x86_row_quad(qs, k);
+            const __m256i q2 = relaid ? _mm256_loadu_si256((const __m256i*)(qs + 32 * k + 32)) : x86_row_quad(qs, k + 1);
             const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
             const __m256i lo2 = _mm256_and_si256(q2, low), hi2 = _mm256_and_si256(_mm256_srli_epi16(q2, 4), low);
             for (int r = 0; r < R; r++) {
@@ -263,7 +277,7 @@ static inline __attribute__((always_inline)) void g8x_q6k_rows(const uint8_t* gr
 #define G8X_COPY(name, R, has_m)                                                                 \
     static __attribute__((noinline)) void name##_##R(const uint8_t* grp, int nb, const BlockX8* x, \
                                                      __m256* out) {                              \
-        g8x_rows(grp, nb, x, R, has_m, out);                                                     \
+        g8x_rows(grp, nb, x, R, has_m, 0, out);                                                  \
     }
 #define G8X_COPIES(name, has_m)                                                                  \
     G8X_COPY(name, 1, has_m)                                                                     \
@@ -275,7 +289,7 @@ G8X_COPIES(g8x_q41, 1)
 #define G8X_Q8_COPY(R)                                                                            \
     static __attribute__((noinline)) void g8x_q80_##R(const uint8_t* grp, int nb, const BlockX8* x, \
                                                       __m256* out) {                             \
-        g8x_q8_rows(grp, nb, x, R, out);                                                         \
+        g8x_q8_rows(grp, nb, x, R, 0, out);                                                      \
     }
 G8X_Q8_COPY(1)
 G8X_Q8_COPY(2)
@@ -288,7 +302,7 @@ G8X_Q8_COPY(8)
 #define G8X_Q4K_COPY(R)                                                                           \
     static __attribute__((noinline)) void g8x_q4k_##R(const uint8_t* grp, int nb, const BlockX8* x, \
                                                       __m256* out) {                             \
-        g8x_q4k_rows(grp, nb, x, R, out);                                                        \
+        g8x_q4k_rows(grp, nb, x, R, 0, out);                                                     \
     }
 G8X_Q4K_COPY(1)
 G8X_Q4K_COPY(2)
@@ -432,62 +446,137 @@ static int run_one8(const Run* r, G8XOne one) {
 typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* out);
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
-/* The grouped strategy over a layout's kernels for 1..G8X_MAX_R activation rows (index R - 1). */
-static inline __attribute__((always_inline)) void run_groups8(const Run* r, const G8XRows* k) {
+/* A group's blocks (nb activation blocks' worth, at grp) copied to dst with their quads re-laid as
+ * the kernels read them (x86_row_quad; Q8_0: g8x_q8_quads), for the relaid copies of the kernels. */
+typedef void (*G8XRelay)(const uint8_t* grp, int nb, uint8_t* dst);
+static inline __attribute__((always_inline)) void g8x_relay_q4(const uint8_t* grp, int nb, int has_m, uint8_t* dst) {
+    const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
+    const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
+    for (size_t at = 0; at < (size_t)nb * bytes; at += bytes) {
+        memcpy(dst + at, grp + at, qs_at);
+        for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 32 * k), x86_row_quad(grp + at + qs_at, k));
+    }
+}
+static void g8x_relay_q40(const uint8_t* grp, int nb, uint8_t* dst) { g8x_relay_q4(grp, nb, 0, dst); }
+static void g8x_relay_q41(const uint8_t* grp, int nb, uint8_t* dst) { g8x_relay_q4(grp, nb, 1, dst); }
+static void g8x_relay_q80(const uint8_t* grp, int nb, uint8_t* dst) {
+    const size_t qs_at = offsetof(BlockQ8_0x8, qs);
+    for (size_t at = 0; at < (size_t)nb * sizeof(BlockQ8_0x8); at += sizeof(BlockQ8_0x8)) {
+        memcpy(dst + at, grp + at, qs_at);
+        for (int k = 0; k < 4; k++) {
+            __m256i p, q;
+            g8x_q8_quads(grp + at + qs_at, k, &p, &q);
+            _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 64 * k), p);
+            _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 64 * k + 32), q);
+        }
+    }
+}
+static void g8x_relay_q4k(const uint8_t* grp, int nb, uint8_t* dst) {
+    const size_t qs_at = offsetof(BlockQ4Kx8, qs);
+    for (size_t at = 0; at < (size_t)(nb / 8) * sizeof(BlockQ4Kx8); at += sizeof(BlockQ4Kx8)) {
+        memcpy(dst + at, grp + at, qs_at);
+        for (int k = 0; k < 32; k++) _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 32 * k), x86_row_quad(grp + at + qs_at, k));
+    }
+}
+
+/* A layout's kernels for 1..G8X_MAX_R activation rows (index R - 1); on the plain AVX2 build, a
+ * G8X_MAX_R-row copy reading a relaid group, its relay and a group's bytes per activation block. */
+typedef struct {
+    G8XRows k[8];
+    G8XRows relaid;
+    G8XRelay relay;
+    size_t block_bytes;
+} G8XLayout;
+
+/* Each pass over a group re-lays its quads (a vpermq and a vpshufb a quad, shared by the pass's
+ * rows). With three or more passes' rows (a prompt's), the plain AVX2 build re-lays each group once
+ * into a copy that every full pass then reads as it stands: the same integers, so the same floats.
+ * On a Zen 3 core, one thread, weights in cache, alternating in one process, 60 rows: SmolLM2's
+ * Q4_1 layers 1.10-1.12x, its Q8_0 head 1.06x, the 1B shape's Q4_K / Q4_0 / Q4_1 layers 1.07-1.12x;
+ * at two passes (16 rows) it gained on SmolLM2's small groups (1.08-1.11x) and lost on the 1B
+ * shape's (0.96-0.98x: a 9 KB group copied, then read back). */
+#define G8X_RELAY (!EXO_AVX512VNNI && !EXO_AVXVNNI)
+#define G8X_RELAY_FROM_ROWS (3 * G8X_MAX_R)
+
+/* The grouped strategy over a layout's kernels. */
+static inline __attribute__((always_inline)) void run_groups8(const Run* r, const G8XLayout* L) {
     __m256 acc[8];
     float o[8 * 8];
+    const size_t group_bytes = (size_t)r->nb * L->block_bytes;
+    uint8_t* copy = G8X_RELAY && L->relay != NULL && r->m1 - r->m0 >= G8X_RELAY_FROM_ROWS
+                        ? aligned_alloc(32, (group_bytes + 31) / 32 * 32)
+                        : NULL; /* none: every pass re-lays its own */
     for (int n = r->lo; n < r->hi; n += 8) {
         const uint8_t* grp = run_row(r, n);
+        if (copy != NULL) L->relay(grp, r->nb, copy);
         for (int m = r->m0; m < r->m1;) {
             const int R = r->m1 - m >= G8X_MAX_R ? G8X_MAX_R : r->m1 - m;
-            k[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            if (copy != NULL && R == G8X_MAX_R)
+                L->relaid(copy, r->nb, r->x8 + (size_t)m * r->nb, acc);
+            else
+                L->k[R - 1](grp, r->nb, r->x8 + (size_t)m * r->nb, acc);
             for (int i = 0; i < R; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
             for (int i = 0; i < R; i++)
                 for (int c = 0; c < 8; c++) run_store(r, m + i, n + c, o[8 * i + c]);
             m += R;
         }
     }
+    free(copy);
 }
 
+/* the relaid copies (G8X_MAX_R rows) */
+static __attribute__((noinline)) void g8x_q40_relaid(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) {
+    g8x_rows(grp, nb, x, G8X_MAX_R, 0, 1, out);
+}
+static __attribute__((noinline)) void g8x_q41_relaid(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) {
+    g8x_rows(grp, nb, x, G8X_MAX_R, 1, 1, out);
+}
+static __attribute__((noinline)) void g8x_q80_relaid(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) {
+    g8x_q8_rows(grp, nb, x, G8X_MAX_R, 1, out);
+}
+static __attribute__((noinline)) void g8x_q4k_relaid(const uint8_t* grp, int nb, const BlockX8* x, __m256* out) {
+    g8x_q4k_rows(grp, nb, x, G8X_MAX_R, 1, out);
+}
+static const G8XLayout G8X_Q40 = {G8X_BY_R(g8x_q40), g8x_q40_relaid, g8x_relay_q40, sizeof(BlockQ4_0x8)};
+static const G8XLayout G8X_Q41 = {G8X_BY_R(g8x_q41), g8x_q41_relaid, g8x_relay_q41, sizeof(BlockQ4_1x8)};
+static const G8XLayout G8X_Q80 = {G8X_BY_R(g8x_q80), g8x_q80_relaid, g8x_relay_q80, sizeof(BlockQ8_0x8)};
+static const G8XLayout G8X_Q4K = {G8X_BY_R(g8x_q4k), g8x_q4k_relaid, g8x_relay_q4k, sizeof(BlockQ4Kx8) / 8};
+static const G8XLayout G8X_Q6K = {G8X_BY_R(g8x_q6k), NULL, NULL, sizeof(BlockQ6Kx8) / 8};
+
 int exo_x86_grouped8_q4_0(const Run* r) {
-    static const G8XRows k[] = G8X_BY_R(g8x_q40);
     G8X_ONE(g8x_q40_one);
 #if EXO_AVX512VNNI
     if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_0) == 0) return 0; /* grouped8_q4.c */
 #endif
-    run_groups8(r, k);
+    run_groups8(r, &G8X_Q40);
     return 0;
 }
 int exo_x86_grouped8_q4_1(const Run* r) {
-    static const G8XRows k[] = G8X_BY_R(g8x_q41);
     G8X_ONE(g8x_q41_one);
 #if EXO_AVX512VNNI
     if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q4_1) == 0) return 0; /* grouped8_q4.c */
 #endif
-    run_groups8(r, k);
+    run_groups8(r, &G8X_Q41);
     return 0;
 }
 int exo_x86_grouped8_q4_k(const Run* r) {
-    static const G8XRows k[] = G8X_BY_R(g8x_q4k);
 #if EXO_AVX512VNNI
     if (exo_x86_grouped8_q4_k_rows(r) == 0) return 0; /* grouped8_q4k.c */
 #endif
     G8X_ONE(g8x_q4k_one);
-    run_groups8(r, k);
+    run_groups8(r, &G8X_Q4K);
     return 0;
 }
 int exo_x86_grouped8_q6_k(const Run* r) {
-    static const G8XRows k[] = G8X_BY_R(g8x_q6k);
     if (exo_x86_grouped8_q6_k_rows(r) == 0) return 0;
-    run_groups8(r, k);
+    run_groups8(r, &G8X_Q6K);
     return 0;
 }
 int exo_x86_grouped8_q8_0(const Run* r) {
-    static const G8XRows k[] = G8X_BY_R(g8x_q80);
 #if EXO_AVX512VNNI
     if (r->m1 - r->m0 >= Q4P_FROM_ROWS && exo_x86_grouped8_q4_pairs(r, Q4P_Q8_0) == 0) return 0; /* grouped8_q4.c */
 #endif
-    run_groups8(r, k);
+    run_groups8(r, &G8X_Q80);
     return 0;
 }
 #endif
