@@ -26,6 +26,7 @@ from exo.shared.types.worker.downloads import (
     DownloadOngoing,
     DownloadPending,
     DownloadProgress,
+    holds_shard,
 )
 from exo.shared.types.worker.instances import InstanceId
 from exo.shared.types.worker.shards import layer_range
@@ -67,6 +68,12 @@ class DownloadCoordinator:
         if refused is not None:
             await self._report(card, refused)
             await self._fail_instance(task.instance_id, card.model_id, refused)
+            return
+        if holds_shard(self.reported.get(card.model_id), task.shard_metadata):
+            # Done here, its completion still on its way through the log: the planner,
+            # woken as the download ended, asks again on a state that lacks it. Starting
+            # over would report it Ongoing again and the state would never settle (each
+            # end started another). A merge that drops the event: ``reported`` re-sends it.
             return
         if card.hub is not None and locate_model(
             card, s.models_dir, None, s.extra_model_dirs, layers

@@ -168,3 +168,56 @@ async def test_an_instance_is_deleted_only_once_its_download_failure_is_in_the_s
     assert len(deleted_with) == 1
     failure = deleted_with[0]
     assert isinstance(failure, DownloadFailed) and failure.terminal, failure
+
+
+@pytest.mark.anyio
+async def test_a_finished_download_is_not_started_over_while_its_completion_travels(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker wakes as a download ends and plans on a state its completion has not
+    reached yet (the event goes through the master's log): it asks for the shard again.
+    The coordinator started it over, its first report (Ongoing, no layers) following the
+    completion into the state, and so on at each end: the state flickered between the two
+    until the runner moved on (test_shard_gguf_nodes read a node's Ongoing right after
+    both nodes had completed)."""
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    card = card_from_hub(SAFETENSORS_REPO, settings)
+    runner = RunnerSettings(
+        cache_dir=tmp_path / "cache", models_dir=tmp_path / "models",
+        hub_cache_dir=settings.cache_dir,
+    )
+    sent: list[DownloadProgress] = []
+    ended = [anyio.Event()]  # set as each download ends (the worker's wake-up)
+
+    async def send_event(event: Event) -> None:
+        if isinstance(event, NodeDownloadProgress):
+            sent.append(event.progress)
+
+    async def send_command(command: Command) -> None:
+        raise AssertionError(f"no command expected: {command}")
+
+    async def download(task: DownloadModel) -> DownloadProgress:
+        ended.append(anyio.Event())
+        await coordinator.download(task)
+        with anyio.fail_after(60):
+            await ended[-1].wait()
+        return sent[-1]
+
+    task = _task(card, 0, 1)
+    async with anyio.create_task_group() as tg:
+        coordinator = DownloadCoordinator(
+            node_id=NODE_A, settings=runner, send_event=send_event, send_command=send_command,
+            backoff=KeyedBackoff[ModelId](), state=make_state, wakeup=lambda: ended[-1].set(),
+            task_group=tg,
+        )  # the state: none of its reports applied yet
+        done = await download(task)
+        assert isinstance(done, DownloadCompleted) and done.covers(0, 1)
+        reports = len(sent)
+        await coordinator.download(task)  # the planner asks again
+        assert card.model_id not in coordinator.running
+        assert len(sent) == reports and coordinator.reported[card.model_id] == done
+        # another shard of the model is still fetched
+        hub.requests.clear()
+        other = await download(_task(card, 1, 3))
+        assert isinstance(other, DownloadCompleted) and other.covers(1, 3)
+        assert hub.weight_gets(SAFETENSORS_REPO) == [FILE2]
