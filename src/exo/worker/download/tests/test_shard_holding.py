@@ -70,16 +70,23 @@ async def _run(
     return held[-1]
 
 
-@pytest.mark.anyio
-async def test_a_node_re_placed_on_other_layers_fetches_that_shards_files(
+def _hub_card(
     hub: FakeHub, settings: HubSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> tuple[ModelCard, RunnerSettings]:
+    """The stand-in hub's safetensors model, and a runner's settings sharing the hub cache."""
     monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    card = card_from_hub(SAFETENSORS_REPO, settings)
     runner = RunnerSettings(
         cache_dir=tmp_path / "cache", models_dir=tmp_path / "models",
         hub_cache_dir=settings.cache_dir,
     )
+    return card_from_hub(SAFETENSORS_REPO, settings), runner
+
+
+@pytest.mark.anyio
+async def test_a_node_re_placed_on_other_layers_fetches_that_shards_files(
+    hub: FakeHub, settings: HubSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card, runner = _hub_card(hub, settings, tmp_path, monkeypatch)
     held: list[DownloadProgress] = []
     first = await _run(card, runner, held, _task(card, 0, 1))
     assert isinstance(first, DownloadCompleted)
@@ -180,12 +187,7 @@ async def test_a_finished_download_is_not_started_over_while_its_completion_trav
     completion into the state, and so on at each end: the state flickered between the two
     until the runner moved on (test_shard_gguf_nodes read a node's Ongoing right after
     both nodes had completed)."""
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    card = card_from_hub(SAFETENSORS_REPO, settings)
-    runner = RunnerSettings(
-        cache_dir=tmp_path / "cache", models_dir=tmp_path / "models",
-        hub_cache_dir=settings.cache_dir,
-    )
+    card, runner = _hub_card(hub, settings, tmp_path, monkeypatch)
     sent: list[DownloadProgress] = []
     ended = [anyio.Event()]  # set as each download ends (the worker's wake-up)
 
