@@ -357,6 +357,11 @@ class QKernels:
 
         rope: complex64 [P, hd/2]; cache: the step's pages (float32 or float16, `kv_cache.py`)
         for this layer; positions: int64 [B], each below P and within the row's pages.
+
+        Called once a layer per step, so the checks are cheap ones: the kernel checks each
+        position against the row's pages before it writes anything (-3, raised here as the
+        argument error it is), and the positions are read here only when the rope table is
+        shorter than the pages (`.tolist()` and min/max cost more than the rest together).
         """
         if heads <= 0 or kv_heads <= 0 or heads % kv_heads or head_dim <= 0 or head_dim % 2:
             raise KernelArgumentError(
@@ -366,7 +371,8 @@ class QKernels:
         if qkv.dim() != 3:
             raise KernelArgumentError(f"qkv must be [B, 1, W], got {list(qkv.shape)}")
         bsz = qkv.shape[0]
-        _shape("qkv", qkv, (bsz, 1, (heads + 2 * kv_heads) * head_dim))
+        if qkv.shape != (bsz, 1, (heads + 2 * kv_heads) * head_dim):
+            _shape("qkv", qkv, (bsz, 1, (heads + 2 * kv_heads) * head_dim))
         if rope.dtype != torch.complex64 or not rope.is_cpu:
             raise KernelArgumentError(f"rope must be complex64 on the CPU, got {rope.dtype}")
         if rope.dim() != 2 or rope.shape[1] != head_dim // 2:
@@ -376,11 +382,13 @@ class QKernels:
             _shape("qk_norm", qk_norm, (heads + kv_heads, head_dim))
         if positions.dtype != torch.int64 or not positions.is_cpu:
             raise KernelArgumentError("positions must be int64 on the CPU")
-        _shape("positions", positions, (bsz,))
+        if positions.shape != (bsz,):
+            _shape("positions", positions, (bsz,))
         pages = cache.pages
         if pages.dtype != torch.int64 or not pages.is_cpu or pages.dim() != 2:
             raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
-        _shape("the cache's pages", pages, (bsz, pages.shape[1]))
+        if pages.shape[0] != bsz:
+            _shape("the cache's pages", pages, (bsz, pages.shape[1]))
         if cache.kv_heads != kv_heads or cache.head_dim != head_dim:
             raise KernelArgumentError(
                 f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim}, "
@@ -388,11 +396,8 @@ class QKernels:
             )
         if cache.dtype not in (torch.float32, torch.float16):
             raise KernelArgumentError(f"the cache must be float32 or float16, got {cache.dtype}")
-        pos_list: list[int] = positions.tolist()
-        if pos_list and min(pos_list) < 0:
-            raise KernelArgumentError("positions must not be negative")
-        if pos_list and max(pos_list) >= min(rope.shape[0], pages.shape[1] * cache.page):
-            raise KernelArgumentError("a position is past the rope table or the row's pages")
+        if rope.shape[0] < pages.shape[1] * cache.page:  # the kernel's check is not enough
+            _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
         qkv_c, rope_c, pages_c, pos_c = (
             qkv.contiguous(),
             rope.contiguous(),
@@ -421,9 +426,20 @@ class QKernels:
             out.data_ptr(),
         )
         del qkv_c, rope_c, pages_c, pos_c, norm_c  # alive until here: the kernel has returned
+        if rc == -3:  # a position past the row's pages (or negative): nothing was written
+            _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
         if rc != 0:
             raise RuntimeError(f"exo_attend_decode_kv failed with code {rc}")
         return out
+
+
+def _check_positions(positions: Tensor, rope_rows: int, page_rows: int) -> None:
+    """Every position (int64 CPU [B]) in [0, min(rope_rows, page_rows)), or the argument error."""
+    pos_list: list[int] = positions.tolist()
+    if pos_list and min(pos_list) < 0:
+        raise KernelArgumentError("positions must not be negative")
+    if pos_list and max(pos_list) >= min(rope_rows, page_rows):
+        raise KernelArgumentError("a position is past the rope table or the row's pages")
 
 
 def _private_dir(folder: Path) -> bool:

@@ -5,6 +5,7 @@
  * (f16: keys and values rounded to nearest even when stored, widened to f32 when read; the
  * arithmetic is f32 either way). */
 #include <math.h>
+#include <string.h>
 
 #include "exo_kernels.h"
 
@@ -24,19 +25,6 @@ static void rms_norm_head(float* x, const float* g, float eps, int hd) {
     const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
     for (int i = 0; i < hd; i++) x[i] = x[i] * scale * g[i];
 }
-
-/* The inner loops over a run of cached keys or values, once for a cache of floats (dot_f32,
- * scores_f32, weighted_sum_f32) and once for one of half floats (..._f16). */
-#define KV_SUF f32
-#define KV_T float
-#define KV_FLOAT(x) (x)
-#define KV_LOAD8(p) _mm256_loadu_ps(p)
-#include "attend_loops.h"
-#define KV_SUF f16
-#define KV_T uint16_t
-#define KV_FLOAT(x) exo_h2f(x)
-#define KV_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(const void*)(p)))
-#include "attend_loops.h"
 
 typedef struct {
     const float* qkv;
@@ -63,39 +51,10 @@ static inline void* cached(const AttendJob* a, int b, int kv, int j, int t) {
     return page + at * (a->half ? sizeof(uint16_t) : sizeof(float));
 }
 
-/* Ask for the keys and values of positions [t0, t1) of task (b, j) (into L2: a task's 2 L hd
- * floats outgrow L1). Between layers they have left the caches (a step streams every layer's
- * weights) and a row's positions of one head are short runs (a page each) that the hardware
- * prefetchers start late on; asked for in slices while the task before computes, they load in
- * its shadow (measured: ~8% less CPU time for a call whose cache is not in L3, 8 rows of 120
- * positions; asking for all of a task at once measured no better). */
-static void prefetch_span(const AttendJob* a, int b, int j, int t0, int t1) {
-    const size_t row = (size_t)a->hd * (a->half ? sizeof(uint16_t) : sizeof(float));
-    while (t0 < t1) {
-        const int in_page = a->P - t0 % a->P;
-        const int n = t1 - t0 < in_page ? t1 - t0 : in_page;
-        const char* k = (const char*)cached(a, b, 0, j, t0);
-        const char* v = (const char*)cached(a, b, 1, j, t0);
-        for (size_t off = 0; off < (size_t)n * row; off += 64) {
-            __builtin_prefetch(k + off, 0, 2);
-            __builtin_prefetch(v + off, 0, 2);
-        }
-        t0 += n;
-    }
-}
-
 /* The first position row b's query attends to. */
 static inline int first_key(const AttendJob* a, int b) {
     const int p = (int)a->pos[b];
     return a->window > 0 && p >= a->window ? p - a->window + 1 : 0;
-}
-
-/* Slice `i` of `n` of the prefetch of task `next` (-1: none). */
-static inline void prefetch_slice(const AttendJob* a, int next, int i, int n) {
-    if (next < 0) return;
-    const int b = next / a->KV, j = next % a->KV, t0 = first_key(a, b);
-    const int L = (int)a->pos[b] + 1 - t0;
-    prefetch_span(a, b, j, t0 + (int)((long)L * i / n), t0 + (int)((long)L * (i + 1) / n));
 }
 
 /* Positions [t0, t1) of kv head j of row b are contiguous within a page: the next run's end. */
@@ -103,6 +62,83 @@ static inline int run_end(const AttendJob* a, int t, int t1) {
     const int page_end = t - t % a->P + a->P;
     return page_end < t1 ? page_end : t1;
 }
+
+/* The keys and values a thread's tasks read, in the order they read them (a pair's keys run by
+ * run, then its values; then the next pair's), asked for ATT_AHEAD bytes ahead of the reading
+ * (into L2). Between layers they have left the caches (a step streams every layer's weights),
+ * and a row's positions of one head are short runs (a page each) that the hardware prefetchers
+ * start late on. Asked for a line at a time as the loops read (ahead_pace), not in bursts: the
+ * next task's keys and values in slices of a page's run stalled the loads of the task computing
+ * (Zen 3, 8 rows of 121 positions not in cache, TLB cold: SmolLM2's 3 kv heads of 64 1.4x,
+ * Gemma 3's 1 of 256 1.65x as fast this way, up to 10% slower with all in cache; 2 KB ahead
+ * was slower, 16 or 32 KB no faster). */
+#define ATT_AHEAD 8192
+typedef struct {
+    const AttendJob* job;
+    const char* at;  /* the next byte to ask for, in the current run */
+    long left;       /* bytes of that run from `at` */
+    long asked;      /* bytes asked for so far */
+    long read;       /* bytes the tasks have read so far */
+    int pair, last;  /* the pair asked for now, the thread's last */
+    int kv, t;       /* its next run: keys (0) or values (1), first position; kv 2: none left */
+} Ahead;
+
+static inline long row_bytes(const AttendJob* a) { return (long)a->hd * (a->half ? 2 : 4); }
+
+/* The reads of pairs first .. last (row b, kv head j: pair b KV + j; none if last < first),
+ * none asked for yet. */
+static void ahead_start(const AttendJob* a, Ahead* f, int first, int last) {
+    f->job = a, f->at = NULL, f->left = 0, f->asked = 0, f->read = 0;
+    f->pair = first, f->last = last, f->kv = first <= last ? 0 : 2;
+    if (first <= last) f->t = first_key(a, first / a->KV);
+}
+
+/* Ask for the bytes up to `upto`, a line at a time (and each run's last byte: a run need not
+ * start on a line). */
+static void ahead_to(Ahead* f, long upto) {
+    const AttendJob* a = f->job;
+    while (f->asked < upto) {
+        if (f->left == 0) { /* the next run */
+            if (f->kv == 2) return;
+            const int b = f->pair / a->KV, p = (int)a->pos[b], e = run_end(a, f->t, p + 1);
+            f->at = (const char*)cached(a, b, f->kv, f->pair % a->KV, f->t);
+            f->left = (long)(e - f->t) * row_bytes(a);
+            __builtin_prefetch(f->at + f->left - 1, 0, 2);
+            f->t = e;
+            if (e > p) { /* the pair's keys done: its values; its values: the next pair */
+                if (f->kv == 1) f->pair++;
+                f->kv = f->kv == 0 ? 1 : f->pair <= f->last ? 0 : 2;
+                if (f->kv < 2) f->t = first_key(a, f->pair / a->KV);
+            }
+        }
+        long n = (upto - f->asked + 63) & ~63L;
+        n = n < f->left ? n : f->left;
+        for (long off = 0; off < n; off += 64) __builtin_prefetch(f->at + off, 0, 2);
+        f->at += n, f->left -= n, f->asked += n;
+    }
+}
+
+/* The tasks have read `bytes` more (f: NULL, nothing to ask). */
+static inline void ahead_pace(Ahead* f, long bytes) {
+    if (f == NULL) return;
+    f->read += bytes;
+    if (f->read + ATT_AHEAD >= f->asked + 64) ahead_to(f, f->read + ATT_AHEAD);
+}
+
+/* The inner loops over a run of cached keys or values, once for a cache of floats (scores_f32,
+ * weighted_sum_f32) and once for one of half floats (..._f16). ATT_HB: the query heads one pass
+ * of the AVX2 loops serves (their accumulators fill the registers). */
+#define ATT_HB 4
+#define KV_SUF f32
+#define KV_T float
+#define KV_FLOAT(x) (x)
+#define KV_LOAD8(p) _mm256_loadu_ps(p)
+#include "attend_loops.h"
+#define KV_SUF f16
+#define KV_T uint16_t
+#define KV_FLOAT(x) exo_h2f(x)
+#define KV_LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(const void*)(p)))
+#include "attend_loops.h"
 
 /* Append row b's key and value of kv head j at its position to the cache (the key after its
  * RMSNorm, when qk_norm is given, and rotated; in a cache of half floats, each rounded to nearest
@@ -121,7 +157,16 @@ static void append_kv(const AttendJob* a, int b, int j, float* tmp) {
     if (a->half) {
         uint16_t* kh16 = cached(a, b, 0, j, p);
         uint16_t* vh16 = cached(a, b, 1, j, p);
-        for (int i = 0; i < hd; i++) {
+        int i = 0;
+#if EXO_AVX2 /* (the rounding of exo_f2h's, 8 at a time) */
+        for (; i + 8 <= hd; i += 8) {
+            _mm_storeu_si128((__m128i*)(void*)(kh16 + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(kp + i), _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128((__m128i*)(void*)(vh16 + i),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+        }
+#endif
+        for (; i < hd; i++) {
             kh16[i] = exo_f2h(kp[i]);
             vh16[i] = exo_f2h(v[i]);
         }
@@ -131,50 +176,66 @@ static void append_kv(const AttendJob* a, int b, int j, float* tmp) {
     }
 }
 
+/* The largest of x[0 .. n) and m (a NaN is passed over, as by `x > m ? x : m`). */
+static float max_of(const float* x, int n, float m) {
+    int t = 0;
+#if EXO_AVX2
+    if (n >= 8) {
+        __m256 v = _mm256_set1_ps(m);
+        for (; t + 8 <= n; t += 8) v = _mm256_max_ps(_mm256_loadu_ps(x + t), v); /* NaN: v */
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        m = _mm_cvtss_f32(h);
+    }
+#endif
+    for (; t < n; t++) m = x[t] > m ? x[t] : m;
+    return m;
+}
+
 /* Task t: row b, kv head j, and query heads [g0, g1) of the G that share it (all G, or a
- * thread's share when a step has too few (row, kv head) pairs to keep the threads busy); the
- * keys and values of task `next` (-1: none) are asked for meanwhile. A page's run of keys (or
- * values) is read from memory once and used by every query head of the task while it is in
- * this core's caches (head by head over the whole row, Gemma 3 270M's 4 query heads on one kv
- * head, 4,096 positions not in cache, took 1.2-1.75x as long: a row's keys outgrow L2). Each
- * query head's arithmetic is the same whichever task holds it, in the same order: the threads
- * and the split never change a result's bits. */
-static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int next, float* scratch) {
-    const int G = a->H / a->KV, hd = a->hd;
+ * thread's share when a step has too few (row, kv head) pairs to keep the threads busy); its
+ * reads pace `ahead`. A page's run of keys (or values) is read from memory once, and widened
+ * once, for the task's query heads together (attend_loops.h; head by head over the whole row,
+ * Gemma 3 270M's 4 query heads on one kv head, 4,096 positions not in cache, took 1.2-1.75x as
+ * long: a row's keys outgrow L2). The values go in chunks of at most ATT_WCH bytes: a pass of
+ * the loops reads a chunk once for each block of dimensions, from L1 (Gemma 3's 64 positions
+ * of 512 bytes a page did not stay there). Each query head's arithmetic is the same whichever
+ * task holds it, in the same order: the threads and the split never change a result's bits.
+ * scratch: n hd + n L floats (n = g1 - g0), then P hd for a cache of half floats (where the
+ * loops that cannot widen 8 at a time widen a run once). */
+#define ATT_WCH 8192
+static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, Ahead* ahead,
+                        float* scratch) {
+    const int G = a->H / a->KV, hd = a->hd, n = g1 - g0;
     const float* row = a->qkv + (size_t)b * (a->H + 2 * a->KV) * hd;
     const int p = (int)a->pos[b], t0 = first_key(a, b);
     const float* rot = a->rope + (size_t)p * hd;
     const int L = p + 1 - t0; /* keys attended: positions t0 .. p */
-    float* q = scratch;                        /* [G, hd] */
-    float* scores = scratch + (size_t)G * hd;  /* [G, L] */
+    float* q = scratch;                         /* [n, hd]: heads g0 .. g1 - 1 */
+    float* scores = scratch + (size_t)n * hd;   /* [n, L] */
+    float* wide = a->half ? scores + (size_t)n * L : NULL;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int runs = (p - (t0 - t0 % a->P)) / a->P + 1; /* pages of positions t0 .. p */
-    for (int g = g0; g < g1; g++) {
-        const int h = j * G + g;
+    const int h0 = j * G + g0;                          /* the first query head */
+    for (int g = 0; g < n; g++) {
         float* qg = q + (size_t)g * hd;
-        for (int i = 0; i < hd; i++) qg[i] = row[(size_t)h * hd + i];
-        if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)h * hd, a->eps, hd);
+        memcpy(qg, row + (size_t)(h0 + g) * hd, sizeof(float) * (size_t)hd);
+        if (a->qk_norm) rms_norm_head(qg, a->qk_norm + (size_t)(h0 + g) * hd, a->eps, hd);
         rotate_head(qg, rot, hd);
     }
-    int r = 0;
-    for (int t = t0, e; t <= p; t = e, r++) { /* a page's keys are contiguous */
+    for (int t = t0, e; t <= p; t = e) { /* a page's keys are contiguous */
         e = run_end(a, t, p + 1);
         const void* k = cached(a, b, 0, j, t);
-        for (int g = g0; g < g1; g++) {
-            float* sg = scores + (size_t)g * L + (t - t0);
-            if (a->half)
-                scores_f16(q + (size_t)g * hd, k, e - t, hd, scale, sg);
-            else
-                scores_f32(q + (size_t)g * hd, k, e - t, hd, scale, sg);
-        }
-        prefetch_slice(a, next, r, 2 * runs);
+        if (a->half)
+            scores_f16(q, n, k, e - t, hd, scale, scores + (t - t0), (size_t)L, wide, ahead);
+        else
+            scores_f32(q, n, k, e - t, hd, scale, scores + (t - t0), (size_t)L, NULL, ahead);
     }
-    for (int g = g0; g < g1; g++) {
-        const int h = j * G + g;
+    float* o = a->out + ((size_t)b * a->H + h0) * hd; /* [n, hd] */
+    for (int g = 0; g < n; g++) {
         float* sg = scores + (size_t)g * L;
-        const float sink = a->sinks ? a->sinks[h] : -INFINITY;
-        float mx = sink;
-        for (int t = 0; t < L; t++) mx = sg[t] > mx ? sg[t] : mx;
+        const float sink = a->sinks ? a->sinks[h0 + g] : -INFINITY;
+        const float mx = max_of(sg, L, sink);
         float total = a->sinks ? exo_expf(sink - mx) : 0.0f;
         int t = 0;
 #if EXO_AVX2
@@ -193,22 +254,18 @@ static void attend_task(const AttendJob* a, int b, int j, int g0, int g1, int ne
         }
         const float inv = 1.0f / total;
         for (t = 0; t < L; t++) sg[t] *= inv;
-        float* o = a->out + ((size_t)b * a->H + h) * hd;
-        for (int i = 0; i < hd; i++) o[i] = 0.0f;
     }
-    r = 0;
-    for (int t = t0, e; t <= p; t = e, r++) {
+    memset(o, 0, sizeof(float) * (size_t)n * hd);
+    const long fit = ATT_WCH / row_bytes(a);
+    const int most = fit > 4 ? (int)fit : 4; /* values a chunk */
+    for (int t = t0, e; t <= p; t = e) {
         e = run_end(a, t, p + 1);
+        e = e - t > most ? t + most : e;
         const void* v = cached(a, b, 1, j, t);
-        for (int g = g0; g < g1; g++) {
-            const float* pg = scores + (size_t)g * L + (t - t0);
-            float* o = a->out + ((size_t)b * a->H + j * G + g) * hd;
-            if (a->half)
-                weighted_sum_f16(pg, v, e - t, hd, o);
-            else
-                weighted_sum_f32(pg, v, e - t, hd, o);
-        }
-        prefetch_slice(a, next, runs + r, 2 * runs);
+        if (a->half)
+            weighted_sum_f16(scores + (t - t0), (size_t)L, n, v, e - t, hd, o, wide, ahead);
+        else
+            weighted_sum_f32(scores + (t - t0), (size_t)L, n, v, e - t, hd, o, NULL, ahead);
     }
 }
 
@@ -232,7 +289,8 @@ static int task_at(const AttendJob* a, long work) {
 static void attend_part(void* ctx, int part, int parts) {
     AttendJob* a = (AttendJob*)ctx;
     const int G = a->H / a->KV, per = a->per; /* per: tasks of a (row, kv head) pair, 1 or G */
-    const size_t need = (size_t)G * a->hd + (size_t)G * a->max_pages * a->P;
+    const size_t need = (size_t)G * a->hd + (size_t)G * a->max_pages * a->P +
+                        (a->half ? (size_t)a->P * a->hd : 0); /* attend_task's */
     float* scratch_att = exo_scratch(SCRATCH_ATTEND, need * sizeof(float));
     if (scratch_att == NULL) {
         __atomic_store_n(&a->failed, 1, __ATOMIC_RELAXED);
@@ -240,12 +298,13 @@ static void attend_part(void* ctx, int part, int parts) {
     }
     const long total = a->work_units;
     const int first = task_at(a, total * part / parts), end = task_at(a, total * (part + 1) / parts);
-    if (first < end) prefetch_slice(a, first / per, 0, 1);
+    Ahead ahead;
+    ahead_start(a, &ahead, first / per, first < end ? (end - 1) / per : first / per - 1);
+    ahead_to(&ahead, ATT_AHEAD);
     for (int t = first; t < end;) { /* this run's tasks of one pair in one call */
         const int pair = t / per, g0 = per == 1 ? 0 : t % per;
         const int stop = per == 1 ? t + 1 : (pair + 1) * per < end ? (pair + 1) * per : end;
-        const int next = stop < end ? stop / per : -1; /* the next pair's keys meanwhile */
-        attend_task(a, pair / a->KV, pair % a->KV, g0, per == 1 ? G : g0 + (stop - t), next,
+        attend_task(a, pair / a->KV, pair % a->KV, g0, per == 1 ? G : g0 + (stop - t), &ahead,
                     scratch_att);
         t = stop;
     }
