@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * bytes;
-        x86_ahead(blk, bytes);
+        if (!relaid) x86_ahead(blk, bytes);
 #if EXO_AVX512VNNI || EXO_AVXVNNI
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t* blk = grp + (size_t)b * sizeof(BlockQ8_0x8);
-        x86_ahead(blk, sizeof(BlockQ8_0x8));
+        if (!relaid) x86_ahead(blk, sizeof(BlockQ8_0x8));
         const uint8_t* qs = blk + offsetof(BlockQ8_0x8, qs);
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
@@ -174,7 +174,7 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
         const int j = b % 8;
         const uint8_t* qs = blk + offsetof(BlockQ4Kx8, qs) + 256 * (j / 2);
         if (j == 0) q4k8_unpack(blk, sc, mn);
-        x86_ahead(qs, 256);
+        if (!relaid) x86_ahead(qs, 256);
         __m256i s0[8], s1[8]; /* the two sub-blocks' sums (int16 on AVX2) */
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
         for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
@@ -447,12 +447,15 @@ typedef void (*G8XRows)(const uint8_t* grp, int nb, const BlockX8* x, __m256* ou
 #define G8X_BY_R(name) {name##_1, name##_2, name##_3, name##_4, name##_5, name##_6, name##_7, name##_8}
 
 /* A group's blocks (nb activation blocks' worth, at grp) copied to dst with their quads re-laid as
- * the kernels read them (x86_row_quad; Q8_0: g8x_q8_quads), for the relaid copies of the kernels. */
+ * the kernels read them (x86_row_quad; Q8_0: g8x_q8_quads), for the relaid copies of the kernels.
+ * The relay streams the weights, so it asks for them ahead (x86_ahead); the passes reading the
+ * copy (in L1) do not (60 rows: SmolLM2's Q4_1 layers 1.05-1.06x, the rest within noise). */
 typedef void (*G8XRelay)(const uint8_t* grp, int nb, uint8_t* dst);
 static inline __attribute__((always_inline)) void g8x_relay_q4(const uint8_t* grp, int nb, int has_m, uint8_t* dst) {
     const size_t bytes = has_m ? sizeof(BlockQ4_1x8) : sizeof(BlockQ4_0x8);
     const size_t qs_at = has_m ? offsetof(BlockQ4_1x8, qs) : offsetof(BlockQ4_0x8, qs);
     for (size_t at = 0; at < (size_t)nb * bytes; at += bytes) {
+        x86_ahead(grp + at, bytes);
         memcpy(dst + at, grp + at, qs_at);
         for (int k = 0; k < 4; k++) _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 32 * k), x86_row_quad(grp + at + qs_at, k));
     }
@@ -462,6 +465,7 @@ static void g8x_relay_q41(const uint8_t* grp, int nb, uint8_t* dst) { g8x_relay_
 static void g8x_relay_q80(const uint8_t* grp, int nb, uint8_t* dst) {
     const size_t qs_at = offsetof(BlockQ8_0x8, qs);
     for (size_t at = 0; at < (size_t)nb * sizeof(BlockQ8_0x8); at += sizeof(BlockQ8_0x8)) {
+        x86_ahead(grp + at, sizeof(BlockQ8_0x8));
         memcpy(dst + at, grp + at, qs_at);
         for (int k = 0; k < 4; k++) {
             __m256i p, q;
@@ -474,6 +478,7 @@ static void g8x_relay_q80(const uint8_t* grp, int nb, uint8_t* dst) {
 static void g8x_relay_q4k(const uint8_t* grp, int nb, uint8_t* dst) {
     const size_t qs_at = offsetof(BlockQ4Kx8, qs);
     for (size_t at = 0; at < (size_t)(nb / 8) * sizeof(BlockQ4Kx8); at += sizeof(BlockQ4Kx8)) {
+        x86_ahead(grp + at, sizeof(BlockQ4Kx8));
         memcpy(dst + at, grp + at, qs_at);
         for (int k = 0; k < 32; k++) _mm256_storeu_si256((__m256i*)(dst + at + qs_at + 32 * k), x86_row_quad(grp + at + qs_at, k));
     }
