@@ -71,6 +71,7 @@ static inline __attribute__((always_inline)) void g8x_rows(const uint8_t* grp, i
         __m256i s16[8];
         for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
 #endif
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             const __m256i q = relaid ? _mm256_loadu_si256((const __m256i*)(blk + qs_at + 32 * k))
                                      : x86_row_quad(blk + qs_at, k);
@@ -177,6 +178,7 @@ static inline __attribute__((always_inline)) void g8x_q4k_rows(const uint8_t* gr
         if (!relaid) x86_ahead(qs, 256);
         __m256i s0[8], s1[8]; /* the two sub-blocks' sums (int16 on AVX2) */
         for (int r = 0; r < R; r++) s0[r] = s1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) { /* quads k, k + 1 */
             const __m256i q = relaid ? _mm256_loadu_si256((const __m256i*)(qs + 32 * k)) : x86_row_quad(qs, k);
             const __m256i q2 = relaid ? _mm256_loadu_si256((const __m256i*)(qs + 32 * k + 32)) : x86_row_quad(qs, k + 1);
