@@ -131,6 +131,7 @@ static inline __attribute__((always_inline)) void g8x_q8_rows(const uint8_t* grp
         const uint8_t* qs = blk + offsetof(BlockQ8_0x8, qs);
         __m256i s[8];
         for (int r = 0; r < R; r++) s[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             __m256i p, q;
             if (relaid) {
