@@ -27,11 +27,12 @@
 /* Activation rows a pass over a group. The AVX-512 builds have 32 vector registers; the AVX2
  * build's 16 do not hold 8 rows' float sums beside their integer ones, and the compiler keeps most
  * of the float sums on the stack (a load and a store a row and block), yet a group's quads are
- * re-laid (x86_row_quad: a vpermq, since one vpblendd, and a vpshufb each) once for 8 rows instead
- * of twice for 4 and the pass ran faster: on a Zen 3 core, one thread, weights in cache, alternating in one process,
- * 8 rows a call of SmolLM2's o / gate | up / down (Q4_1) 1.20x / 1.08x / 1.13x, its Q8_0 head
- * 1.07x, the 1B shape's Q4_K and Q4_0 / Q4_1 layers 1.13-1.17x (and 5 or 6 rows, once split 4 + 1
- * or 4 + 2, 1.2-1.3x). The AVX-VNNI build (no such machine here) keeps 4. */
+ * re-laid (x86_row_quad: a vpshufb each, after a vpermq on the VNNI builds, a vpblendd on the
+ * AVX2 one) once for 8 rows instead of twice for 4 and the pass ran faster: on a Zen 3 core, one
+ * thread, weights in cache, alternating in one process, 8 rows a call of SmolLM2's o / gate | up /
+ * down (Q4_1) 1.20x / 1.08x / 1.13x, its Q8_0 head 1.07x, the 1B shape's Q4_K and Q4_0 / Q4_1
+ * layers 1.13-1.17x (and 5 or 6 rows, once split 4 + 1 or 4 + 2, 1.2-1.3x). The AVX-VNNI build
+ * (no such machine here) keeps 4. */
 #if EXO_AVX512VNNI || !EXO_AVXVNNI
 #define G8X_MAX_R 8
 #else
