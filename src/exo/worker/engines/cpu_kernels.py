@@ -352,11 +352,16 @@ class QKernels:
         eps: float,
         cache: PagedLayer,
         positions: Tensor,
+        *,
+        sinks: Tensor | None = None,
+        window: int | None = None,
     ) -> Tensor:
         """One decode step of attention (see `csrc/attention.c`): qkv [B, 1, W] -> [B, 1, H * hd].
 
         rope: complex64 [P, hd/2]; cache: the step's pages (float32 or float16, `kv_cache.py`)
-        for this layer; positions: int64 [B], each below P and within the row's pages.
+        for this layer; positions: int64 [B], each below P and within the row's pages; sinks:
+        float32 [H], a logit per head that takes part in the softmax and adds no value (gpt-oss),
+        or None; window: the keys a query sees (the last `window` positions; None: all).
 
         Called once a layer per step, so the checks are cheap ones: the kernel checks each
         position against the row's pages before it writes anything (-3, raised here as the
@@ -380,6 +385,11 @@ class QKernels:
         if qk_norm is not None:
             _float_cpu("qk_norm", qk_norm)
             _shape("qk_norm", qk_norm, (heads + kv_heads, head_dim))
+        if sinks is not None:
+            _float_cpu("sinks", sinks)
+            _shape("sinks", sinks, (heads,))
+        if window is not None and not 0 < window < 2**31:
+            raise KernelArgumentError(f"the window must be a positive int, got {window}")
         if positions.dtype != torch.int64 or not positions.is_cpu:
             raise KernelArgumentError("positions must be int64 on the CPU")
         if positions.shape != (bsz,):
@@ -405,6 +415,7 @@ class QKernels:
             positions.contiguous(),
         )
         norm_c = None if qk_norm is None else qk_norm.contiguous()
+        sinks_c = None if sinks is None else sinks.contiguous()
         out = torch.empty(bsz, 1, heads * head_dim, dtype=torch.float32)
         rc = self._attend(
             qkv_c.data_ptr(),
@@ -420,12 +431,12 @@ class QKernels:
             cache.page,
             cache.offset,
             pos_c.data_ptr(),
-            None,  # no sinks
-            0,  # no window
+            None if sinks_c is None else sinks_c.data_ptr(),
+            window or 0,  # 0: every position
             int(cache.dtype == torch.float16),
             out.data_ptr(),
         )
-        del qkv_c, rope_c, pages_c, pos_c, norm_c  # alive until here: the kernel has returned
+        del qkv_c, rope_c, pages_c, pos_c, norm_c, sinks_c  # alive until the kernel has returned
         if rc == -3:  # a position past the row's pages (or negative): nothing was written
             _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
         if rc != 0:
