@@ -9,16 +9,16 @@ import torch
 from exo.worker.download.embedded import find_embedded_gguf
 from exo.worker.engines.cpu_kernels import (
     QKernels,
-    kernels_unavailable_reason,
     load_kernels,
-    load_kernels_for,
 )
 from exo.worker.engines.gguf_loader import load_gguf_shard
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kernel_build import ISAS
 from exo.worker.engines.linear import choose_weight_format
 from exo.worker.engines.llama import LlamaModel
 from exo.worker.engines.tokenizer import EngineTokenizer, load_tokenizer
 from exo.worker.engines.weights import ShardWeights
+
+from .kernel_skip import kernels_for_isa
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -83,10 +83,4 @@ def tokenizer(gguf_path: Path, tokenizer_cache: Path) -> EngineTokenizer:
 def isa_kernels(request: pytest.FixtureRequest) -> QKernels:
     """Each instruction-set build of the kernels this machine can run (the portable one
     everywhere), a test per build."""
-    isa: Isa = request.param
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build (the paths it can run are tested)")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or "the CPU kernels did not build (see the log)")
-    return k
+    return kernels_for_isa(request.param)

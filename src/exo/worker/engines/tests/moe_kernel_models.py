@@ -5,13 +5,11 @@ feed-forward layers inside it."""
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 import torch
 
 from exo.modelgen import Request, generate
-from exo.worker.engines.cpu_kernels import QKernels, load_kernels_for
+from exo.worker.engines.cpu_kernels import QKernels
 from exo.worker.engines.engine import load_family, load_shard_weights
-from exo.worker.engines.kernel_build import Isa, cpu_runs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.models.base import BuildOptions, ShardModel
 from exo.worker.engines.models.moe import MoeFeedForward
@@ -28,13 +26,6 @@ def tiny_files(folder: Path) -> dict[str, Path]:
     }
 
 
-def kernels_of(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(f"no {isa} kernels here")
-    return k
 
 
 def built_model(path: Path, kernels: QKernels) -> ShardModel:

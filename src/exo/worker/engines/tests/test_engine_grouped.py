@@ -22,18 +22,17 @@ from exo.worker.engines.cpu_kernels import (
     KIND_Q8_G8,
     PROLOGUE_NONE,
     KernelArgumentError,
-    QKernels,
     QuantWeights,
-    kernels_unavailable_reason,
-    load_kernels_for,
 )
 from exo.worker.engines.engine import load_shard_weights
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.kernel_build import ISAS, Isa
 from exo.worker.engines.kinds import kind_named
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.llama import LlamaModel, StepInputs
 from exo.worker.engines.load_report import load_plan
 from exo.worker.engines.qtensor import QuantTensor
+
+from .kernel_skip import kernels_for_isa as _kernels
 
 T = GGMLQuantizationType
 Q4_1, Q8_0 = T.Q4_1, T.Q8_0
@@ -43,13 +42,6 @@ LAYOUTS[kind_named("Q4_0").kernel] = T.Q4_0
 LAYOUTS.update({kind_named("Q5_1").kernel: T.Q5_1, kind_named("Q5_K").kernel: T.Q5_K})  # issue 22 q5g
 
 
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or f"no {isa} kernels here (see the log)")
-    return k
 
 
 def _blocks(rows: int, seed: int, qtype: GGMLQuantizationType = Q4_1) -> QuantTensor:

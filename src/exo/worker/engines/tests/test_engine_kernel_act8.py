@@ -18,13 +18,14 @@ from exo.modelgen.quants import random_blocks
 from exo.worker.engines.cpu_kernels import (
     PROLOGUE_NONE,
     KernelArgumentError,
-    QKernels,
     QuantWeights,
     load_kernels_for,
 )
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.kinds import KINDS, Kind
 from exo.worker.engines.linear import QuantLinear
+
+from .kernel_skip import kernels_for_isa as _kernels
 
 ACT8 = [k for k in KINDS if k.act8]
 ACT8_GROUPED = [k for k in ACT8 if k.grouped is not None]  # every 8-bit kind (issue 22 q5g: Q5_1, Q5_K too)
@@ -38,13 +39,6 @@ KIND_LAYOUTS = [
 ]
 
 
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    kernels = load_kernels_for(isa)
-    if kernels is None:
-        pytest.skip("the kernels did not build here (see the log)")
-    return kernels
 
 
 @pytest.fixture

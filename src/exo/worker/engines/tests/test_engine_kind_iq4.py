@@ -14,24 +14,19 @@ from exo.modelgen.blueprint import Role
 from exo.modelgen.custom import Size, llama_blueprint
 from exo.modelgen.quants import quantize_rows, random_blocks
 from exo.modelgen.recipes import recipe, tensor_type
-from exo.worker.engines.cpu_kernels import PROLOGUE_NONE, QKernels, QuantWeights, load_kernels_for
-from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
+from exo.worker.engines.cpu_kernels import PROLOGUE_NONE, QuantWeights
+from exo.worker.engines.kernel_build import ISAS, Isa
 from exo.worker.engines.kinds import BY_NAME, Kind
 from exo.worker.engines.linear import QuantLinear, StreamingLinear, make_linear
 from exo.worker.engines.qtensor import QuantTensor
+
+from .kernel_skip import kernels_for_isa as _kernels
 
 T = GGMLQuantizationType
 IQ4 = [BY_NAME[n] for n in ("MXFP4", "IQ4_NL", "IQ4_XS")]
 ROWS = (1, 2, 4, 8, 9, 64)
 
 
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    kernels = load_kernels_for(isa)
-    if kernels is None:
-        pytest.skip("the kernels did not build here (see the log)")
-    return kernels
 
 
 def _weights(kind: Kind, n: int, k: int, seed: int = 5) -> tuple[torch.Tensor, QuantWeights]:

@@ -10,23 +10,18 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from exo.modelgen.quants import random_blocks
-from exo.worker.engines.cpu_kernels import QKernels, kernels_unavailable_reason, load_kernels_for
+from exo.worker.engines.cpu_kernels import load_kernels_for
 from exo.worker.engines.kernel_build import ISAS, Isa, cpu_runs
 from exo.worker.engines.linear import QuantLinear, RmsNorm, SwiGLU, make_linear
 from exo.worker.engines.qtensor import QuantTensor
+
+from .kernel_skip import kernels_for_isa as _kernels
 
 T = GGMLQuantizationType
 K23 = [T.Q2_K, T.Q3_K]
 ROW_COUNTS = (1, 2, 4, 8, 9, 64, 70)  # passes of 4 and 1 rows; 70: two chunks of 64
 
 
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or f"no {isa} kernels here (see the log)")
-    return k
 
 
 def _reference(qtype: GGMLQuantizationType, raw: np.ndarray) -> torch.Tensor:

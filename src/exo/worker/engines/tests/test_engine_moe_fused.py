@@ -19,10 +19,10 @@ from exo.worker.engines.models.base import BuildOptions
 from exo.worker.engines.models.mla import MlaAttention
 from exo.worker.engines.models.moe import MoeFeedForward
 from exo.worker.engines.models.norms import rms_norm
+from exo.worker.engines.tests.kernel_skip import kernels_for_isa as kernels_of
 from exo.worker.engines.tests.moe_kernel_models import (
     FAMILIES,
     built_model,
-    kernels_of,
     moe_layers,
     parts_of,
     tiny_files,

@@ -11,9 +11,9 @@ import torch
 from exo.worker.engines.cpu_kernels import KernelArgumentError
 from exo.worker.engines.kernel_build import X86_ISAS, Isa
 from exo.worker.engines.models.moe import MoeFeedForward
+from exo.worker.engines.tests.kernel_skip import kernels_for_isa as kernels_of
 from exo.worker.engines.tests.moe_kernel_models import (
     built_model,
-    kernels_of,
     moe_layers,
     tiny_files,
 )

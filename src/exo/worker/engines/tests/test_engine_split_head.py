@@ -9,27 +9,19 @@ from gguf import GGMLQuantizationType
 from exo.modelgen.quants import random_blocks
 from exo.worker.engines.cpu_kernels import (
     GROUPED,
-    QKernels,
-    kernels_unavailable_reason,
-    load_kernels_for,
 )
 from exo.worker.engines.embedding import Embedding
-from exo.worker.engines.kernel_build import X86_ISAS, Isa, cpu_runs
+from exo.worker.engines.kernel_build import X86_ISAS, Isa
 from exo.worker.engines.kinds import kind_named
 from exo.worker.engines.linear import QuantLinear, RmsNorm, make_linear
 from exo.worker.engines.qtensor import QuantTensor
+
+from .kernel_skip import kernels_for_isa as _kernels
 
 K, ROWS = 256, 8 * 5 + 3
 QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
 
-def _kernels(isa: Isa) -> QKernels:
-    if not cpu_runs(isa):
-        pytest.skip(f"this CPU cannot run the {isa} build")
-    k = load_kernels_for(isa)
-    if k is None:
-        pytest.skip(kernels_unavailable_reason() or f"no {isa} kernels here")
-    return k
 
 
 def _blocks(name: str, rows: int = ROWS) -> QuantTensor:
