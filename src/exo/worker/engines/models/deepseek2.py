@@ -60,9 +60,10 @@ from exo.worker.engines.models.moe import (
     MoeWeights,
     slice_moe,
 )
-from exo.worker.engines.models.norms import residual, rms_norm
+from exo.worker.engines.models.norms import residual
 from exo.worker.engines.models.rotary import RotaryTables, yarn_attention_factor
 from exo.worker.engines.models.router import RouterSpec
+from exo.worker.engines.models.stages import ShardStages
 from exo.worker.engines.qtensor import QuantTensor, Weight
 from exo.worker.engines.weights import ShardWeights
 
@@ -168,7 +169,7 @@ class Block:
         return [*named, ("gate_up", self.ffn.gate_up), ("down", self.ffn.down)]
 
 
-class DeepseekModel:
+class DeepseekModel(ShardStages):
     """Layers [start_layer, end_layer) of a deepseek2-family model, plus embedding / head if
     held."""
 
@@ -224,11 +225,6 @@ class DeepseekModel:
 
     # --- the three stages ------------------------------------------------------------------
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        if self.embedding is None:
-            raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return self.embedding(tokens.to(self.device))
-
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         check_step(step, cache)
         t = step_tensors(step, self.rotary.table(False), None, self.device, False)
@@ -242,26 +238,6 @@ class DeepseekModel:
                 x = b.ffn.gate_up(hidden)
                 hidden = residual(hidden, b.ffn.down, x, None, self.all_reduce, self.eps)
         return hidden
-
-    def head(self, hidden: Tensor) -> Tensor:
-        if self.lm_head is None:
-            raise RuntimeError("this shard does not hold the head (end_layer < n_layers)")
-        return self.lm_head(hidden).float()
-
-    def forward(
-        self, tokens: Tensor, step: StepInputs, cache: KVCache, every_position: bool = False
-    ) -> Tensor:
-        hidden = self.forward_layers(self.embed(tokens), step, cache)
-        return self.head(hidden if every_position else hidden[:, -1])
-
-    def final_hidden(self, tokens: Tensor) -> Tensor:
-        if self.final_norm is None:
-            raise RuntimeError("this shard does not hold the final norm (end_layer < n_layers)")
-        n = int(tokens.shape[1])
-        hidden = self.forward_layers(
-            self.embed(tokens), StepInputs.single(0, 0, n), self.new_cache(1, n)
-        )
-        return rms_norm(hidden[0], self.final_norm, self.eps).float()
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         """One latent "head" of (R + dr) / 2 values in each half of a page (`mla.py`)."""

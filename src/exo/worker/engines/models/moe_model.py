@@ -59,9 +59,10 @@ from exo.worker.engines.models.moe import (
     rows_of,
     slice_moe,
 )
-from exo.worker.engines.models.norms import residual, rms_norm
+from exo.worker.engines.models.norms import residual
 from exo.worker.engines.models.rotary import RotaryTables, yarn_attention_factor
 from exo.worker.engines.models.router import RouterSpec
+from exo.worker.engines.models.stages import ShardStages
 from exo.worker.engines.qtensor import Weight
 from exo.worker.engines.weights import ShardWeights
 
@@ -225,7 +226,7 @@ def build_moe_block(
     )
 
 
-class MoeModel:
+class MoeModel(ShardStages):
     """Layers [start_layer, end_layer) of an MoE model, plus embedding / head if held."""
 
     def __init__(self, weights: ShardWeights[MoeLayer], options: BuildOptions) -> None:
@@ -269,11 +270,6 @@ class MoeModel:
                                        self.device, head, kernels)  # fmt: skip
         self.rotary = RotaryTables(c, self.device, weights.rope_freq_factors)
 
-    def embed(self, tokens: Tensor) -> Tensor:
-        if self.embedding is None:
-            raise RuntimeError("this shard does not hold the embedding (start_layer > 0)")
-        return self.embedding(tokens.to(self.device))
-
     def forward_layers(self, hidden: Tensor, step: StepInputs, cache: KVCache) -> Tensor:
         check_step(step, cache)
         per_kind = {s: self._step_tensors(step, s) for s in {b.sliding for b in self.blocks}}
@@ -281,26 +277,6 @@ class MoeModel:
         for i, block in enumerate(self.blocks):
             hidden = self._block(block, hidden, per_kind[block.sliding], cache.layer(i))
         return hidden
-
-    def head(self, hidden: Tensor) -> Tensor:
-        if self.lm_head is None:
-            raise RuntimeError("this shard does not hold the head (end_layer < n_layers)")
-        return self.lm_head(hidden).float()
-
-    def forward(
-        self, tokens: Tensor, step: StepInputs, cache: KVCache, every_position: bool = False
-    ) -> Tensor:
-        hidden = self.forward_layers(self.embed(tokens), step, cache)
-        return self.head(hidden if every_position else hidden[:, -1])
-
-    def final_hidden(self, tokens: Tensor) -> Tensor:
-        if self.final_norm is None:
-            raise RuntimeError("this shard does not hold the final norm (end_layer < n_layers)")
-        n = int(tokens.shape[1])
-        hidden = self.forward_layers(
-            self.embed(tokens), StepInputs.single(0, 0, n), self.new_cache(1, n)
-        )
-        return rms_norm(hidden[0], self.final_norm, self.eps).float()
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         self.rotary.ensure(max_seq)
