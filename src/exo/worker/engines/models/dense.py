@@ -62,8 +62,9 @@ from exo.worker.engines.models.base import (
 )
 from exo.worker.engines.models.linears import LinearMaker
 from exo.worker.engines.models.mlp import DenseMlp, build_dense_mlp
-from exo.worker.engines.models.norms import residual, rms_norm
+from exo.worker.engines.models.norms import residual
 from exo.worker.engines.models.rotary import RotaryTables
+from exo.worker.engines.models.stages import ShardStages
 from exo.worker.engines.weights import LayerWeights, ShardWeights, slice_layer
 
 
@@ -137,7 +138,7 @@ def head_format(fmt: WeightFormat) -> WeightFormat:
     return "q8" if fmt == "q4" else fmt
 
 
-class DenseModel:
+class DenseModel(ShardStages):
     """Layers [start_layer, end_layer) of a dense Llama-family model, plus embedding / head if
     held."""
 
@@ -242,17 +243,6 @@ class DenseModel:
         hidden = merge_chunk(self.embed(tokens), step.images)  # (images: first stage only)
         hidden = self.forward_layers(hidden, step, cache)
         return self.head(hidden if every_position else hidden[:, -1])
-
-    def final_hidden(self, tokens: Tensor) -> Tensor:
-        """Whole model (single shard): tokens [1, T] -> final hidden states [T, D] after the
-        final norm (float32), on a scratch cache of T positions."""
-        if self.final_norm is None:
-            raise RuntimeError("this shard does not hold the final norm (end_layer < n_layers)")
-        n = int(tokens.shape[1])
-        hidden = self.forward_layers(
-            self.embed(tokens), StepInputs.single(0, 0, n), self.new_cache(1, n)
-        )
-        return rms_norm(hidden[0], self.final_norm, self.eps).float()
 
     def new_cache(self, max_batch: int, max_seq: int) -> KVCache:
         self.rotary.ensure(max_seq)  # beyond the served context: extend the tables
