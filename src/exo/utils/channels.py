@@ -10,6 +10,7 @@ one, in order.
 
 import math
 import multiprocessing as mp
+import select
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -142,6 +143,10 @@ class MpReceiver(Generic[T]):
 
     _conn: Connection
     _held: deque[T] = field(default_factory=deque[T])  # the rest of a send_many's message
+    # The pipe's readiness, asked of one poll object kept for the purpose: Connection.poll
+    # builds, fills and closes a selector on every call (tens of microseconds, twice a message
+    # on a runner's event pipe: a streamed token's largest cost in the node besides its write).
+    _poller: "select.poll | None" = field(default=None, repr=False, compare=False)
 
     def receive(self) -> T:
         """Block until an item arrives; ``EndOfStream`` once the sender closed or died."""
@@ -160,7 +165,15 @@ class MpReceiver(Generic[T]):
 
     def poll(self, timeout: float = 0.0) -> bool:
         """True when an item (or the end of the stream) can be received without blocking."""
-        return bool(self._held) or (not self._conn.closed and self._conn.poll(timeout))
+        if self._held:
+            return True
+        if self._conn.closed:
+            return False
+        if self._poller is None:
+            self._poller = select.poll()
+            self._poller.register(self._conn.fileno(), select.POLLIN)
+        # an end of stream (POLLHUP) or a broken descriptor reads as ready: receive says which
+        return bool(self._poller.poll(max(0, math.ceil(timeout * 1000))))
 
     async def receive_async(self) -> T:
         if self._conn.closed and not self._held:
@@ -171,6 +184,7 @@ class MpReceiver(Generic[T]):
 
     def close(self) -> None:
         self._held.clear()
+        self._poller = None
         self._conn.close()
 
     def __getstate__(self) -> dict[str, object]:
@@ -179,6 +193,7 @@ class MpReceiver(Generic[T]):
     def __setstate__(self, state: dict[str, object]) -> None:
         self._conn = cast(Connection, state["_conn"])
         self._held = deque()
+        self._poller = None
 
     def __aiter__(self) -> AsyncIterator[T]:
         return self._iterate()

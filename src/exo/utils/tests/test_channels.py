@@ -6,6 +6,7 @@ Every wait is bounded by a deadline; nothing sleeps.
 import multiprocessing as mp
 import os
 import pickle
+import threading
 import time
 from multiprocessing.reduction import ForkingPickler
 
@@ -143,6 +144,25 @@ async def test_mp_channel_in_one_process() -> None:
         sender.close()  # closing twice is fine
         with pytest.raises(anyio.EndOfStream):
             await receiver.receive_async()
+
+
+def test_mp_poll_waits_for_an_item_and_sees_the_end() -> None:
+    """poll(timeout) waits for an item another thread sends; once the sender closed, the end of
+    the stream reads as ready (receive then says so), and polling again keeps saying so."""
+    sender, receiver = mp_channel[int]()
+    assert not receiver.poll()
+    thread = threading.Thread(target=sender.send, args=(7,))
+    thread.start()
+    assert receiver.poll(DEADLINE_S)
+    thread.join()
+    assert receiver.receive() == 7
+    assert not receiver.poll()
+    sender.close()
+    assert receiver.poll(DEADLINE_S) and receiver.poll()
+    with pytest.raises(anyio.EndOfStream):
+        receiver.receive()
+    receiver.close()
+    assert not receiver.poll()
 
 
 def test_mp_send_after_own_close_raises_closed_resource() -> None:
