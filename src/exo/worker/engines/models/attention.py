@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import QKernels
-from exo.worker.engines.decode_attention import sink_attention
 from exo.worker.engines.images import block_mask
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.models.base import StepInputs
@@ -143,13 +142,9 @@ def attend(
     bsz, n_new, _ = qkv.shape
     hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
     if t.use_kernel and kernels is not None:  # rotate, cache, attend: one compiled call
-        if sinks is None and t.window is None:
-            return kernels.attend_decode(
-                qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index
-            )
-        return sink_attention(kernels)(
-            qkv, (heads, kvh, hd), t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index,
-            sinks, t.window,
+        return kernels.attend_decode(
+            qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index,
+            sinks=sinks, window=t.window,
         )  # fmt: skip
     if sinks is not None:
         return attend_with_sinks(qkv, s, t, layer_cache, sinks)
