@@ -121,7 +121,7 @@ class _Output:
     def __init__(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
         self._send = send
         self._headers = headers
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # no loop turn a token when free
         self.started = False
         self.last_write = anyio.current_time()
 

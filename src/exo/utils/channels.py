@@ -30,6 +30,16 @@ class Sender(Generic[T]):
         self._stream = stream
 
     async def send(self, item: T) -> None:
+        # Room in the buffer (or a waiting reader): handed over at once. anyio's own send
+        # first yields to the event loop, a loop turn per item on a hop a streamed token
+        # takes; only a full buffer waits here.
+        try:
+            self._stream.send_nowait(item)
+            return
+        except anyio.WouldBlock:
+            pass
+        except anyio.BrokenResourceError as e:
+            raise ClosedResourceError from e
         try:
             await self._stream.send(item)
         except anyio.BrokenResourceError as e:
@@ -56,7 +66,12 @@ class Receiver(Generic[T]):
         self._stream = stream
 
     async def receive(self) -> T:
-        return await self._stream.receive()
+        # An item already waiting is taken without first yielding to the event loop (as
+        # anyio's receive does); only an empty stream waits.
+        try:
+            return self._stream.receive_nowait()
+        except anyio.WouldBlock:
+            return await self._stream.receive()
 
     def receive_nowait(self) -> T:
         return self._stream.receive_nowait()
@@ -76,7 +91,7 @@ class Receiver(Generic[T]):
     async def _iterate(self) -> AsyncIterator[T]:
         while True:
             try:
-                yield await self._stream.receive()
+                yield await self.receive()
             except EndOfStream:
                 return
 

@@ -240,7 +240,11 @@ class Worker:
         )
         settings = replace(self.runner_settings, threads=threads)
         runner = RunnerSupervisor.create(
-            task.bound_instance, self._runner_events.clone(), settings, self.timeouts
+            task.bound_instance,
+            self._runner_events.clone(),
+            settings,
+            self.timeouts,
+            chunk_sink=self._deliver_chunk,
         )
         self.runners[runner.runner_id] = runner
         self._spawned = [r for r in self._spawned if not r.exited] + [runner]
@@ -299,8 +303,8 @@ class Worker:
     async def _forward_runner_events(self) -> None:
         async for event in self._runner_event_rx:
             match event:
-                case ChunkGenerated():
-                    self.chunk_sink(event, self._origin_of(event))
+                case ChunkGenerated():  # (from a supervisor without its own chunk sink)
+                    self._deliver_chunk(event)
                     continue
                 case RunnerStatusUpdated(runner_status=RunnerReady()):
                     runner = self.runners.get(event.runner_id)
@@ -315,6 +319,9 @@ class Worker:
                     pass
             await self.local_events.send(event)
             self._wakeup.set()
+
+    def _deliver_chunk(self, event: ChunkGenerated) -> None:
+        self.chunk_sink(event, self._origin_of(event))
 
     def _origin_of(self, event: ChunkGenerated) -> NodeId | None:
         task = task_of_command(self.state, event.command_id)

@@ -11,6 +11,7 @@ import time
 from multiprocessing.reduction import ForkingPickler
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from exo.utils.channels import MpReceiver, MpSender, channel, mp_channel, mp_wait
@@ -125,6 +126,37 @@ async def test_bounded_channel_blocks_the_sender_until_received() -> None:
             tg.start_soon(sender.send, 2)  # waits for room
             assert await receiver.receive() == 1
             assert await receiver.receive() == 2
+
+
+@pytest.mark.asyncio
+async def test_send_with_room_and_receive_of_a_waiting_item_take_no_loop_turn() -> None:
+    """A streamed token crosses channels in the node: anyio's send and receive each yield to
+    the event loop first, a loop turn a hop a token. Ours hand over at once when they can;
+    only a full buffer or an empty stream waits."""
+    sender, receiver = channel[int]()
+    turns = 0
+
+    async def count_turns() -> None:  # runs once every loop turn
+        nonlocal turns
+        while True:
+            turns += 1
+            await anyio.lowlevel.checkpoint()
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(count_turns)
+            while turns == 0:
+                await anyio.lowlevel.checkpoint()
+            before = turns
+            for i in range(10):
+                await sender.send(i)
+            got = [await receiver.receive() for _ in range(10)]
+            assert turns == before
+            assert got == list(range(10))
+            tg.start_soon(sender.send, 10)  # an empty stream still waits for the item
+            assert await receiver.receive() == 10
+            assert turns > before
+            tg.cancel_scope.cancel()
 
 
 # --- across processes: same process first ----------------------------------------------

@@ -3,6 +3,7 @@ turns its death or a stalled phase into events (errors for waiting clients first
 
 import multiprocessing as mp
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from typing import Self
@@ -76,6 +77,9 @@ class RunnerSupervisor:
     timeouts: PhaseTimeouts = field(default_factory=PhaseTimeouts)
     threads: int = 1
     """The runner's thread budget (its pools are sized from it at spawn)."""
+    chunk_sink: Callable[[ChunkGenerated], None] | None = None
+    """Where the runner's chunks go straight from its pipe (the node's delivery to the
+    waiting request); without one they travel with the other events."""
     status: RunnerStatus = field(default_factory=RunnerIdle, init=False)
     pending: dict[TaskId, anyio.Event] = field(default_factory=dict[TaskId, anyio.Event], init=False)
     in_progress: dict[TaskId, Task] = field(default_factory=dict[TaskId, Task], init=False)
@@ -100,6 +104,7 @@ class RunnerSupervisor:
         event_sender: Sender[Event],
         settings: RunnerSettings,
         timeouts: PhaseTimeouts | None = None,
+        chunk_sink: Callable[[ChunkGenerated], None] | None = None,
     ) -> Self:
         """Prepare (not start) a runner process for this instance's shard."""
         from exo.worker.runner.bootstrap import entrypoint
@@ -124,6 +129,7 @@ class RunnerSupervisor:
             _cancel_sender=cancel_send,
             timeouts=timeouts or PhaseTimeouts(),
             threads=settings.threads,
+            chunk_sink=chunk_sink,
         )
         supervisor._child_ends = (ev_send, task_recv, cancel_recv)
         return supervisor
@@ -212,6 +218,10 @@ class RunnerSupervisor:
         if isinstance(event, TaskStatusUpdated) and event.task_status in FINISHED_TASK_STATUSES:
             self.in_progress.pop(event.task_id, None)
             self.completed.add(event.task_id)
+        if isinstance(event, ChunkGenerated) and self.chunk_sink is not None:
+            # A streamed token's one hop in the node: no trip through the worker's queue.
+            self.chunk_sink(event)
+            return
         await self._event_sender.send(event)
 
     async def start_task(self, task: Task) -> None:
