@@ -2,12 +2,13 @@
 token ids), ``n`` choices of each, ``best_of`` ranking, and the legacy ``logprobs`` object
 (tokens, token_logprobs, top_logprobs, text_offset), echo of the prompt included."""
 
+import codecs
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from exo.api.generation_events import Finished
-from exo.shared.types.chunks import EchoedPrompt, TokenLogprob
+from exo.shared.types.chunks import EchoedPrompt, TokenLogprob, TopLogprob
 
 # One prompt: its text, or its token ids.
 Prompt = str | list[int]
@@ -86,8 +87,17 @@ def prompt_text(answer: Answer) -> str:
     return answer.finished.echo.text if answer.finished.echo is not None else ""
 
 
+def _shown(entry: TopLogprob) -> str:
+    """A token as the legacy logprobs show it: its text, or, where that alone is part of a
+    character (a character's UTF-8 split over tokens), ``bytes:`` and its bytes escaped, as
+    OpenAI shows such tokens."""
+    if entry.token_bytes is None:
+        return entry.token
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in entry.token_bytes)
+
+
 def _top(entry: TokenLogprob) -> dict[str, float]:
-    return {t.token: t.logprob for t in entry.top}
+    return {_shown(t): t.logprob for t in entry.top}
 
 
 def logprobs_object(
@@ -95,25 +105,32 @@ def logprobs_object(
 ) -> dict[str, Any]:
     """OpenAI's legacy logprobs object of ``entries`` (generated tokens), whose text starts
     at character ``start`` of the answer; with ``echo``, the prompt's tokens come first (the
-    first one has no log-probability: nothing precedes it)."""
-    tokens: list[str] = []
+    first one has no log-probability: nothing precedes it). A token's ``text_offset`` is the
+    character of the text its first byte belongs to: the tokens' bytes, not their texts
+    alone (U+FFFD for part of a character), join into the text."""
+    pieces: list[TopLogprob] = []
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     if echo is not None:
         scored = echo.logprobs or []
-        tokens.extend(echo.tokens)
+        split = echo.token_bytes or [None] * len(echo.tokens)
+        pieces.extend(
+            TopLogprob(token=t, logprob=0.0, token_bytes=raw)
+            for t, raw in zip(echo.tokens, split, strict=True)
+        )
         token_logprobs.extend([None, *(e.logprob for e in scored)][: len(echo.tokens)])
         top_logprobs.extend([None, *(_top(e) for e in scored)][: len(echo.tokens)])
-    tokens.extend(e.token for e in entries)
+    pieces.extend(entries)
     token_logprobs.extend(e.logprob for e in entries)
     top_logprobs.extend(_top(e) for e in entries)
     offsets: list[int] = []
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     at = start
-    for token in tokens:
+    for piece in pieces:
         offsets.append(at)
-        at += len(token)
+        at += len(text.decode(piece.raw))
     return {
-        "tokens": tokens,
+        "tokens": [_shown(p) for p in pieces],
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": offsets,

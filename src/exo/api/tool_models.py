@@ -9,7 +9,7 @@ from pydantic import Field
 
 from exo.api.errors import ApiError
 from exo.api.task_params import ApiModel
-from exo.shared.types.chunks import TokenLogprob
+from exo.shared.types.chunks import TokenLogprob, TopLogprob
 from exo.shared.types.text_generation import InputMessage, ToolCall, ToolChoice, ToolSpec
 
 
@@ -251,15 +251,15 @@ def thinking_kwargs(
 # ---------------------------------------------------------------- log-probabilities
 
 
-def logprob_json(entry: TokenLogprob, with_top: bool = True) -> dict[str, Any]:
-    """OpenAI's shape of one token's log-probability."""
+def logprob_json(entry: TopLogprob) -> dict[str, Any]:
+    """OpenAI's shape of one token's log-probability (and its alternatives', for a sampled
+    token). ``bytes`` are the token's own: where a character's UTF-8 is split over tokens,
+    each part's text alone is U+FFFD and the bytes are what joins into the answer."""
     out: dict[str, Any] = {
         "token": entry.token,
         "logprob": entry.logprob,
-        "bytes": list(entry.token.encode()),
+        "bytes": list(entry.raw),
     }
-    if with_top:
-        out["top_logprobs"] = [
-            logprob_json(TokenLogprob(token=t.token, logprob=t.logprob), False) for t in entry.top
-        ]
+    if isinstance(entry, TokenLogprob):
+        out["top_logprobs"] = [logprob_json(t) for t in entry.top]
     return out

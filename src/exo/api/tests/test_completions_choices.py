@@ -10,6 +10,7 @@ import pytest
 from exo.api.completions_choices import Answer, best, logprobs_object, parse_prompts
 from exo.api.generation_events import Finished, Timings
 from exo.api.tests.scripted_node import PROMPT_TOKENS, TEXT, TOKENS, ScriptedNode, ServedApp
+from exo.api.tool_models import logprob_json
 from exo.shared.types.chunks import EchoedPrompt, TokenLogprob, TopLogprob, Usage
 
 
@@ -143,3 +144,29 @@ def test_prompt_shapes() -> None:
     for bad in ("", [""], [], [1, "a"], [[1], "a", []], {"a": 1}):
         with pytest.raises(ValueError):
             parse_prompts(bad)
+
+
+def test_a_character_split_over_tokens_shows_as_bytes_and_offsets_count_characters() -> None:
+    """é (c3 a9) in two tokens: each one's text alone is U+FFFD. The legacy object shows them
+    as OpenAI does ("bytes:\\xc3"), their offsets are the character they belong to, and
+    chat's entries carry the real bytes (which join into the text)."""
+    first = TokenLogprob(
+        token="\ufffd", logprob=-1.0, token_bytes=[0xC3],
+        top=[TopLogprob(token="\ufffd", logprob=-1.0, token_bytes=[0xC3]),
+             TopLogprob(token="e", logprob=-2.0)],
+    )  # fmt: skip
+    second = TokenLogprob(token="\ufffd", logprob=-0.5, token_bytes=[0xA9])
+    out = logprobs_object([first, second, _entry("!", -0.1)], 3)
+    assert out["tokens"] == ["bytes:\\xc3", "bytes:\\xa9", "!"]
+    assert out["top_logprobs"][0] == {"bytes:\\xc3": -1.0, "e": -2.0}
+    assert out["text_offset"] == [3, 3, 4]
+    echo = EchoedPrompt(
+        text="café", tokens=["caf", "\ufffd", "\ufffd"], token_bytes=[None, [0xC3], [0xA9]]
+    )
+    with_echo = logprobs_object([_entry("!", -0.1)], 0, echo)
+    assert with_echo["tokens"] == ["caf", "bytes:\\xc3", "bytes:\\xa9", "!"]
+    assert with_echo["text_offset"] == [0, 3, 3, 4]
+    chat = [logprob_json(e) for e in (first, second)]
+    assert [c["bytes"] for c in chat] == [[0xC3], [0xA9]]
+    assert bytes(b for c in chat for b in c["bytes"]).decode() == "é"
+    assert [t["bytes"] for t in chat[0]["top_logprobs"]] == [[0xC3], [ord("e")]]

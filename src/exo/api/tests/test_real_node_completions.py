@@ -47,9 +47,16 @@ def _reference(prompt_ids: list[int]) -> list[float]:
     return lp[torch.arange(len(prompt_ids) - 1), torch.tensor(prompt_ids[1:])].tolist()
 
 
+def _token_bytes(token: str) -> bytes:
+    """A legacy logprobs token's bytes: its text, or the bytes a "bytes:\\xf0\\x9f" one names."""
+    if token.startswith("bytes:"):
+        return bytes(int(h, 16) for h in token[len("bytes:") :].split("\\x")[1:])
+    return token.encode()
+
+
 def test_issue_example_two_choices_with_echoed_logprobs(node: NodeProcess) -> None:
-    # seeded: unseeded, a sample of 3 tokens now and then splits one character's UTF-8 bytes
-    # over two tokens, whose texts (each decoded alone) then do not join into the answer's
+    # seeded, so that it runs the same every time (a token may hold part of a character:
+    # its entry shows bytes, see test_a_token_holding_part_of_a_character_shows_its_bytes)
     reply = oa(node).completions.create(
         model=MODEL, prompt="Hello", max_tokens=3, logprobs=2, n=2, echo=True, seed=7
     )
@@ -64,8 +71,41 @@ def test_issue_example_two_choices_with_echoed_logprobs(node: NodeProcess) -> No
         assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
         assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
         assert all(t is not None and len(t) <= 2 for t in lp.top_logprobs[1:])
-        assert "".join(lp.tokens) == c.text
-        assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+        assert b"".join(map(_token_bytes, lp.tokens)).decode() == c.text
+        assert lp.text_offset == [
+            len(b"".join(map(_token_bytes, lp.tokens[:i])).decode(errors="ignore"))
+            for i in range(len(lp.tokens))
+        ]
+
+
+def test_a_token_holding_part_of_a_character_shows_its_bytes(
+    node: NodeProcess, tmp_path: Path
+) -> None:
+    """🎉 is three byte-level tokens; the first (f0 9f) decodes alone to U+FFFD. Its entry
+    carries its bytes: chat's ``bytes``, and legacy completions' "bytes:\\xf0\\x9f"."""
+    tokenizer = _tokenizer(tmp_path)
+    first = tokenizer.encode("🎉")[0]
+    assert tokenizer.token_text(first) == ("\ufffd", [0xF0, 0x9F])
+    bias = {str(first): 100}
+    legacy = oa(node).completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=1, temperature=0, logprobs=1, logit_bias=bias
+    )
+    lp = legacy.choices[0].logprobs
+    assert lp is not None and lp.tokens == ["bytes:\\xf0\\x9f"]
+    assert lp.text_offset == [len(PROMPT)]
+    messages: Any = [{"role": "user", "content": "Celebrate!"}]
+    chat = oa(node).chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=1, temperature=0, logprobs=True,
+        top_logprobs=2, logit_bias=bias,
+    )  # fmt: skip
+    logprobs = chat.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    [entry] = logprobs.content
+    assert entry.token == "\ufffd" and entry.bytes == [0xF0, 0x9F]
+    # (the alternatives are the model's own, before the bias: whole tokens here)
+    assert entry.top_logprobs and all(
+        t.bytes == list(t.token.encode()) for t in entry.top_logprobs
+    )
 
 
 def test_prompt_scores_match_transformers(node: NodeProcess, tmp_path: Path) -> None:

@@ -27,13 +27,19 @@ class Usage(FrozenModel):
 class TopLogprob(FrozenModel):
     token: str
     logprob: float
+    # The token's own bytes, only where its text alone is not whole characters (a byte-level
+    # or byte-fallback token holding part of a character's UTF-8): its text is then U+FFFD.
+    token_bytes: list[int] | None = None
+
+    @property
+    def raw(self) -> bytes:
+        """The token's bytes (its text's UTF-8 where it is whole characters)."""
+        return bytes(self.token_bytes) if self.token_bytes is not None else self.token.encode()
 
 
-class TokenLogprob(FrozenModel):
+class TokenLogprob(TopLogprob):
     """One generated token's text and log-probability, and the most likely alternatives."""
 
-    token: str
-    logprob: float
     top: list[TopLogprob] = []
 
 
@@ -44,6 +50,9 @@ class EchoedPrompt(FrozenModel):
     text: str
     tokens: list[str]
     logprobs: list[TokenLogprob] | None = None
+    # Each token's own bytes where its text alone is not whole characters (see TopLogprob),
+    # else None; None for all when no token splits a character.
+    token_bytes: list[list[int] | None] | None = None
 
 
 class TokenChunk(FrozenModel):

@@ -10,6 +10,7 @@ transformers' GGUF converter, when it is installed.
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -26,6 +27,7 @@ from exo.shared.chat_formats import TURN_ENDS, native_format, template_variables
 from exo.shared.models.chat_fallback import FALLBACK_TEMPLATE
 from exo.worker.engines.gguf_reader import GGUFFile, eos_token_ids
 from exo.worker.engines.sentencepiece import build_sentencepiece_bpe
+from exo.worker.engines.text import REPLACEMENT
 
 _CACHE_VERSION = 2  # 2: SentencePiece vocabularies built natively
 _TOKEN_CONTROL, _TOKEN_USER_DEFINED = 3, 4
@@ -111,6 +113,7 @@ class EngineTokenizer:
         template = FALLBACK_TEMPLATE if meta.chat_template is None else meta.chat_template
         self._template = _chat_environment().from_string(template)
         self._fallback_logged = False
+        self._token_texts: dict[int, tuple[str, list[int] | None]] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -134,6 +137,20 @@ class EngineTokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> tuple[str, list[int] | None]:
+        """A token's text alone, and its own bytes where that text is not whole characters
+        (a token holding part of a character's UTF-8 decodes alone to U+FFFD): what a
+        log-probability entry shows, so that the bytes of an answer's tokens join into its
+        text. None for the bytes where they are the text's UTF-8, or not known."""
+        known = self._token_texts.get(token_id)
+        if known is not None:
+            return known
+        text = self.decode([token_id])
+        found = (text, _partial_bytes(self.backend.id_to_token(token_id)) if REPLACEMENT in text else None)
+        if len(self._token_texts) < _TOKEN_TEXTS_KEPT:
+            self._token_texts[token_id] = found
+        return found
 
     def render_chat(
         self,
@@ -203,6 +220,43 @@ class EngineTokenizer:
 
 
 # --- GGUF: build once, cache -------------------------------------------------------------------
+
+
+_TOKEN_TEXTS_KEPT = 1 << 16  # token_text's answers kept (a vocabulary's most used tokens)
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in of each byte (GPT-2's table): the printable bytes
+    stand for themselves, the others for 256, 257, ... in byte order."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = {chr(b): b for b in keep}
+    others = (b for b in range(256) if b not in table.values())
+    table.update({chr(256 + n): b for n, b in enumerate(others)})
+    return table
+
+
+_BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _partial_bytes(piece: str | None) -> list[int] | None:
+    """The bytes a vocabulary piece stands for when they are not whole UTF-8 characters: a
+    byte-fallback piece (<0xE2>) or a byte-level one (its characters each stand for a byte);
+    None for a piece of neither kind, or whole characters after all."""
+    if piece is None:
+        return None
+    match = _BYTE_PIECE.fullmatch(piece)
+    if match is not None:
+        raw = bytes([int(match[1], 16)])
+    elif piece and all(c in _BYTE_LEVEL for c in piece):
+        raw = bytes(_BYTE_LEVEL[c] for c in piece)
+    else:
+        return None
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+    return None
 
 
 def _file_key(path: Path) -> str:

@@ -353,12 +353,18 @@ class Generation:
             return
         entries = sink[:-1] if drop_last else list(sink)
         sink.clear()
-        decode = self.engine.tokenizer.decode
-        for e in entries:
-            top = [TopLogprob(token=decode([t]), logprob=lp) for t, lp in e.top]
-            request.pending_logprobs.append(
-                TokenLogprob(token=decode([e.token]), logprob=e.logprob, top=top)
-            )
+        request.pending_logprobs.extend(map(self._logprob_entry, entries))
+
+    def _logprob_entry(self, e: TokenLogprobs) -> TokenLogprob:
+        """A sampled token's log-probability entry: its text (and bytes, where the text
+        alone is part of a character), and its alternatives'."""
+        text = self.engine.tokenizer.token_text
+        top: list[TopLogprob] = []
+        for t, lp in e.top:
+            token, raw = text(t)
+            top.append(TopLogprob(token=token, logprob=lp, token_bytes=raw))
+        token, raw = text(e.token)
+        return TokenLogprob(token=token, logprob=e.logprob, token_bytes=raw, top=top)
 
     def cancel(self, task_id: TaskId) -> list[Event]:
         request = self.requests.get(task_id)
@@ -424,19 +430,16 @@ class Generation:
         ids = request.echo_ids
         if ids is None:
             return None
-        decode = self.engine.tokenizer.decode
+        tokenizer = self.engine.tokenizer
         logprobs: list[TokenLogprob] | None = None
         if request.prompt_sink is not None:
-            logprobs = [
-                TokenLogprob(
-                    token=decode([e.token]),
-                    logprob=e.logprob,
-                    top=[TopLogprob(token=decode([t]), logprob=lp) for t, lp in e.top],
-                )
-                for e in request.prompt_sink
-            ]
+            logprobs = [self._logprob_entry(e) for e in request.prompt_sink]
+        texts = [tokenizer.token_text(t) for t in ids]
         return EchoedPrompt(
-            text=decode(ids), tokens=[decode([t]) for t in ids], logprobs=logprobs
+            text=tokenizer.decode(ids),
+            tokens=[token for token, _ in texts],
+            logprobs=logprobs,
+            token_bytes=[raw for _, raw in texts] if any(raw for _, raw in texts) else None,
         )
 
     def _failed(

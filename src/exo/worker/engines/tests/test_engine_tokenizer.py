@@ -95,3 +95,16 @@ def test_hugging_face_folder_tokenizer(tokenizer: EngineTokenizer, tmp_path: Pat
     assert hf.render_chat(CHAT) == EXPECTED_PROMPT
     assert hf.encode_chat(CHAT) == tokenizer.encode_chat(CHAT)
     assert hf.eos_token_ids == (2,)
+
+
+def test_tokens_holding_part_of_a_character_give_their_bytes(tokenizer: EngineTokenizer) -> None:
+    """Byte-level BPE splits a character's UTF-8 over tokens: such a token's text alone is
+    U+FFFD, and its bytes (what log-probability entries carry) join into the text."""
+    text = "naïve 🎉 日本語 — ok 🤖"
+    pieces = [tokenizer.token_text(t) for t in tokenizer.encode(text)]
+    assert any(raw is not None for _, raw in pieces)  # this text does split characters
+    for token, raw in pieces:
+        assert (raw is not None) == ("\ufffd" in token)
+    joined = b"".join(token.encode() if raw is None else bytes(raw) for token, raw in pieces)
+    assert joined.decode() == text
+    assert tokenizer.token_text(tokenizer.encode(" ok")[0]) == (" ok", None)

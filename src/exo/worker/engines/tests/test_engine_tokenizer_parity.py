@@ -185,3 +185,16 @@ def test_sentencepiece_merges_follow_the_scores(
     assert ours.encode(text) == reference(text, add_special_tokens=False).input_ids
     first = ours.encode("abc")
     assert first == ([9, 6] if ab > bc else [10, 8])  # ▁ab c  /  ▁a bc
+
+
+def test_sentencepiece_byte_pieces_give_their_bytes(tmp_path: Path) -> None:
+    """A character outside the vocabulary goes as byte pieces (<0xF0> ...): each one's text
+    alone is U+FFFD and its byte is what a log-probability entry carries."""
+    ours = load_gguf_tokenizer(_sentencepiece_gguf(tmp_path), tmp_path / "cache")
+    ids = ours.encode("🤖 ok")
+    raws = [ours.token_text(t)[1] for t in ids]
+    split = [raw for raw in raws if raw is not None]
+    assert [t for t, raw in zip(ids, raws, strict=True) if raw is not None] == [
+        t for t in ids if 3 <= t < 259
+    ]  # exactly the byte pieces
+    assert bytes(b for raw in split for b in raw) == "🤖".encode()
