@@ -161,24 +161,34 @@ class RunnerSupervisor:
 
     async def _forward_events(self) -> None:
         while True:
-            event: Event | None = None
-            self._wait_from = anyio.current_time()
-            with anyio.CancelScope(deadline=self._wait_from + self._deadline()) as wait:
-                self._waiting = wait  # start_task may bring the deadline closer
-                try:
-                    event = await self._ev_recv.receive_async()
-                except (EndOfStream, ClosedResourceError, BrokenResourceError) as e:
-                    if self._stopping:
-                        return
-                    await self._check_runner(e)
+            try:
+                event = await self._next_event()
+            except (EndOfStream, ClosedResourceError, BrokenResourceError) as e:
+                if self._stopping:
                     return
-                finally:
-                    self._waiting = None
-            if event is None:  # the deadline passed
-                await self._stalled(wait.deadline - self._wait_from)
+                await self._check_runner(e)
+                return
+            if event is None:
                 return
             self._initialized = True
             await self._handle_event(event)
+
+    async def _next_event(self) -> Event | None:
+        """The runner's next event, waited for within its phase's deadline; None once the
+        runner was failed for missing it."""
+        if self._ev_recv.poll():  # already here (a step's other streams' tokens): no wait
+            return self._ev_recv.receive()
+        event: Event | None = None
+        self._wait_from = anyio.current_time()
+        with anyio.CancelScope(deadline=self._wait_from + self._deadline()) as wait:
+            self._waiting = wait  # start_task may bring the deadline closer
+            try:
+                event = await self._ev_recv.receive_async()
+            finally:
+                self._waiting = None
+        if event is None:  # the deadline passed
+            await self._stalled(wait.deadline - self._wait_from)
+        return event
 
     def _rearm(self) -> None:
         """A task was handed over: the runner must now show progress within its phase's
