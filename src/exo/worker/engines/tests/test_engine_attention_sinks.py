@@ -1,5 +1,5 @@
-"""The compiled decode attention with gpt-oss's sinks and sliding window (`decode_attention.py`,
-`csrc/attention.c`'s `exo_attend_decode_sinks`) against the torch path (`attend_with_sinks`),
+"""The compiled decode attention with gpt-oss's sinks and sliding window (`QKernels.attend_decode`,
+`csrc/attention.c`'s `exo_attend_decode_kv`) against the torch path (`attend_with_sinks`),
 and the same bits for a row alone or in any batch."""
 
 from collections.abc import Sequence
@@ -11,8 +11,7 @@ import torch
 from torch import Tensor
 
 from exo.worker.engines.cpu_kernels import KernelArgumentError, QKernels, load_kernels
-from exo.worker.engines.decode_attention import sink_attention
-from exo.worker.engines.kv_cache import KVCache
+from exo.worker.engines.kv_cache import KVCache, PagedLayer
 from exo.worker.engines.models import attention
 from exo.worker.engines.models.attention import (
     AttentionShape,
@@ -105,6 +104,23 @@ def test_compiled_sinks_and_window_match_the_torch_path(
         torch.testing.assert_close(mine, theirs, rtol=step, atol=step / 10)
 
 
+def _attend(
+    kernels: QKernels,
+    qkv: Tensor,
+    shape: tuple[int, int, int],
+    rope: Tensor,
+    cache: PagedLayer,
+    positions: Tensor,
+    sinks: Tensor | None,
+    window: int | None,
+) -> Tensor:
+    """One decode step of the compiled attention, in the torch path's argument order."""
+    heads, kv_heads, hd = shape
+    return kernels.attend_decode(
+        qkv, heads, kv_heads, hd, rope, None, 1e-5, cache, positions, sinks=sinks, window=window
+    )
+
+
 def test_sinks_change_the_result_and_the_window_drops_old_keys() -> None:
     """The comparison above can fail: without sinks, or attending to every key, the compiled
     result differs from gpt-oss's attention."""
@@ -112,15 +128,14 @@ def test_sinks_change_the_result_and_the_window_drops_old_keys() -> None:
     case = _Case(4, 2, [100, 40], seed=7)
     qkv = torch.randn(2, 1, case.width, generator=case.gen)
     want = case.decode(qkv, [0, 1], None)
-    attn = sink_attention(kernels)
     cache = case.caches[1]
     cache.prepare((0, 1), (100, 40), 1)
     pos = torch.tensor([100, 40])
     shape = (4, 2, HD)
     paged = cache.layer(0).paged()
-    windowed = attn(qkv, shape, case.rope, None, 1e-5, paged, pos, case.sinks, WINDOW)
-    no_sinks = attn(qkv, shape, case.rope, None, 1e-5, paged, pos, None, WINDOW)
-    every_key = attn(qkv, shape, case.rope, None, 1e-5, paged, pos, case.sinks, None)
+    windowed = _attend(kernels, qkv, shape, case.rope, paged, pos, case.sinks, WINDOW)
+    no_sinks = _attend(kernels, qkv, shape, case.rope, paged, pos, None, WINDOW)
+    every_key = _attend(kernels, qkv, shape, case.rope, paged, pos, case.sinks, None)
     torch.testing.assert_close(windowed, want, rtol=1e-4, atol=1e-5)
     assert (no_sinks - want).abs().max() > 1e-3
     assert (every_key - want).abs().max() > 1e-3
@@ -145,15 +160,14 @@ def test_bad_arguments_are_refused_before_c() -> None:
     cache = case.caches[1]
     cache.prepare((0,), (10,), 1)
     qkv, pos, paged = torch.zeros(1, 1, case.width), torch.tensor([10]), cache.layer(0).paged()
-    attn = sink_attention(kernels)
     with pytest.raises(KernelArgumentError, match="sinks"):
-        attn(qkv, (4, 2, HD), case.rope, None, 1e-5, paged, pos, torch.zeros(3), None)
+        _attend(kernels, qkv, (4, 2, HD), case.rope, paged, pos, torch.zeros(3), None)
     with pytest.raises(KernelArgumentError, match="window"):
-        attn(qkv, (4, 2, HD), case.rope, None, 1e-5, paged, pos, case.sinks, 0)
+        _attend(kernels, qkv, (4, 2, HD), case.rope, paged, pos, case.sinks, 0)
     with pytest.raises(KernelArgumentError, match="qkv"):
-        attn(qkv[..., 1:], (4, 2, HD), case.rope, None, 1e-5, paged, pos, case.sinks, 8)
+        _attend(kernels, qkv[..., 1:], (4, 2, HD), case.rope, paged, pos, case.sinks, 8)
     with pytest.raises(KernelArgumentError, match="position"):
-        attn(qkv, (4, 2, HD), case.rope, None, 1e-5, paged, torch.tensor([64]), None, 8)
+        _attend(kernels, qkv, (4, 2, HD), case.rope, paged, torch.tensor([64]), None, 8)
 
 
 def test_gpt_oss_decodes_on_the_compiled_attention(
