@@ -2,22 +2,18 @@
 for each request's acknowledgement (the runner's side, taking every queued input before its
 next step, is tested with a real runner in engines/tests/test_runner_queued_inputs.py)."""
 
-from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import cast
 
 import anyio
 
 from exo.shared.models.embedded import EMBEDDED_MODEL_ID
-from exo.shared.types.common import CommandId, NodeId
+from exo.shared.types.common import CommandId
 from exo.shared.types.events import Event
 from exo.shared.types.tasks import Task, TaskId, TextGeneration
 from exo.shared.types.text_generation import InputMessage, TextGenerationTaskParams
-from exo.shared.types.worker.instances import BoundInstance
-from exo.shared.types.worker.runners import RunnerId
 from exo.utils.channels import channel, mp_channel
-from exo.worker.runner.runner_supervisor import RunnerSupervisor
 from exo.worker.tests.test_distributed_runners import make_instance
+from exo.worker.tests.unittests.bare_supervisor import bare_supervisor
 
 
 def _task(i: int) -> TextGeneration:
@@ -30,33 +26,17 @@ def _task(i: int) -> TextGeneration:
     )  # fmt: skip
 
 
-class _LiveProcess:
-    exitcode = None
-
-    def is_alive(self) -> bool:
-        return True
-
-
 def test_a_request_is_sent_without_waiting_for_the_runner_to_take_it(tmp_path: Path) -> None:
     """The worker forwards one task at a time; waiting for each request's acknowledgement
     let a busy runner (a pipeline acknowledges once per trip through its stages) receive
     one request per step however many were queued."""
-    instance = make_instance("pipeline", 1)
-    [rid] = instance.shard_assignments.runner_to_shard
-    bound = BoundInstance(instance=instance, bound_runner_id=RunnerId(rid),
-                          bound_node_id=NodeId("node-0"))  # fmt: skip
     task_send, task_recv = mp_channel[Task]()
     cancel_send, _ = mp_channel[TaskId]()
     _, ev_recv = mp_channel[Event]()
 
     async def send_all() -> set[TaskId]:
         events, _ = channel[Event]()
-        supervisor = RunnerSupervisor(
-            shard_metadata=bound.bound_shard, bound_instance=bound,
-            runner_process=cast("BaseProcess", cast(object, _LiveProcess())),
-            initialize_timeout=60, _ev_recv=ev_recv, _task_sender=task_send,
-            _event_sender=events, _cancel_sender=cancel_send,
-        )  # fmt: skip
+        supervisor = bare_supervisor(ev_recv, task_send, cancel_send, events)
         with anyio.fail_after(10):  # the runner never acknowledges: waiting would hang
             for i in range(4):
                 await supervisor.start_task(_task(i))
