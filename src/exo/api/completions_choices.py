@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from exo.api.generation_events import Finished
-from exo.shared.types.chunks import EchoedPrompt, TokenLogprob, TopLogprob
+from exo.shared.types.chunks import EchoedPrompt, TokenLogprob, token_raw
 
 # One prompt: its text, or its token ids.
 Prompt = str | list[int]
@@ -87,17 +87,17 @@ def prompt_text(answer: Answer) -> str:
     return answer.finished.echo.text if answer.finished.echo is not None else ""
 
 
-def _shown(entry: TopLogprob) -> str:
+def _shown(token: str, token_bytes: list[int] | None) -> str:
     """A token as the legacy logprobs show it: its text, or, where that alone is part of a
     character (a character's UTF-8 split over tokens), ``bytes:`` and its bytes escaped, as
     OpenAI shows such tokens."""
-    if entry.token_bytes is None:
-        return entry.token
-    return "bytes:" + "".join(f"\\x{b:02x}" for b in entry.token_bytes)
+    if token_bytes is None:
+        return token
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in token_bytes)
 
 
 def _top(entry: TokenLogprob) -> dict[str, float]:
-    return {_shown(t): t.logprob for t in entry.top}
+    return {_shown(t.token, t.token_bytes): t.logprob for t in entry.top}
 
 
 def logprobs_object(
@@ -108,29 +108,25 @@ def logprobs_object(
     first one has no log-probability: nothing precedes it). A token's ``text_offset`` is the
     character of the text its first byte belongs to: the tokens' bytes, not their texts
     alone (U+FFFD for part of a character), join into the text."""
-    pieces: list[TopLogprob] = []
+    pieces: list[tuple[str, list[int] | None]] = []  # each token's text and split bytes
     token_logprobs: list[float | None] = []
     top_logprobs: list[dict[str, float] | None] = []
     if echo is not None:
         scored = echo.logprobs or []
-        split = echo.token_bytes or [None] * len(echo.tokens)
-        pieces.extend(
-            TopLogprob(token=t, logprob=0.0, token_bytes=raw)
-            for t, raw in zip(echo.tokens, split, strict=True)
-        )
+        pieces.extend(zip(echo.tokens, echo.token_bytes or [None] * len(echo.tokens), strict=True))
         token_logprobs.extend([None, *(e.logprob for e in scored)][: len(echo.tokens)])
         top_logprobs.extend([None, *(_top(e) for e in scored)][: len(echo.tokens)])
-    pieces.extend(entries)
+    pieces.extend((e.token, e.token_bytes) for e in entries)
     token_logprobs.extend(e.logprob for e in entries)
     top_logprobs.extend(_top(e) for e in entries)
     offsets: list[int] = []
     text = codecs.getincrementaldecoder("utf-8")(errors="replace")
     at = start
-    for piece in pieces:
+    for token, token_bytes in pieces:
         offsets.append(at)
-        at += len(text.decode(piece.raw))
+        at += len(text.decode(token_raw(token, token_bytes)))
     return {
-        "tokens": [_shown(p) for p in pieces],
+        "tokens": [_shown(*p) for p in pieces],
         "token_logprobs": token_logprobs,
         "top_logprobs": top_logprobs,
         "text_offset": offsets,

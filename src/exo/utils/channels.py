@@ -34,16 +34,12 @@ class Sender(Generic[T]):
         # first yields to the event loop, a loop turn per item on a hop a streamed token
         # takes; only a full buffer waits here.
         try:
-            self._stream.send_nowait(item)
-            return
+            self.send_nowait(item)
         except anyio.WouldBlock:
-            pass
-        except anyio.BrokenResourceError as e:
-            raise ClosedResourceError from e
-        try:
-            await self._stream.send(item)
-        except anyio.BrokenResourceError as e:
-            raise ClosedResourceError from e
+            try:
+                await self._stream.send(item)
+            except anyio.BrokenResourceError as e:
+                raise ClosedResourceError from e
 
     def send_nowait(self, item: T) -> None:
         try:

@@ -24,6 +24,12 @@ class Usage(FrozenModel):
         return self.prompt_tokens + self.completion_tokens
 
 
+def token_raw(token: str, token_bytes: list[int] | None) -> bytes:
+    """A token's bytes: ``token_bytes`` where its text alone is part of a character, else its
+    text's UTF-8."""
+    return token.encode() if token_bytes is None else bytes(token_bytes)
+
+
 class TopLogprob(FrozenModel):
     token: str
     logprob: float
@@ -33,8 +39,7 @@ class TopLogprob(FrozenModel):
 
     @property
     def raw(self) -> bytes:
-        """The token's bytes (its text's UTF-8 where it is whole characters)."""
-        return bytes(self.token_bytes) if self.token_bytes is not None else self.token.encode()
+        return token_raw(self.token, self.token_bytes)
 
 
 class TokenLogprob(TopLogprob):

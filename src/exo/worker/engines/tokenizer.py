@@ -147,7 +147,8 @@ class EngineTokenizer:
         if known is not None:
             return known
         text = self.decode([token_id])
-        found = (text, _partial_bytes(self.backend.id_to_token(token_id)) if REPLACEMENT in text else None)
+        raw = _partial_bytes(self.backend.id_to_token(token_id)) if REPLACEMENT in text else None
+        found = (text, raw)
         if len(self._token_texts) < _TOKEN_TEXTS_KEPT:
             self._token_texts[token_id] = found
         return found
@@ -229,11 +230,9 @@ _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallba
 def _byte_level_alphabet() -> dict[str, int]:
     """Byte-level BPE's printable stand-in of each byte (GPT-2's table): the printable bytes
     stand for themselves, the others for 256, 257, ... in byte order."""
-    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    table = {chr(b): b for b in keep}
-    others = (b for b in range(256) if b not in table.values())
-    table.update({chr(256 + n): b for n, b in enumerate(others)})
-    return table
+    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    others = [b for b in range(256) if b not in keep]
+    return {chr(b): b for b in keep} | {chr(256 + n): b for n, b in enumerate(others)}
 
 
 _BYTE_LEVEL = _byte_level_alphabet()
