@@ -204,9 +204,9 @@ class QKernels:
         self._set_spin = lib.exo_set_spin
         self._set_spin.argtypes = [ctypes.c_long, ctypes.c_long]
         self._set_spin.restype = i
-        self._attend = lib.exo_attend_decode_kv
-        self._attend.argtypes = [p, i, i, i, i, p, p, f, p, i, i, ctypes.c_long, p, p, i, i, p]
-        self._attend.restype = i
+        self._attend_step = lib.exo_attend_step
+        self._attend_step.argtypes = [p, p, i, i, i, p, f, ctypes.c_long, p, p]
+        self._attend_step.restype = i
         self._repack = lib.exo_repack_rows
         self._repack.argtypes = [i, p, i, i, p]
         self._repack.restype = i
@@ -362,85 +362,141 @@ class QKernels:
         for this layer; positions: int64 [B], each below P and within the row's pages; sinks:
         float32 [H], a logit per head that takes part in the softmax and adds no value (gpt-oss),
         or None; window: the keys a query sees (the last `window` positions; None: all).
+        A step's layers share most of this: `decode_attention` checks that once a step."""
+        step = self.decode_attention(rope, cache, positions, window)
+        return step(qkv, heads, kv_heads, head_dim, qk_norm, eps, cache.offset, sinks)
 
-        Called once a layer per step, so the checks are cheap ones: the kernel checks each
-        position against the row's pages before it writes anything (-3, raised here as the
-        argument error it is), and the positions are read here only when the rope table is
-        shorter than the pages (`.tolist()` and min/max cost more than the rest together).
-        """
+    def decode_attention(
+        self, rope: Tensor, cache: PagedLayer, positions: Tensor, window: int | None
+    ) -> "DecodeAttention":
+        """A decode step's attention for its layers of one kind (`DecodeAttention`): the step's
+        rotary table, pages (`cache.offset` is not used: each call names its layer's),
+        positions and window, checked once."""
+        return DecodeAttention(self, rope, cache, positions, window)
+
+
+class _AttendStep(ctypes.Structure):
+    """C: AttendStep (`csrc/exo_kernels.h`), the same fields in the same order."""
+
+    _fields_: ClassVar = [
+        ("rope", ctypes.c_void_p),
+        ("pages", ctypes.c_void_p),
+        ("pos", ctypes.c_void_p),
+        ("B", ctypes.c_int),
+        ("max_pages", ctypes.c_int),
+        ("P", ctypes.c_int),
+        ("window", ctypes.c_int),
+        ("half", ctypes.c_int),
+    ]
+
+
+class DecodeAttention:
+    """One decode step of attention for a step's layers of one kind (global or sliding): rotate
+    q and k, append to the paged cache, attend (`csrc/attention.c`), one call a layer.
+
+    What the layers share (rows, rotary table, pages, positions, window) is checked and set in
+    a C struct once a step; a layer's call then checks and passes only its own arguments
+    (measured at SmolLM2's shape, one row: ~9 us a layer of Python before the kernel with every
+    argument checked and converted at each call). The tensors are held (as contiguous copies
+    where needed) until this object goes. The kernel checks each position against the row's
+    pages before it writes anything (-3, raised as the argument error it is); the positions
+    are read here only when the rope table is shorter than the pages."""
+
+    def __init__(
+        self, kernels: QKernels, rope: Tensor, cache: PagedLayer, positions: Tensor,
+        window: int | None,
+    ) -> None:  # fmt: skip
+        if rope.dtype != torch.complex64 or not rope.is_cpu or rope.dim() != 2:
+            raise KernelArgumentError(
+                f"rope must be complex64 [P, hd/2] on the CPU, got {rope.dtype} {list(rope.shape)}"
+            )
+        if window is not None and not 0 < window < 2**31:
+            raise KernelArgumentError(f"the window must be a positive int, got {window}")
+        pages = cache.pages
+        if pages.dtype != torch.int64 or not pages.is_cpu or pages.dim() != 2:
+            raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
+        bsz = pages.shape[0]
+        if positions.dtype != torch.int64 or not positions.is_cpu:
+            raise KernelArgumentError("positions must be int64 on the CPU")
+        if positions.shape != (bsz,):
+            _shape("positions", positions, (bsz,))
+        if cache.dtype not in (torch.float32, torch.float16):
+            raise KernelArgumentError(f"the cache must be float32 or float16, got {cache.dtype}")
+        if pages.shape[1] * cache.page > _INT_MAX:
+            raise KernelArgumentError("too many pages for one call")
+        if rope.shape[0] < pages.shape[1] * cache.page:  # the kernel's check is not enough
+            _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
+        self._kernels, self._cache, self.bsz = kernels, cache, bsz
+        self._rope, self._pages = rope.contiguous(), pages.contiguous()
+        self._pos = positions.contiguous()
+        self._spec = _AttendStep(
+            self._rope.data_ptr(), self._pages.data_ptr(), self._pos.data_ptr(), bsz,
+            pages.shape[1], cache.page, window or 0, int(cache.dtype == torch.float16),
+        )  # fmt: skip
+        self._address = ctypes.addressof(self._spec)
+        self._rope_width = rope.shape[1]
+
+    def __call__(
+        self,
+        qkv: Tensor,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        qk_norm: Tensor | None,
+        eps: float,
+        layer_offset: int,
+        sinks: Tensor | None = None,
+    ) -> Tensor:
+        """qkv [B, 1, (H + 2KV) * hd] -> [B, 1, H * hd] for the layer whose keys start at
+        `layer_offset` in a page (`PagedLayer.offset`); qk_norm [H + KV, hd] or None; sinks
+        float32 [H] (gpt-oss) or None."""
         if heads <= 0 or kv_heads <= 0 or heads % kv_heads or head_dim <= 0 or head_dim % 2:
             raise KernelArgumentError(
                 f"heads {heads} must be a multiple of kv_heads {kv_heads}; head_dim even"
             )
+        cache = self._cache
+        if cache.kv_heads != kv_heads or cache.head_dim != head_dim:
+            raise KernelArgumentError(
+                f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim}, "
+                f"not {kv_heads} of {head_dim}"
+            )
+        if self._rope_width != head_dim // 2:
+            raise KernelArgumentError(f"rope must be [P, {head_dim // 2}], got [P, {self._rope_width}]")
         _float_cpu("qkv", qkv)
+        bsz = self.bsz
         if qkv.dim() != 3:
             raise KernelArgumentError(f"qkv must be [B, 1, W], got {list(qkv.shape)}")
-        bsz = qkv.shape[0]
         if qkv.shape != (bsz, 1, (heads + 2 * kv_heads) * head_dim):
             _shape("qkv", qkv, (bsz, 1, (heads + 2 * kv_heads) * head_dim))
-        if rope.dtype != torch.complex64 or not rope.is_cpu:
-            raise KernelArgumentError(f"rope must be complex64 on the CPU, got {rope.dtype}")
-        if rope.dim() != 2 or rope.shape[1] != head_dim // 2:
-            raise KernelArgumentError(f"rope must be [P, {head_dim // 2}], got {list(rope.shape)}")
         if qk_norm is not None:
             _float_cpu("qk_norm", qk_norm)
             _shape("qk_norm", qk_norm, (heads + kv_heads, head_dim))
         if sinks is not None:
             _float_cpu("sinks", sinks)
             _shape("sinks", sinks, (heads,))
-        if window is not None and not 0 < window < 2**31:
-            raise KernelArgumentError(f"the window must be a positive int, got {window}")
-        if positions.dtype != torch.int64 or not positions.is_cpu:
-            raise KernelArgumentError("positions must be int64 on the CPU")
-        if positions.shape != (bsz,):
-            _shape("positions", positions, (bsz,))
-        pages = cache.pages
-        if pages.dtype != torch.int64 or not pages.is_cpu or pages.dim() != 2:
-            raise KernelArgumentError("the cache's pages must be an int64 [B, n] CPU tensor")
-        if pages.shape[0] != bsz:
-            _shape("the cache's pages", pages, (bsz, pages.shape[1]))
-        if cache.kv_heads != kv_heads or cache.head_dim != head_dim:
-            raise KernelArgumentError(
-                f"the cache holds {cache.kv_heads} kv heads of {cache.head_dim}, "
-                f"not {kv_heads} of {head_dim}"
-            )
-        if cache.dtype not in (torch.float32, torch.float16):
-            raise KernelArgumentError(f"the cache must be float32 or float16, got {cache.dtype}")
-        if rope.shape[0] < pages.shape[1] * cache.page:  # the kernel's check is not enough
-            _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
-        qkv_c, rope_c, pages_c, pos_c = (
-            qkv.contiguous(),
-            rope.contiguous(),
-            pages.contiguous(),
-            positions.contiguous(),
-        )
+        if not 0 <= layer_offset < 2**62:
+            raise KernelArgumentError(f"the layer's offset must not be negative, got {layer_offset}")
+        qkv_c = qkv.contiguous()
         norm_c = None if qk_norm is None else qk_norm.contiguous()
         sinks_c = None if sinks is None else sinks.contiguous()
         out = torch.empty(bsz, 1, heads * head_dim, dtype=torch.float32)
-        rc = self._attend(
+        rc = self._kernels._attend_step(  # pyright: ignore[reportPrivateUsage]
+            self._address,
             qkv_c.data_ptr(),
-            bsz,
             heads,
             kv_heads,
             head_dim,
-            rope_c.data_ptr(),
             None if norm_c is None else norm_c.data_ptr(),
             eps,
-            pages_c.data_ptr(),
-            pages_c.shape[1],
-            cache.page,
-            cache.offset,
-            pos_c.data_ptr(),
+            layer_offset,
             None if sinks_c is None else sinks_c.data_ptr(),
-            window or 0,  # 0: every position
-            int(cache.dtype == torch.float16),
             out.data_ptr(),
         )
-        del qkv_c, rope_c, pages_c, pos_c, norm_c, sinks_c  # alive until the kernel has returned
+        del qkv_c, norm_c, sinks_c  # alive until the kernel has returned
         if rc == -3:  # a position past the row's pages (or negative): nothing was written
-            _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
+            _check_positions(self._pos, self._rope.shape[0], self._pages.shape[1] * cache.page)
         if rc != 0:
-            raise RuntimeError(f"exo_attend_decode_kv failed with code {rc}")
+            raise RuntimeError(f"exo_attend_step failed with code {rc}")
         return out
 
 

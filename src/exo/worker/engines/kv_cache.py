@@ -67,11 +67,14 @@ class LayerCache:
         self.cache = cache
         self.layer = layer
 
+    @property
+    def offset(self) -> int:
+        """Where this layer's keys start in a page (`PagedLayer.offset`)."""
+        return self.layer * 2 * self.cache.kv_heads * PAGE * self.cache.head_dim
+
     def paged(self) -> PagedLayer:
         c = self.cache
-        kv_heads, head_dim = c.kv_heads, c.head_dim
-        offset = self.layer * 2 * kv_heads * PAGE * head_dim
-        return PagedLayer(c.step_pages, PAGE, offset, kv_heads, head_dim, c.dtype)
+        return PagedLayer(c.step_pages, PAGE, self.offset, c.kv_heads, c.head_dim, c.dtype)
 
     def write_and_read(
         self, k: Tensor, v: Tensor, kv_len: int, lo: int = 0

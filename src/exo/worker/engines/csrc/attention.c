@@ -384,3 +384,10 @@ int exo_attend_decode_kv(const float* qkv, int B, int H, int KV, int hd, const f
     exo_run_parallel(attend_part, &job, parts);
     return job.failed ? -1 : 0;
 }
+
+int exo_attend_step(const AttendStep* s, const float* qkv, int H, int KV, int hd,
+                    const float* qk_norm, float eps, long layer_off, const float* sinks, float* out) {
+    return exo_attend_decode_kv(qkv, s->B, H, KV, hd, s->rope, qk_norm, eps, s->pages,
+                                s->max_pages, s->P, layer_off, s->pos, sinks, s->window, s->half,
+                                out);
+}

@@ -316,5 +316,18 @@ int exo_attend_decode_kv(const float* qkv, int B, int H, int KV, int hd, const f
                          const float* qk_norm, float eps, const int64_t* pages, int max_pages,
                          int P, long layer_off, const int64_t* pos, const float* sinks,
                          int window, int half, float* out);
+/* A decode step's arguments that its layers of one kind share (rows, rotary table, pages,
+ * positions, window, cache type), set once a step by the caller (cpu_kernels.py's
+ * DecodeAttention): each layer's call then passes only its own. */
+typedef struct {
+    const float* rope;
+    const int64_t* pages;
+    const int64_t* pos;
+    int B, max_pages, P, window, half;
+} AttendStep;
+/* exo_attend_decode_kv(qkv, s->B, H, KV, hd, s->rope, qk_norm, eps, s->pages, s->max_pages, s->P,
+ * layer_off, s->pos, sinks, s->window, s->half, out). */
+int exo_attend_step(const AttendStep* s, const float* qkv, int H, int KV, int hd,
+                    const float* qk_norm, float eps, long layer_off, const float* sinks, float* out);
 
 #endif

@@ -9,13 +9,13 @@ CPU kernels a decode step's rotation, cache write and attention are one call per
 sliding windows and gpt-oss's sinks included (`QKernels.attend_decode`); prefill runs in torch.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from exo.worker.engines.cpu_kernels import QKernels
+from exo.worker.engines.cpu_kernels import DecodeAttention, QKernels
 from exo.worker.engines.images import block_mask
 from exo.worker.engines.kv_cache import KVCache, LayerCache
 from exo.worker.engines.models.base import StepInputs
@@ -38,6 +38,8 @@ class StepTensors:
     # a sliding layer's masked prompt chunk in query blocks: (first, end) query rows and the
     # (first, end) keys (from key_lo) that they can see; None: one call over the whole mask
     spans: tuple[tuple[int, int, int, int], ...] | None = None
+    # the compiled decode attention set up for the step's pages (`with_decode`), or None
+    decode: DecodeAttention | None = None
 
 
 QUERY_BLOCK = 64  # a masked prompt chunk's queries per call on sliding layers (`query_spans`)
@@ -96,6 +98,15 @@ def step_tensors(
     )
 
 
+def with_decode(t: StepTensors, kernels: QKernels | None, cache: KVCache) -> StepTensors:
+    """`t` with the compiled decode attention set up once for the step's layers of its kind
+    (after `cache.prepare`: the step's pages), where `t` runs it."""
+    if not t.use_kernel or kernels is None:
+        return t
+    paged = cache.layer(0).paged()
+    return replace(t, decode=kernels.decode_attention(t.rope, paged, t.pos_index, t.window))
+
+
 def query_spans(
     step: StepInputs, window: int | None, key_lo: int
 ) -> tuple[tuple[int, int, int, int], ...] | None:
@@ -141,7 +152,9 @@ def attend(
     sinks [H] float32: gpt-oss's sink logits (`attend_with_sinks`)."""
     bsz, n_new, _ = qkv.shape
     hd, heads, kvh = s.head_dim, s.heads, s.kv_heads
-    if t.use_kernel and kernels is not None:  # rotate, cache, attend: one compiled call
+    if t.decode is not None:  # rotate, cache, attend: one compiled call
+        return t.decode(qkv, heads, kvh, hd, s.qk_norm, s.eps, layer_cache.offset, sinks)
+    if t.use_kernel and kernels is not None:  # (the same, set up for this layer alone)
         return kernels.attend_decode(
             qkv, heads, kvh, hd, t.rope, s.qk_norm, s.eps, layer_cache.paged(), t.pos_index,
             sinks=sinks, window=t.window,

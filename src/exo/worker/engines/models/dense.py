@@ -50,6 +50,7 @@ from exo.worker.engines.models.attention import (
     attend,
     check_step,
     step_tensors,
+    with_decode,
 )
 from exo.worker.engines.models.base import (
     AllReduce,
@@ -222,6 +223,7 @@ class DenseModel(ShardStages):
         check_step(step, cache)
         per_kind = {s: self._step_tensors(step, s) for s in {b.sliding for b in self.blocks}}
         cache.prepare(step.slots, step.starts, step.n_new)  # pages for the new positions
+        per_kind = {s: with_decode(t, self._kernels, cache) for s, t in per_kind.items()}
         for i, block in enumerate(self.blocks):
             hidden = self._block(block, hidden, per_kind[block.sliding], cache.layer(i))
             hidden = add_deepstack(hidden, step.images, self.start_layer + i)

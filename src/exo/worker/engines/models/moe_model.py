@@ -39,6 +39,7 @@ from exo.worker.engines.models.attention import (
     attend,
     check_step,
     step_tensors,
+    with_decode,
 )
 from exo.worker.engines.models.base import (
     AllReduce,
@@ -274,6 +275,7 @@ class MoeModel(ShardStages):
         check_step(step, cache)
         per_kind = {s: self._step_tensors(step, s) for s in {b.sliding for b in self.blocks}}
         cache.prepare(step.slots, step.starts, step.n_new)
+        per_kind = {s: with_decode(t, self._kernels, cache) for s, t in per_kind.items()}
         for i, block in enumerate(self.blocks):
             hidden = self._block(block, hidden, per_kind[block.sliding], cache.layer(i))
         return hidden

@@ -137,7 +137,7 @@ class _FakeLib:
         self.exo_qlinear = linear
         self.exo_set_threads = _SpyLinear(0)
         self.exo_set_spin = _SpyLinear(0)
-        self.exo_attend_decode_kv = _SpyLinear(0)
+        self.exo_attend_step = _SpyLinear(0)
         self.exo_repack_rows = _SpyLinear(0)
         self.exo_unrepack_rows = _SpyLinear(0)
         self.exo_dequant_rows = _SpyLinear(0)
