@@ -41,6 +41,7 @@ from exo.worker.engines.kernel_build import (
     build_library,
     choose_isa,
     find_compiler,
+    isa_flags,
     library_name,
 )
 from exo.worker.engines.kinds import BY_KERNEL, GROUP_ROWS, KINDS, kind_named
@@ -566,8 +567,10 @@ def load_kernels_for(isa: Isa, kernel_dir: Path | None = None, why: str = "") ->
     spin = _spin_from_env()
     if spin is not None:
         kernels.set_spin(*spin)
+    evex = "-DEXO_AVXVNNI_EVEX" in isa_flags(isa)  # (kernel_build.AVXVNNI_EVEX_FLAGS)
     logger.info(
         f"CPU kernels: the {isa} path"
+        + (" in AVX-512 VL's encodings (this CPU has AVX-512 VNNI, not AVX-VNNI)" if evex else "")
         + (f" ({why})" if why else "")
         + f", {kernels.activations}-bit activations"
         + ("" if spin is None else f", spin {spin[0]:g}/{spin[1]:g} us")

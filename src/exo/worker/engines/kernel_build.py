@@ -57,6 +57,10 @@ ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
     "portable": ("-DEXO_FORCE_PORTABLE",),
     "neon-dotprod": ("-march=armv8.2-a+dotprod",),  # arm: baseline NEON + sdot (arch/arm/)
 }
+# The avxvnni build for a CPU with AVX-512 VNNI but not AVX-VNNI (Zen 4, Ice Lake and Sapphire
+# Rapids before it, ...): the same code, its two VNNI instructions in their EVEX (AVX-512 VL) forms
+# (csrc/exo_kernels.h), so that where such a CPU runs the tests, the avxvnni build's code runs too.
+AVXVNNI_EVEX_FLAGS = ("-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni", "-DEXO_AVXVNNI_EVEX")
 SANITIZE_FLAGS = (
     "-O1",
     "-g",
@@ -64,7 +68,7 @@ SANITIZE_FLAGS = (
     "-fno-sanitize-recover=all",
     "-fno-omit-frame-pointer",
 )
-# what /proc/cpuinfo must list for each build to run
+# what /proc/cpuinfo must list for each build to run (avxvnni: or _AVXVNNI_EVEX_CPU)
 _CPU_FLAGS: dict[Isa, tuple[str, ...]] = {
     "avx512vnni": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
     "avxvnni": ("avx2", "fma", "f16c", "avx_vnni"),
@@ -72,6 +76,7 @@ _CPU_FLAGS: dict[Isa, tuple[str, ...]] = {
     "portable": (),
     "neon-dotprod": ("asimd", "asimddp"),  # arm: /proc/cpuinfo's Features (or AT_HWCAP's bits)
 }
+_AVXVNNI_EVEX_CPU = ("avx2", "fma", "f16c", "avx512f", "avx512vl", "avx512_vnni")
 
 
 class KernelBuildError(RuntimeError):
@@ -123,7 +128,20 @@ def cpu_flags() -> frozenset[str]:
 def cpu_runs(isa: Isa, flags: frozenset[str] | None = None) -> bool:
     """Whether this CPU (or one with `flags`) runs the `isa` build."""
     have = cpu_flags() if flags is None else flags
-    return all(f in have for f in _CPU_FLAGS[isa])
+    return all(f in have for f in _CPU_FLAGS[isa]) or (
+        isa == "avxvnni" and all(f in have for f in _AVXVNNI_EVEX_CPU)
+    )
+
+
+def isa_flags(isa: Isa, flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """The compiler flags of the `isa` build for this CPU (or one with `flags`): ISA_FLAGS's,
+    but the avxvnni build's EVEX form (AVXVNNI_EVEX_FLAGS) where only that runs."""
+    if isa != "avxvnni":
+        return ISA_FLAGS[isa]
+    have = cpu_flags() if flags is None else flags
+    if all(f in have for f in _CPU_FLAGS[isa]) or not cpu_runs(isa, have):
+        return ISA_FLAGS[isa]
+    return AVXVNNI_EVEX_FLAGS
 
 
 def cpu_has_avx2() -> bool:
@@ -162,7 +180,8 @@ def choose_isa(flags: frozenset[str] | None = None) -> tuple[Isa, str]:
 
 def library_flags(isa: Isa, machine: str | None = None) -> tuple[str, ...]:
     """For this machine, or the target `machine` (a cross build)."""
-    return (*COMMON_FLAGS, *ISA_FLAGS[isa], *target_flags(machine), "-shared", "-fPIC")
+    native = ISA_FLAGS[isa] if machine is not None else isa_flags(isa)
+    return (*COMMON_FLAGS, *native, *target_flags(machine), "-shared", "-fPIC")
 
 
 def library_name(compiler: str, isa: Isa) -> str:
@@ -200,7 +219,7 @@ def build_library(compiler: str, isa: Isa, out: Path, machine: str | None = None
 def build_harness(compiler: str, isa: Isa, out: Path, *, sanitize: bool = True) -> None:
     """The standalone C test harness (no Python in its process) over the kernel sources."""
     src = csrc_dir()
-    flags = [*COMMON_FLAGS, *ISA_FLAGS[isa], *target_flags(), *(SANITIZE_FLAGS if sanitize else ())]
+    flags = [*COMMON_FLAGS, *isa_flags(isa), *target_flags(), *(SANITIZE_FLAGS if sanitize else ())]
     files = [str(src / n) for n in kernel_sources() + HARNESS_SOURCES]
     run_compiler([compiler, *flags, f"-I{src}", *files], out)
 

@@ -19,15 +19,28 @@
 #endif
 /* The x86 builds above AVX2 (kernel_build.py): the same arch/x86/ code, whose int16 pair
  * multiply-adds become one VNNI instruction (vpdpwssd, ymm: arch/x86/x86.h). */
-#if EXO_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#if EXO_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__) && !defined(EXO_AVXVNNI_EVEX)
 #define EXO_AVX512VNNI 1
 #else
 #define EXO_AVX512VNNI 0
 #endif
-#if EXO_AVX2 && !EXO_AVX512VNNI && defined(__AVXVNNI__)
+#if EXO_AVX2 && !EXO_AVX512VNNI && \
+    (defined(__AVXVNNI__) || (defined(EXO_AVXVNNI_EVEX) && defined(__AVX512VL__) && defined(__AVX512VNNI__)))
 #define EXO_AVXVNNI 1
 #else
 #define EXO_AVXVNNI 0
+#endif
+/* The ymm VNNI instructions (vpdpbusd, vpdpwssd): AVX-512 VL's EVEX forms in the avx512vnni build
+ * and in the avxvnni build made for a CPU with AVX-512 VNNI but no AVX-VNNI (Zen 4, Ice Lake:
+ * kernel_build.py adds -DEXO_AVXVNNI_EVEX, so that the avxvnni build's code runs, and is tested,
+ * there); AVX-VNNI's VEX forms otherwise. The same integers either way. */
+#if EXO_AVX512VNNI || (EXO_AVXVNNI && defined(EXO_AVXVNNI_EVEX))
+#define X86_VNNI_DPBUSD _mm256_dpbusd_epi32
+#define X86_VNNI_DPWSSD _mm256_dpwssd_epi32
+#elif EXO_AVXVNNI
+#define X86_VNNI_DPBUSD _mm256_dpbusd_avx_epi32
+#define X86_VNNI_DPWSSD _mm256_dpwssd_avx_epi32
 #endif
 /* arm: the aarch64 builds above portable (kernel_build.py) compile arch/arm/: NEON dots of the
  * 16-bit activations (baseline armv8-a) and, with the dotprod extension (armv8.2-a+dotprod:

@@ -9,23 +9,44 @@ from loguru import logger
 
 from exo.modelgen.quants import random_blocks
 from exo.worker.engines.cpu_kernels import PROLOGUE_RMS_NORM, QuantWeights, load_kernels_for
-from exo.worker.engines.kernel_build import X86_ISAS, Isa, choose_isa, cpu_runs, runnable_isas
+from exo.worker.engines.kernel_build import (
+    AVXVNNI_EVEX_FLAGS,
+    ISA_FLAGS,
+    X86_ISAS,
+    Isa,
+    choose_isa,
+    cpu_runs,
+    isa_flags,
+    runnable_isas,
+)
 from exo.worker.engines.kinds import KINDS
 
 BASE = frozenset({"sse2", "avx", "avx2", "fma", "f16c"})
-ZEN4 = BASE | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni"}
+ZEN4 = BASE | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}  # (no AVX-VNNI: read off one)
+ZEN5 = ZEN4 | {"avx_vnni"}
 ALDER_LAKE = BASE | {"avx_vnni"}
 
 
 def test_the_best_build_the_cpu_runs_is_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EXO_KERNEL_ISA", raising=False)
-    assert choose_isa(ZEN4)[0] == "avx512vnni"
+    assert choose_isa(ZEN4)[0] == "avx512vnni" and choose_isa(ZEN5)[0] == "avx512vnni"
     assert choose_isa(ALDER_LAKE)[0] == "avxvnni"
     assert choose_isa(BASE)[0] == "avx2"
     assert choose_isa(BASE - {"fma"})[0] == "portable"
     # AVX-512 without VNNI (Skylake-X) is no VNNI build
     assert choose_isa(BASE | {"avx512f", "avx512bw", "avx512vl"})[0] == "avx2"
     assert runnable_isas(ALDER_LAKE) == ("avxvnni", "avx2", "portable")
+
+
+def test_the_avxvnni_build_runs_in_evex_encodings_where_only_avx512_vnni_is() -> None:
+    """A CPU with AVX-512 VNNI and no AVX-VNNI runs the avxvnni build's code, its two VNNI
+    instructions in their AVX-512 VL forms: so that build is tested there too."""
+    assert runnable_isas(ZEN4) == ("avx512vnni", "avxvnni", "avx2", "portable")
+    assert isa_flags("avxvnni", ZEN4) == AVXVNNI_EVEX_FLAGS
+    assert isa_flags("avxvnni", ZEN5) == isa_flags("avxvnni", ALDER_LAKE) == ISA_FLAGS["avxvnni"]
+    assert isa_flags("avx512vnni", ZEN4) == ISA_FLAGS["avx512vnni"]
+    # AVX-512 without VNNI runs neither VNNI build
+    assert runnable_isas(BASE | {"avx512f", "avx512bw", "avx512vl"}) == ("avx2", "portable")
 
 
 @pytest.mark.parametrize("forced", ["portable", "avx2", "avxvnni", "avx512vnni"])

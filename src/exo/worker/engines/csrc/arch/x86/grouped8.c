@@ -45,11 +45,7 @@
 /* a_1 . b_1 + a_2 . b_2 per int32 lane (unsigned a, signed b, 4 bytes each), from zero: the
  * running sums then wait on one add a step, not on a chain of vpdpbusd latencies */
 static inline __attribute__((always_inline)) __m256i g8x_dp2(__m256i a1, __m256i b1, __m256i a2, __m256i b2) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
-#else
-    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a1, b1), a2, b2);
-#endif
+    return X86_VNNI_DPBUSD(X86_VNNI_DPBUSD(_mm256_setzero_si256(), a1, b1), a2, b2);
 }
 #endif
 

@@ -66,11 +66,7 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
                 const int8_t* xq = x[(size_t)r * nb + b].qs + 4 * k;
 #if EXO_AVX512VNNI || EXO_AVXVNNI
                 __m256i t = s[r];
-#if EXO_AVX512VNNI
-#define Q5G_DP _mm256_dpbusd_epi32
-#else
-#define Q5G_DP _mm256_dpbusd_avx_epi32
-#endif
+#define Q5G_DP X86_VNNI_DPBUSD
                 t = Q5G_DP(t, lo[0], x86_bcast4(xq));
                 t = Q5G_DP(t, hi[0], x86_bcast4(xq + 16));
                 t = Q5G_DP(t, lo[1], x86_bcast4(xq + 4));

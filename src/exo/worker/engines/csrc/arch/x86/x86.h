@@ -38,10 +38,8 @@ static inline __attribute__((always_inline)) void x86_ahead(const uint8_t* at, s
  * else vpmaddwd and vpaddd. The same integers either way (neither saturates), so every x86 build
  * gives the same results. */
 static inline __attribute__((always_inline)) __m256i dp16(__m256i acc, __m256i a, __m256i b) {
-#if EXO_AVX512VNNI
-    return _mm256_dpwssd_epi32(acc, a, b);
-#elif EXO_AVXVNNI
-    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+    return X86_VNNI_DPWSSD(acc, a, b);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 #endif
@@ -57,10 +55,8 @@ static inline __m256i madd32(__m256i a0, __m256i a1, const int16_t* b) {
  * VNNI builds, else vpmaddubsw (its int16 pair sums must not saturate: the caller's bound) and
  * vpmaddwd. The same integers on every build. */
 static inline __attribute__((always_inline)) __m256i x86_dpbusd(__m256i acc, __m256i a, __m256i b) {
-#if EXO_AVX512VNNI
-    return _mm256_dpbusd_epi32(acc, a, b);
-#elif EXO_AVXVNNI
-    return _mm256_dpbusd_avx_epi32(acc, a, b);
+#if EXO_AVX512VNNI || EXO_AVXVNNI
+    return X86_VNNI_DPBUSD(acc, a, b);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
 #endif
