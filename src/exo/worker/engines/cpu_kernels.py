@@ -169,6 +169,7 @@ class QuantWeights:
                 _float_cpu(name, t)
                 _shape(name, t, (size,))
         self.kind, self.k, self.prologue, self.kinds = kind, k, prologue, kinds
+        self.width = 2 * k if prologue in _GLU_PROLOGUES else k  # x's last dimension
         pad = [0] * (MAX_PARTS - len(parts))
         pointers = [p.data_ptr() for p in self.parts] + pad
         rows = [p.shape[0] for p in self.parts] + pad
@@ -304,20 +305,28 @@ class QKernels:
 
         x [..., k] ([..., 2k] for SwiGLU / GeGLU); residual [..., n]. Inputs that are not contiguous
         are copied; the copies live (as locals here) until the C call has returned."""
-        _float_cpu("x", x)
-        width = 2 * w.k if w.prologue in _GLU_PROLOGUES else w.k
-        if x.dim() < 1 or x.shape[-1] != width:
-            raise KernelArgumentError(f"x must be [..., {width}], got {list(x.shape)}")
+        # (the checks are written for a call per layer per step: a plain comparison first, the
+        # helper with the message only when it fails; ~3.6 -> ~2 us a call before the kernel)
+        if x.dtype != torch.float32 or not x.is_cpu:
+            _float_cpu("x", x)
+        width, shape = w.width, x.shape
+        if not shape or shape[-1] != width:
+            raise KernelArgumentError(f"x must be [..., {width}], got {list(shape)}")
         rows = x.numel() // width
         if rows > _INT_MAX:
             raise KernelArgumentError("too many rows for one call")
         x_c = x.contiguous()
         res_c: Tensor | None = None
         if residual is not None:
-            _float_cpu("residual", residual)
-            _shape("residual", residual, (*x.shape[:-1], w.n))
+            if residual.dtype != torch.float32 or not residual.is_cpu:
+                _float_cpu("residual", residual)
+            rs = residual.shape
+            if not rs or rs[-1] != w.n or rs[:-1] != shape[:-1]:
+                _shape("residual", residual, (*shape[:-1], w.n))
             res_c = residual.contiguous()
-        y = torch.empty(*x.shape[:-1], w.n, dtype=torch.float32)  # (sizes as arguments: cheaper)
+            y = torch.empty_like(res_c)  # [..., n] float32, contiguous (cheaper than empty)
+        else:
+            y = torch.empty(*shape[:-1], w.n, dtype=torch.float32)  # (sizes as arguments: cheaper)
         rc = self._fn(
             w.spec_address,
             x_c.data_ptr(),

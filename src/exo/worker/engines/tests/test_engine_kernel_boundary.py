@@ -58,6 +58,9 @@ def _weights(n: int = 64, k: int = 96, prologue: int = PROLOGUE_NONE) -> QuantWe
         (torch.randn(2, 192), None, r"x must be \[..., 96\]"),
         (torch.randn(2, 96), torch.randn(2, 63), r"residual must have shape \[2, 64\]"),
         (torch.randn(2, 96), torch.randn(3, 64), r"residual must have shape \[2, 64\]"),
+        (torch.randn(2, 96), torch.randn(2, 1, 64), r"residual must have shape \[2, 64\]"),
+        (torch.randn(2, 96), torch.tensor(1.0), r"residual must have shape \[2, 64\]"),
+        (torch.tensor(1.0), None, r"x must be \[..., 96\]"),
         (torch.randn(2, 96), torch.randn(2, 64, dtype=torch.float64), "residual must be float32"),
     ],
 )
