@@ -6,7 +6,8 @@
 A step's tensors (rotations, mask, lengths) are built once per step and per kind of layer
 (global or sliding, `step_tensors`) and shared by every layer of that kind. With the compiled
 CPU kernels a decode step's rotation, cache write and attention are one call per layer,
-sliding windows and gpt-oss's sinks included (`QKernels.attend_decode`); prefill runs in torch.
+sliding windows and gpt-oss's sinks included (`QKernels.decode_attention`, set up once a step for
+the step's pages: `with_decode`); prefill runs in torch.
 """
 
 from dataclasses import dataclass, replace

@@ -18,6 +18,7 @@ from exo.worker.engines.models.attention import (
     attend,
     attend_with_sinks,
     step_tensors,
+    with_decode,
 )
 from exo.worker.engines.models.base import StepInputs
 from exo.worker.engines.rope import rope_frequencies, rope_table
@@ -64,13 +65,19 @@ class _Case:
                 cache.prepare(step.slots, step.starts, n)
                 attend_with_sinks(qkv, self.shape, t, cache.layer(0), self.sinks)
 
-    def decode(self, qkv: Tensor, slots: Sequence[int], kernels: QKernels | None) -> Tensor:
-        """One decode step of rows `slots` (the compiled path on cache 1, torch on cache 0)."""
+    def decode(
+        self, qkv: Tensor, slots: Sequence[int], kernels: QKernels | None, prepared: bool = False
+    ) -> Tensor:
+        """One decode step of rows `slots` (the compiled path on cache 1, torch on cache 0;
+        `prepared`: the compiled call set up once for the step, as the models run it)."""
         cache = self.caches[kernels is not None]
         step = StepInputs(tuple(slots), tuple(self.lengths[s] for s in slots), 1)
         t = step_tensors(step, self.rope, WINDOW, CPU, compiled=kernels is not None)
         assert t.use_kernel == (kernels is not None)
         cache.prepare(step.slots, step.starts, 1)
+        if prepared:
+            t = with_decode(t, kernels, cache)
+            assert t.decode is not None
         return attend(qkv, self.shape, t, cache.layer(0), kernels, self.sinks)
 
 
@@ -102,6 +109,26 @@ def test_compiled_sinks_and_window_match_the_torch_path(
         assert mine.dtype == dtype
         step = 1e-5 if dtype == torch.float32 else 1e-3  # float16: one rounding step (< 2^-10)
         torch.testing.assert_close(mine, theirs, rtol=step, atol=step / 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("lengths", LENGTHS[-2:], ids=lambda x: f"B{len(x)}-{max(x)}")
+def test_the_call_set_up_once_a_step_gives_the_same_bits(
+    lengths: list[int], dtype: torch.dtype
+) -> None:
+    """`with_decode`'s DecodeAttention (what the models run) against the call set up for one
+    layer alone (`QKernels.attend_decode`): the same outputs and cache writes, bit for bit."""
+    kernels = _kernels()
+    alone, prepared = (_Case(6, 2, lengths, seed=7, dtype=dtype) for _ in range(2))
+    qkv = torch.randn(len(lengths), 1, alone.width, generator=alone.gen)
+    slots = list(range(len(lengths)))[::-1]
+    want = alone.decode(qkv, slots, kernels)
+    got = prepared.decode(qkv, slots, kernels, prepared=True)
+    assert torch.equal(got, want)
+    for slot, n in enumerate(lengths):
+        a, b = (c.caches[1] for c in (alone, prepared))
+        page = n // 64
+        assert torch.equal(a.pages[a.table[slot][page]], b.pages[b.table[slot][page]])
 
 
 def _attend(
