@@ -57,9 +57,9 @@ ISA_FLAGS: dict[Isa, tuple[str, ...]] = {
     "portable": ("-DEXO_FORCE_PORTABLE",),
     "neon-dotprod": ("-march=armv8.2-a+dotprod",),  # arm: baseline NEON + sdot (arch/arm/)
 }
-# The avxvnni build for a CPU with AVX-512 VNNI but not AVX-VNNI (Zen 4, Ice Lake and Sapphire
-# Rapids before it, ...): the same code, its two VNNI instructions in their EVEX (AVX-512 VL) forms
-# (csrc/exo_kernels.h), so that where such a CPU runs the tests, the avxvnni build's code runs too.
+# The avxvnni build for a CPU with AVX-512 VNNI but not AVX-VNNI (Zen 4, Cascade Lake, Ice Lake):
+# the same code, its two VNNI instructions in their EVEX (AVX-512 VL) forms (csrc/exo_kernels.h),
+# so that where such a CPU runs the tests, the avxvnni build's code runs too.
 AVXVNNI_EVEX_FLAGS = ("-mavx2", "-mfma", "-mf16c", "-mavx512vl", "-mavx512vnni", "-DEXO_AVXVNNI_EVEX")
 SANITIZE_FLAGS = (
     "-O1",
