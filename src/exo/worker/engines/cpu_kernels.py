@@ -26,6 +26,7 @@ import ctypes
 import os
 import stat
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import ClassVar
@@ -383,7 +384,7 @@ class QKernels:
         """A decode step's attention for its layers of one kind (`DecodeAttention`): the step's
         rotary table, pages (`cache.offset` is not used: each call names its layer's),
         positions and window, checked once."""
-        return DecodeAttention(self, rope, cache, positions, window)
+        return DecodeAttention(self._attend_step, rope, cache, positions, window)
 
 
 class _AttendStep(ctypes.Structure):
@@ -414,9 +415,10 @@ class DecodeAttention:
     are read here only when the rope table is shorter than the pages."""
 
     def __init__(
-        self, kernels: QKernels, rope: Tensor, cache: PagedLayer, positions: Tensor,
-        window: int | None,
+        self, attend_step: Callable[..., int], rope: Tensor, cache: PagedLayer,
+        positions: Tensor, window: int | None,
     ) -> None:  # fmt: skip
+        """attend_step: the library's exo_attend_step (`QKernels.decode_attention` passes it)."""
         if rope.dtype != torch.complex64 or not rope.is_cpu or rope.dim() != 2:
             raise KernelArgumentError(
                 f"rope must be complex64 [P, hd/2] on the CPU, got {rope.dtype} {list(rope.shape)}"
@@ -437,7 +439,7 @@ class DecodeAttention:
             raise KernelArgumentError("too many pages for one call")
         if rope.shape[0] < pages.shape[1] * cache.page:  # the kernel's check is not enough
             _check_positions(positions, rope.shape[0], pages.shape[1] * cache.page)
-        self._kernels, self._cache, self.bsz = kernels, cache, bsz
+        self._attend_step, self._cache, self.bsz = attend_step, cache, bsz
         self._rope, self._pages = rope.contiguous(), pages.contiguous()
         self._pos = positions.contiguous()
         self._spec = _AttendStep(
@@ -491,7 +493,7 @@ class DecodeAttention:
         norm_c = None if qk_norm is None else qk_norm.contiguous()
         sinks_c = None if sinks is None else sinks.contiguous()
         out = torch.empty(bsz, 1, heads * head_dim, dtype=torch.float32)
-        rc = self._kernels._attend_step(  # pyright: ignore[reportPrivateUsage]
+        rc = self._attend_step(
             self._address,
             qkv_c.data_ptr(),
             heads,

@@ -66,12 +66,10 @@ static inline __attribute__((always_inline)) void q5g_rows(const uint8_t* grp, i
                 const int8_t* xq = x[(size_t)r * nb + b].qs + 4 * k;
 #if EXO_AVX512VNNI || EXO_AVXVNNI
                 __m256i t = s[r];
-#define Q5G_DP X86_VNNI_DPBUSD
-                t = Q5G_DP(t, lo[0], x86_bcast4(xq));
-                t = Q5G_DP(t, hi[0], x86_bcast4(xq + 16));
-                t = Q5G_DP(t, lo[1], x86_bcast4(xq + 4));
-                t = Q5G_DP(t, hi[1], x86_bcast4(xq + 20));
-#undef Q5G_DP
+                t = X86_VNNI_DPBUSD(t, lo[0], x86_bcast4(xq));
+                t = X86_VNNI_DPBUSD(t, hi[0], x86_bcast4(xq + 16));
+                t = X86_VNNI_DPBUSD(t, lo[1], x86_bcast4(xq + 4));
+                t = X86_VNNI_DPBUSD(t, hi[1], x86_bcast4(xq + 20));
                 s[r] = t;
 #else
                 const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[0], x86_bcast4(xq)),
